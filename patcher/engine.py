@@ -1,0 +1,341 @@
+"""Plan, apply, revert and report dynspec's patches on one SGLang tree.
+
+The engine knows no individual patch: it takes a recipe (an ordered tuple of ``Patch`` classes) and
+guarantees, for every patch, before anything is written:
+
+1. outside the patch's ``SGLANG`` range it is n/a; where ``APPLIED`` already matches, it is skipped;
+2. every anchor is found, or ``AnchorNotFound`` names patch, anchor, file and version;
+3. the transform runs once; ``APPLIED`` matches its output; the file compiles; an insert-only
+   patch added lines and touched none; running the whole chain again changes nothing.
+
+Patched text is always derived from the pristine pre-image (kept in the state dir), so applying a
+newer revision upgrades in place and revert restores the exact bytes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import enum
+import hashlib
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import libcst as cst
+
+from patcher import __version__, txn
+from patcher.errors import AnchorNotFound, BadTarget, Refused
+from patcher.patch import CstPatch, NewFilePatch, Patch
+from patcher.registry import Recipe
+
+# -- pure text transforms -----------------------------------------------------------------------
+
+_PARSED: dict[str, cst.Module] = {}
+
+
+def parse(text: str, target: str) -> cst.Module:
+    """Parse once per distinct text: status, diff and apply in one run share the tree."""
+    key = hashlib.sha256(text.encode()).hexdigest()
+    if key not in _PARSED:
+        try:
+            _PARSED[key] = cst.parse_module(text)
+        except cst.ParserSyntaxError as error:
+            raise BadTarget(f"{target} has a syntax error at line {error.raw_line}: {error.message}") from None
+    return _PARSED[key]
+
+
+class Outcome(enum.Enum):
+    PATCHED = "patched"
+    ALREADY = "already applied"
+    NOT_APPLICABLE = "n/a"
+
+
+@dataclass
+class PatchStep:
+    patch: type[Patch]
+    outcome: Outcome
+
+
+def patch_file(
+    patches: Sequence[type[Patch]], target: str, text: str | None, version: str, module: cst.Module | None = None
+) -> tuple[str | None, list[PatchStep], cst.Module | None]:
+    """Apply ``patches`` (all on ``target``) to ``text``; return the new text, what each did, the tree.
+
+    Raises ``AnchorNotFound`` or ``BadTarget``; never touches the disk. ``module``, when given, is
+    ``text`` already parsed.
+    """
+    steps: list[PatchStep] = []
+    changed = False
+    for patch in patches:
+        if not patch.applies_to(version):
+            steps.append(PatchStep(patch, Outcome.NOT_APPLICABLE))
+            continue
+        if issubclass(patch, NewFilePatch):
+            wanted = patch().content()
+            if text is not None and text != wanted:
+                raise BadTarget(f"{patch.id}: {target} already exists with other content (SGLang {version})")
+            steps.append(PatchStep(patch, Outcome.ALREADY if text == wanted else Outcome.PATCHED))
+            text = wanted
+            continue
+        assert issubclass(patch, CstPatch)
+        if text is None:
+            raise AnchorNotFound(patch.id, f"file {target}", target, version)
+        if module is None:
+            module = parse(text, target)
+        if patch.APPLIED.found(module):
+            steps.append(PatchStep(patch, Outcome.ALREADY))
+            continue
+        for name, anchor in patch.ANCHORS.items():
+            if not anchor.found(module):
+                raise AnchorNotFound(patch.id, name, target, version)
+        module = patch().transform(module)
+        if not patch.APPLIED.found(module):
+            raise BadTarget(f"{patch.id}: its applied-matcher does not recognise its own output in {target}")
+        steps.append(PatchStep(patch, Outcome.PATCHED))
+        changed = True
+    if changed:
+        assert module is not None
+        text = module.code
+    return text, steps, module
+
+
+def check_result(
+    patches: Sequence[type[Patch]], target: str, before: str | None, after: str, version: str, module: cst.Module | None = None
+) -> None:
+    """The post-conditions every patched file must meet before it may be written.
+
+    ``module`` is ``after`` as the transforms left it; without it ``after`` is parsed again.
+    """
+    try:
+        compile(after, target, "exec", dont_inherit=True)
+    except SyntaxError as error:
+        raise BadTarget(f"patched {target} does not compile (line {error.lineno}: {error.msg}); nothing written") from None
+    if before is not None and all(p.INSERT_ONLY for p in patches if p.applies_to(version)):
+        line = first_changed_line(before, after)
+        if line is not None:
+            raise BadTarget(f"patching {target} would change original line {line}; dynspec only adds lines")
+    again, _, _ = patch_file(patches, target, after, version, module)
+    if again != after:
+        raise BadTarget(f"patching {target} twice does not give the same text: a second apply would not be a no-op")
+
+
+def first_changed_line(before: str, after: str) -> int | None:
+    """1-based number of the first original line that is not kept, in order, in ``after``.
+
+    Insert-only edits keep the original lines as a subsequence; a linear scan checks that on
+    9000-line files far faster than a diff would.
+    """
+    new_lines = iter(after.splitlines())
+    for number, line in enumerate(before.splitlines(), 1):
+        if not any(candidate == line for candidate in new_lines):
+            return number
+    return None
+
+
+def apply_text(patches: Sequence[type[Patch]], text: str, version: str, target: str = "<text>") -> str:
+    """Pure string-to-string entry point for tests: run the checks, return the patched text."""
+    new, _, _ = patch_file(patches, target, text, version)
+    assert new is not None
+    if new != text:
+        check_result(patches, target, text, new, version)
+    return new
+
+
+# -- plans over a tree --------------------------------------------------------------------------
+
+
+@dataclass
+class FilePlan:
+    target: str
+    pristine: str | None  # the pre-image: from the state dir when recorded, else the disk
+    disk: str | None
+    new: str | None
+    steps: list[PatchStep]
+
+    @property
+    def changes(self) -> bool:
+        return self.new != self.disk
+
+
+@dataclass
+class Plan:
+    version: str
+    files: list[FilePlan]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pending(self) -> list[FilePlan]:
+        return [f for f in self.files if f.changes]
+
+
+def targets_in_order(patches: Iterable[type[Patch]]) -> dict[str, list[type[Patch]]]:
+    grouped: dict[str, list[type[Patch]]] = {}
+    for patch in patches:
+        grouped.setdefault(patch.TARGET, []).append(patch)
+    return grouped
+
+
+def _decode(data: bytes | None, target: str) -> str | None:
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BadTarget(f"{target} is not UTF-8 text") from None
+
+
+def plan(tree: txn.Tree, recipe: Recipe, version: str, state: dict | None, force: bool = False) -> Plan:
+    """What applying ``recipe`` would write. Refuses hand-edited targets unless ``force``."""
+    recorded = (state or {}).get("files", {})
+    result = Plan(version=version, files=[])
+    for target, patches in targets_in_order(recipe.patches).items():
+        if not any(p.applies_to(version) for p in patches):
+            continue
+        disk = tree.read(target)
+        if target in recorded:
+            entry = recorded[target]
+            if txn.sha256(disk) != entry["post"]:
+                if not force:
+                    raise Refused(
+                        f"{target} changed after dynspec patched it; revert with --force to restore the "
+                        "original (your edits are lost), or undo the edits"
+                    )
+                result.notes.append(f"{target} changed after apply; --force rebuilds it from the original")
+            pristine = _decode(None if entry["pre"] is None else tree.blob(entry["pre"]), target)
+        else:
+            pristine = _decode(disk, target)
+        new, steps, module = patch_file(patches, target, pristine, version)
+        if new is not None and new != pristine:
+            check_result(patches, target, pristine, new, version, module)
+        result.files.append(FilePlan(target, pristine, _decode(disk, target), new, steps))
+    return result
+
+
+def new_state(tree_state: dict | None, recipe: Recipe, plan_: Plan) -> dict:
+    """The state.json that describes the tree once ``plan_`` is written."""
+    files = dict((tree_state or {}).get("files", {}))
+    for f in plan_.files:
+        if f.new == f.pristine:
+            files.pop(f.target, None)  # nothing of ours in this file
+            continue
+        pre = files.get(f.target, {}).get("pre") if f.target in files else txn.sha256(_encode(f.disk))
+        files[f.target] = {"pre": pre, "post": txn.sha256(_encode(f.new))}
+    patches = {
+        s.patch.id: s.patch.REVISION
+        for f in plan_.files
+        for s in f.steps
+        if s.outcome is not Outcome.NOT_APPLICABLE and f.new != f.pristine
+    }
+    return {"dynspec": __version__, "sglang_version": plan_.version, "recipe": recipe.name, "patches": patches, "files": files}
+
+
+def _encode(text: str | None) -> bytes | None:
+    return None if text is None else text.encode("utf-8")
+
+
+def writes_for(plan_: Plan) -> dict[str, bytes | None]:
+    return {f.target: _encode(f.new) for f in plan_.pending}
+
+
+# -- revert ------------------------------------------------------------------------------------
+
+
+def revert_writes(tree: txn.Tree, state: dict, force: bool = False) -> dict[str, bytes | None]:
+    """The pristine bytes of every recorded file; refuses hand edits unless ``force``."""
+    writes: dict[str, bytes | None] = {}
+    for target, entry in state.get("files", {}).items():
+        disk = tree.read(target)
+        if txn.sha256(disk) != entry["post"] and not force:
+            raise Refused(
+                f"{target} changed after dynspec patched it; revert --force restores the original "
+                "and discards those edits"
+            )
+        writes[target] = None if entry["pre"] is None else tree.blob(entry["pre"])
+    return writes
+
+
+# -- status ------------------------------------------------------------------------------------
+
+
+class Status(enum.Enum):
+    NOT_APPLIED = "not applied"
+    APPLIED = "applied"
+    OUTDATED = "outdated"
+    DRIFTED = "drifted"
+    NOT_APPLICABLE = "n/a"
+    UPSTREAM = "provided upstream"
+    UNRECORDED = "applied, not recorded"
+
+
+@dataclass
+class PatchStatus:
+    patch: type[Patch]
+    status: Status
+    detail: str = ""
+
+
+def status(tree: txn.Tree, recipe: Recipe, version: str, state: dict | None) -> list[PatchStatus]:
+    recorded_patches = (state or {}).get("patches", {})
+    recorded_files = (state or {}).get("files", {})
+    report: list[PatchStatus] = []
+    for target, patches in targets_in_order(recipe.patches).items():
+        disk_bytes = tree.read(target)
+        drifted = target in recorded_files and txn.sha256(disk_bytes) != recorded_files[target]["post"]
+        disk = _decode(disk_bytes, target)
+        for patch in patches:
+            report.append(_status_of(patch, target, disk, version, recorded_patches, drifted))
+    return report
+
+
+def _status_of(patch: type[Patch], target: str, disk: str | None, version: str, recorded: dict, drifted: bool) -> PatchStatus:
+    if not patch.applies_to(version):
+        return PatchStatus(patch, Status.NOT_APPLICABLE, f"for SGLang {patch.SGLANG}")
+    if patch.provided_upstream(version):
+        return PatchStatus(patch, Status.UPSTREAM, f"SGLang {version} has it")
+    if patch.id in recorded:
+        if drifted:
+            return PatchStatus(patch, Status.DRIFTED, f"{target} changed after apply")
+        if recorded[patch.id] < patch.REVISION:
+            return PatchStatus(patch, Status.OUTDATED, f"r{recorded[patch.id]} on disk, r{patch.REVISION} available")
+        return PatchStatus(patch, Status.APPLIED, f"r{recorded[patch.id]}")
+    if disk is not None:
+        found = patch().content() == disk if issubclass(patch, NewFilePatch) else patch.APPLIED.found(parse(disk, target))
+        if found:
+            return PatchStatus(patch, Status.UNRECORDED, "its code is in the file but the state dir has no record")
+    if issubclass(patch, CstPatch):
+        if disk is None:
+            return PatchStatus(patch, Status.DRIFTED, f"{target} is missing")
+        module = parse(disk, target)
+        missing = [name for name, anchor in patch.ANCHORS.items() if not anchor.found(module)]
+        if missing:
+            return PatchStatus(patch, Status.DRIFTED, f"anchor {missing[0]!r} not found")
+    return PatchStatus(patch, Status.NOT_APPLIED)
+
+
+# -- diff --------------------------------------------------------------------------------------
+
+
+def unified_diff(path: str, before: str | None, after: str | None) -> str:
+    """A git-style diff that ``git apply`` and ``patch -p1`` both accept."""
+    old = [] if before is None else before.splitlines(keepends=True)
+    new = [] if after is None else after.splitlines(keepends=True)
+    header = [f"diff --git a/{path} b/{path}\n"]
+    if before is None:
+        header.append("new file mode 100644\n")
+    if after is None:
+        header.append("deleted file mode 100644\n")
+    lines = list(
+        difflib.unified_diff(
+            old, new, "/dev/null" if before is None else f"a/{path}", "/dev/null" if after is None else f"b/{path}", n=3
+        )
+    )
+    if not lines:
+        return ""
+    out = header + lines[:2]
+    for line in lines[2:]:
+        out.append(line if line.endswith("\n") else line + "\n\\ No newline at end of file\n")
+    return "".join(out)
+
+
+def relative_to_root(package_dir: Path, diff_root: Path, target: str) -> str:
+    return (package_dir / target).relative_to(diff_root).as_posix()

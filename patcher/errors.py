@@ -1,0 +1,58 @@
+"""Exit codes and the errors dynspec reports to its user.
+
+The engine raises these; only the CLI turns them into exit codes. Anything else that escapes is a
+bug in dynspec and exits with ``ExitCode.INTERNAL``.
+"""
+
+from __future__ import annotations
+
+import enum
+from typing import ClassVar
+
+
+class ExitCode(enum.IntEnum):
+    OK = 0  # done, or nothing to do
+    CHANGES = 1  # --check found work to do
+    USAGE = 2  # bad command line, or a path that is not an SGLang tree
+    DRIFT = 3  # an anchor is gone: SGLang moved under the patch
+    REFUSED = 4  # stopped before writing: hand edits, unsupported version, locked tree, ...
+    INTERNAL = 123  # a bug in dynspec
+
+
+class DynspecError(Exception):
+    """An error dynspec reports to the user in one line. Never a bug."""
+
+    exit_code: ClassVar[ExitCode] = ExitCode.REFUSED
+
+
+class UsageError(DynspecError):
+    """The command line or the --sglang path is wrong."""
+
+    exit_code = ExitCode.USAGE
+
+
+class NotAnSGLangTree(UsageError):
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path} is not an SGLang tree: {why}")
+
+
+class Refused(DynspecError):
+    """dynspec stopped before writing anything."""
+
+    exit_code = ExitCode.REFUSED
+
+
+class AnchorNotFound(DynspecError):
+    """A patch's anchor is not in its target: the SGLang tree has drifted."""
+
+    exit_code = ExitCode.DRIFT
+
+    def __init__(self, patch_id: str, anchor: str, target: str, sglang: str) -> None:
+        self.patch_id, self.anchor, self.target, self.sglang = patch_id, anchor, target, sglang
+        super().__init__(f"{patch_id}: anchor {anchor!r} not found in {target} (SGLang {sglang})")
+
+
+class BadTarget(DynspecError):
+    """A target file cannot be parsed, or the patched result fails a post-condition."""
+
+    exit_code = ExitCode.DRIFT

@@ -1,0 +1,92 @@
+"""What a patch is. Subclass ``CstPatch`` or ``NewFilePatch`` in ``patches/<id>.py``.
+
+A patch declares, as class attributes, everything the engine checks before anything is written:
+
+``REVISION``  bumped whenever the output changes; an older revision on disk is upgraded in place.
+``TARGET``    one file, relative to the ``sglang`` package dir (``srt/server_args.py``).
+``SGLANG``    PEP 440 specifier of the releases it is for; outside it the patch is "n/a".
+``SUMMARY``   one line for ``dynspec list``.
+``ANCHORS``   (CstPatch) named anchors, every one must be found or nothing is written.
+``APPLIED``   (CstPatch) recognises the patch's own output: a second apply is a no-op.
+
+The id is the module name, so id and file can never disagree.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import libcst as cst
+from packaging.specifiers import SpecifierSet
+from packaging.version import InvalidVersion, Version
+
+from patcher.anchors import Anchor
+
+
+class Patch:
+    id: ClassVar[str]
+    REVISION: ClassVar[int]
+    TARGET: ClassVar[str]
+    SGLANG: ClassVar[str]
+    SUMMARY: ClassVar[str]
+    # Releases where SGLang itself provides what this patch adds (status says "provided upstream").
+    UPSTREAM: ClassVar[str | None] = None
+    # Original lines are only ever added to, never edited or removed; the engine checks it.
+    INSERT_ONLY: ClassVar[bool] = True
+
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        if not cls.__name__.startswith("_") and cls.__module__.startswith("patches."):
+            cls.id = cls.__module__.rpartition(".")[2]
+
+    @classmethod
+    def applies_to(cls, version: str) -> bool:
+        return _contains(cls.SGLANG, version)
+
+    @classmethod
+    def provided_upstream(cls, version: str) -> bool:
+        return cls.UPSTREAM is not None and _contains(cls.UPSTREAM, version)
+
+    @classmethod
+    def marker(cls) -> str:
+        """The comment that opens every block this patch inserts."""
+        return f"# dynspec: {cls.id} r{cls.REVISION}"
+
+
+class CstPatch(Patch):
+    """A libcst transform of an existing file."""
+
+    ANCHORS: ClassVar[dict[str, Anchor]]
+    APPLIED: ClassVar[Anchor]
+
+    def transform(self, module: cst.Module) -> cst.Module:
+        """Return the patched module. Called only when every anchor is found and APPLIED is not."""
+        raise NotImplementedError
+
+    def parse_statements(self, module: cst.Module, code: str, blank_lines_before: int = 0) -> list[cst.BaseStatement]:
+        """Parse inserted code in the target's own style (indent, newlines), marker first."""
+        source = "\n" * blank_lines_before + f"{self.marker()}\n{code}"
+        parsed = cst.parse_module(source, config=module.config_for_parsing)
+        return list(parsed.body) if not parsed.header else _with_header(parsed)
+
+
+class NewFilePatch(Patch):
+    """A file dynspec adds to the tree (revert deletes it)."""
+
+    def content(self) -> str:
+        raise NotImplementedError
+
+
+def _with_header(parsed: cst.Module) -> list[cst.BaseStatement]:
+    # A leading comment parses as the module header; move it onto the first statement.
+    first, *rest = parsed.body
+    lines = [*parsed.header, *first.leading_lines]
+    return [first.with_changes(leading_lines=lines), *rest]
+
+
+def _contains(spec: str, version: str) -> bool:
+    try:
+        parsed = Version(version)
+    except InvalidVersion:
+        return False
+    return SpecifierSet(spec).contains(parsed, prereleases=True)
