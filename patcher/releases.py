@@ -1,0 +1,78 @@
+"""Real SGLang releases from PyPI, downloaded once into a cache and unpacked as small trees.
+
+Only the files dynspec reads are extracted (version files and every patch target), so a tree of
+any release is a few hundred kilobytes and quick to copy into a test's temp dir.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from collections.abc import Iterable
+from pathlib import Path
+
+# The files of a release a tree needs beyond the patch targets.
+BASE_MEMBERS = ("sglang/__init__.py", "sglang/version.py", "sglang/_version.py")
+PLATFORM = [
+    "--python-version", "3.11", "--implementation", "cp",
+    "--abi", "cp311", "--abi", "abi3", "--abi", "none",
+    "--platform", "manylinux_2_34_x86_64", "--platform", "any",
+]  # fmt: skip
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("DYNSPEC_CACHE", Path.home() / ".cache" / "dynspec"))
+
+
+def wheel(version: str) -> Path:
+    """The release's wheel, downloaded with pip into the cache the first time."""
+    wheels = cache_dir() / "wheels"
+    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
+    if found:
+        return found[0]
+    wheels.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=wheels) as scratch:
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", *PLATFORM, "-d", scratch, f"sglang=={version}"]
+        done = subprocess.run(command, capture_output=True, text=True)
+        got = list(Path(scratch).glob(f"sglang-{version}-*.whl"))
+        if done.returncode != 0 or not got:
+            raise RuntimeError(f"could not download sglang {version} from PyPI: {done.stderr.strip()[-300:]}")
+        target = wheels / got[0].name
+        os.replace(got[0], target)
+        return target
+
+
+def unpacked(version: str, members: Iterable[str]) -> Path:
+    """A cached tree of ``version`` holding ``members`` (paths under ``sglang/``); returns its root.
+
+    The root holds ``sglang/``, like a site-packages dir.
+    """
+    root = cache_dir() / "trees" / version
+    wanted = {*BASE_MEMBERS, *(f"sglang/{m}" for m in members)}
+    done_marker = root / ".members"
+    if done_marker.exists() and wanted <= set(done_marker.read_text().split()):
+        return root
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(wheel(version)) as archive:
+        names = set(archive.namelist())
+        staging = Path(tempfile.mkdtemp(dir=root.parent))
+        try:
+            for name in sorted(wanted & names):
+                archive.extract(name, staging)
+            (staging / ".members").write_text("\n".join(sorted(wanted)))
+            shutil.rmtree(root, ignore_errors=True)
+            os.replace(staging, root)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+    return root
+
+
+def copy_tree(version: str, members: Iterable[str], dest: Path) -> Path:
+    """Copy a release's tree to ``dest`` (created); returns the ``sglang`` package dir there."""
+    source = unpacked(version, members)
+    shutil.copytree(source / "sglang", dest / "sglang")
+    return dest / "sglang"

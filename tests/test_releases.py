@@ -1,0 +1,67 @@
+"""The static round trip on every real SGLang release: apply, compile, re-apply, status, revert."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import git
+import pytest
+
+from patcher.engine import Status
+from patcher.session import Session
+from tests.conftest import RELEASES, snapshot
+
+pytestmark = pytest.mark.releases
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_round_trip_on_installed_package(version: str, release_tree) -> None:
+    package = release_tree(version)
+    before = snapshot(package)
+
+    session = Session.open(str(package))
+    assert session.version == version
+    plan = session.apply()
+    touched = [f.target for f in plan.pending]
+    assert "srt/server_args.py" in touched, "every release gets at least the startup check"
+    for target in touched:
+        text = (package / target).read_text()
+        compile(text, target, "exec")
+        assert "# dynspec: " in text
+    assert snapshot(package) != before
+
+    again = Session.open(str(package)).apply()
+    assert again.pending == [], "a second apply writes nothing"
+
+    report = Session.open(str(package)).status()
+    states = {s.patch.id: s.status for s in report}
+    assert set(states.values()) <= {Status.APPLIED, Status.NOT_APPLICABLE}
+    assert Status.APPLIED in states.values()
+
+    restored = Session.open(str(package)).revert()
+    assert sorted(restored) == sorted(touched)
+    assert snapshot(package) == before, "revert restores every byte and removes the state dir"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_git_checkout_is_clean_after_revert(version: str, release_tree, tmp_path: Path) -> None:
+    checkout = tmp_path / "sglang-checkout"
+    release_tree(version, where=checkout / "python")
+    files = [str(p.relative_to(checkout)) for p in checkout.rglob("*") if p.is_file()]
+    repo = git.Repo.init(checkout)
+    repo.index.add(files)
+    repo.index.commit(f"sglang {version}")
+    repo.create_tag(f"v{version}")
+
+    session = Session.open(str(checkout))
+    assert session.notes == [], "git describe and the version files agree"
+    plan = session.apply()
+    assert plan.pending
+    changed = {d.a_path for d in repo.index.diff(None)}
+    assert changed == {f"python/sglang/{f.target}" for f in plan.pending}
+    assert repo.untracked_files == [], "the state dir ignores itself"
+
+    Session.open(str(checkout)).revert()
+    assert not repo.is_dirty(untracked_files=True)
+    shutil.rmtree(checkout)
