@@ -55,4 +55,4 @@ class AnchorNotFound(DynspecError):
 class BadTarget(DynspecError):
     """A target file cannot be parsed, or the patched result fails a post-condition."""
 
-    exit_code = ExitCode.DRIFT
+    exit_code = ExitCode.REFUSED

@@ -21,15 +21,15 @@ def _out() -> Console:
 
 
 def say(message: str) -> None:
-    _err.print(message, markup=False)
+    _err.print(message, markup=False, soft_wrap=True)
 
 
 def note(message: str) -> None:
-    _err.print(f"note: {message}", markup=False, style="yellow")
+    _err.print(f"note: {message}", markup=False, soft_wrap=True, style="yellow")
 
 
 def error(message: str) -> None:
-    _err.print(f"dynspec: error: {message}", markup=False, style="bold red")
+    _err.print(f"dynspec: error: {message}", markup=False, soft_wrap=True, style="bold red")
 
 
 def diff(text: str) -> None:
