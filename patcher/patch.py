@@ -36,8 +36,10 @@ class Patch:
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
-        if not cls.__name__.startswith("_") and cls.__module__.startswith("patches."):
-            cls.id = cls.__module__.rpartition(".")[2]
+        if "id" not in cls.__dict__:
+            # patches/<id>.py: the module name is the id. Patches defined elsewhere (tests) use the class name.
+            is_shipped = cls.__module__.startswith("patches.")
+            cls.id = cls.__module__.rpartition(".")[2] if is_shipped else cls.__name__
 
     @classmethod
     def applies_to(cls, version: str) -> bool:

@@ -24,7 +24,9 @@ class Session:
     notes: list[str] = field(default_factory=list)
 
     @classmethod
-    def open(cls, sglang: str, recipe: str = "default", force: bool = False, sglang_version: str | None = None) -> Session:
+    def open(
+        cls, sglang: str, recipe: str | Recipe = "default", force: bool = False, sglang_version: str | None = None
+    ) -> Session:
         tree = locate(sglang)
         notes: list[str] = []
         sources = dict(tree.sources)
@@ -37,9 +39,9 @@ class Session:
         version = sglang_version or tree.version or sources.get("git describe")
         if version is None:
             raise Refused(f"cannot tell the SGLang version of {tree.package_dir}; pass --sglang-version")
-        loaded = load_recipe(recipe)
+        loaded = load_recipe(recipe) if isinstance(recipe, str) else recipe
         if not _contains(loaded.sglang, version):
-            message = f"SGLang {version} is not a release recipe {recipe!r} supports ({loaded.sglang})"
+            message = f"SGLang {version} is not a release recipe {loaded.name!r} supports ({loaded.sglang})"
             if not force:
                 raise Refused(f"{message}; --force tries anyway")
             notes.append(f"{message}; going ahead because of --force")

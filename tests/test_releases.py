@@ -10,6 +10,7 @@ import pytest
 
 from patcher.engine import Status
 from patcher.session import Session
+from patches._flags import FLAGS
 from tests.conftest import RELEASES, snapshot
 
 pytestmark = pytest.mark.releases
@@ -30,6 +31,9 @@ def test_round_trip_on_installed_package(version: str, release_tree) -> None:
         compile(text, target, "exec")
         assert "# dynspec: " in text
     assert snapshot(package) != before
+    patched = "".join((package / t).read_text() for t in touched)
+    for flag in FLAGS:  # spelled the same on every release
+        assert patched.count(f"    {flag.field}: ") == 1, flag.field
 
     again = Session.open(str(package)).apply()
     assert again.pending == [], "a second apply writes nothing"

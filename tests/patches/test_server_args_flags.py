@@ -1,0 +1,126 @@
+"""The server-flag patches: each ServerArgs layout, and the startup check's behaviour.
+
+The check is taken out of a really patched SGLang file and run, so what is tested is exactly what
+the server will run.
+"""
+
+from __future__ import annotations
+
+import ast
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from patcher.engine import apply_text
+from patcher.releases import unpacked
+from patches._flags import FLAGS
+from patches.server_args_dynspec_check import CHECK, ServerArgsDynspecCheck
+from patches.server_args_dynspec_flags import ServerArgsDynspecFlags
+from patches.spec_fields_dynspec_flags import SpecFieldsDynspecFlags
+
+ANNOTATED = '''\
+@dataclasses.dataclass
+class ServerArgs:
+    speculative_num_draft_tokens: A[
+        Optional[int],
+        "The number of tokens sampled from the draft model in Speculative Decoding.",
+{ns}    ] = None
+    speculative_attention_mode: A[str, "mode"] = "prefill"
+'''
+
+
+@pytest.mark.parametrize(("ns", "version"), [("", "0.5.14"), ('        NS("spec"),\n', "0.5.17")], ids=["plain", "NS"])
+def test_annotated_fields_copy_the_neighbours_namespace(ns: str, version: str) -> None:
+    out = apply_text([ServerArgsDynspecFlags], ANNOTATED.format(ns=ns), version)
+    added = out.split("# dynspec: server_args_dynspec_flags r1\n")[1].split("    speculative_attention_mode")[0]
+    assert added.count(": A[") == 3
+    assert added.count('NS("spec")') == (3 if ns else 0)
+    assert "    speculative_disable_batch_size: A[\n        Optional[int],\n" in added
+
+
+def test_old_style_neighbour_is_drift_for_the_annotated_patch() -> None:
+    from patcher.errors import AnchorNotFound
+
+    with pytest.raises(AnchorNotFound, match=r"ServerArgs.speculative_num_draft_tokens: A\[...\]"):
+        apply_text([ServerArgsDynspecFlags], "class ServerArgs:\n    speculative_num_draft_tokens: Optional[int] = None\n", "0.5.14")
+
+
+def test_spec_namespace_fields() -> None:
+    source = "class Spec(msgspec.Struct):\n" + ANNOTATED.format(ns="").split("class ServerArgs:\n")[1]
+    out = apply_text([SpecFieldsDynspecFlags], source, "0.5.20")
+    assert all(f"    {f.field}: A[" in out for f in FLAGS)
+
+
+def check_function(version: str) -> Any:
+    """``_dynspec_check_server_args`` as it lands in the real server_args.py of ``version``."""
+    tree = unpacked(version, ["srt/server_args.py"])
+    source = (tree / "sglang" / "srt" / "server_args.py").read_text()
+    patched = apply_text([ServerArgsDynspecCheck], source, version)
+    function = next(n for n in ast.parse(patched).body if isinstance(n, ast.FunctionDef) and n.name == CHECK)
+    namespace: dict[str, Any] = {}
+    exec(compile(ast.Module([function], []), "server_args.py", "exec"), namespace)
+    return namespace[CHECK]
+
+
+def args(**overrides: Any) -> SimpleNamespace:
+    values = {
+        "speculative_disable_batch_size": 32,
+        "speculative_enable_batch_size": None,
+        "speculative_switch_min_steps": 8,
+        "speculative_algorithm": "EAGLE3",
+        "speculative_eagle_topk": 1,
+        "max_running_requests": 128,
+        "cuda_graph_max_bs": 128,
+        "cuda_graph_bs": None,
+        "disable_cuda_graph": False,
+        "enable_dp_attention": False,
+        "pp_size": 1,
+    }
+    return SimpleNamespace(**{**values, **overrides})
+
+
+@pytest.fixture(scope="module")
+def check() -> Any:
+    return check_function("0.5.12")
+
+
+def test_valid_settings_pass(check: Any) -> None:
+    check(args())
+    check(args(speculative_enable_batch_size=16))
+    check(args(speculative_disable_batch_size=None, speculative_algorithm=None))  # feature off
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"speculative_disable_batch_size": 0}, "--speculative-disable-batch-size must be a positive integer, got 0"),
+        ({"speculative_switch_min_steps": -1}, "--speculative-switch-min-steps must be a positive integer"),
+        ({"speculative_enable_batch_size": 40}, "--speculative-enable-batch-size (40) must not exceed --speculative-disable-batch-size (32)"),
+        ({"speculative_algorithm": "NGRAM"}, "works with --speculative-algorithm EAGLE or EAGLE3, not NGRAM"),
+        ({"speculative_eagle_topk": 4}, "does not support --speculative-eagle-topk > 1"),
+        ({"enable_dp_attention": True}, "does not support --enable-dp-attention"),
+        ({"pp_size": 2}, "does not support --pp-size > 1"),
+        ({"max_running_requests": 32}, "can never trigger: at most 32 requests run at once; lower it or raise --max-running-requests"),
+        ({"cuda_graph_max_bs": 24}, "raise --cuda-graph-max-bs above 32"),
+        ({"cuda_graph_bs": [1, 2, 4, 8, 16]}, "largest CUDA-graph batch size (16)"),
+        ({"speculative_disable_batch_size": None, "speculative_enable_batch_size": 4}, "needs --speculative-disable-batch-size"),
+    ],
+)
+def test_refusals_name_the_flag_and_the_fix(check: Any, overrides: dict[str, Any], message: str) -> None:
+    with pytest.raises(ValueError) as error:
+        check(args(**overrides))
+    assert message in str(error.value)
+
+
+def test_no_cuda_graph_needs_no_graph_headroom(check: Any) -> None:
+    check(args(cuda_graph_max_bs=8, disable_cuda_graph=True))
+
+
+@pytest.mark.parametrize(("version", "argument"), [("0.5.12", "self"), ("0.5.23", "resolving_view(self)")])
+def test_check_is_called_first_in_check_server_args(version: str, argument: str) -> None:
+    tree = unpacked(version, ["srt/server_args.py"])
+    source = (tree / "sglang" / "srt" / "server_args.py").read_text()
+    patched = apply_text([ServerArgsDynspecCheck], source, version)
+    method = patched.split("    def check_server_args(self):\n", 1)[1]
+    assert method.startswith(f"        # dynspec: server_args_dynspec_check r1\n        {CHECK}({argument})\n")

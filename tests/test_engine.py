@@ -1,0 +1,159 @@
+"""The engine with patches written here: it must know no patch of its own.
+
+The inputs are small files of our own, shaped like the code SGLang has.
+"""
+
+from __future__ import annotations
+
+import libcst as cst
+import pytest
+
+from patcher import anchors
+from patcher.engine import Status, apply_text, first_changed_line
+from patcher.errors import AnchorNotFound, BadTarget
+from patcher.patch import CstPatch, NewFilePatch
+from patcher.registry import Recipe
+from patcher.session import Session
+from tests.conftest import snapshot
+
+CONFIG = '''\
+import dataclasses
+
+
+@dataclasses.dataclass
+class Config:
+    speed: int = 1
+    # more fields below
+    depth: int = 2
+
+    def check(self):
+        assert self.speed > 0
+'''
+
+
+class AddColour(CstPatch):
+    REVISION = 1
+    TARGET = "srt/config.py"
+    SGLANG = ">=1.0"
+    SUMMARY = "add a colour field"
+    ANCHORS = {"Config.speed": anchors.class_field("Config", "speed")}
+    APPLIED = anchors.class_field("Config", "colour")
+    FIELD = 'colour: str = "red"\n'
+
+    def transform(self, module: cst.Module) -> cst.Module:
+        new = self.parse_statements(module, self.FIELD)
+        return anchors.replace_class(
+            module, "Config", lambda c: anchors.with_body(c, anchors.insert_after(anchors.body_of(c), lambda s: anchors.is_field(s, "speed"), new))
+        )
+
+
+class AddColourR2(AddColour):
+    id = "AddColour"
+    REVISION = 2
+    FIELD = 'colour: str = "blue"\n'
+
+
+class RenameSpeed(CstPatch):
+    """Breaks the insert-only rule on purpose."""
+
+    REVISION = 1
+    TARGET = "srt/config.py"
+    SGLANG = ">=1.0"
+    SUMMARY = "bad"
+    ANCHORS = {"Config.speed": anchors.class_field("Config", "speed")}
+    APPLIED = anchors.class_field("Config", "velocity")
+
+    def transform(self, module: cst.Module) -> cst.Module:
+        return cst.parse_module(module.code.replace("speed: int = 1", "velocity: int = 1"))
+
+
+class ForgetsItself(AddColour):
+    """Its applied-matcher does not recognise its output."""
+
+    APPLIED = anchors.class_field("Config", "nowhere")
+
+
+class Helper(NewFilePatch):
+    REVISION = 1
+    TARGET = "srt/helper.py"
+    SGLANG = ">=1.0"
+    SUMMARY = "a new module"
+
+    def content(self) -> str:
+        return "VALUE = 42\n"
+
+
+def test_insert_after_anchor_with_marker_and_no_op_second_time() -> None:
+    out = apply_text([AddColour], CONFIG, "1.0")
+    assert '    speed: int = 1\n    # dynspec: AddColour r1\n    colour: str = "red"\n    # more fields below\n' in out
+    assert apply_text([AddColour], out, "1.0") == out
+
+
+def test_missing_anchor_names_patch_anchor_file_and_version() -> None:
+    with pytest.raises(AnchorNotFound) as error:
+        apply_text([AddColour], CONFIG.replace("speed", "pace"), "1.0", "srt/config.py")
+    assert str(error.value) == "AddColour: anchor 'Config.speed' not found in srt/config.py (SGLang 1.0)"
+
+
+def test_outside_the_version_range_nothing_happens() -> None:
+    assert apply_text([AddColour], CONFIG, "0.9") == CONFIG
+
+
+def test_edits_to_original_lines_are_refused() -> None:
+    with pytest.raises(BadTarget, match="would change original line 6"):
+        apply_text([RenameSpeed], CONFIG, "1.0", "srt/config.py")
+
+
+def test_applied_matcher_must_recognise_the_output() -> None:
+    with pytest.raises(BadTarget, match="applied-matcher does not recognise its own output"):
+        apply_text([ForgetsItself], CONFIG, "1.0")
+
+
+def test_first_changed_line() -> None:
+    assert first_changed_line("a\nb\nc\n", "a\nx\nb\ny\nc\n") is None
+    assert first_changed_line("a\nb\nc\n", "a\nc\n") == 2
+
+
+@pytest.fixture
+def tree(tmp_path):
+    package = tmp_path / "sglang"
+    (package / "srt").mkdir(parents=True)
+    (package / "__init__.py").write_text("")
+    (package / "version.py").write_text('__version__ = "1.2"\n')
+    (package / "srt" / "server_args.py").write_text("")
+    (package / "srt" / "config.py").write_text(CONFIG)
+    return package
+
+
+def recipe(*patches) -> Recipe:
+    return Recipe("test", "", ">=1.0", tuple(patches))
+
+
+def test_new_file_is_created_and_revert_deletes_it(tree) -> None:
+    before = snapshot(tree)
+    Session.open(str(tree), recipe(AddColour, Helper)).apply()
+    assert (tree / "srt" / "helper.py").read_text() == "VALUE = 42\n"
+    report = {s.patch.id: s.status for s in Session.open(str(tree), recipe(AddColour, Helper)).status()}
+    assert report == {"AddColour": Status.APPLIED, "Helper": Status.APPLIED}
+    Session.open(str(tree), recipe(AddColour, Helper)).revert()
+    assert snapshot(tree) == before
+
+
+def test_newer_revision_is_outdated_then_upgraded_in_place(tree) -> None:
+    before = snapshot(tree)
+    Session.open(str(tree), recipe(AddColour)).apply()
+    report = Session.open(str(tree), recipe(AddColourR2)).status()
+    assert [(s.status, s.detail) for s in report] == [(Status.OUTDATED, "r1 on disk, r2 available")]
+    plan = Session.open(str(tree), recipe(AddColourR2)).apply()
+    assert [f.target for f in plan.pending] == ["srt/config.py"]
+    text = (tree / "srt" / "config.py").read_text()
+    assert '# dynspec: AddColour r2\n    colour: str = "blue"' in text and "red" not in text
+    assert Session.open(str(tree), recipe(AddColourR2)).status()[0].status is Status.APPLIED
+    Session.open(str(tree), recipe(AddColourR2)).revert()
+    assert snapshot(tree) == before, "revert goes back to the original, not to r1"
+
+
+def test_status_spots_code_without_a_record(tree) -> None:
+    (tree / "srt" / "config.py").write_text(apply_text([AddColour], CONFIG, "1.2"))
+    report = Session.open(str(tree), recipe(AddColour)).status()
+    assert report[0].status is Status.UNRECORDED
