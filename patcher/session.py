@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patcher import checkout, engine, txn
+from patcher import engine, txn
 from patcher.errors import Refused
 from patcher.patch import _contains
 from patcher.registry import Recipe, load_recipe
@@ -30,7 +30,10 @@ class Session:
         tree = locate(sglang)
         notes: list[str] = []
         sources = dict(tree.sources)
-        described = checkout.describe(tree.package_dir)
+        in_git = _in_git_work_tree(tree.package_dir)
+        if in_git:
+            from patcher import checkout  # GitPython costs 0.1 s to import; most trees are not checkouts
+        described = checkout.describe(tree.package_dir) if in_git else None
         if described:
             sources["git describe"] = checkout.version_from_describe(described)
         clash = disagreement(sources)
@@ -45,7 +48,7 @@ class Session:
             if not force:
                 raise Refused(f"{message}; --force tries anyway")
             notes.append(f"{message}; going ahead because of --force")
-        top = checkout.toplevel(tree.package_dir)
+        top = checkout.toplevel(tree.package_dir) if in_git else None
         diff_root = top if top is not None and _inside(tree.package_dir, top) else tree.root
         return cls(tree, txn.Tree(str(tree.package_dir)), loaded, version, diff_root, notes)
 
@@ -106,6 +109,11 @@ class Session:
             raise
         except OSError as error:
             raise Refused(f"writing failed ({error.strerror or error}); every file was left as it was") from None
+
+
+def _in_git_work_tree(path: Path) -> bool:
+    """Cheap pre-check so that trees outside git never pay for importing GitPython."""
+    return any((parent / ".git").exists() for parent in (path, *path.parents))
 
 
 def _inside(path: Path, root: Path) -> bool:

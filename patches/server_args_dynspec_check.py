@@ -9,9 +9,17 @@ launch with a message that names the flag and the fix, instead of a crash at the
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
-from patcher.anchors import body_of, find_method, imports_name, method, module_function, replace_method, with_body
+from patcher.anchors import (
+    body_of,
+    find_method,
+    imports_name,
+    is_docstring,
+    method,
+    module_function,
+    replace_method,
+    with_body,
+)
 from patcher.patch import CstPatch
 
 CHECK = "_dynspec_check_server_args"
@@ -74,9 +82,6 @@ def _dynspec_check_server_args(args):
             )
 '''
 
-IS_DOCSTRING = m.SimpleStatementLine(body=[m.Expr(value=m.SimpleString() | m.ConcatenatedString())])
-
-
 class ServerArgsDynspecCheck(CstPatch):
     REVISION = 1
     TARGET = "srt/server_args.py"
@@ -93,7 +98,7 @@ class ServerArgsDynspecCheck(CstPatch):
 
         def add_call(check: cst.FunctionDef) -> cst.FunctionDef:
             body = list(body_of(check))
-            at = 1 if body and m.matches(body[0], IS_DOCSTRING) else 0
+            at = 1 if body and is_docstring(body[0]) else 0
             return with_body(check, [*body[:at], *call, *body[at:]])  # type: ignore[return-value]
 
         body: list[cst.BaseStatement] = []

@@ -9,32 +9,28 @@ patch copies whatever its neighbour field carries.
 from __future__ import annotations
 
 import libcst as cst
-import libcst.matchers as m
 
-from patcher.anchors import Anchor, body_of, class_field, find_class, insert_after, is_field, replace_class, with_body
+from patcher.anchors import (
+    Anchor,
+    annotation_head,
+    body_of,
+    class_field,
+    find_class,
+    insert_after,
+    is_field,
+    replace_class,
+    subscript_calls,
+    with_body,
+)
 from patcher.patch import CstPatch
 from patches._flags import FLAGS, NEIGHBOUR, annotated_fields
-
-IS_ANNOTATED_NEIGHBOUR = m.SimpleStatementLine(
-    body=[m.AnnAssign(target=m.Name(NEIGHBOUR), annotation=m.Annotation(m.Subscript(value=m.Name("A"))))]
-)
-HAS_NS_SPEC = m.SimpleStatementLine(
-    body=[
-        m.AnnAssign(
-            annotation=m.Annotation(
-                m.Subscript(slice=[m.ZeroOrMore(), m.SubscriptElement(m.Index(m.Call(func=m.Name("NS")))), m.ZeroOrMore()])
-            )
-        )
-    ]
-)
-
 
 def annotated_neighbour(class_name: str) -> Anchor:
     """``NEIGHBOUR`` declared as ``A[...]``: pins the layout this patch writes."""
 
     def find(module: cst.Module) -> bool:
         classdef = find_class(module, class_name)
-        return classdef is not None and any(m.matches(s, IS_ANNOTATED_NEIGHBOUR) for s in body_of(classdef))
+        return classdef is not None and any(is_field(s, NEIGHBOUR) and annotation_head(s) == "A" for s in body_of(classdef))
 
     return Anchor(find)
 
@@ -43,7 +39,7 @@ def insert_annotated_fields(patch: CstPatch, module: cst.Module, class_name: str
     classdef = find_class(module, class_name)
     assert classdef is not None
     neighbour = next(s for s in body_of(classdef) if is_field(s, NEIGHBOUR))
-    fields = patch.parse_statements(module, annotated_fields("spec" if m.matches(neighbour, HAS_NS_SPEC) else None))
+    fields = patch.parse_statements(module, annotated_fields("spec" if "NS" in subscript_calls(neighbour) else None))
     return replace_class(
         module,
         class_name,
