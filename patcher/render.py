@@ -37,7 +37,7 @@ def diff(text: str) -> None:
     if not text:
         return
     if sys.stdout.isatty():
-        _out().print(Syntax(text, "diff", theme="ansi_dark", word_wrap=False))
+        _out().print(Syntax(text, "diff", theme="ansi_dark", word_wrap=False), soft_wrap=True)
     else:
         sys.stdout.write(text)
         sys.stdout.flush()
