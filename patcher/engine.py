@@ -106,7 +106,7 @@ def patch_file(
             steps.append(PatchStep(patch, Outcome.NOT_APPLICABLE))
             continue
         if issubclass(patch, NewFilePatch):
-            wanted = patch().content()
+            wanted = patch().text()
             if text is not None and text != wanted:
                 raise BadTarget(f"{patch.id}: {target} already exists with other content (SGLang {version})")
             steps.append(PatchStep(patch, Outcome.ALREADY if text == wanted else Outcome.PATCHED))
@@ -334,7 +334,7 @@ def _status_of(patch: type[Patch], target: str, disk: str | None, version: str, 
             return PatchStatus(patch, Status.OUTDATED, f"r{recorded[patch.id]} on disk, r{patch.REVISION} available")
         return PatchStatus(patch, Status.APPLIED, f"r{recorded[patch.id]}")
     if disk is not None:
-        found = patch().content() == disk if issubclass(patch, NewFilePatch) else patch.APPLIED.found(parse(disk, target))
+        found = patch().text() == disk if issubclass(patch, NewFilePatch) else patch.APPLIED.found(parse(disk, target))
         if found:
             return PatchStatus(patch, Status.UNRECORDED, "its code is in the file but the state dir has no record")
     if issubclass(patch, CstPatch):

@@ -66,17 +66,31 @@ class CstPatch(Patch):
         raise NotImplementedError
 
     def parse_statements(self, module: cst.Module, code: str, blank_lines_before: int = 0) -> list[cst.BaseStatement]:
-        """Parse inserted code in the target's own style (indent, newlines), marker first."""
+        """Parse inserted code in the target's own style (indent, newlines), marker first.
+
+        The statements may go into any block: blank lines carry no indentation of their own, so
+        they never pick up the block's indent as trailing spaces.
+        """
         source = "\n" * blank_lines_before + f"{self.marker()}\n{code}"
         parsed = cst.parse_module(source, config=module.config_for_parsing)
-        return list(parsed.body) if not parsed.header else _with_header(parsed)
+        statements = list(parsed.body) if not parsed.header else _with_header(parsed)
+        return [_unindented_blank_lines(s) for s in statements]
+
+
+def _unindented_blank_lines(statement: cst.BaseStatement) -> cst.BaseStatement:
+    lines = [line.with_changes(indent=False) if line.comment is None else line for line in statement.leading_lines]
+    return statement.with_changes(leading_lines=lines)
 
 
 class NewFilePatch(Patch):
     """A file dynspec adds to the tree (revert deletes it)."""
 
     def content(self) -> str:
+        """The file's text, without the marker line the engine puts on top."""
         raise NotImplementedError
+
+    def text(self) -> str:
+        return f"{self.marker()}\n{self.content()}"
 
 
 def _with_header(parsed: cst.Module) -> list[cst.BaseStatement]:

@@ -61,6 +61,7 @@ def _dynspec_check_server_args(args):
         ("--enable-two-batch-overlap", getattr(args, "enable_two_batch_overlap", False)),
         ("--enable-pdmux", getattr(args, "enable_pdmux", False)),
         ("--enable-multi-layer-eagle", getattr(args, "enable_multi_layer_eagle", False)),
+        ("--speculative-adaptive", getattr(args, "speculative_adaptive", False)),
     )
     for flag, present in unsupported:
         if present:

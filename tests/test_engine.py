@@ -132,7 +132,7 @@ def recipe(*patches) -> Recipe:
 def test_new_file_is_created_and_revert_deletes_it(tree) -> None:
     before = snapshot(tree)
     Session.open(str(tree), recipe(AddColour, Helper)).apply()
-    assert (tree / "srt" / "helper.py").read_text() == "VALUE = 42\n"
+    assert (tree / "srt" / "helper.py").read_text() == "# dynspec: Helper r1\nVALUE = 42\n"
     report = {s.patch.id: s.status for s in Session.open(str(tree), recipe(AddColour, Helper)).status()}
     assert report == {"AddColour": Status.APPLIED, "Helper": Status.APPLIED}
     Session.open(str(tree), recipe(AddColour, Helper)).revert()

@@ -101,6 +101,7 @@ def test_valid_settings_pass(check: Any) -> None:
         ({"speculative_eagle_topk": 4}, "does not support --speculative-eagle-topk > 1"),
         ({"enable_dp_attention": True}, "does not support --enable-dp-attention"),
         ({"pp_size": 2}, "does not support --pp-size > 1"),
+        ({"speculative_adaptive": True}, "does not support --speculative-adaptive"),
         ({"max_running_requests": 32}, "can never trigger: at most 32 requests run at once; lower it or raise --max-running-requests"),
         ({"cuda_graph_max_bs": 24}, "raise --cuda-graph-max-bs above 32"),
         ({"cuda_graph_bs": [1, 2, 4, 8, 16]}, "largest CUDA-graph batch size (16)"),

@@ -1,0 +1,167 @@
+"""A small HTTP client for an SGLang server started with ``--skip-tokenizer-init``.
+
+Standard library only (``http.client`` and threads): the GPU machine has no aiohttp guarantee.
+Requests are greedy ``/generate`` calls with fixed ``input_ids``, as in shared/gpu/client.py, and
+the digest of a level is computed the same way, so digests from both tools can be compared.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import http.client
+import json
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+WARMUP_PROMPT = 9999
+
+
+def prompt(i: int) -> list[int]:
+    """The fixed prompt number ``i``: 32 to 47 token ids in [100, 31100), valid for both vocabularies."""
+    return [(i * 7919 + j * 104729) % 31000 + 100 for j in range(32 + i % 16)]
+
+
+@dataclass
+class Reply:
+    """One ``/generate`` call. ``error`` is None only for an HTTP 200 with the expected tokens."""
+
+    index: int
+    status: int  # 0 when no HTTP status was received
+    output_ids: list[int]
+    meta: dict[str, Any]
+    seconds: float
+    error: str | None = None
+
+
+@dataclass
+class LevelResult:
+    """All replies of one concurrency level, sent at once."""
+
+    concurrency: int
+    new_tokens: int
+    seconds: float
+    replies: list[Reply] = field(default_factory=list)
+
+    @property
+    def tokens(self) -> int:
+        return sum(len(r.output_ids) for r in self.replies if r.error is None)
+
+    @property
+    def tok_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else 0.0
+
+    @property
+    def outputs(self) -> dict[int, list[int]]:
+        return {r.index: r.output_ids for r in self.replies}
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"prompt {r.index}: {r.error}" for r in self.replies if r.error is not None]
+
+    @property
+    def digest(self) -> str:
+        return digest(self.outputs)
+
+    @property
+    def accept_length(self) -> float | None:
+        """Mean tokens per verify step (``completion_tokens / spec_verify_ct``), None without speculation."""
+        verify = sum(int(r.meta.get("spec_verify_ct") or 0) for r in self.replies)
+        if verify == 0:
+            return None
+        done = sum(int(r.meta.get("completion_tokens") or len(r.output_ids)) for r in self.replies)
+        return done / verify
+
+
+def digest(outputs: dict[int, list[int]]) -> str:
+    """12 hex digits over all outputs of a level; equal digests mean token-identical outputs."""
+    blob = json.dumps(sorted(outputs.items()))
+    return hashlib.sha256(blob.encode()).hexdigest()[:12]
+
+
+class Client:
+    """Talks to one server. Every call opens its own connection, so calls may run in parallel."""
+
+    def __init__(self, host: str, port: int, timeout: float = 300.0) -> None:
+        self.host, self.port, self.timeout = host, port, timeout
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def request(self, method: str, path: str, body: Any = None, timeout: float | None = None) -> tuple[int, bytes]:
+        """Send one request; return (status, body). Raises OSError when there is no answer."""
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
+        try:
+            headers = {"Connection": "close"}
+            payload = None
+            if body is not None:
+                payload = json.dumps(body).encode()
+                headers["Content-Type"] = "application/json"
+            conn.request(method, path, body=payload, headers=headers)
+            response = conn.getresponse()
+            return response.status, response.read()
+        finally:
+            conn.close()
+
+    def generate(self, index: int, new_tokens: int) -> Reply:
+        """Greedy ``/generate`` of ``prompt(index)``; never raises, failures are in ``Reply.error``."""
+        body = {
+            "input_ids": prompt(index),
+            "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True},
+        }
+        start = time.perf_counter()
+        try:
+            status, raw = self.request("POST", "/generate", body)
+        except (OSError, http.client.HTTPException) as error:
+            return Reply(index, 0, [], {}, time.perf_counter() - start, f"no answer: {error!r}")
+        seconds = time.perf_counter() - start
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if status != 200:
+            return Reply(index, status, [], {}, seconds, f"HTTP {status}: {raw[:200]!r}")
+        if isinstance(data, list) and len(data) == 1:  # some versions wrap a single request
+            data = data[0]
+        if not isinstance(data, dict) or not isinstance(data.get("output_ids"), list):
+            return Reply(index, status, [], {}, seconds, f"HTTP 200 without output_ids: {raw[:200]!r}")
+        output_ids = [int(t) for t in data["output_ids"]]
+        found = data.get("meta_info")
+        meta: dict[str, Any] = found if isinstance(found, dict) else {}
+        problem = None
+        if len(output_ids) != new_tokens:
+            problem = f"{len(output_ids)} tokens instead of {new_tokens} (ignore_eos is set)"
+        return Reply(index, status, output_ids, meta, seconds, problem)
+
+
+def run_level(client: Client, indices: Sequence[int], new_tokens: int) -> LevelResult:
+    """Send one request per index, all at once (one thread each), and time the whole level."""
+    replies: list[Reply] = []
+    lock = threading.Lock()
+    go = threading.Event()
+
+    def one(i: int) -> None:
+        go.wait()
+        reply = client.generate(i, new_tokens)
+        with lock:
+            replies.append(reply)
+
+    pool = ThreadPoolExecutor(max_workers=max(1, len(indices)), thread_name_prefix="proof-client")
+    try:
+        futures = [pool.submit(one, i) for i in indices]
+        start = time.perf_counter()
+        go.set()
+        for f in futures:
+            f.result()
+        seconds = time.perf_counter() - start
+    except BaseException:
+        go.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
+    replies.sort(key=lambda r: r.index)
+    return LevelResult(len(indices), new_tokens, seconds, replies)

@@ -1,0 +1,340 @@
+"""``dynspec proof``: the click command. The only module of ``patcher.proof`` that imports click.
+
+Register it with ``main.add_command(proof)``; ``python -m patcher.proof`` runs it on its own.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from types import FrameType
+
+import click
+from click.core import ParameterSource
+
+from patcher.proof import plot, report
+from patcher.proof.errors import ProofUsageError
+from patcher.proof.run import ProofOptions, default_out, run_proof
+
+DEFAULTS = ProofOptions(out=Path("."))
+
+
+class IntList(click.ParamType):  # type: ignore[type-arg]  # generic only in newer click; the GPU's may be older
+    """A comma-separated list of positive integers, e.g. ``1,4,16,48``."""
+
+    name = "LIST"
+
+    def __init__(self, length: int | None = None) -> None:
+        self.length = length
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> tuple[int, ...]:
+        if isinstance(value, tuple):
+            return value
+        try:
+            items = tuple(int(x) for x in str(value).split(",") if x.strip())
+        except ValueError:
+            self.fail(f"{value!r} is not a comma-separated list of integers", param, ctx)
+        if not items or any(x < 1 for x in items):
+            self.fail(f"{value!r}: give positive integers", param, ctx)
+        if self.length is not None and len(items) != self.length:
+            self.fail(f"{value!r}: give exactly {self.length} integers", param, ctx)
+        return items
+
+
+def _command_line(ctx: click.Context) -> str:
+    """The invocation as typed, normalised: command path plus the options given on the command line."""
+    words = []
+    for param in ctx.command.params:
+        name = param.name
+        if not name or ctx.get_parameter_source(name) != ParameterSource.COMMANDLINE:
+            continue
+        value = ctx.params[name]
+        words.append(param.opts[0])
+        if isinstance(param, click.Option) and param.is_flag:
+            continue
+        words.append(",".join(map(str, value)) if isinstance(value, tuple) else str(value))
+    return f"{ctx.command_path} {shlex.join(words)}".strip()
+
+
+def _progress(message: str) -> None:
+    click.echo(f"[proof] {message}", err=True)
+
+
+@contextmanager
+def _stop_servers_on_sigterm() -> Iterator[None]:
+    """Turn the first SIGTERM/SIGHUP into SystemExit, so ``finally`` blocks stop the servers."""
+    fired = False
+
+    def handler(signum: int, frame: FrameType | None) -> None:
+        nonlocal fired
+        if not fired:
+            fired = True
+            raise SystemExit(128 + signum)
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        yield
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _plot_only(report_path: Path, out: Path | None) -> None:
+    try:
+        data = report.load(report_path)
+    except (OSError, ValueError) as error:
+        raise click.UsageError(f"--plot {report_path}: {error}") from error
+    png = (out or report_path.parent) / report.PLOT_NAME
+    why = plot.render(data, png)
+    if why:
+        click.echo(f"no plot: {why}", err=True)
+        sys.exit(1)
+    click.echo(str(png))
+
+
+@click.command("proof", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.option(
+    "--sglang",
+    default="auto",
+    show_default=True,
+    help="SGLang under test: 'auto' (what --python imports) or a path to it (package, site dir or checkout), put first on the servers' PYTHONPATH.",
+)
+@click.option(
+    "--python", "python", default=sys.executable, show_default=True, help="Interpreter that runs the servers."
+)
+@click.option(
+    "--path",
+    "spec_path",
+    type=click.Choice(["v1", "v2"]),
+    default="v2",
+    show_default=True,
+    help="EAGLE worker: v1 adds --disable-overlap-schedule.",
+)
+@click.option(
+    "--threshold",
+    type=click.IntRange(1),
+    default=DEFAULTS.threshold,
+    show_default=True,
+    help="--speculative-disable-batch-size: speculation off above this batch size.",
+)
+@click.option(
+    "--enable-threshold",
+    type=click.IntRange(1),
+    default=None,
+    help="--speculative-enable-batch-size (server default: --threshold).",
+)
+@click.option(
+    "--switch-min-steps",
+    type=click.IntRange(0),
+    default=None,
+    help="--speculative-switch-min-steps (server default if unset).",
+)
+@click.option(
+    "--levels",
+    type=IntList(),
+    default=",".join(map(str, DEFAULTS.levels)),
+    show_default=True,
+    help="Concurrency levels for equivalence.",
+)
+@click.option(
+    "--new-tokens",
+    type=click.IntRange(1),
+    default=DEFAULTS.new_tokens,
+    show_default=True,
+    help="New tokens per equivalence request.",
+)
+@click.option(
+    "--shape",
+    type=click.Choice(["auto", "small", "8b"]),
+    default="auto",
+    show_default=True,
+    help="Model shape; auto: small for equivalence and crossings, 8b for throughput.",
+)
+@click.option(
+    "--checks",
+    default="equivalence,crossings",
+    show_default=True,
+    help="Comma list of equivalence, crossings, throughput.",
+)
+@click.option("--throughput", is_flag=True, help="Add the throughput check (3 more servers, simulated acceptance).")
+@click.option(
+    "--throughput-levels",
+    type=IntList(),
+    default=",".join(map(str, DEFAULTS.throughput_levels)),
+    show_default=True,
+    help="Concurrency levels for throughput.",
+)
+@click.option(
+    "--throughput-new-tokens", type=click.IntRange(1), default=DEFAULTS.throughput_new_tokens, show_default=True
+)
+@click.option(
+    "--simulate-acc-len",
+    type=click.FloatRange(1.0),
+    default=DEFAULTS.simulate_acc_len,
+    show_default=True,
+    help="SGLANG_SIMULATE_ACC_LEN for throughput servers.",
+)
+@click.option(
+    "--min-envelope-ratio",
+    type=float,
+    default=DEFAULTS.min_envelope_ratio,
+    show_default=True,
+    help="Throughput passes when dynspec / max(base, always-on) >= this at every level.",
+)
+@click.option(
+    "--ramp",
+    type=IntList(2),
+    default=f"{DEFAULTS.ramp_low},{DEFAULTS.ramp_high}",
+    show_default=True,
+    help="LOW,HIGH concurrency of the alternating crossing waves.",
+)
+@click.option("--ramp-new-tokens", type=click.IntRange(1), default=DEFAULTS.ramp_new_tokens, show_default=True)
+@click.option(
+    "--min-crossings",
+    type=click.IntRange(2),
+    default=DEFAULTS.min_crossings,
+    show_default=True,
+    help="Switches (OFF+ON) the ramp must produce.",
+)
+@click.option("--ramp-max-waves", type=click.IntRange(2), default=DEFAULTS.ramp_max_waves, show_default=True)
+@click.option(
+    "--ramp-timeout", type=click.FloatRange(1), default=DEFAULTS.ramp_timeout, show_default=True, help="Seconds."
+)
+@click.option("--tp", type=click.IntRange(1), default=None, help="Pass --tp-size N to every server.")
+@click.option(
+    "--port", type=click.IntRange(1024, 65000), default=DEFAULTS.port, show_default=True, help="First port to try."
+)
+@click.option(
+    "--start-timeout",
+    type=click.FloatRange(1),
+    default=DEFAULTS.start_timeout,
+    show_default=True,
+    help="Seconds for a server to answer.",
+)
+@click.option(
+    "--request-timeout",
+    type=click.FloatRange(1),
+    default=DEFAULTS.request_timeout,
+    show_default=True,
+    help="Seconds per request.",
+)
+@click.option("--extra-args", default="", help="Extra arguments for every server, as one shell-quoted string.")
+@click.option(
+    "--out",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="Folder for logs, report.json, summary.txt, throughput.png [default: ./dynspec-proof-DATE-TIME].",
+)
+@click.option(
+    "--plot",
+    "plot_report",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    default=None,
+    help="Only draw the PNG from an existing report.json (into --out, or beside it).",
+)
+@click.pass_context
+def proof(
+    ctx: click.Context,
+    sglang: str,
+    python: str,
+    spec_path: str,
+    threshold: int,
+    enable_threshold: int | None,
+    switch_min_steps: int | None,
+    levels: tuple[int, ...],
+    new_tokens: int,
+    shape: str,
+    checks: str,
+    throughput: bool,
+    throughput_levels: tuple[int, ...],
+    throughput_new_tokens: int,
+    simulate_acc_len: float,
+    min_envelope_ratio: float,
+    ramp: tuple[int, ...],
+    ramp_new_tokens: int,
+    min_crossings: int,
+    ramp_max_waves: int,
+    ramp_timeout: float,
+    tp: int | None,
+    port: int,
+    start_timeout: float,
+    request_timeout: float,
+    extra_args: str,
+    out: Path | None,
+    plot_report: Path | None,
+) -> None:
+    """Start SGLang servers with weight-free models and prove dynspec on this GPU.
+
+    \b
+    equivalence  greedy outputs with speculation off, always on and dynspec are token-identical
+                 at every level, below and above the threshold
+    crossings    a 1 <-> 64 load ramp in one server switches speculation both ways at least
+                 --min-crossings times, with no error in the log and every request answered
+    throughput   (--throughput) tok/s of the three, and R(C) = dynspec / max(base, always-on)
+
+    Without dynspec applied to the SGLang under test, only speculation off vs always on is
+    checked. Progress goes to stderr, the summary to stdout; logs, report.json and
+    throughput.png go to --out.
+
+    \b
+    Exit codes: 0 every check passed, 1 a check failed, 2 bad usage.
+    """
+    if plot_report is not None:
+        _plot_only(plot_report, out)
+        return
+    chosen = tuple(c.strip() for c in checks.split(",") if c.strip())
+    if throughput and "throughput" not in chosen:
+        chosen += ("throughput",)
+    try:
+        extra = tuple(shlex.split(extra_args))
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--extra-args") from error
+    out = out or default_out()
+    opts = ProofOptions(
+        out=out,
+        sglang=sglang,
+        python=python,
+        path=spec_path,
+        threshold=threshold,
+        enable_threshold=enable_threshold,
+        switch_min_steps=switch_min_steps,
+        levels=levels,
+        new_tokens=new_tokens,
+        shape=shape,
+        checks=chosen,
+        throughput_levels=throughput_levels,
+        throughput_new_tokens=throughput_new_tokens,
+        simulate_acc_len=simulate_acc_len,
+        min_envelope_ratio=min_envelope_ratio,
+        ramp_low=ramp[0],
+        ramp_high=ramp[1],
+        ramp_new_tokens=ramp_new_tokens,
+        min_crossings=min_crossings,
+        ramp_max_waves=ramp_max_waves,
+        ramp_timeout=ramp_timeout,
+        tp=tp,
+        port=port,
+        start_timeout=start_timeout,
+        request_timeout=request_timeout,
+        extra_args=extra,
+        command=_command_line(ctx),
+    )
+    try:
+        with _stop_servers_on_sigterm():
+            result = run_proof(opts, _progress)
+    except ProofUsageError as error:
+        raise click.UsageError(str(error), ctx) from error
+    text = report.summary(result)
+    (out / report.SUMMARY_NAME).write_text(text)
+    click.echo(text, nl=False)
+    if result.get("throughput", {}).get("levels"):
+        try:
+            why = plot.render(result, out / report.PLOT_NAME)
+        except Exception as error:  # noqa: BLE001 - a plotting glitch must not hide the verdict
+            why = f"matplotlib failed: {error!r}; retry with --plot {out / report.REPORT_NAME}"
+        _progress(f"no plot: {why}" if why else f"plot: {out / report.PLOT_NAME}")
+    ctx.exit(report.exit_code(result))

@@ -1,0 +1,127 @@
+"""Facts about the machine and the SGLang under test, found without importing SGLang.
+
+Importing SGLang would pull in torch and CUDA; all that is needed is its package directory
+(``importlib.util.find_spec`` run by the server's interpreter, with the server's environment, so
+it finds the same SGLang the servers will import), its version and whether dynspec's flags are
+in its ``ServerArgs``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from patcher.proof.errors import ProofUsageError
+
+FLAG_FIELD = "speculative_disable_batch_size"
+WORKERS = {"v1": "speculative/eagle_worker.py", "v2": "speculative/eagle_worker_v2.py"}
+FIND_SPEC = (
+    "import importlib.util, json\n"
+    "s = importlib.util.find_spec('sglang')\n"
+    "print(json.dumps(list(s.submodule_search_locations or []) if s else None))\n"
+)
+VERSION = re.compile(r"""^__version__\s*=\s*(?:\w+\s*=\s*)*['"]([^'"]+)['"]""", re.M)
+
+
+@dataclass(frozen=True)
+class SGLang:
+    package: Path  # the directory holding srt/
+    version: str
+    dynspec_applied: bool
+    pythonpath: str | None  # what servers need on PYTHONPATH to import this package, if anything
+
+    def has_worker(self, path: str) -> bool:
+        return (self.package / "srt" / WORKERS[path]).is_file()
+
+
+def package_in(path: Path) -> Path | None:
+    """The SGLang package directory given a package dir, a site dir, or a source checkout."""
+    for candidate in (path, path / "sglang", path / "python" / "sglang"):
+        if (candidate / "srt" / "server_args.py").is_file():
+            return candidate
+    return None
+
+
+def find_spec_dir(python: str, env: Mapping[str, str]) -> Path | None:
+    try:
+        done = subprocess.run(
+            [python, "-c", FIND_SPEC], env=dict(env), capture_output=True, text=True, timeout=120, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ProofUsageError(f"cannot run {python}: {error}") from error
+    if done.returncode != 0:
+        raise ProofUsageError(f"{python} failed to look for sglang: {done.stderr.strip()[-500:]}")
+    locations = json.loads(done.stdout.strip().splitlines()[-1])
+    for location in locations or []:
+        if package_in(Path(location)) == Path(location):
+            return Path(location)
+    return None
+
+
+def read_version(package: Path) -> str:
+    for name in ("_version.py", "version.py"):
+        try:
+            m = VERSION.search((package / name).read_text())
+        except OSError:
+            continue
+        if m:
+            return m.group(1)
+    for meta in sorted(package.parent.glob("sglang-*.dist-info/METADATA")):
+        for line in meta.read_text(errors="replace").splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+def dynspec_applied(package: Path) -> bool:
+    """True when ServerArgs declares dynspec's flag (monolithic file, or 0.5.20+'s arg_groups)."""
+    srt = package / "srt"
+    files = [srt / "server_args.py", *sorted((srt / "arg_groups").rglob("*.py"))]
+    return any(FLAG_FIELD in f.read_text(errors="replace") for f in files if f.is_file())
+
+
+def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
+    """Resolve ``--sglang``: ``auto`` (what ``python`` imports) or a path to put first on PYTHONPATH."""
+    pythonpath = None
+    if sglang == "auto":
+        package = find_spec_dir(python, env)
+        if package is None:
+            raise ProofUsageError(
+                f"{python} cannot find an SGLang package (with srt/server_args.py); "
+                "set PYTHONPATH or pass --sglang PATH"
+            )
+    else:
+        found = package_in(Path(sglang).resolve())
+        if found is None:
+            raise ProofUsageError(f"--sglang {sglang}: no sglang/srt/server_args.py there")
+        package = found
+        pythonpath = str(package.parent)
+        old = env.get("PYTHONPATH")
+        seen = find_spec_dir(python, {**env, "PYTHONPATH": f"{pythonpath}{os.pathsep}{old}" if old else pythonpath})
+        if seen is None or seen.resolve() != package.resolve():
+            raise ProofUsageError(f"--sglang {sglang}: {python} would import sglang from {seen}, not {package}")
+    return SGLang(package, read_version(package), dynspec_applied(package), pythonpath)
+
+
+def gpu_name() -> str:
+    """The GPU model(s) as nvidia-smi names them, e.g. ``NVIDIA H200`` or ``2x NVIDIA H200``."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return "unknown (no nvidia-smi)"
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "unknown (nvidia-smi failed)"
+    names = [n.strip() for n in done.stdout.splitlines() if n.strip()]
+    if done.returncode != 0 or not names:
+        return "unknown (nvidia-smi failed)"
+    distinct = sorted(set(names))
+    return ", ".join(n if names.count(n) == 1 else f"{names.count(n)}x {n}" for n in distinct)

@@ -1,0 +1,131 @@
+"""The exact server command lines and environments ``dynspec proof`` runs.
+
+Flags follow shared/gpu/serve.sh and sweep.sh: dummy weights from a ``config.json``-only model
+directory shipped in this package, no tokenizer, triton attention, pytorch sampling, half the GPU
+memory; plus ``--max-running-requests 128 --cuda-graph-max-bs 128`` on every server, because
+under speculation SGLang otherwise lowers both to 48 and a threshold above that never triggers.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+MODELS = Path(__file__).resolve().parent / "models"
+SHAPES = {"small": ("target", "draft"), "8b": ("target8b", "draft8b")}
+MAX_RUNNING_REQUESTS = 128
+
+BASE_FLAGS = (
+    "--load-format", "dummy",
+    "--skip-tokenizer-init",
+    "--attention-backend", "triton",
+    "--sampling-backend", "pytorch",
+    "--mem-fraction-static", "0.5",
+)  # fmt: skip
+EAGLE3_FLAGS = (
+    "--speculative-algorithm", "EAGLE3",
+    "--speculative-draft-model-path", "{draft}",
+    "--speculative-draft-load-format", "dummy",
+    "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1",
+    "--speculative-num-draft-tokens", "4",
+)  # fmt: skip
+
+MODES = ("base", "always_on", "dynspec")  # (a) speculation off, (b) always on, (c) dynspec
+OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+SIMULATION_VARS = ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD", "SIMULATE_ACC_LEN", "SIMULATE_ACC_METHOD")
+
+
+@dataclass(frozen=True)
+class Dynspec:
+    """dynspec's server flags; ``None`` leaves a flag out so the server's default applies."""
+
+    disable_batch_size: int
+    enable_batch_size: int | None = None
+    switch_min_steps: int | None = None
+
+    def flags(self) -> list[str]:
+        out = ["--speculative-disable-batch-size", str(self.disable_batch_size)]
+        if self.enable_batch_size is not None:
+            out += ["--speculative-enable-batch-size", str(self.enable_batch_size)]
+        if self.switch_min_steps is not None:
+            out += ["--speculative-switch-min-steps", str(self.switch_min_steps)]
+        return out
+
+    @property
+    def on_at_most(self) -> int:
+        """The largest batch size at which speculation comes back on."""
+        return self.disable_batch_size if self.enable_batch_size is None else self.enable_batch_size
+
+
+def model_dirs(shape: str) -> tuple[Path, Path]:
+    target, draft = SHAPES[shape]
+    return MODELS / target, MODELS / draft
+
+
+def server_args(
+    mode: str,
+    *,
+    shape: str,
+    port: int,
+    path: str,
+    dynspec: Dynspec | None = None,
+    tp: int | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The arguments after ``python -m sglang.launch_server`` for one mode."""
+    if mode not in MODES:
+        raise ValueError(f"unknown mode {mode!r}")
+    target, draft = model_dirs(shape)
+    args = ["--model-path", str(target), *BASE_FLAGS]
+    args += ["--port", str(port), "--log-level", "info"]
+    args += ["--max-running-requests", str(MAX_RUNNING_REQUESTS), "--cuda-graph-max-bs", str(MAX_RUNNING_REQUESTS)]
+    if tp is not None:
+        args += ["--tp-size", str(tp)]
+    if mode != "base":
+        args += [a.format(draft=draft) for a in EAGLE3_FLAGS]
+        if path == "v1":
+            args.append("--disable-overlap-schedule")
+    if mode == "dynspec":
+        if dynspec is None:
+            raise ValueError("the dynspec mode needs its threshold")
+        args += dynspec.flags()
+    return args + list(extra)
+
+
+def server_argv(python: str, args: Sequence[str]) -> list[str]:
+    return [python, "-m", "sglang.launch_server", *args]
+
+
+def env_changes(
+    *,
+    simulate_acc_len: float | None,
+    pythonpath: str | None = None,
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str | None]:
+    """Variables to set (str) or remove (None). Simulated acceptance only where asked for:
+    equivalence must never inherit a ``SGLANG_SIMULATE_ACC_LEN`` left in the caller's shell."""
+    base = os.environ if base is None else base
+    changes: dict[str, str | None] = dict(OFFLINE_ENV)
+    for var in SIMULATION_VARS:
+        if var in base:
+            changes[var] = None
+    if simulate_acc_len is not None:
+        changes["SGLANG_SIMULATE_ACC_LEN"] = f"{simulate_acc_len:g}"
+        changes["SGLANG_SIMULATE_ACC_METHOD"] = "match-expected"
+    if pythonpath is not None:
+        old = base.get("PYTHONPATH")
+        changes["PYTHONPATH"] = pythonpath if not old else f"{pythonpath}{os.pathsep}{old}"
+    return changes
+
+
+def apply_env(changes: Mapping[str, str | None], base: Mapping[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if base is None else base)
+    for key, value in changes.items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    return env

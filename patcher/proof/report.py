@@ -1,0 +1,135 @@
+"""The JSON report of a proof run, its pass/fail verdict and the one-screen summary.
+
+Keys other tools may rely on (kept stable): ``sglang_version``, ``path`` ("v1" or "v2"),
+``gpu``, ``command``, ``dynspec_applied``, ``passed``, ``equivalence`` {``passed``,
+``levels``}, ``crossings`` {``count``, ``errors``}, ``throughput`` {``levels``, ``base``,
+``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``. A check
+that was not run is absent and named in ``skipped`` with the reason; without dynspec applied,
+``throughput.dynspec`` and ``throughput.envelope_ratio`` are null.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+CHECKS = ("equivalence", "crossings", "throughput")
+REPORT_NAME = "report.json"
+SUMMARY_NAME = "summary.txt"
+PLOT_NAME = "throughput.png"
+
+Report = dict[str, Any]
+
+
+def envelope_ratio(
+    base: Sequence[float | None], always_on: Sequence[float | None], dynspec: Sequence[float | None]
+) -> list[float | None]:
+    """R(C) = dynspec / max(base, always-on) at each level; None where a value is missing."""
+    if not len(base) == len(always_on) == len(dynspec):
+        raise ValueError("throughput lists of different lengths")
+    out: list[float | None] = []
+    for b, a, d in zip(base, always_on, dynspec):
+        best = max((x for x in (b, a) if x is not None), default=None)
+        out.append(None if d is None or not best else round(d / best, 4))
+    return out
+
+
+def verdict(report: Report) -> bool:
+    """True when at least one check ran and every check that ran passed."""
+    ran = [report[c] for c in CHECKS if c in report]
+    return bool(ran) and all(c.get("passed") is True for c in ran)
+
+
+def exit_code(report: Report) -> int:
+    return 0 if verdict(report) else 1
+
+
+def write(report: Report, out: Path) -> Path:
+    """Write ``report.json`` atomically (a partial report survives a killed run)."""
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / REPORT_NAME
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(report, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def load(path: Path) -> Report:
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict):
+        raise ValueError(f"{path} is not a dynspec proof report")
+    return data
+
+
+def _fmt(x: float | None, digits: int = 1) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+def _check_line(name: str, report: Report) -> str:
+    if name not in report:
+        reason = report.get("skipped", {}).get(name, "not asked for")
+        return f"{name:<12} {'skip':<6} {reason}"
+    check = report[name]
+    result = "PASS" if check.get("passed") else "FAIL"
+    detail = "; ".join(check.get("problems", [])[:2]) or check.get("detail", "")
+    return f"{name:<12} {result:<6} {detail}"[:110]
+
+
+def summary(report: Report) -> str:
+    """A plain-text table that fits one screen."""
+    lines = []
+    applied = report.get("dynspec_applied")
+    lines.append(
+        f"dynspec proof: SGLang {report.get('sglang_version')}, path {report.get('path')}, GPU {report.get('gpu')}"
+    )
+    if applied:
+        lines.append(f"dynspec applied: yes ({report.get('dynspec_flags', '')})")
+    else:
+        lines.append("dynspec applied: no (only speculation off vs always on)")
+    lines.append("")
+    lines.append(f"{'check':<12} {'result':<6} detail")
+    lines += [_check_line(name, report) for name in CHECKS]
+
+    eq = report.get("equivalence")
+    if eq and eq.get("per_level"):
+        cols = [c for c in ("base", "always_on", "dynspec", "dynspec_after_ramp") if eq.get("digests", {}).get(c)]
+        lines.append("")
+        lines.append(f"equivalence: output digests ({eq.get('shape')} shape, {eq.get('new_tokens')} new tokens)")
+        lines.append(f"{'C':>5}  " + "  ".join(f"{c.replace('_', '-'):<18}" for c in cols) + "  dynspec state")
+        for row in eq["per_level"]:
+            cells = []
+            for c in cols:
+                d = row.get(c) or "-"
+                mark = "*" if row.get(c) and row.get("base") and d != row["base"] else " "
+                cells.append(f"{d + mark:<18}")
+            lines.append(f"{row['C']:>5}  " + "  ".join(cells) + f"  {row.get('dynspec_state', '')}")
+
+    tp = report.get("throughput")
+    if tp and tp.get("levels"):
+        lines.append("")
+        sim = tp.get("simulate_acc_len")
+        lines.append(
+            f"throughput: tok/s ({tp.get('shape')} shape, {tp.get('new_tokens')} new tokens, "
+            f"SGLANG_SIMULATE_ACC_LEN={sim:g})"
+            if sim is not None
+            else "throughput: tok/s"
+        )
+        lines.append(f"{'C':>5}  {'base':>9}  {'always-on':>9}  {'dynspec':>9}  {'R(C)':>6}")
+        n = len(tp["levels"])
+        dyn = tp.get("dynspec") or [None] * n
+        ratio = tp.get("envelope_ratio") or [None] * n
+        for i, c in enumerate(tp["levels"]):
+            lines.append(
+                f"{c:>5}  {_fmt(tp['base'][i]):>9}  {_fmt(tp['always_on'][i]):>9}  "
+                f"{_fmt(dyn[i]):>9}  {_fmt(ratio[i], 2):>6}"
+            )
+
+    lines.append("")
+    out = report.get("out", ".")
+    lines.append(f"logs and report in {out}")
+    verdict_ok = verdict(report)
+    lines.append(f"RESULT: {'PASS' if verdict_ok else 'FAIL'} (exit {0 if verdict_ok else 1})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,518 @@
+"""Orchestration: which servers to start, in which order, and what each check concludes.
+
+Correctness runs on the small shape by default: the dynspec server (c) first, since it is the
+one most likely to fail, then always-on (b) and base (a). The crossing ramp runs inside the
+dynspec server's lifetime, after its equivalence levels, and the levels are sent again after
+the ramp so the state left by the switches is checked too. Throughput starts its own three
+servers (8B shape by default) with simulated acceptance, which equivalence must never have.
+
+A server that fails to start ends the run: the report says which, and the checks that could not
+finish fail. Every server is stopped however the run ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from patcher.proof import detect, launch, logscan
+from patcher.proof import report as reports
+from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, run_level
+from patcher.proof.errors import ProofUsageError, ServerStartError
+from patcher.proof.logscan import LogFollower, Transition
+from patcher.proof.ramp import RampSchedule, run_ramp
+from patcher.proof.servers import Progress, Server, ServerSpec, free_port, stderr_progress
+
+SERVER_NAMES = {"base": "base", "always_on": "always-on", "dynspec": "dynspec"}
+MAX_LISTED = 50  # errors and mismatches kept in the report per check
+
+
+@dataclass
+class ProofOptions:
+    """Everything ``dynspec proof`` can be told. Defaults are the CLI's defaults."""
+
+    out: Path
+    sglang: str = "auto"
+    python: str = sys.executable
+    path: str = "v2"
+    threshold: int = 32
+    enable_threshold: int | None = None
+    switch_min_steps: int | None = None
+    levels: tuple[int, ...] = (1, 4, 16, 48)
+    new_tokens: int = 64
+    shape: str = "auto"
+    checks: tuple[str, ...] = ("equivalence", "crossings")
+    throughput_levels: tuple[int, ...] = (1, 4, 16, 32, 64, 128)
+    throughput_new_tokens: int = 256
+    simulate_acc_len: float = 3.0
+    min_envelope_ratio: float = 0.9
+    ramp_low: int = 1
+    ramp_high: int = 64
+    ramp_new_tokens: int = 32
+    min_crossings: int = 100
+    ramp_max_waves: int = 400
+    ramp_timeout: float = 300.0
+    tp: int | None = None
+    port: int = 30000
+    start_timeout: float = 600.0
+    request_timeout: float = 300.0
+    extra_args: tuple[str, ...] = ()
+    command: str = ""
+    # Knobs for the CPU tests; the defaults are right for real servers.
+    stop_timeout: float = 60.0
+    poll_interval: float = 1.0
+    progress_every: float = 10.0
+    settle: float = 0.5
+    env: Mapping[str, str] | None = None
+
+    @property
+    def dynspec(self) -> launch.Dynspec:
+        return launch.Dynspec(self.threshold, self.enable_threshold, self.switch_min_steps)
+
+    def shape_for(self, check: str) -> str:
+        if self.shape != "auto":
+            return self.shape
+        return "8b" if check == "throughput" else "small"
+
+
+def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str, str]]:
+    """The checks to run and the reasons for those skipped. Raises ProofUsageError."""
+    unknown = [c for c in opts.checks if c not in reports.CHECKS]
+    if unknown:
+        raise ProofUsageError(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(reports.CHECKS)}")
+    if not sglang.has_worker(opts.path):
+        raise ProofUsageError(
+            f"SGLang {sglang.version} at {sglang.package} has no {opts.path} EAGLE worker "
+            f"(srt/{detect.WORKERS[opts.path]}); try --path {'v2' if opts.path == 'v1' else 'v1'}"
+        )
+    checks = [c for c in reports.CHECKS if c in opts.checks]
+    skipped: dict[str, str] = {c: "not asked for" for c in reports.CHECKS if c not in checks}
+    if not sglang.dynspec_applied and "crossings" in checks:
+        checks.remove("crossings")
+        skipped["crossings"] = f"dynspec is not applied to {sglang.package} (no --speculative-disable-batch-size)"
+    if not checks:
+        raise ProofUsageError("nothing to check: crossings needs an SGLang with dynspec applied")
+    for name, values in (("--levels", opts.levels), ("--throughput-levels", opts.throughput_levels)):
+        if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
+            raise ProofUsageError(f"{name} needs distinct positive integers, got {values}")
+    if sglang.dynspec_applied:
+        n, m = opts.threshold, opts.dynspec.on_at_most
+        if not 1 <= m <= n < launch.MAX_RUNNING_REQUESTS:
+            raise ProofUsageError(
+                f"need 1 <= --enable-threshold ({m}) <= --threshold ({n}) < {launch.MAX_RUNNING_REQUESTS} "
+                "(the servers' --max-running-requests)"
+            )
+        if "equivalence" in checks and not (min(opts.levels) <= m and max(opts.levels) > n):
+            raise ProofUsageError(
+                f"--levels {','.join(map(str, opts.levels))} must have a level <= {m} and one > {n}, "
+                "so equivalence is checked below and above the threshold"
+            )
+        if "crossings" in checks and not (opts.ramp_low <= m and opts.ramp_high > n):
+            raise ProofUsageError(f"--ramp {opts.ramp_low},{opts.ramp_high} must go from <= {m} to > {n}")
+    if "crossings" in checks and opts.ramp_high > launch.MAX_RUNNING_REQUESTS:
+        raise ProofUsageError(f"--ramp high ({opts.ramp_high}) is above --max-running-requests 128")
+    return checks, skipped
+
+
+def _states(transitions: Sequence[Transition], before: str) -> tuple[str, str]:
+    """(what happened during a level, the state after it), from the switches logged in it."""
+    if not transitions:
+        return before, before
+    seq = [before] + [t.direction for t in transitions]
+    return "->".join(seq), transitions[-1].direction
+
+
+class Proof:
+    def __init__(self, opts: ProofOptions, progress: Progress = stderr_progress) -> None:
+        self.opts = opts
+        self.progress = progress
+        self.env: Mapping[str, str] = dict(os.environ) if opts.env is None else opts.env
+        self.report: dict[str, Any] = {}
+        self.aborted: str | None = None
+        self.sglang: detect.SGLang | None = None
+        self.server_info: dict[str, Any] = {}  # the report entry of the server started last
+        self.ramp_final_state = "ON"
+
+    # -- running ------------------------------------------------------------------------------
+
+    def run(self) -> dict[str, Any]:
+        opts = self.opts
+        self.sglang = sglang = detect.locate(opts.sglang, opts.python, self.env)
+        checks, skipped = plan(opts, sglang)
+        opts.out.mkdir(parents=True, exist_ok=True)
+        self.report = {
+            "sglang_version": sglang.version,
+            "sglang_dir": str(sglang.package),
+            "path": opts.path,
+            "gpu": detect.gpu_name(),
+            "command": opts.command,
+            "dynspec_applied": sglang.dynspec_applied,
+            "threshold": opts.threshold,
+            "enable_threshold": opts.dynspec.on_at_most,
+            "switch_min_steps": opts.switch_min_steps,
+            "dynspec_flags": " ".join(opts.dynspec.flags()),
+            "tp": opts.tp,
+            "checks": checks,
+            "skipped": skipped,
+            "out": str(opts.out),
+            "started": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "complete": False,
+            "passed": False,
+            "servers": [],
+        }
+        if not sglang.dynspec_applied:
+            self.progress(f"dynspec is not applied to {sglang.package}: checking speculation off vs always on only")
+        self._save()
+        try:
+            if "equivalence" in checks or "crossings" in checks:
+                self.correctness("equivalence" in checks, "crossings" in checks)
+            if "throughput" in checks:
+                if self.aborted:
+                    self.report["throughput"] = {"passed": False, "problems": [f"not run: {self.aborted}"]}
+                else:
+                    self.throughput()
+        finally:
+            self.report["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
+            self.report["complete"] = self.aborted is None and all(c in self.report for c in checks)
+            self.report["passed"] = reports.verdict(self.report)
+            self._save()
+        return self.report
+
+    def _save(self) -> None:
+        reports.write(self.report, self.opts.out)
+
+    @contextlib.contextmanager
+    def serve(self, mode: str, shape: str, simulate: float | None, suffix: str = "") -> Iterator[Server]:
+        """Start one server, wait for it, send the warm-up request; stop it on leaving."""
+        opts = self.opts
+        assert self.sglang is not None
+        name = SERVER_NAMES[mode] + suffix
+        self.server_info = {"name": name, "mode": mode, "shape": shape}
+        port = free_port(opts.port)
+        args = launch.server_args(
+            mode, shape=shape, port=port, path=opts.path, dynspec=opts.dynspec, tp=opts.tp, extra=opts.extra_args
+        )
+        argv = launch.server_argv(opts.python, args)
+        changes = launch.env_changes(simulate_acc_len=simulate, pythonpath=self.sglang.pythonpath, base=self.env)
+        spec = ServerSpec(
+            name, tuple(argv), launch.apply_env(changes, self.env), opts.out / f"{name}.log", port, changes
+        )
+        info = self.server_info
+        info.update(port=port, argv=argv, env=changes, log=str(spec.log))
+        self.report["servers"].append(info)
+        self.progress(f"starting {name} server on port {port} (takes 1-3 minutes; log {spec.log})")
+        self.progress("  " + " ".join(argv))
+        server = Server(spec, stop_timeout=opts.stop_timeout, progress=self.progress)
+        try:
+            with server:
+                server.wait_ready(opts.start_timeout, opts.poll_interval, opts.progress_every)
+                info["start_seconds"] = round(server.start_seconds, 1)
+                self.progress(f"{name} is up after {server.start_seconds:.0f} s")
+                warm = self.client(server).generate(WARMUP_PROMPT, 8)
+                if warm.error:
+                    raise ServerStartError(f"{name}: the warm-up request failed: {warm.error}")
+                yield server
+        except ServerStartError as error:
+            info["start_error"] = str(error)
+            raise
+        finally:
+            info["stopped_by"] = server.stopped_by
+            if server.popen is not None:
+                startup = logscan.scan_file(spec.log, 0, server.ready_offset)
+                serving = logscan.scan_file(spec.log, server.ready_offset, server.stop_offset)
+                info["startup_notes"] = [str(e) for e in startup.errors[:10]]
+                info["errors"] = [str(e) for e in serving.errors[:MAX_LISTED]]
+                info["error_count"] = len(serving.errors)
+                info["switches"] = {"off": serving.off, "on": serving.on}
+            self.progress(f"stopped {name} ({server.stopped_by or 'never started'})")
+            self._save()
+
+    def client(self, server: Server) -> Client:
+        return Client("127.0.0.1", server.spec.port, timeout=self.opts.request_timeout)
+
+    def levels(
+        self, server: Server, levels: Sequence[int], new_tokens: int, label: str
+    ) -> list[tuple[LevelResult, list[Transition]]]:
+        """Each level once, with the switch lines logged while it ran."""
+        out = []
+        client = self.client(server)
+        for c in levels:
+            follower = LogFollower(server.spec.log, logscan.size(server.spec.log))
+            result = run_level(client, range(c), new_tokens)
+            time.sleep(self.opts.settle if server.spec.name.startswith("dynspec") else 0)
+            follower.poll()
+            out.append((result, follower.transitions))
+            failed = f", {len(result.failures)} FAILED" if result.failures else ""
+            self.progress(
+                f"  {label} C={c}: {result.tokens} tokens in {result.seconds:.2f} s = {result.tok_s:.0f} tok/s, "
+                f"digest {result.digest}{failed}"
+            )
+        return out
+
+    # -- equivalence and crossings -----------------------------------------------------------
+
+    def correctness(self, equivalence: bool, crossings: bool) -> None:
+        opts = self.opts
+        assert self.sglang is not None
+        applied = self.sglang.dynspec_applied
+        shape = opts.shape_for("equivalence")
+        modes = (["dynspec"] if applied else []) + (["always_on", "base"] if equivalence else [])
+        runs: dict[str, list[tuple[LevelResult, list[Transition]]]] = {}
+        eq_problems: list[str] = []
+        cr: dict[str, Any] = {"passed": False, "count": 0, "off": 0, "on": 0, "errors": [], "problems": []}
+        for mode in modes:
+            name = SERVER_NAMES[mode]
+            try:
+                with self.serve(mode, shape, None) as server:
+                    if equivalence:
+                        runs[mode] = self.levels(server, opts.levels, opts.new_tokens, name)
+                    if mode == "dynspec" and crossings:
+                        self.crossings(server, cr)
+                        if equivalence and self.flush_cache(server):
+                            so_far = logscan.scan_file(server.spec.log, 0, logscan.size(server.spec.log))
+                            self.ramp_final_state = so_far.transitions[-1].direction if so_far.transitions else "ON"
+                            runs["dynspec_after_ramp"] = self.levels(server, opts.levels, opts.new_tokens, "after ramp")
+            except ServerStartError as error:
+                self.aborted = f"the {name} server did not start"
+                first = str(error).splitlines()[0]
+                eq_problems.append(first)
+                cr["problems"].append(first)
+                self.progress(f"ERROR: {error}")
+                break
+            finally:
+                info = self.server_info
+                errors = [f"{name}: {e}" for e in info.get("errors", [])]
+                if errors:
+                    eq_problems.append(f"{info.get('error_count')} error line(s) in {name}.log: {errors[0]}")
+                    if mode == "dynspec":
+                        cr["errors"].extend(errors)
+        if equivalence:
+            self.report["equivalence"] = self.judge_equivalence(runs, modes, shape, eq_problems)
+        if crossings:
+            self.judge_crossings(cr)
+            self.report["crossings"] = cr
+
+    def crossings(self, server: Server, cr: dict[str, Any]) -> None:
+        opts = self.opts
+        log = server.spec.log
+        start = logscan.size(log)
+        follower = LogFollower(log, start)
+        schedule = RampSchedule(
+            opts.ramp_low, opts.ramp_high, opts.ramp_new_tokens, opts.ramp_max_waves, opts.ramp_timeout
+        )
+        self.progress(
+            f"ramp: waves of {opts.ramp_low} and {opts.ramp_high} requests until {opts.min_crossings} switches "
+            f"(at most {opts.ramp_max_waves} waves, {opts.ramp_timeout:g} s)"
+        )
+        result = run_ramp(self.client(server), schedule, follower, opts.min_crossings, opts.settle, self.progress)
+        scan = logscan.scan_file(log, start, logscan.size(log))
+        cr.update(
+            count=scan.count,
+            off=scan.off,
+            on=scan.on,
+            waves=result.waves,
+            requests=result.requests,
+            ok_requests=result.ok,
+            failed_requests=len(result.failures),
+            seconds=round(result.seconds, 1),
+            stop_reason=result.stop_reason,
+            low=opts.ramp_low,
+            high=opts.ramp_high,
+            new_tokens=opts.ramp_new_tokens,
+            target=opts.min_crossings,
+            transitions_off_batch_sizes=sorted({t.batch_size for t in scan.transitions if t.direction == "OFF"}),
+            transitions_on_batch_sizes=sorted({t.batch_size for t in scan.transitions if t.direction == "ON"}),
+        )
+        cr["errors"].extend(result.failures[:MAX_LISTED])
+        self.progress(
+            f"ramp done: {scan.count} switches ({scan.off} OFF / {scan.on} ON) in {result.waves} waves, "
+            f"{result.seconds:.0f} s, {len(result.failures)} failed requests ({result.stop_reason})"
+        )
+
+    def flush_cache(self, server: Server) -> bool:
+        """Empty the radix cache, so the levels sent again after the ramp meet the same cache as the
+        first time (a prompt whose prefix is cached is prefilled by other kernels, which may round
+        differently and flip a greedy token in any server, dynspec or not)."""
+        client = self.client(server)
+        for _ in range(10):
+            try:
+                status, body = client.request("POST", "/flush_cache", timeout=30)
+            except OSError as error:
+                status, body = 0, repr(error).encode()
+            if status == 200:
+                return True
+            time.sleep(self.opts.settle)  # the scheduler flushes only when idle
+        self.report.setdefault("notes", []).append(
+            f"/flush_cache answered {status} {body[:100]!r}: levels were not sent again after the ramp"
+        )
+        return False
+
+    def judge_crossings(self, cr: dict[str, Any]) -> None:
+        opts = self.opts
+        n, m = opts.threshold, opts.dynspec.on_at_most
+        problems: list[str] = cr["problems"]
+        if "waves" in cr:
+            if cr["count"] < opts.min_crossings:
+                problems.append(f"only {cr['count']} switches logged, {opts.min_crossings} needed")
+            if not cr["off"] or not cr["on"]:
+                problems.append(f"switches one way only ({cr['off']} OFF, {cr['on']} ON)")
+            wrong_off = [b for b in cr["transitions_off_batch_sizes"] if b <= n]
+            wrong_on = [b for b in cr["transitions_on_batch_sizes"] if b > m]
+            if wrong_off:
+                problems.append(f"switched OFF at batch size {wrong_off[0]} <= threshold {n}")
+            if wrong_on:
+                problems.append(f"switched ON at batch size {wrong_on[0]} > {m}")
+        if cr["errors"]:
+            problems.append(f"{len(cr['errors'])} error(s): {cr['errors'][0]}")
+        cr["passed"] = not problems
+        cr["detail"] = (
+            f"{cr['count']} switches ({cr['off']} OFF, {cr['on']} ON) in {cr.get('waves', 0)} waves, "
+            f"{cr.get('ok_requests', 0)}/{cr.get('requests', 0)} requests OK, no errors"
+        )
+        cr["errors"] = cr["errors"][:MAX_LISTED]
+
+    def judge_equivalence(
+        self,
+        runs: dict[str, list[tuple[LevelResult, list[Transition]]]],
+        modes: Sequence[str],
+        shape: str,
+        problems: list[str],
+    ) -> dict[str, Any]:
+        opts = self.opts
+        n, m = opts.threshold, opts.dynspec.on_at_most
+        columns = [c for c in ("base", "always_on", "dynspec", "dynspec_after_ramp") if c in runs]
+        mismatches: list[dict[str, Any]] = []
+        failures: list[str] = []
+        per_level: list[dict[str, Any]] = []
+        state = {"dynspec": "ON", "dynspec_after_ramp": self.ramp_final_state}
+        for i, c in enumerate(opts.levels):
+            row: dict[str, Any] = {"C": c}
+            ref = runs["base"][i][0].outputs if "base" in runs and i < len(runs["base"]) else None
+            for col in columns:
+                if i >= len(runs[col]):
+                    continue
+                result, transitions = runs[col][i]
+                row[col] = result.digest
+                failures += [f"{SERVER_NAMES.get(col, col)} C={c}: {f}" for f in result.failures]
+                if col.startswith("dynspec"):
+                    happened, state[col] = _states(transitions, state[col])
+                    row[f"{col}_state"] = happened
+                    expect = "OFF" if c > n else "ON" if c <= m else None
+                    if expect and state[col] != expect:
+                        problems.append(
+                            f"{col} C={c}: speculation was {state[col]} at the end of the level, expected {expect} "
+                            f"(threshold {n}); this level did not test the switched path"
+                        )
+                if ref is not None and col != "base":
+                    for prompt, tokens in result.outputs.items():
+                        want = ref.get(prompt)
+                        if want is not None and tokens != want:
+                            pos = next(
+                                (k for k, (a, b) in enumerate(zip(tokens, want)) if a != b), min(len(tokens), len(want))
+                            )
+                            mismatches.append({"C": c, "server": col, "prompt": prompt, "first_diff": pos})
+            row["identical"] = len({row[col] for col in columns if col in row}) == 1
+            row["dynspec_state"] = " / ".join(row[k] for k in ("dynspec_state", "dynspec_after_ramp_state") if k in row)
+            per_level.append(row)
+        if "base" not in runs and "base" in modes:
+            problems.append("no base outputs to compare with")
+        if mismatches:
+            first = mismatches[0]
+            problems.insert(
+                0,
+                f"{len(mismatches)} output(s) differ from base, first: {first['server']} C={first['C']} "
+                f"prompt {first['prompt']} at token {first['first_diff']}",
+            )
+        if failures:
+            problems.append(f"{len(failures)} failed request(s): {failures[0]}")
+        passed = not problems and bool(runs) and all(len(runs[c]) == len(opts.levels) for c in columns)
+        compared = " = ".join(SERVER_NAMES.get(c, c.replace("_", " ")) for c in columns)
+        return {
+            "passed": passed,
+            "levels": list(opts.levels),
+            "new_tokens": opts.new_tokens,
+            "shape": shape,
+            "digests": {col: [row.get(col) for row in per_level] for col in columns},
+            "per_level": per_level,
+            "mismatches": mismatches[:MAX_LISTED],
+            "mismatch_count": len(mismatches),
+            "failures": failures[:MAX_LISTED],
+            "problems": problems,
+            "detail": f"{len(opts.levels)} levels token-identical: {compared}",
+        }
+
+    # -- throughput ---------------------------------------------------------------------------
+
+    def throughput(self) -> None:
+        opts = self.opts
+        assert self.sglang is not None
+        shape = opts.shape_for("throughput")
+        modes = ["dynspec"] if self.sglang.dynspec_applied else []
+        modes += ["always_on", "base"]
+        tok_s: dict[str, list[float | None]] = {}
+        accept: dict[str, list[float | None]] = {}
+        problems: list[str] = []
+        for mode in modes:
+            name = SERVER_NAMES[mode] + "-sim"
+            try:
+                with self.serve(mode, shape, opts.simulate_acc_len, suffix="-sim") as server:
+                    results = self.levels(server, opts.throughput_levels, opts.throughput_new_tokens, name)
+            except ServerStartError as error:
+                self.aborted = f"the {name} server did not start"
+                problems.append(str(error).splitlines()[0])
+                self.progress(f"ERROR: {error}")
+                break
+            finally:
+                info = self.server_info
+                if info.get("errors"):
+                    problems.append(f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}")
+            tok_s[mode] = [round(r.tok_s, 1) if not r.failures else None for r, _ in results]
+            accept[mode] = [None if r.accept_length is None else round(r.accept_length, 2) for r, _ in results]
+            for r, _ in results:
+                if r.failures:
+                    problems.append(f"{name} C={r.concurrency}: {len(r.failures)} failed request(s): {r.failures[0]}")
+        levels = list(opts.throughput_levels)
+        none = [None] * len(levels)
+        tp: dict[str, Any] = {
+            "levels": levels,
+            "base": tok_s.get("base", none),
+            "always_on": tok_s.get("always_on", none),
+            "dynspec": tok_s.get("dynspec") if self.sglang.dynspec_applied else None,
+            "envelope_ratio": None,
+            "accept_length": accept,
+            "new_tokens": opts.throughput_new_tokens,
+            "shape": shape,
+            "simulate_acc_len": opts.simulate_acc_len,
+            "min_envelope_ratio": opts.min_envelope_ratio,
+        }
+        if self.sglang.dynspec_applied:
+            ratio = reports.envelope_ratio(tp["base"], tp["always_on"], tp["dynspec"] or none)
+            tp["envelope_ratio"] = ratio
+            low = [(c, r) for c, r in zip(levels, ratio) if r is None or r < opts.min_envelope_ratio]
+            if low and not problems:
+                at, worst = low[0]
+                problems.append(f"R(C) below {opts.min_envelope_ratio:g} at C={at}: {worst}")
+            tp["detail"] = f"R(C) >= {opts.min_envelope_ratio:g} at all {len(levels)} levels" + (
+                f" (min {min(x for x in ratio if x is not None):.2f})" if any(x is not None for x in ratio) else ""
+            )
+        else:
+            tp["detail"] = f"base and always-on measured at {len(levels)} levels (dynspec not applied)"
+        tp["problems"] = problems
+        tp["passed"] = not problems and len(tok_s) == len(modes)
+        self.report["throughput"] = tp
+
+
+def run_proof(opts: ProofOptions, progress: Progress = stderr_progress) -> dict[str, Any]:
+    """Run the proof; return the report (also written to ``opts.out``). Raises ProofUsageError."""
+    return Proof(opts, progress).run()
+
+
+def default_out(now: Callable[[], datetime] = datetime.now) -> Path:
+    return Path(f"dynspec-proof-{now().strftime('%Y%m%d-%H%M%S')}")

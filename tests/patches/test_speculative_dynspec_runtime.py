@@ -1,0 +1,421 @@
+"""The runtime module dynspec ships into SGLang: controller, metrics, refusals and the fallback plumbing.
+
+Everything runs on the CPU with stand-ins for SGLang's objects; what only a GPU can show (the
+one-token graphs, token-identical outputs) is in the proof runs. The field names of the trivial
+verify input are checked against every real release's ``EagleVerifyInput``.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import logging
+import random
+import sys
+import types
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from patcher.engine import patch_file
+from patcher.releases import unpacked
+from patches.runtime import dynspec_runtime as runtime
+from patches.speculative_dynspec_runtime import SpeculativeDynspecRuntime
+from tests.patches.test_eagle_worker_dynspec_fallback import V1_RELEASES
+
+SwitchController = runtime.SwitchController
+
+
+def decisions(controller: SwitchController, sizes: list[int]) -> str:
+    return "".join("S" if controller.speculate(bs) else "-" for bs in sizes)
+
+
+# -- the controller ------------------------------------------------------------------------------
+
+
+def test_switches_off_above_and_on_at_or_below_the_thresholds() -> None:
+    controller = SwitchController(32, 16, min_steps=1, log=False)
+    assert decisions(controller, [1, 32, 33, 33, 20, 17, 16, 20, 32, 33]) == "SS----SSS-"
+
+
+def test_enable_size_defaults_to_the_disable_size() -> None:
+    controller = SwitchController(8, min_steps=1, log=False)
+    assert controller.enable_at_or_below == 8
+    assert decisions(controller, [9, 8, 9, 8]) == "-S-S"
+
+
+def test_a_switch_waits_min_steps_iterations_after_the_previous_one() -> None:
+    controller = SwitchController(8, 8, min_steps=4, log=False)
+    # off at once (no switch yet), then three more iterations off although the batch is small
+    assert decisions(controller, [9, 1, 1, 1, 1, 9, 9, 9, 9]) == "----SSSS-"
+
+
+def test_counters() -> None:
+    controller = SwitchController(8, 4, min_steps=2, log=False)
+    decisions(controller, [9, 9, 6, 4, 4, 9, 9])
+    assert (controller.spec_iterations, controller.fallback_iterations, controller.switches) == (2, 5, 3)
+
+
+def test_each_switch_logs_exactly_one_info_line(caplog: pytest.LogCaptureFixture) -> None:
+    controller = SwitchController(32, min_steps=1)
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        decisions(controller, [6, 40, 40, 6, 6])
+    assert [r.getMessage() for r in caplog.records] == [
+        "dynspec: speculation OFF at batch size 40 (off above 32, on at or below 32)",
+        "dynspec: speculation ON at batch size 6 (off above 32, on at or below 32)",
+    ]
+    assert {r.levelno for r in caplog.records} == {logging.INFO}
+
+
+def test_a_rank_that_does_not_log_stays_silent(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        decisions(SwitchController(8, log=False), [9, 1] * 20)
+    assert caplog.records == []
+
+
+def test_identical_batch_sizes_give_identical_decisions(caplog: pytest.LogCaptureFixture) -> None:
+    rng = random.Random(7)
+    sizes = [rng.randint(1, 64) for _ in range(2000)]
+    runs = []
+    for _ in range(2):  # e.g. two tensor-parallel ranks
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger=runtime.__name__):
+            runs.append((decisions(SwitchController(32, 16, min_steps=3), sizes), [r.getMessage() for r in caplog.records]))
+    assert runs[0] == runs[1]
+    assert "S" in runs[0][0] and "-" in runs[0][0] and len(runs[0][1]) > 10
+
+
+def test_enable_size_above_disable_size_is_refused() -> None:
+    with pytest.raises(ValueError, match=r"--speculative-enable-batch-size \(9\) must not exceed --speculative-disable-batch-size \(8\)"):
+        SwitchController(8, 9)
+
+
+# -- metrics -------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def fake_prometheus(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    created: dict[str, Any] = {}
+
+    class Counter:
+        def __init__(self, name: str, doc: str, labelnames: list[str]) -> None:
+            assert name not in created, "prometheus refuses a second counter of the same name"
+            self.name, self.labelnames, self.values = name, labelnames, {}
+            created[name] = self
+
+        def labels(self, **labels: str) -> Any:
+            key = tuple(sorted(labels.items()))
+            counter = self
+
+            class Child:
+                def inc(self) -> None:
+                    counter.values[key] = counter.values.get(key, 0) + 1
+
+            return Child()
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", types.SimpleNamespace(Counter=Counter))
+    monkeypatch.setattr(runtime.DynspecMetrics, "_counters", None)
+    return created
+
+
+def test_metrics_count_iterations_and_switches(fake_prometheus: dict[str, Any]) -> None:
+    controller = SwitchController(8, min_steps=1, log=False, metrics=runtime.DynspecMetrics("m"))
+    decisions(controller, [1, 9, 9, 1])
+    values = {name: sum(c.values.values()) for name, c in fake_prometheus.items()}
+    assert values == {
+        "sglang:dynspec_spec_iterations_total": 2,
+        "sglang:dynspec_fallback_iterations_total": 2,
+        "sglang:dynspec_switches_total": 2,
+    }
+    assert all(c.labelnames == ["model_name"] for c in fake_prometheus.values())
+
+
+def test_metrics_are_created_once_per_process(fake_prometheus: dict[str, Any]) -> None:
+    for _ in range(2):
+        SwitchController(8, log=False, metrics=runtime.DynspecMetrics("m")).speculate(1)
+    assert len(fake_prometheus) == 3
+
+
+def test_metrics_without_prometheus_client_are_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "prometheus_client", None)  # import raises ImportError
+    monkeypatch.setattr(runtime.DynspecMetrics, "_counters", None)
+    controller = SwitchController(8, min_steps=1, log=False, metrics=runtime.DynspecMetrics("m"))
+    assert decisions(controller, [1, 9]) == "S-"
+
+
+# -- start-up refusals ---------------------------------------------------------------------------
+
+
+def server_args(**overrides: Any) -> SimpleNamespace:
+    values = {
+        "speculative_algorithm": "EAGLE3",
+        "speculative_eagle_topk": 1,
+        "enable_dp_attention": False,
+        "pp_size": 1,
+        "enable_two_batch_overlap": False,
+        "enable_pdmux": False,
+        "enable_multi_layer_eagle": False,
+        "speculative_adaptive": False,
+    }
+    return SimpleNamespace(**{**values, **overrides})
+
+
+def test_supported_settings_have_no_refusal() -> None:
+    assert runtime.unsupported_reason(server_args()) is None
+    assert runtime.unsupported_reason(server_args(speculative_algorithm="EAGLE")) is None
+    assert runtime.unsupported_reason(SimpleNamespace(speculative_algorithm="EAGLE")) is None  # older releases
+
+
+@pytest.mark.parametrize(
+    ("overrides", "flag"),
+    [
+        ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk > 1"),
+        ({"enable_dp_attention": True}, "--enable-dp-attention"),
+        ({"pp_size": 2}, "--pp-size > 1"),
+        ({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap"),
+        ({"enable_pdmux": True}, "--enable-pdmux"),
+        ({"enable_multi_layer_eagle": True}, "--enable-multi-layer-eagle"),
+        ({"speculative_adaptive": True}, "--speculative-adaptive"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_unsupported_settings_are_refused_by_flag(overrides: dict[str, Any], flag: str) -> None:
+    assert runtime.unsupported_reason(server_args(**overrides)) == f"--speculative-disable-batch-size does not support {flag}"
+
+
+def test_other_algorithms_are_refused() -> None:
+    reason = runtime.unsupported_reason(server_args(speculative_algorithm="STANDALONE"))
+    assert reason == "--speculative-disable-batch-size works with --speculative-algorithm EAGLE or EAGLE3, not STANDALONE"
+
+
+def test_capture_sizes_keep_only_batches_above_the_switch_on_size() -> None:
+    assert runtime.fallback_capture_sizes([1, 2, 4, 8, 16, 32, 40, 48, 40], 32) == [40, 48]
+    assert runtime.fallback_capture_sizes([1, 8], 32) == []
+    assert runtime.fallback_capture_sizes(None, 32) is None
+
+
+# -- the one-token target state ------------------------------------------------------------------
+
+
+class FakeModelRunner:
+    """The ModelRunner attributes the fallback touches, recording what builders saw."""
+
+    def __init__(self, graph_attr: str = "graph_runner", graph: Any = "live graph", new_workspace_arg: bool = True) -> None:
+        self.server_args = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4, cuda_graph_bs=[1, 8, 16, 32, 64])
+        self.attn_backend = "live backend"
+        self.init_new_workspace = False
+        setattr(self, graph_attr, graph)
+        self.seen: list[tuple] = []
+        if not new_workspace_arg:
+            self._get_attention_backend = self._get_attention_backend_old  # type: ignore[method-assign]
+
+    def _get_attention_backend(self, init_new_workspace: bool = False) -> str:
+        self.init_new_workspace = init_new_workspace
+        args = self.server_args
+        self.seen.append(("backend", init_new_workspace, args.speculative_num_steps, args.speculative_num_draft_tokens))
+        return "one-token backend"
+
+    def _get_attention_backend_old(self) -> str:
+        self.seen.append(("backend", None))
+        return "one-token backend"
+
+
+class NewStyleRunner:  # 0.5.11+: backend and N are arguments
+    def __init__(self, model_runner: Any, *, attn_backend: Any = None, speculative_num_steps: Any = None, speculative_num_draft_tokens: Any = None) -> None:
+        self.kwargs = (attn_backend, speculative_num_steps, speculative_num_draft_tokens)
+        self.capture_bs = list(model_runner.server_args.cuda_graph_bs)
+        model_runner.server_args.cuda_graph_bs.append(999)  # SGLang appends to the list in place
+
+
+class OldStyleRunner:  # up to 0.5.10: reads the backend and N off the runner
+    def __init__(self, model_runner: Any) -> None:
+        args = model_runner.server_args
+        self.read = (model_runner.attn_backend, args.speculative_num_draft_tokens, list(args.cuda_graph_bs))
+        self.capture_bs = list(args.cuda_graph_bs)
+
+
+def test_one_token_state_is_built_with_n_1_and_everything_is_restored() -> None:
+    runner = FakeModelRunner(graph=NewStyleRunner.__new__(NewStyleRunner))
+    target = runtime.SingleTokenTarget.build(runner, enable_at_or_below=8)
+    assert runner.seen == [("backend", True, 0, 1)]
+    assert target.attn_backend == "one-token backend"
+    assert target.graph_runner.kwargs == ("one-token backend", 0, 1)
+    assert target.capture_bs == [16, 32, 64]
+    assert (runner.attn_backend, runner.init_new_workspace, runner.server_args) == (
+        "live backend",
+        False,
+        SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4, cuda_graph_bs=[1, 8, 16, 32, 64]),
+    )
+
+
+def test_old_runners_read_the_backend_and_n_from_the_model_runner() -> None:
+    runner = FakeModelRunner(graph_attr="cuda_graph_runner", graph=OldStyleRunner.__new__(OldStyleRunner), new_workspace_arg=False)
+    target = runtime.SingleTokenTarget.build(runner, enable_at_or_below=16)
+    assert target.graph_attr == "cuda_graph_runner"
+    assert target.graph_runner.read == ("one-token backend", 1, [32, 64])
+    assert runner.seen == [("backend", None)]
+    assert runner.attn_backend == "live backend"
+
+
+@pytest.mark.parametrize("enable_at_or_below", [8, 64], ids=["cuda-graph-disabled", "no-size-above-switch-on"])
+def test_no_graph_runs_eager(enable_at_or_below: int) -> None:
+    live = None if enable_at_or_below == 8 else NewStyleRunner.__new__(NewStyleRunner)
+    target = runtime.SingleTokenTarget.build(FakeModelRunner(graph=live), enable_at_or_below)
+    assert target.graph_runner is None and target.capture_bs == []
+
+
+def test_build_failure_restores_the_model_runner() -> None:
+    class Failing:
+        def __init__(self, model_runner: Any) -> None:
+            raise RuntimeError("capture failed")
+
+    runner = FakeModelRunner(graph=Failing.__new__(Failing))
+    with pytest.raises(RuntimeError, match="capture failed"):
+        runtime.SingleTokenTarget.build(runner, 8)
+    assert runner.attn_backend == "live backend"
+    assert runner.server_args.speculative_num_draft_tokens == 4
+    assert runner.server_args.cuda_graph_bs == [1, 8, 16, 32, 64]
+
+
+# -- the fallback plumbing -----------------------------------------------------------------------
+
+
+class FakeBatch:
+    def __init__(self, size: int, idle: bool = False) -> None:
+        self.reqs = [object()] * size
+        self.forward_mode = SimpleNamespace(is_idle=lambda: idle)
+
+    def batch_size(self) -> int:
+        return len(self.reqs)
+
+
+def fallback_for(runner: FakeModelRunner, disable_above: int = 8) -> runtime.DynspecFallback:
+    target = runtime.SingleTokenTarget(runner, "one-token backend", "one-token graph", "graph_runner", [16])
+    return runtime.DynspecFallback(SwitchController(disable_above, min_steps=1, log=False), target)
+
+
+def test_fall_back_reenters_the_entry_point_with_the_one_token_state() -> None:
+    runner = FakeModelRunner()
+    fallback = fallback_for(runner)
+    worker = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4)
+    batch = FakeBatch(9)
+    seen = []
+
+    def entry(b: Any) -> str:
+        assert not fallback.should_fall_back(b), "the re-entered decode branch must not decide again"
+        seen.append((fallback.in_fallback, worker.speculative_num_steps, worker.speculative_num_draft_tokens, runner.attn_backend, runner.graph_runner))
+        return "result"
+
+    assert fallback.should_fall_back(batch)
+    assert fallback.fall_back(worker, batch, entry) == "result"
+    assert seen == [(True, 0, 1, "one-token backend", "one-token graph")]
+    assert (fallback.in_fallback, worker.speculative_num_steps, worker.speculative_num_draft_tokens) == (False, 3, 4)
+    assert (runner.attn_backend, runner.graph_runner) == ("live backend", "live graph")
+    assert fallback.controller.fallback_iterations == 1, "the re-entry is not counted"
+
+
+def test_fall_back_restores_the_worker_when_the_iteration_fails() -> None:
+    runner = FakeModelRunner()
+    fallback = fallback_for(runner)
+    worker = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4)
+
+    def entry(b: Any) -> None:
+        raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        fallback.fall_back(worker, FakeBatch(9), entry)
+    assert (fallback.in_fallback, worker.speculative_num_steps, runner.attn_backend, runner.graph_runner) == (False, 3, "live backend", "live graph")
+
+
+def test_idle_batches_always_take_the_normal_path() -> None:
+    fallback = fallback_for(FakeModelRunner(), disable_above=1)
+    assert not fallback.should_fall_back(FakeBatch(9, idle=True))
+    assert fallback.controller.spec_iterations + fallback.controller.fallback_iterations == 0
+
+
+def worker_with(**flags: Any) -> SimpleNamespace:
+    args = server_args(model_path="m", served_model_name="m", **flags)
+    return SimpleNamespace(server_args=args, tp_rank=0, target_worker=SimpleNamespace(model_runner=FakeModelRunner()))
+
+
+def test_attach_is_a_no_op_without_the_flag() -> None:
+    assert runtime.attach_dynspec(worker_with()) is None
+    assert runtime.attach_dynspec(SimpleNamespace(server_args=SimpleNamespace())) is None  # flags patch absent
+
+
+def test_attach_refuses_unsupported_settings() -> None:
+    with pytest.raises(ValueError, match="does not support --enable-dp-attention"):
+        runtime.attach_dynspec(worker_with(speculative_disable_batch_size=8, enable_dp_attention=True))
+
+
+def test_attach_builds_the_controller_from_the_flags(caplog: pytest.LogCaptureFixture) -> None:
+    worker = worker_with(speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=4)
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        fallback = runtime.attach_dynspec(worker)
+    assert fallback is not None
+    controller = fallback.controller
+    assert (controller.disable_above, controller.enable_at_or_below, controller.min_steps, controller.log) == (32, 16, 4, True)
+    assert controller.metrics is None
+    assert fallback.target.capture_bs == [32, 64]
+    assert "dynspec: fallback ready" in caplog.text
+
+
+# -- the trivial verify input against every release ----------------------------------------------
+
+
+def verify_input_fields(version: str) -> list[tuple[str, bool]]:
+    """``(name, has_default)`` of the release's ``EagleVerifyInput`` dataclass fields."""
+    members = ["srt/speculative/eagle_info.py", "srt/speculative/eagle_utils.py"]
+    tree = unpacked(version, members)
+    for member in members:
+        path = tree / "sglang" / member
+        if not path.exists():
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.ClassDef) and node.name == "EagleVerifyInput":
+                return [
+                    (s.target.id, s.value is not None)
+                    for s in node.body
+                    if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
+                ]
+    raise AssertionError(f"no EagleVerifyInput in SGLang {version}")
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", V1_RELEASES)
+def test_trivial_verify_input_fits_the_releases_eagle_verify_input(version: str) -> None:
+    fields = verify_input_fields(version)
+    verify_input = dataclasses.make_dataclass("EagleVerifyInput", [(n, Any, dataclasses.field(default=None)) if d else (n, Any) for n, d in fields])
+    fallback = fallback_for(FakeModelRunner())
+    kwargs = runtime.trivial_tree_fields(
+        fallback._tree_field_prefix(verify_input),
+        draft_token="bonus",
+        custom_mask="mask",
+        positions="positions",
+        root_index="index",
+        no_child="none",
+        capture_hidden_mode="FULL",
+        seq_lens_sum=10,
+        seq_lens_cpu="cpu",
+    )
+    built = verify_input(**kwargs)  # every required field is given, no unknown one
+    assert (built.spec_steps, built.topk, built.draft_token_num) == (0, 1, 1)
+    assert {n for n, _ in fields} >= set(kwargs)
+
+
+# -- the shipped file ----------------------------------------------------------------------------
+
+
+def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    new, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, None, "0.5.12")
+    marker = "# dynspec: speculative_dynspec_runtime r1\n"
+    assert new == marker + open(runtime.__file__, encoding="utf-8").read()
+    assert steps[0].outcome.value == "patched"
+    shipped = types.ModuleType("sglang.srt.speculative.dynspec_runtime")
+    monkeypatch.setitem(sys.modules, shipped.__name__, shipped)
+    monkeypatch.setitem(sys.modules, "torch", None)  # importing torch at module level would fail
+    exec(compile(new, "dynspec_runtime.py", "exec"), shipped.__dict__)
+    assert shipped.SwitchController(8, log=False).speculate(9) is False
+    again, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, new, "0.5.12")
+    assert again == new and steps[0].outcome.value == "already applied"

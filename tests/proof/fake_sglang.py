@@ -1,0 +1,180 @@
+"""A stand-in for ``python -m sglang.launch_server``, standard library only.
+
+It serves ``/health``, ``/model_info``, ``/get_model_info`` and a ``/generate`` whose greedy
+outputs are a fixed function of the prompt, and logs like SGLang (``[date TP0] ...`` lines and
+uvicorn-style access lines) to stdout. With ``--speculative-disable-batch-size N`` it plays the
+patched server: the batch size is the number of requests in flight, and it logs
+``dynspec: speculation OFF at batch size B`` when that exceeds N, ``... ON ...`` when it is back
+at or below the enable threshold. Like SGLang it starts a child process ("scheduler") in its
+own process group and logs its pid.
+
+Faults, for the tests that must see the harness fail (``FAKE_SGLANG_FAULT``, comma list):
+``diverge`` (outputs change while speculation is off), ``http500`` (every 5th /generate fails),
+``traceback`` (a traceback in the log on the 3rd /generate), ``crash`` (exit before serving),
+``short`` (one token too few), ``noswitch`` (never logs a switch), ``wrongside`` (switch OFF
+logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` answers 400).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+def log(message: str) -> None:
+    print(f"[2026-11-29 12:00:00 TP0] {message}", flush=True)
+
+
+def outputs(input_ids: list[int], n: int) -> list[int]:
+    seed = sum(input_ids) + len(input_ids)
+    return [(seed * 31 + k * 7919) % 32000 for k in range(n)]
+
+
+class State:
+    def __init__(self, disable: int | None, enable: int | None, speculative: bool, faults: set[str]) -> None:
+        self.disable = disable
+        self.enable = enable if enable is not None else (disable or 0)
+        self.speculative = speculative
+        self.faults = faults
+        self.on = True
+        self.inflight = 0
+        self.max_inflight = 0
+        self.generates = 0
+        self.lock = threading.Lock()
+        self.delay = float(os.environ.get("FAKE_SGLANG_DELAY", "0.05"))
+        self.acc = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "-1"))
+        self.quiet = False
+        self.flushes = 0
+
+    def arrive(self) -> tuple[int, bool]:
+        """Count a request in; switch like dynspec. Returns (its number, speculation on)."""
+        with self.lock:
+            self.inflight += 1
+            self.generates += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+            if self.disable is not None and "noswitch" not in self.faults:
+                if self.on and self.inflight > self.disable:
+                    self.on = False
+                    size = self.enable if "wrongside" in self.faults else self.inflight
+                    log(f"dynspec: speculation OFF at batch size {size}")
+                elif not self.on and self.inflight <= self.enable:
+                    self.on = True
+                    log(f"dynspec: speculation ON at batch size {self.inflight}")
+            return self.generates, self.on
+
+    def leave(self) -> None:
+        with self.lock:
+            self.inflight -= 1
+
+
+def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, format: str, *args: Any) -> None:  # uvicorn's access-log shape
+            if not state.quiet:
+                print(f'INFO:     127.0.0.1:1 - "{self.command} {self.path} HTTP/1.1" {args[1]}', flush=True)
+
+        def reply(self, status: int, body: Any) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self) -> None:
+            if self.path == "/health":
+                self.reply(200, {})
+            elif self.path in ("/model_info", "/get_model_info"):
+                self.reply(200, {"model_path": "fake", "is_generation": True})
+            else:
+                self.reply(404, {"error": "not found"})
+
+        def do_POST(self) -> None:
+            length = int(self.headers.get("Content-Length", 0))
+            raw = self.rfile.read(length)
+            if self.path == "/flush_cache":
+                state.flushes += 1
+                self.reply(400 if "noflush" in state.faults else 200, {})
+                return
+            body = json.loads(raw)
+            if self.path != "/generate":
+                self.reply(404, {"error": "not found"})
+                return
+            number, on = state.arrive()
+            try:
+                time.sleep(state.delay)
+                params = body["sampling_params"]
+                n = int(params["max_new_tokens"])
+                if "http500" in state.faults and number % 5 == 0:
+                    self.reply(500, {"error": "injected"})
+                    return
+                if "traceback" in state.faults and number == 3:
+                    print(
+                        'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: injected', flush=True
+                    )
+                tokens = [100] * n if state.acc > 0 else outputs(body["input_ids"], n)
+                if "diverge" in state.faults and not on and n > 2:
+                    tokens[2] = (tokens[2] + 1) % 32000
+                if "short" in state.faults:
+                    tokens = tokens[:-1]
+                meta: dict[str, Any] = {"completion_tokens": len(tokens)}
+                if state.speculative:
+                    per_step = max(1.0, state.acc) if on else 1.0
+                    meta["spec_verify_ct"] = max(1, round(len(tokens) / per_step))
+                self.reply(200, {"output_ids": tokens, "meta_info": meta})
+            finally:
+                state.leave()
+
+    return Handler
+
+
+class HTTPServer(ThreadingHTTPServer):
+    request_queue_size = 256  # the default backlog of 5 drops bursts of connects
+    daemon_threads = True
+
+
+def serve(state: State, port: int = 0) -> HTTPServer:
+    return HTTPServer(("127.0.0.1", port), make_handler(state))
+
+
+def main(argv: list[str]) -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--port", type=int, default=30000)
+    parser.add_argument("--speculative-algorithm")
+    parser.add_argument("--speculative-disable-batch-size", type=int)
+    parser.add_argument("--speculative-enable-batch-size", type=int)
+    args, _ = parser.parse_known_args(argv)
+    faults = set(filter(None, os.environ.get("FAKE_SGLANG_FAULT", "").split(",")))
+    log(f"server_args={argv}")
+    log("Ignore import error when loading sglang.srt.models.fake: ModuleNotFoundError: No module named 'x'")
+    log(
+        f"env SGLANG_SIMULATE_ACC_LEN={os.environ.get('SGLANG_SIMULATE_ACC_LEN')} HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')}"
+    )
+    if "crash" in faults:
+        print("Traceback (most recent call last):\nRuntimeError: CUDA error: injected", flush=True)
+        sys.exit(1)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    log(f"scheduler pid {child.pid}")
+    time.sleep(float(os.environ.get("FAKE_SGLANG_START_DELAY", "0.2")))
+    state = State(
+        args.speculative_disable_batch_size,
+        args.speculative_enable_batch_size,
+        bool(args.speculative_algorithm),
+        faults,
+    )
+    server = serve(state, args.port)
+    log(f"The server is fired up and ready to roll! port {args.port}")
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])

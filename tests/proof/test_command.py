@@ -1,0 +1,128 @@
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from patcher.proof.command import proof
+
+from .conftest import alive, some_port
+
+REPO = Path(__file__).resolve().parents[2]
+PROOF = REPO / "patcher" / "proof"
+
+
+def env_for(root: Path, **extra: str) -> dict[str, str | None]:
+    """The environment for CliRunner (None unsets): the fake site first, no simulated acceptance."""
+    return {"PYTHONPATH": str(root), "FAKE_SGLANG_DELAY": "0.05", "SGLANG_SIMULATE_ACC_LEN": None, **extra}
+
+
+def test_the_command_runs_the_proof_and_exits_0(site, tmp_path):
+    out = tmp_path / "out"
+    args = ["--python", sys.executable, "--threshold", "4", "--levels", "1,8", "--new-tokens", "4",
+            "--checks", "equivalence", "--port", str(some_port()), "--out", str(out)]  # fmt: skip
+    result = CliRunner().invoke(proof, args, env=env_for(site()))
+    assert result.exit_code == 0, result.output
+    assert result.stdout.endswith("RESULT: PASS (exit 0)\n")
+    assert "[proof] starting dynspec server" in result.stderr
+    assert (out / "summary.txt").read_text() == result.stdout
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["equivalence"]["levels"] == [1, 8] and saved["complete"]
+    assert saved["command"] == "proof " + shlex.join(args)  # as typed, in the command's option order
+    assert sorted(p.name for p in out.glob("*.log")) == ["always-on.log", "base.log", "dynspec.log"]
+
+
+def test_a_failed_check_exits_1(site, tmp_path):
+    args = ["--threshold", "4", "--levels", "1,8", "--new-tokens", "4", "--checks", "equivalence",
+            "--port", str(some_port()), "--out", str(tmp_path / "o"), "--python", sys.executable]  # fmt: skip
+    result = CliRunner().invoke(proof, args, env=env_for(site(), FAKE_SGLANG_FAULT="diverge"))
+    assert result.exit_code == 1
+    assert "equivalence  FAIL" in result.stdout and result.stdout.endswith("RESULT: FAIL (exit 1)\n")
+
+
+def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
+    runner = CliRunner()
+    root = site()
+    cases = [
+        (["--levels", "1,x"], "not a comma-separated list"),
+        (["--ramp", "1,2,3"], "exactly 2 integers"),
+        (["--path", "v3"], "'v3' is not one of"),
+        (["--threshold", "32", "--levels", "1,4"], "must have a level <= 32 and one > 32"),
+        (["--sglang", str(tmp_path / "nowhere")], "no sglang/srt/server_args.py"),
+        (["--extra-args", "'unclosed"], "No closing quotation"),
+    ]
+    for args, message in cases:
+        result = runner.invoke(proof, [*args, "--out", str(tmp_path / "o")], env=env_for(root))
+        assert result.exit_code == 2, (args, result.output)
+        assert message in result.output, (args, result.output)
+    assert not (tmp_path / "o").exists()
+
+
+def test_plot_only_reads_a_report_and_says_why_it_cannot_draw(tmp_path, monkeypatch):
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps({"throughput": {"levels": [1], "base": [1.0], "always_on": [2.0], "dynspec": None}}))
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    result = CliRunner().invoke(proof, ["--plot", str(report), "--out", str(tmp_path / "png")])
+    assert result.exit_code == 1
+    assert "no plot: matplotlib is not installed" in result.stderr
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    assert CliRunner().invoke(proof, ["--plot", str(bad)]).exit_code == 2
+
+
+def test_sigterm_stops_the_servers_and_leaves_a_report(site, tmp_path):
+    out = tmp_path / "out"
+    given = {**os.environ, **env_for(site(), FAKE_SGLANG_DELAY="30")}
+    env = {k: v for k, v in given.items() if v is not None}
+    env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{REPO}"
+    cmd = [sys.executable, "-m", "patcher.proof", "--threshold", "4", "--levels", "1,8", "--checks", "equivalence",
+           "--port", str(some_port()), "--out", str(out)]  # fmt: skip
+    run = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
+    log = out / "dynspec.log"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and "ready to roll" not in (log.read_text() if log.exists() else ""):
+        time.sleep(0.1)
+    time.sleep(0.5)  # a level is in flight now
+    pid = int(re.findall(r"scheduler pid (\d+)", log.read_text())[0])
+    assert alive(pid)
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 128 + signal.SIGTERM, err
+    assert not alive(pid)
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["complete"] is False and saved["servers"][0]["stopped_by"] == "SIGTERM"
+
+
+def test_the_package_imports_neither_click_nor_the_engines_libraries():
+    code = (
+        "import sys\n"
+        "import patcher.proof, patcher.proof.run, patcher.proof.plot, patcher.proof.report\n"
+        "bad = [m for m in ('click', 'libcst', 'git', 'rich', 'matplotlib') if m in sys.modules]\n"
+        "import patcher.proof.command\n"
+        "worse = [m for m in ('libcst', 'git', 'rich') if m in sys.modules]\n"
+        "print(bad, worse)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[] []"
+
+
+def test_only_the_command_module_imports_click():
+    importers = sorted(
+        p.name for p in PROOF.glob("*.py") if re.search(r"^\s*(import click|from click)", p.read_text(), re.M)
+    )
+    assert importers == ["command.py"]
+
+
+def test_python_m_patcher_proof_shows_help():
+    done = subprocess.run(
+        [sys.executable, "-m", "patcher.proof", "--help"], cwd=REPO, capture_output=True, text=True, check=True
+    )
+    assert "Exit codes: 0 every check passed, 1 a check failed, 2 bad usage." in done.stdout

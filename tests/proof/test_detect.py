@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+from patcher.proof.detect import dynspec_applied, locate, package_in, read_version
+from patcher.proof.errors import ProofUsageError
+
+
+def test_the_package_is_found_from_a_site_dir_a_package_dir_or_a_checkout(site, tmp_path):
+    root = site()
+    pkg = root / "sglang"
+    assert package_in(root) == pkg and package_in(pkg) == pkg
+    checkout = tmp_path / "checkout"
+    (checkout / "python").mkdir(parents=True)
+    os.symlink(pkg, checkout / "python" / "sglang")
+    assert package_in(checkout) == checkout / "python" / "sglang"
+    assert package_in(tmp_path) is None
+
+
+def test_auto_finds_what_the_server_python_imports(site):
+    root = site(version="0.5.17", workers=("v2",))
+    found = locate("auto", sys.executable, {**os.environ, "PYTHONPATH": str(root)})
+    assert found.package == root / "sglang"
+    assert found.version == "0.5.17"
+    assert found.dynspec_applied and found.pythonpath is None
+    assert found.has_worker("v2") and not found.has_worker("v1")
+
+
+def test_auto_without_sglang_is_a_usage_error():
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    with pytest.raises(ProofUsageError, match="cannot find an SGLang"):
+        locate("auto", sys.executable, env)
+
+
+def test_a_path_goes_first_on_the_servers_pythonpath(site):
+    other, mine = site(), site(applied=False)
+    found = locate(str(mine), sys.executable, {**os.environ, "PYTHONPATH": str(other)})
+    assert found.package == mine / "sglang"
+    assert found.pythonpath == str(mine)
+    assert not found.dynspec_applied
+
+
+def test_a_path_that_is_not_sglang_is_a_usage_error(tmp_path):
+    with pytest.raises(ProofUsageError, match="no sglang/srt/server_args.py"):
+        locate(str(tmp_path), sys.executable, dict(os.environ))
+
+
+def test_version_comes_from_version_files_or_dist_info(site, tmp_path):
+    pkg = site(version="0.5.12") / "sglang"
+    assert read_version(pkg) == "0.5.12"
+    (pkg / "_version.py").unlink()
+    assert read_version(pkg) == "unknown"
+    meta = pkg.parent / "sglang-0.5.13.dist-info"
+    meta.mkdir()
+    (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.13\n")
+    assert read_version(pkg) == "0.5.13"
+
+
+def test_dynspec_is_seen_in_the_split_server_args_of_0_5_20(site):
+    pkg = site(applied=False) / "sglang"
+    assert not dynspec_applied(pkg)
+    spec = pkg / "srt" / "arg_groups" / "fields"
+    spec.mkdir(parents=True)
+    (spec / "spec.py").write_text("class Spec:\n    speculative_disable_batch_size: A[Optional[int], 'x'] = None\n")
+    assert dynspec_applied(pkg)

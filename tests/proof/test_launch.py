@@ -1,0 +1,79 @@
+from __future__ import annotations
+
+import json
+
+from patcher.proof import launch
+from patcher.proof.launch import MODELS, Dynspec, apply_env, env_changes, server_args, server_argv
+
+SERVE_SH = [
+    "--load-format", "dummy", "--skip-tokenizer-init", "--attention-backend", "triton",
+    "--sampling-backend", "pytorch", "--mem-fraction-static", "0.5",
+]  # fmt: skip
+EAGLE3 = [
+    "--speculative-algorithm", "EAGLE3", "--speculative-draft-model-path", str(MODELS / "draft"),
+    "--speculative-draft-load-format", "dummy", "--speculative-num-steps", "3",
+    "--speculative-eagle-topk", "1", "--speculative-num-draft-tokens", "4",
+]  # fmt: skip
+TAIL = ["--port", "30001", "--log-level", "info", "--max-running-requests", "128", "--cuda-graph-max-bs", "128"]
+
+
+def test_base_is_serve_sh_plus_the_two_max_bs_flags():
+    args = server_args("base", shape="small", port=30001, path="v2")
+    assert args == ["--model-path", str(MODELS / "target"), *SERVE_SH, *TAIL]
+    assert server_argv("/py", args)[:3] == ["/py", "-m", "sglang.launch_server"]
+
+
+def test_always_on_adds_eagle3_and_v1_disables_overlap():
+    v2 = server_args("always_on", shape="small", port=30001, path="v2")
+    assert v2 == ["--model-path", str(MODELS / "target"), *SERVE_SH, *TAIL, *EAGLE3]
+    v1 = server_args("always_on", shape="small", port=30001, path="v1")
+    assert v1 == [*v2, "--disable-overlap-schedule"]
+
+
+def test_dynspec_adds_only_the_flags_given():
+    args = server_args("dynspec", shape="small", port=30001, path="v2", dynspec=Dynspec(32))
+    assert args[-2:] == ["--speculative-disable-batch-size", "32"]
+    full = server_args("dynspec", shape="small", port=30001, path="v1", dynspec=Dynspec(32, 16, 4))
+    assert full[-7:] == [
+        "--disable-overlap-schedule",
+        "--speculative-disable-batch-size", "32",
+        "--speculative-enable-batch-size", "16",
+        "--speculative-switch-min-steps", "4",
+    ]  # fmt: skip
+
+
+def test_8b_shape_tp_and_extra_args_reach_every_server():
+    for mode in launch.MODES:
+        args = server_args(mode, shape="8b", port=30001, path="v2", dynspec=Dynspec(8), tp=2, extra=["--x", "1"])
+        assert args[:2] == ["--model-path", str(MODELS / "target8b")]
+        assert args[args.index("--tp-size") + 1] == "2"
+        assert args[-2:] == ["--x", "1"]
+        if mode != "base":
+            assert args[args.index("--speculative-draft-model-path") + 1] == str(MODELS / "draft8b")
+
+
+def test_shipped_model_configs_are_the_eagle3_pairs():
+    for target, draft in launch.SHAPES.values():
+        t = json.loads((MODELS / target / "config.json").read_text())
+        d = json.loads((MODELS / draft / "config.json").read_text())
+        assert t["architectures"] == ["LlamaForCausalLM"]
+        assert d["architectures"] == ["LlamaForCausalLMEagle3"] and "draft_vocab_size" in d
+        assert d["hidden_size"] == t["hidden_size"] and d["vocab_size"] == t["vocab_size"]
+        assert t["vocab_size"] > 31100  # the client's prompt ids
+
+
+def test_equivalence_servers_never_inherit_simulated_acceptance():
+    caller = {"SGLANG_SIMULATE_ACC_LEN": "3", "PATH": "/bin", "PYTHONPATH": "/old"}
+    changes = env_changes(simulate_acc_len=None, pythonpath="/kit", base=caller)
+    env = apply_env(changes, caller)
+    assert "SGLANG_SIMULATE_ACC_LEN" not in env
+    assert env["HF_HUB_OFFLINE"] == env["TRANSFORMERS_OFFLINE"] == "1"
+    assert env["PYTHONPATH"] == "/kit:/old" and env["PATH"] == "/bin"
+    assert changes["SGLANG_SIMULATE_ACC_LEN"] is None
+
+
+def test_throughput_servers_simulate_acceptance():
+    env = apply_env(env_changes(simulate_acc_len=3.0, base={}), {})
+    assert env["SGLANG_SIMULATE_ACC_LEN"] == "3"
+    assert env["SGLANG_SIMULATE_ACC_METHOD"] == "match-expected"
+    assert "PYTHONPATH" not in env

@@ -1,0 +1,87 @@
+from __future__ import annotations
+
+from pathlib import Path
+
+from patcher.proof.logscan import LogFollower, read_window, scan, scan_file, tail
+
+LOG = """\
+[2026-11-29 12:00:00] server_args=ServerArgs(model_path='/m/target', log_level='info')
+[2026-11-29 12:00:01] Ignore import error when loading sglang.srt.models.x: ModuleNotFoundError: No module named 'y'
+[2026-11-29 12:00:09 TP0] Decode batch. #running-req: 1, #token: 40, gen throughput (token/s): 99.0
+INFO:     127.0.0.1:5000 - "POST /generate HTTP/1.1" 200 OK
+[2026-11-29 12:00:10 TP0] dynspec: speculation OFF at batch size 64
+[2026-11-29 12:00:11 TP0] dynspec: speculation ON at batch size 1
+[2026-11-29 12:00:12 TP0] dynspec: speculation OFF at batch size 40
+"""
+
+
+def test_switch_lines_are_counted_with_direction_size_and_line():
+    result = scan(LOG)
+    assert [(t.direction, t.batch_size, t.line) for t in result.transitions] == [
+        ("OFF", 64, 5),
+        ("ON", 1, 6),
+        ("OFF", 40, 7),
+    ]
+    assert (result.count, result.off, result.on) == (3, 2, 1)
+
+
+def test_a_clean_log_has_no_errors():
+    # the benign import warning, a decode log line, a 200 access line and switch lines
+    assert scan(LOG).errors == []
+    refused = 'INFO:     127.0.0.1:1 - "POST /flush_cache HTTP/1.1" 400 Bad Request\n'
+    assert scan(refused + 'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 503 Service Unavailable\n').errors == []
+
+
+def test_a_traceback_is_one_error_naming_its_exception():
+    text = (
+        "[x TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
+        '  File "/s/scheduler.py", line 10, in event_loop\n'
+        "    self.run()\n"
+        "RuntimeError: The size of tensor a (160) must match the size of tensor b (2)\n"
+        "[x] next line\n"
+    )
+    errors = scan(text, first_line=41).errors
+    assert len(errors) == 1
+    assert errors[0].line == 41
+    assert errors[0].text.endswith("RuntimeError: The size of tensor a (160) must match the size of tensor b (2)")
+
+
+def test_error_lines_of_every_kind_are_found():
+    lines = [
+        "[x TP0] CUDA error: an illegal memory access was encountered",
+        "ERROR:    Exception in ASGI application",
+        'INFO:     127.0.0.1:1 - "POST /generate HTTP/1.1" 500 Internal Server Error',
+        "[x] Received sigquit from a child process. It usually means the child failed.",
+        "[x TP0] token_to_kv_pool_allocator memory leak detected!",
+        "[x TP0] torch.OutOfMemoryError: CUDA out of memory.",
+        "AssertionError",
+    ]
+    errors = scan("\n".join(lines)).errors
+    assert [e.line for e in errors] == [1, 2, 3, 4, 5, 6, 7]
+
+
+def test_windows_are_byte_ranges_with_their_line_numbers(tmp_path: Path) -> None:
+    log = tmp_path / "s.log"
+    log.write_text(LOG)
+    start = LOG.index("[2026-11-29 12:00:11")
+    text, first = read_window(log, start)
+    assert first == 6 and text.startswith("[2026-11-29 12:00:11")
+    result = scan_file(log, start)
+    assert [(t.direction, t.line) for t in result.transitions] == [("ON", 6), ("OFF", 7)]
+    assert scan_file(log, 0, start).count == 1
+    assert tail(log, 1) == LOG.splitlines()[-1]
+    assert scan_file(tmp_path / "missing.log").count == 0
+
+
+def test_the_follower_reads_only_whole_new_lines(tmp_path: Path) -> None:
+    log = tmp_path / "s.log"
+    log.write_text("[x] dynspec: speculation OFF at batch size 9\n")
+    follower = LogFollower(log, offset=log.stat().st_size)  # earlier lines are not counted
+    assert follower.poll() == []
+    with log.open("a") as f:
+        f.write("[x] dynspec: speculation ON at batch size 1\n[x] dynspec: speculation OFF at bat")
+    assert [(t.direction, t.line) for t in follower.poll()] == [("ON", 2)]
+    with log.open("a") as f:
+        f.write("ch size 33\n")
+    assert [(t.direction, t.batch_size, t.line) for t in follower.poll()] == [("OFF", 33, 3)]
+    assert (follower.off, follower.on) == (1, 1)

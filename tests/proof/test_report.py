@@ -1,0 +1,162 @@
+from __future__ import annotations
+
+import json
+import types
+from typing import Any
+
+import pytest
+
+from patcher.proof import plot, report
+
+
+def sample(**over: object) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "sglang_version": "0.5.12",
+        "path": "v1",
+        "gpu": "NVIDIA H200",
+        "command": "dynspec proof",
+        "dynspec_applied": True,
+        "dynspec_flags": "--speculative-disable-batch-size 32",
+        "threshold": 32,
+        "out": "/tmp/o",
+        "skipped": {"throughput": "not asked for"},
+        "equivalence": {
+            "passed": True,
+            "levels": [1, 48],
+            "shape": "small",
+            "new_tokens": 64,
+            "digests": {"base": ["a" * 12, "b" * 12], "dynspec": ["a" * 12, "c" * 12]},
+            "per_level": [
+                {"C": 1, "base": "a" * 12, "dynspec": "a" * 12, "dynspec_state": "ON"},
+                {"C": 48, "base": "b" * 12, "dynspec": "c" * 12, "dynspec_state": "ON->OFF"},
+            ],
+            "problems": [],
+            "detail": "2 levels token-identical",
+        },
+        "crossings": {"passed": True, "count": 120, "errors": [], "problems": [], "detail": "120 switches"},
+    }
+    data.update(over)
+    return data
+
+
+def test_envelope_ratio_is_dynspec_over_the_better_of_the_other_two():
+    assert report.envelope_ratio([200.0, 10000.0], [350.0, 7000.0], [340.0, 9900.0]) == [0.9714, 0.99]
+    assert report.envelope_ratio([None, 100.0], [100.0, None], [50.0, None]) == [0.5, None]
+    with pytest.raises(ValueError):
+        report.envelope_ratio([1.0], [1.0, 2.0], [1.0])
+
+
+def test_the_verdict_needs_every_check_that_ran_to_pass():
+    assert report.exit_code(sample()) == 0
+    assert report.exit_code(sample(crossings={"passed": False, "count": 3, "errors": []})) == 1
+    assert report.exit_code(sample(throughput={"passed": False})) == 1
+    no_checks = {k: v for k, v in sample().items() if k not in report.CHECKS}
+    assert report.exit_code(no_checks) == 1
+
+
+def test_the_summary_fits_one_screen_and_marks_differing_digests():
+    tp = {
+        "passed": False, "levels": [1, 4, 16, 32, 64, 128], "shape": "8b", "new_tokens": 256, "simulate_acc_len": 3.0,
+        "base": [210.0, 832.0, 3097.0, 5593.0, 10394.0, 10572.0],
+        "always_on": [347.0, 1257.0, 4016.0, 6152.0, 7301.0, 7421.0],
+        "dynspec": [345.0, 1250.0, 4000.0, 6100.0, 10300.0, 10500.0],
+        "envelope_ratio": [0.99, 0.99, 1.0, 0.99, 0.99, 0.99],
+        "problems": ["R(C) below 0.9 at C=64: 0.7"],
+    }  # fmt: skip
+    text = report.summary(sample(throughput=tp))
+    lines = text.splitlines()
+    assert len(lines) <= 40 and max(map(len, lines)) <= 110
+    assert "throughput   FAIL   R(C) below 0.9 at C=64: 0.7" in lines
+    assert "crossings    PASS   120 switches" in lines
+    assert any(line.split()[:1] == ["48"] and "c" * 12 + "*" in line for line in lines)
+    assert any(line.split() == ["64", "10394.0", "7301.0", "10300.0", "0.99"] for line in lines)
+    assert lines[-1] == "RESULT: FAIL (exit 1)"
+
+
+def test_skipped_checks_show_their_reason():
+    text = report.summary(sample())
+    assert "throughput   skip   not asked for" in text.splitlines()
+    assert text.splitlines()[-1] == "RESULT: PASS (exit 0)"
+
+
+def test_the_report_is_written_as_json_and_read_back(tmp_path):
+    path = report.write(sample(), tmp_path / "new")
+    assert path == tmp_path / "new" / "report.json"
+    assert report.load(path) == json.loads(json.dumps(sample()))
+    assert not list(path.parent.glob("*.tmp"))
+    (tmp_path / "list.json").write_text("[]")
+    with pytest.raises(ValueError):
+        report.load(tmp_path / "list.json")
+
+
+THROUGHPUT = {
+    "levels": [1, 16, 64],
+    "base": [210.0, 3097.0, 10394.0],
+    "always_on": [347.0, 4016.0, 7301.0],
+    "dynspec": [345.0, 4000.0, None],
+    "shape": "8b",
+}
+
+
+class FakeAxes:
+    def __init__(self) -> None:
+        self.lines: list[tuple[list[int], list[float], str]] = []
+        self.vlines: list[float] = []
+
+    def plot(self, x, y, marker, label):
+        self.lines.append((x, y, label))
+
+    def axvline(self, x, **kw):
+        self.vlines.append(x)
+
+    def __getattr__(self, name):
+        return lambda *a, **k: None
+
+
+def fake_matplotlib(monkeypatch: pytest.MonkeyPatch) -> FakeAxes:
+    ax = FakeAxes()
+
+    class Fig:
+        def tight_layout(self):
+            pass
+
+        def savefig(self, path, dpi):
+            path.write_bytes(b"\x89PNG fake")
+
+    mpl = types.ModuleType("matplotlib")
+    mpl.use = lambda backend: None  # type: ignore[attr-defined]
+    pyplot = types.ModuleType("matplotlib.pyplot")
+    pyplot.subplots = lambda figsize: (Fig(), ax)  # type: ignore[attr-defined]
+    pyplot.close = lambda fig: None  # type: ignore[attr-defined]
+    mpl.pyplot = pyplot  # type: ignore[attr-defined]
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", mpl)
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib.pyplot", pyplot)
+    return ax
+
+
+def test_the_plot_has_three_lines_from_the_report(tmp_path, monkeypatch):
+    ax = fake_matplotlib(monkeypatch)
+    png = tmp_path / "p" / "throughput.png"
+    assert plot.render(sample(throughput=THROUGHPUT), png) is None
+    assert png.read_bytes().startswith(b"\x89PNG")
+    assert ax.lines == [
+        ([1, 16, 64], [210.0, 3097.0, 10394.0], "speculation off"),
+        ([1, 16, 64], [347.0, 4016.0, 7301.0], "EAGLE-3 always on"),
+        ([1, 16], [345.0, 4000.0], "dynspec"),  # a failed level is left out, not drawn as zero
+    ]
+    assert ax.vlines == [32]
+
+
+def test_without_matplotlib_the_plot_is_skipped_with_a_reason(tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "matplotlib", None)
+    why = plot.render(sample(throughput=THROUGHPUT), tmp_path / "throughput.png")
+    assert why is not None and "matplotlib is not installed" in why and "--plot" in why
+    assert not (tmp_path / "throughput.png").exists()
+    assert plot.render(sample(), tmp_path / "x.png") == "the report has no throughput measurements"
+
+
+def test_a_real_png_when_matplotlib_is_installed(tmp_path):
+    pytest.importorskip("matplotlib")
+    png = tmp_path / "throughput.png"
+    assert plot.render(sample(throughput=THROUGHPUT), png) is None
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

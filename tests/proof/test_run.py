@@ -1,0 +1,195 @@
+"""The whole proof against fake SGLang servers started as real process groups."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from patcher.proof import report as reports
+from patcher.proof.errors import ProofUsageError
+from patcher.proof.run import ProofOptions, run_proof
+
+from .conftest import alive, some_port
+
+
+def options(root: Path, out: Path, faults: str = "", **kw: object) -> ProofOptions:
+    env = {**os.environ, "PYTHONPATH": str(root), "FAKE_SGLANG_FAULT": faults, "FAKE_SGLANG_DELAY": "0.05"}
+    env.pop("SGLANG_SIMULATE_ACC_LEN", None)
+    base: dict[str, object] = {
+        "out": out,
+        "python": sys.executable,
+        "threshold": 4,
+        "levels": (1, 2, 8),
+        "new_tokens": 8,
+        "ramp_low": 1,
+        "ramp_high": 8,
+        "ramp_new_tokens": 4,
+        "min_crossings": 10,
+        "ramp_max_waves": 60,
+        "throughput_levels": (1, 8),
+        "throughput_new_tokens": 8,
+        "port": some_port(),
+        "start_timeout": 30,
+        "stop_timeout": 5,
+        "poll_interval": 0.05,
+        "settle": 0.05,
+        "command": "dynspec proof --test",
+        "env": env,
+    }
+    base.update(kw)
+    return ProofOptions(**base)  # type: ignore[arg-type]
+
+
+def server_pids(out: Path) -> list[int]:
+    return [int(p) for log in out.glob("*.log") for p in re.findall(r"scheduler pid (\d+)", log.read_text())]
+
+
+def test_a_correct_dynspec_passes_every_check(site, tmp_path):
+    out = tmp_path / "out"
+    notes: list[str] = []
+    opts = options(site(), out, checks=("equivalence", "crossings", "throughput"), min_envelope_ratio=0.0)
+    result = run_proof(opts, notes.append)  # timing on a CPU is noise: the ratio is tested below
+    assert result["passed"] is True and result["complete"] is True, reports.summary(result)
+    assert reports.exit_code(result) == 0
+
+    saved = json.loads((out / "report.json").read_text())
+    assert saved == json.loads(json.dumps(result))
+    for key in ("sglang_version", "path", "gpu", "command", "equivalence", "crossings", "throughput"):
+        assert key in saved
+    assert saved["sglang_version"] == "0.5.12" and saved["path"] == "v2" and saved["dynspec_applied"] is True
+
+    eq = saved["equivalence"]
+    assert eq["passed"] and eq["levels"] == [1, 2, 8]
+    assert set(eq["digests"]) == {"base", "always_on", "dynspec", "dynspec_after_ramp"}
+    assert len(set(eq["digests"]["base"])) == 3  # each level has its own outputs
+    assert all(len(set(d)) == 1 for d in zip(*eq["digests"].values()))
+    states = [row["dynspec_state"] for row in eq["per_level"]]
+    assert states[0].startswith("ON") and "OFF" in states[2]  # the switched path was exercised
+
+    cr = saved["crossings"]
+    assert cr["passed"] and cr["count"] >= 10 and cr["off"] and cr["on"] and cr["errors"] == []
+    assert cr["stop_reason"] == "target reached" and cr["ok_requests"] == cr["requests"]
+
+    tp = saved["throughput"]
+    assert tp["levels"] == [1, 8]
+    for key in ("base", "always_on", "dynspec", "envelope_ratio"):
+        assert len(tp[key]) == 2 and all(isinstance(x, float) for x in tp[key])
+    assert all(a > 2 for a in tp["accept_length"]["always_on"])  # SGLANG_SIMULATE_ACC_LEN reached it
+    assert tp["accept_length"]["base"] == [None, None]
+
+    assert '"POST /flush_cache HTTP/1.1" 200' in (out / "dynspec.log").read_text()  # before the second pass
+    names = [s["name"] for s in saved["servers"]]
+    assert names == ["dynspec", "always-on", "base", "dynspec-sim", "always-on-sim", "base-sim"]
+    for server in saved["servers"]:
+        log = Path(server["log"]).read_text()
+        assert server["stopped_by"] == "SIGTERM" and server["errors"] == []
+        assert ("SGLANG_SIMULATE_ACC_LEN=3 " in log) == server["name"].endswith("-sim")
+        assert server["startup_notes"] == []  # the benign import warning is not an error
+    assert any("starting dynspec server" in n for n in notes)
+    pids = server_pids(out)
+    assert len(pids) == 6 and not any(alive(p) for p in pids)
+
+
+def test_outputs_that_change_when_speculation_is_off_fail_equivalence(site, tmp_path):
+    result = run_proof(options(site(), tmp_path / "out", faults="diverge", checks=("equivalence",)), lambda m: None)
+    eq = result["equivalence"]
+    assert not eq["passed"] and reports.exit_code(result) == 1
+    assert eq["mismatch_count"] > 0
+    assert {m["server"] for m in eq["mismatches"]} == {"dynspec"}
+    assert all(m["C"] == 8 and m["first_diff"] == 2 for m in eq["mismatches"])
+    assert "differ from base" in eq["problems"][0]
+
+
+def test_without_a_cache_flush_the_levels_are_not_sent_again_after_the_ramp(site, tmp_path):
+    opts = options(site(), tmp_path / "out", faults="noflush", settle=0.01)
+    result = run_proof(opts, lambda m: None)
+    assert result["passed"]  # a missing endpoint is a note, not a failure
+    assert set(result["equivalence"]["digests"]) == {"base", "always_on", "dynspec"}
+    assert result["notes"][0].startswith("/flush_cache answered 400")
+
+
+def test_a_threshold_that_never_switches_fails_both_checks(site, tmp_path):
+    result = run_proof(options(site(), tmp_path / "out", faults="noswitch", ramp_max_waves=6), lambda m: None)
+    assert not result["equivalence"]["passed"]
+    assert any("did not test the switched path" in p for p in result["equivalence"]["problems"])
+    cr = result["crossings"]
+    assert not cr["passed"] and cr["count"] == 0 and cr["stop_reason"] == "wave cap (6) reached"
+    assert "only 0 switches logged, 10 needed" in cr["problems"]
+
+
+def test_errors_and_failed_requests_fail_the_crossings(site, tmp_path):
+    result = run_proof(
+        options(site(), tmp_path / "out", faults="http500,traceback", checks=("crossings",)), lambda m: None
+    )
+    cr = result["crossings"]
+    assert not cr["passed"] and cr["stop_reason"] == "a request failed"
+    assert any("HTTP 500" in e for e in cr["errors"])
+    assert any("RuntimeError: injected" in e for e in cr["errors"])
+    assert any('"POST /generate HTTP/1.1" 500' in e for e in cr["errors"])  # seen in the access log too
+    assert [s["name"] for s in result["servers"]] == ["dynspec"]
+
+
+def test_a_switch_on_the_wrong_side_of_the_threshold_fails(site, tmp_path):
+    result = run_proof(options(site(), tmp_path / "out", faults="wrongside", checks=("crossings",)), lambda m: None)
+    assert "switched OFF at batch size 4 <= threshold 4" in result["crossings"]["problems"]
+
+
+def test_without_dynspec_only_off_and_always_on_are_compared(site, tmp_path):
+    opts = options(site(applied=False), tmp_path / "out", checks=("equivalence", "crossings", "throughput"))
+    result = run_proof(opts, lambda m: None)
+    assert result["passed"] and result["dynspec_applied"] is False
+    assert "crossings" not in result and "dynspec is not applied" in result["skipped"]["crossings"]
+    assert set(result["equivalence"]["digests"]) == {"base", "always_on"}
+    assert result["throughput"]["dynspec"] is None and result["throughput"]["envelope_ratio"] is None
+    assert [s["name"] for s in result["servers"]] == ["always-on", "base", "always-on-sim", "base-sim"]
+    assert "dynspec applied: no" in reports.summary(result)
+
+
+def test_a_low_envelope_ratio_fails_throughput(site, tmp_path):
+    opts = options(site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=100.0)
+    tp = run_proof(opts, lambda m: None)["throughput"]
+    assert not tp["passed"] and tp["problems"][0].startswith("R(C) below 100 at C=1")
+
+
+def test_a_server_that_crashes_at_start_ends_the_run_and_fails(site, tmp_path):
+    out = tmp_path / "out"
+    opts = options(site(), out, faults="crash", checks=("equivalence", "crossings", "throughput"))
+    result = run_proof(opts, lambda m: None)
+    assert reports.exit_code(result) == 1 and result["complete"] is False
+    assert "exited with code 1" in result["equivalence"]["problems"][0]
+    assert result["throughput"] == {"passed": False, "problems": ["not run: the dynspec server did not start"]}
+    assert [s["name"] for s in result["servers"]] == ["dynspec"]
+    assert "CUDA error: injected" in result["servers"][0]["start_error"]
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"levels": (1, 2, 4)}, "must have a level <= 4 and one > 4"),
+        ({"threshold": 128}, "< 128"),
+        ({"enable_threshold": 8}, "--enable-threshold (8) <= --threshold (4)"),
+        ({"ramp_high": 4}, "--ramp 1,4 must go from <= 4 to > 4"),
+        ({"checks": ("speed",)}, "unknown check(s) speed"),
+        ({"path": "v1", "sglang": "v2only"}, "has no v1 EAGLE worker"),
+        ({"levels": (0, 8)}, "distinct positive integers"),
+    ],
+)
+def test_impossible_requests_are_usage_errors_before_any_server(site, tmp_path, kw, message):
+    root = site(workers=("v2",))
+    if kw.get("sglang") == "v2only":
+        kw = {**kw, "sglang": str(root)}
+    opts = options(root, tmp_path / "out", **kw)
+    with pytest.raises(ProofUsageError) as error:
+        run_proof(opts, lambda m: None)
+    assert message in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_crossings_alone_without_dynspec_is_a_usage_error(site, tmp_path):
+    with pytest.raises(ProofUsageError, match="nothing to check"):
+        run_proof(options(site(applied=False), tmp_path / "out", checks=("crossings",)), lambda m: None)
