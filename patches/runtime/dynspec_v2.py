@@ -1,0 +1,433 @@
+"""dynspec for the spec-v2 EAGLE worker (``EAGLEWorkerV2``, overlap scheduler), SGLang 0.5.4+.
+
+Installed by dynspec as ``sglang/srt/speculative/dynspec_v2.py`` and called from the hooks it adds
+to ``speculative/eagle_worker_v2.py``. Nothing here runs unless ``--speculative-disable-batch-size``
+is set; the version-independent parts (switch controller, metrics, refusals, the one-token target
+state) come from ``dynspec_runtime``.
+
+Two eras, one idea: while the decode batch is large, verify a one-node tree rooted at the pending
+bonus token against target attention and CUDA graphs built for one token per request, then run the
+draft extend for that one token so the draft KV stays in sync. To the scheduler, the future map,
+the KV allocator, grammar and logprobs this is a speculative iteration in which every draft was
+rejected, so speculation can resume at the next iteration with nothing to flush.
+
+* 0.5.4 to 0.5.13 (``attach_fallback``): SGLang has no zero-step mode, so dynspec brings its own.
+  A fallback iteration re-enters ``forward_batch_generation`` with the one-token target state, the
+  step counts of the worker and of its draft worker (each holds a copy) set to 0 steps / 1 token,
+  and the draft-extend CUDA graph (built for N tokens per request) put aside; the hook in
+  ``EagleDraftWorker.draft`` then returns the trivial tree instead of drafting. Everything is put
+  back in ``finally``. Up to 0.5.11 the scheduler slices the *previous* iteration's
+  ``next_token_ids`` with the worker's N (``_resolve_spec_overlap_token_ids``), so the one token
+  per request is padded back to stride N; 0.5.12 carries the stride in the result.
+* 0.5.14 to 0.5.23 (``attach_zero_step_policy``): SGLang has a zero-step mode (its adaptive
+  ``SpecRuntimeState`` for ``speculative_num_steps=0`` and ``_build_trivial_verify_input``), but
+  chooses it by an EMA of acceptance within batch-size buckets. dynspec keeps that machinery and
+  replaces only the decision: ``ZeroStepPolicy`` stands in for ``AdaptiveController`` and switches
+  between the configured steps and 0 with dynspec's thresholds, hysteresis and minimum dwell.
+
+The decision uses the decode batch size only (``batch.seq_lens.shape[0]``, a CPU shape), so every
+tensor-parallel rank decides the same without communicating. Torch and SGLang are imported inside
+functions: everything else runs anywhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from types import SimpleNamespace
+from typing import Any, Callable, List, Optional, Tuple
+
+logger = logging.getLogger(__name__)
+
+_FLAG = "--speculative-disable-batch-size"
+
+# Settings the refusal check reads (dynspec_runtime.unsupported_reason), with their defaults.
+_CHECKED_SETTINGS = {
+    "speculative_algorithm": None,
+    "speculative_eagle_topk": 1,
+    "enable_dp_attention": False,
+    "pp_size": 1,
+    "enable_two_batch_overlap": False,
+    "enable_pdmux": False,
+    "enable_multi_layer_eagle": False,
+    "speculative_adaptive": False,
+}
+
+
+# -- reading settings ----------------------------------------------------------------------------
+
+
+def read_setting(worker: Any, name: str, default: Any = None) -> Any:
+    """A server setting as this release resolves it.
+
+    From 0.5.17 speculative settings are read through ``get_spec()`` (the resolved values; from
+    0.5.20 ``ServerArgs`` only keeps the raw input); before, they are attributes of the worker's
+    ``server_args``.
+    """
+    try:
+        from sglang.srt.runtime_context import get_spec
+    except ImportError:
+        get_spec = None
+    if get_spec is not None:
+        try:
+            return getattr(get_spec(), name)
+        except Exception:  # not a speculative setting, or no context in this process
+            pass
+    return getattr(worker.server_args, name, default)
+
+
+def dynspec_settings(worker: Any) -> Optional[Tuple[int, int, int]]:
+    """``(disable_above, enable_at_or_below, min_steps)``, or None while the flag is unset."""
+    disable_above = read_setting(worker, "speculative_disable_batch_size")
+    if disable_above is None:
+        return None
+    enable_at_or_below = read_setting(worker, "speculative_enable_batch_size")
+    if enable_at_or_below is None:
+        enable_at_or_below = disable_above
+    min_steps = read_setting(worker, "speculative_switch_min_steps", 8)
+    return disable_above, enable_at_or_below, 8 if min_steps is None else min_steps
+
+
+def _refuse_unsupported(worker: Any) -> None:
+    from sglang.srt.speculative.dynspec_runtime import unsupported_reason
+
+    view = SimpleNamespace(**{name: read_setting(worker, name, d) for name, d in _CHECKED_SETTINGS.items()})
+    reason = unsupported_reason(view)
+    if reason is not None:
+        raise ValueError(reason)
+
+
+def _tp_rank(worker: Any) -> int:
+    for owner in (worker, getattr(worker, "ps", None), getattr(worker, "_draft_worker", None)):
+        rank = getattr(owner, "tp_rank", None)
+        if isinstance(rank, int):
+            return rank
+    try:
+        import torch.distributed as dist
+
+        return dist.get_rank() if dist.is_initialized() else 0
+    except Exception:
+        return 0
+
+
+def _switch_controller(worker: Any, settings: Tuple[int, int, int], rank0: bool) -> Any:
+    from sglang.srt.speculative.dynspec_runtime import DynspecMetrics, SwitchController
+
+    metrics = None
+    if rank0 and read_setting(worker, "enable_metrics", False):
+        name = read_setting(worker, "served_model_name") or str(read_setting(worker, "model_path"))
+        metrics = DynspecMetrics(name)
+    disable_above, enable_at_or_below, min_steps = settings
+    return SwitchController(disable_above, enable_at_or_below, min_steps, log=rank0, metrics=metrics)
+
+
+def batch_size_of(batch: Any) -> int:
+    """Requests in a decode batch: a CPU-side shape, identical on every tensor-parallel rank."""
+    return int(batch.seq_lens.shape[0])
+
+
+# -- 0.5.4 to 0.5.13: dynspec's own fallback ---------------------------------------------------
+
+
+def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
+    """Build the fallback at the end of ``EAGLEWorkerV2.__init__`` (0.5.4-0.5.13); None when off.
+
+    The target's CUDA graphs already exist here (``ModelRunner`` captures them when it is built),
+    so the one-token graphs are captured now, next to them.
+    """
+    settings = dynspec_settings(worker)
+    if settings is None:
+        return None
+    from sglang.srt.speculative.dynspec_runtime import SingleTokenTarget
+
+    _refuse_unsupported(worker)
+    rank0 = _tp_rank(worker) == 0
+    tic = time.perf_counter()
+    controller = _switch_controller(worker, settings, rank0)
+    target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
+    fallback = V2Fallback(controller, target)
+    worker.draft_worker._dynspec = fallback
+    if rank0:
+        logger.info(
+            f"dynspec: v2 fallback ready in {time.perf_counter() - tic:.2f} s: speculation off above "
+            f"{controller.disable_above} requests, on at or below {controller.enable_at_or_below}, at least "
+            f"{controller.min_steps} iterations between switches; one-token target CUDA graphs for batch "
+            f"sizes {target.capture_bs or 'none (eager)'}; draft extend eager while off"
+        )
+    return fallback
+
+
+class _SavedSteps:
+    """The step counts (the worker and its draft worker each hold a copy) and the draft-extend graph."""
+
+    def __init__(self, worker: Any, draft: Any) -> None:
+        self.worker = worker
+        self.draft = draft
+        self.values = (
+            worker.speculative_num_steps,
+            worker.speculative_num_draft_tokens,
+            draft.speculative_num_steps,
+            draft.speculative_num_draft_tokens,
+            getattr(draft, "cuda_graph_runner_for_draft_extend", None),
+        )
+
+    def one_token(self) -> None:
+        for owner in (self.worker, self.draft):
+            owner.speculative_num_steps = 0
+            owner.speculative_num_draft_tokens = 1
+        # Its graphs hold N tokens per request, and its can_run() does not check the count.
+        self.draft.cuda_graph_runner_for_draft_extend = None
+
+    def restore(self) -> None:
+        (
+            self.worker.speculative_num_steps,
+            self.worker.speculative_num_draft_tokens,
+            self.draft.speculative_num_steps,
+            self.draft.speculative_num_draft_tokens,
+            self.draft.cuda_graph_runner_for_draft_extend,
+        ) = self.values
+
+
+class V2Fallback:
+    """Per-worker dynspec state for 0.5.4-0.5.13, reached from the hooks in ``eagle_worker_v2.py``."""
+
+    def __init__(self, controller: Any, target: Any) -> None:
+        self.controller = controller
+        self.target = target  # dynspec_runtime.SingleTokenTarget
+        self.in_fallback = False
+        self._verify_field_prefix: dict = {}
+        self._tree_index_cache: Optional[Tuple[Any, Any]] = None
+
+    def should_fall_back(self, batch: Any) -> bool:
+        """Called at the top of the decode branch; counts the iteration unless re-entered.
+
+        Idle batches (data-parallel attention, refused at start-up) and batches without a draft
+        input keep the stock path and are not counted.
+        """
+        if self.in_fallback or batch.forward_mode.is_idle() or batch.spec_info is None:
+            return False
+        return not self.controller.speculate(batch_size_of(batch))
+
+    def fall_back(self, worker: Any, run: Callable[[], Any]) -> Any:
+        """Run the stock decode branch once more (``run``) with the one-token state swapped in."""
+        stride = worker.speculative_num_draft_tokens
+        saved = _SavedSteps(worker, worker.draft_worker)
+        previous = self.target.swap_in()
+        try:
+            saved.one_token()
+            self.in_fallback = True
+            result = run()
+        finally:
+            self.in_fallback = False
+            saved.restore()
+            self.target.swap_out(previous)
+        if needs_stride_padding(result):
+            result.next_token_ids = pad_to_stride(result.next_token_ids, stride)
+        return result
+
+    def trivial_verify_input(self, batch: Any, verify_input_cls: Any) -> Any:
+        """What ``EagleDraftWorker.draft`` returns in a fallback iteration: a one-node tree.
+
+        The root is the bonus token the previous verify produced; the target then verifies one
+        token per request at position ``seq_lens`` (the slot ``prepare_for_decode`` reserved) and
+        samples the next token from its logits, exactly as a plain decode would. Mirrors
+        ``EAGLEWorkerV2._build_trivial_verify_input`` of SGLang 0.5.14+.
+        """
+        import torch
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+        from sglang.srt.speculative.dynspec_runtime import trivial_tree_fields
+
+        spec_info = batch.spec_info
+        bonus = getattr(spec_info, "bonus_tokens", None)  # 0.5.12 renamed verified_id
+        if bonus is None:
+            bonus = spec_info.verified_id
+        seq_lens = batch.seq_lens
+        bs = batch_size_of(batch)
+        root_index, no_child = self._tree_indices(bs, seq_lens.device)
+        fields = trivial_tree_fields(
+            self._field_prefix(verify_input_cls),
+            # The speculative path concatenates int32 bonus tokens with int64 drafts.
+            draft_token=bonus.to(torch.int64),
+            custom_mask=self._custom_mask(batch, bs),
+            positions=seq_lens.to(torch.int64, copy=True),
+            root_index=root_index,
+            no_child=no_child,
+            capture_hidden_mode=CaptureHiddenMode.FULL,
+            seq_lens_sum=None,  # as the v2 draft() leaves them
+            seq_lens_cpu=None,
+        )
+        return verify_input_cls(**fields)
+
+    def _custom_mask(self, batch: Any, bs: int) -> Any:
+        """All True: a node sees the whole prefix and itself, ``seq_len + 1`` entries per request.
+
+        Sized exactly when the batch carries its length sum (always up to 0.5.12). Otherwise the
+        one-token backend's own graph mask buffer (Triton; the draft only ever fills the live
+        backend's), but only for batches its graphs cover: an eager verify of a larger batch can
+        need more entries than the buffer holds.
+        """
+        import torch
+
+        seq_lens_sum = getattr(batch, "seq_lens_sum", None)
+        if seq_lens_sum is None and getattr(batch, "seq_lens_cpu", None) is not None:
+            seq_lens_sum = int(batch.seq_lens_cpu.sum())
+        backend = self.target.attn_backend
+        if seq_lens_sum is None and self.target.capture_bs and bs <= max(self.target.capture_bs):
+            buffers = getattr(backend, "get_verify_buffers_to_fill_after_draft", lambda: (None, None))()
+            if buffers[0] is not None:
+                return buffers[0].fill_(True)
+        length = mask_length(bs, seq_lens_sum, getattr(backend, "max_context_len", None))
+        if length is None:
+            length = int(batch.seq_lens.sum().item()) + bs
+        return torch.ones(length, dtype=torch.bool, device=batch.seq_lens.device)
+
+    def _field_prefix(self, verify_input_cls: Any) -> str:
+        if verify_input_cls not in self._verify_field_prefix:
+            self._verify_field_prefix[verify_input_cls] = tree_field_prefix(verify_input_cls)
+        return self._verify_field_prefix[verify_input_cls]
+
+    def _tree_indices(self, bs: int, device: Any) -> Tuple[Any, Any]:
+        """Views of cached ``(bs, 1)`` tensors: request i's node is token i; no node has a child.
+
+        The verify kernels only read them.
+        """
+        import torch
+
+        cached = self._tree_index_cache
+        if cached is None or cached[0].shape[0] < bs or cached[0].device != device:
+            size = max(bs, 2 * cached[0].shape[0] if cached is not None else 256)
+            cached = (
+                torch.arange(size, dtype=torch.int64, device=device).view(size, 1),
+                torch.full((size, 1), -1, dtype=torch.int64, device=device),
+            )
+            self._tree_index_cache = cached
+        return cached[0][:bs], cached[1][:bs]
+
+
+def tree_field_prefix(verify_input_cls: Any) -> str:
+    """``retrieve_`` from 0.5.11, ``retrive_`` before."""
+    names = {f.name for f in dataclasses.fields(verify_input_cls)}
+    return "retrieve_" if "retrieve_index" in names else "retrive_"
+
+
+def mask_length(bs: int, seq_lens_sum: Optional[int], max_context_len: Optional[int]) -> Optional[int]:
+    """Entries of a one-node tree mask: ``sum(seq_lens) + bs``; an upper bound when the sum is not on the CPU."""
+    if seq_lens_sum is not None:
+        return seq_lens_sum + bs
+    if max_context_len:
+        return bs * max_context_len + bs
+    return None
+
+
+def needs_stride_padding(result: Any) -> bool:
+    """True up to 0.5.11, where the scheduler slices ``next_token_ids`` with the worker's N.
+
+    From 0.5.12 ``GenerationBatchResult.speculative_num_draft_tokens`` carries the stride of its
+    own iteration (1 in a fallback), and the scheduler uses that.
+    """
+    return getattr(result, "speculative_num_draft_tokens", None) is None
+
+
+def pad_to_stride(tokens: Any, stride: int) -> Any:
+    """``(bs,)`` tokens -> ``(bs * stride,)`` with token i at ``i * stride``.
+
+    With every ``accept_lens[i] == 1`` the scheduler takes ``next_token_ids[i*stride : i*stride+1]``.
+    """
+    if stride == 1:
+        return tokens
+    padded = tokens.new_zeros((tokens.shape[0] * stride,))
+    padded[::stride] = tokens
+    return padded
+
+
+# -- 0.5.14 to 0.5.23: a threshold policy on SGLang's zero-step runtime state ------------------
+
+
+def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
+    """Install ``ZeroStepPolicy`` as the worker's ``adaptive_controller`` (0.5.14+); None when off.
+
+    Called at the end of ``EAGLEWorkerV2.__init__``. The worker's own ``init_cuda_graphs`` (run
+    by the scheduler once the target's graphs exist) then registers the configured state and
+    calls ``init_states``, which builds the zero-step state; every decode iteration calls
+    ``activate_step_by_batch`` before drafting.
+    """
+    settings = dynspec_settings(worker)
+    if settings is None:
+        return None
+    _refuse_unsupported(worker)  # includes --speculative-adaptive: one controller per worker
+    missing = [
+        name
+        for name in ("build_adaptive_runtime_state", "apply_runtime_state", "_build_trivial_verify_input")
+        if not hasattr(worker, name)
+    ]
+    if missing:
+        raise RuntimeError(f"dynspec: this EAGLEWorkerV2 lacks {', '.join(missing)}; {_FLAG} cannot work here")
+    if getattr(worker, "adaptive_controller", None) is not None:
+        raise ValueError(f"{_FLAG} does not support --speculative-adaptive")
+    rank0 = _tp_rank(worker) == 0
+    policy = ZeroStepPolicy(worker, _switch_controller(worker, settings, rank0), log=rank0)
+    worker.adaptive_controller = policy
+    return policy
+
+
+class ZeroStepPolicy:
+    """Stands in for SGLang's ``AdaptiveController`` (0.5.14+), with dynspec's decision.
+
+    Implements the calls ``EAGLEWorkerV2`` makes on its controller: ``register`` and
+    ``init_states`` from ``init_cuda_graphs``, ``activate_step_by_batch`` at the top of each
+    decode iteration, ``on_verify_complete`` from the scheduler (ignored: the decision does not
+    depend on acceptance). States are built by the worker's ``build_adaptive_runtime_state`` and
+    switched by its ``apply_runtime_state``, as upstream's adaptive mode does.
+    """
+
+    def __init__(self, worker: Any, controller: Any, log: bool = True) -> None:
+        self.worker = worker
+        self.controller = controller  # dynspec_runtime.SwitchController
+        self.log = log
+        self.speculative_num_steps = worker.speculative_num_steps
+        self._states: dict = {}
+        self._warned_missing = False
+
+    @property
+    def candidate_steps(self) -> List[int]:
+        return sorted({0, self.speculative_num_steps})
+
+    def register(self, state: Any, steps: Optional[int] = None) -> None:
+        self._states[state.speculative_num_steps if steps is None else steps] = state
+
+    def init_states(self, cuda_graph_bs: Optional[List[int]] = None) -> None:
+        """Build the zero-step state: one-token target graphs for the batch sizes above the switch-on size."""
+        from sglang.srt.speculative.dynspec_runtime import fallback_capture_sizes
+
+        tic = time.perf_counter()
+        capture_bs = fallback_capture_sizes(cuda_graph_bs, self.controller.enable_at_or_below)
+        if 0 not in self._states:
+            self._states[0] = self.worker.build_adaptive_runtime_state(
+                speculative_num_steps=0, speculative_num_draft_tokens=1, cuda_graph_bs=capture_bs
+            )
+        if self.log:
+            graphs = getattr(getattr(self._states[0], "target_graph_runner", None), "capture_bs", None)
+            logger.info(
+                f"dynspec: zero-step state ready in {time.perf_counter() - tic:.2f} s: speculation off above "
+                f"{self.controller.disable_above} requests, on at or below {self.controller.enable_at_or_below}, "
+                f"at least {self.controller.min_steps} iterations between switches; one-token target CUDA graphs "
+                f"for batch sizes {list(graphs) if graphs else 'none (eager)'}"
+            )
+
+    def activate_step_by_batch(self, batch_size: int) -> None:
+        if batch_size <= 0:  # an idle batch: keep the current state, count nothing
+            return
+        steps = self.speculative_num_steps if self.controller.speculate(batch_size) else 0
+        if steps == self.worker.speculative_num_steps:
+            return
+        state = self._states.get(steps)
+        if state is None:
+            if not self._warned_missing:
+                logger.error(f"dynspec: no runtime state for {steps} steps (init_states never ran); not switching")
+                self._warned_missing = True
+            return
+        self.worker.apply_runtime_state(state)
+
+    def on_verify_complete(self, *args: Any, **kwargs: Any) -> None:
+        return None

@@ -1,0 +1,80 @@
+"""The 0.5.14+ insertion that puts dynspec's policy on SGLang's zero-step runtime state."""
+
+from __future__ import annotations
+
+import ast
+
+import libcst
+import pytest
+
+from patcher.engine import apply_text
+from patcher.errors import AnchorNotFound
+from patcher.releases import unpacked
+from patches.eagle_worker_v2_dynspec_fallback import EagleWorkerV2DynspecFallback
+from patches.eagle_worker_v2_dynspec_zero_step import EagleWorkerV2DynspecZeroStep as Patch
+from tests.conftest import RELEASES
+
+ZERO_STEP_RELEASES = [f"0.5.{n}" for n in range(14, 24)]
+MARKER = Patch.marker()
+
+
+def worker_source(version: str) -> str:
+    tree = unpacked(version, [Patch.TARGET])
+    return (tree / "sglang" / Patch.TARGET).read_text()
+
+
+def worker_class(source: str) -> ast.ClassDef:
+    return next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "EAGLEWorkerV2")
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP_RELEASES)
+def test_real_release(version: str) -> None:
+    before = worker_source(version)
+    assert not Patch.APPLIED.found(libcst.parse_module(before))
+    after = apply_text([Patch], before, version, Patch.TARGET)  # anchors, compiles, only adds lines, idempotent
+    assert apply_text([Patch], after, version, Patch.TARGET) == after
+    assert after.count(MARKER) == 2
+
+    worker = worker_class(after)
+    assert ast.unparse(worker.body[0]) == "_dynspec = None"
+    init = next(n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    assert [ast.unparse(s) for s in init.body[-2:]] == [
+        "from sglang.srt.speculative.dynspec_v2 import attach_zero_step_policy",
+        "self._dynspec = attach_zero_step_policy(self)",
+    ]
+    # The policy replaces the controller upstream set up, so it has to come after it.
+    sets_controller = [
+        i for i, s in enumerate(init.body) if "self.adaptive_controller" in ast.unparse(s).split("=")[0]
+    ]
+    assert sets_controller and max(sets_controller) < len(init.body) - 2
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP_RELEASES)
+def test_nothing_else_changes(version: str) -> None:
+    before = worker_source(version)
+    after = apply_text([Patch], before, version, Patch.TARGET)
+    inserted = [line.strip() for line in after.splitlines() if line not in set(before.splitlines())]
+    assert [line for line in inserted if line and not line.startswith("# dynspec: ")] == [
+        "_dynspec = None  # a dynspec_v2 object while --speculative-disable-batch-size is set",
+        "from sglang.srt.speculative.dynspec_v2 import attach_zero_step_policy",
+        "self._dynspec = attach_zero_step_policy(self)",
+    ]
+
+
+@pytest.mark.releases
+def test_the_two_v2_patches_split_the_v2_releases_between_them() -> None:
+    own = [v for v in RELEASES if EagleWorkerV2DynspecFallback.applies_to(v)]
+    zero_step = [v for v in RELEASES if Patch.applies_to(v)]
+    assert zero_step == ZERO_STEP_RELEASES
+    assert not set(own) & set(zero_step)
+    assert own + zero_step == RELEASES[RELEASES.index("0.5.4") :]
+
+
+@pytest.mark.releases
+def test_a_release_without_the_zero_step_mode_is_drift() -> None:
+    """0.5.13 has adaptive states but no trivial verify: the policy would have nothing to switch to."""
+    with pytest.raises(AnchorNotFound, match="_build_trivial_verify_input"):
+        apply_text([Patch], worker_source("0.5.13"), "0.5.14", Patch.TARGET)
+
