@@ -1,12 +1,13 @@
 # make run    set up, then fetch a real SGLang release and run diff / apply / status / revert on it
 # make test   set up, then run the whole test suite (CPU only; downloads SGLang releases, cached)
-# make bench  apply time on 0.5.12 and the static round trip over every release
+# make bench  apply time on 0.5.12, the static round trip over every release, and `dynspec matrix`
+# make docs   regenerate README's supported-releases table from matrix.json
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SGLANG_VERSION ?= 0.5.12
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test bench docs clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +24,10 @@ test: setup
 
 bench: setup
 	$(BIN)/python benchmarks/bench_apply.py
+	$(BIN)/python benchmarks/bench_matrix.py
+
+docs: setup
+	$(BIN)/python -m patcher.matrix_cli
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

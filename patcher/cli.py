@@ -25,6 +25,8 @@ Exit codes:
   3    drift: a patch's anchor is missing in this SGLang release; nothing written
   4    refused: hand edits after apply, unsupported version, tree locked,
        read-only or unparsable target; nothing written
+  5-9  dynspec remote: ssh authentication (5), host key (6), unreachable (7),
+       no python3 >= 3.9 on the server (8), connection lost mid-command (9)
   123  internal error: a bug in dynspec
 """
 
@@ -219,15 +221,25 @@ def list_(as_json: bool) -> None:
     )
 
 
-def _register_optional_commands() -> None:
-    try:
-        from patcher.proof.command import proof
-    except ImportError:  # pragma: no cover - the proof harness is always shipped
-        return
+def _register_commands() -> None:
+    # Each lives in its own module so that `dynspec proof` runs with click alone on a GPU server.
+    from patcher.proof.command import proof
+
     main.add_command(proof)
+    try:
+        from patcher.matrix_cli import matrix
+    except ImportError:  # pragma: no cover - as below
+        return
+    main.add_command(matrix)
+    try:
+        from patcher.remote_cli import bundle, remote
+    except ImportError:  # pragma: no cover - a GPU server with only click: remote is run from here, not there
+        return
+    main.add_command(remote)
+    main.add_command(bundle)
 
 
-_register_optional_commands()
+_register_commands()
 
 
 def run() -> None:

@@ -17,6 +17,12 @@ class ExitCode(enum.IntEnum):
     DRIFT = 3  # an anchor is gone: SGLang moved under the patch
     REFUSED = 4  # stopped before writing: hand edits, unsupported version, locked tree, ...
     INTERNAL = 123  # a bug in dynspec
+    # `dynspec remote`: the ssh side failed before or while talking to the server.
+    AUTH = 5  # ssh: the server refused every key we offered
+    HOST_KEY = 6  # ssh: the server's host key is unknown or has changed
+    UNREACHABLE = 7  # ssh: no such host, connection refused or timed out
+    REMOTE_PYTHON = 8  # the server has no python3 >= 3.9 at --python
+    CONNECTION_LOST = 9  # the connection broke mid-command; the tree is all old or all new
 
 
 class DynspecError(Exception):
@@ -56,3 +62,30 @@ class BadTarget(DynspecError):
     """A target file cannot be parsed, or the patched result fails a post-condition."""
 
     exit_code = ExitCode.REFUSED
+
+
+# -- dynspec remote -----------------------------------------------------------------------------
+
+
+class RemoteError(DynspecError):
+    """Reaching a server over ssh failed; the message starts with the host."""
+
+
+class SshAuthFailed(RemoteError):
+    exit_code = ExitCode.AUTH
+
+
+class UnknownHostKey(RemoteError):
+    exit_code = ExitCode.HOST_KEY
+
+
+class HostUnreachable(RemoteError):
+    exit_code = ExitCode.UNREACHABLE
+
+
+class RemotePythonMissing(RemoteError):
+    exit_code = ExitCode.REMOTE_PYTHON
+
+
+class ConnectionLost(RemoteError):
+    exit_code = ExitCode.CONNECTION_LOST

@@ -74,7 +74,10 @@ class Session:
             raise Refused(str(error)) from None
 
     def plan(self, force: bool = False) -> engine.Plan:
-        return engine.plan(self.files, self.recipe, self.version, self.state(), force)
+        try:
+            return engine.plan(self.files, self.recipe, self.version, self.state(), force)
+        except txn.TxnError as error:  # a damaged state dir, e.g. a missing pre-image
+            raise Refused(str(error)) from None
 
     def diff(self, plan: engine.Plan) -> str:
         return "".join(engine.unified_diff(self.display_path(f.target), f.disk, f.new) for f in plan.pending)

@@ -26,7 +26,7 @@ import os
 import shutil
 import stat
 import uuid
-from typing import Dict, Iterator, Mapping, Optional
+from typing import Dict, Iterable, Iterator, Mapping, Optional
 
 STATE_DIR = ".dynspec"
 STATE_FORMAT = 1
@@ -178,13 +178,11 @@ class Tree:
         originals: Dict[str, Optional[bytes]] = {rel: self.read(rel) for rel in writes}
         modes = {rel: self._mode(rel) for rel in writes}
         txid = uuid.uuid4().hex
-        os.makedirs(os.path.join(self.state_dir, "blobs"), exist_ok=True)
-        _write_atomic(os.path.join(self.state_dir, ".gitignore"), b"*\n")
-        for data in originals.values():
-            if data is not None:
-                blob = os.path.join(self.state_dir, "blobs", sha256(data) or "")
-                if not os.path.exists(blob):
-                    _write_atomic(blob, data)
+        try:
+            self._save_pre_images(originals.values())
+        except BaseException:
+            self._remove_state_dir_if_only_blobs()  # nothing was replaced yet: leave no trace
+            raise
         journal = {
             "txid": txid,
             "files": {
@@ -213,6 +211,15 @@ class Tree:
             if self.load_state() is None:
                 self._remove_state_dir_if_only_blobs()
             raise
+
+    def _save_pre_images(self, originals: "Iterable[Optional[bytes]]") -> None:
+        os.makedirs(os.path.join(self.state_dir, "blobs"), exist_ok=True)
+        _write_atomic(os.path.join(self.state_dir, ".gitignore"), b"*\n")
+        for data in originals:
+            if data is not None:
+                blob = os.path.join(self.state_dir, "blobs", sha256(data) or "")
+                if not os.path.exists(blob):
+                    _write_atomic(blob, data)
 
     def _mode(self, rel: str) -> Optional[int]:
         try:

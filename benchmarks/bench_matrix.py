@@ -1,0 +1,54 @@
+"""Benchmark for issue 6 (prints numbers; nothing here is a pass/fail test).
+
+Wall time of `dynspec matrix` over every release in matrix.json, process start to exit, releases in
+parallel (one worker per core), download and parse caches warm (target: <= 30 s on a 2-core machine).
+CPU time (user + sys of the process and its workers) is printed too: on a shared machine it is the
+steadier number, and wall ~= CPU / cores when the machine is otherwise idle.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ENTRY = "from patcher.matrix_cli import matrix; matrix(prog_name='dynspec matrix')"
+
+
+def timed_matrix(*args: str) -> tuple[float, float, int]:
+    """(wall s, CPU s of the command and its workers, exit code)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", ENTRY, *args], capture_output=True, text=True, cwd=ROOT)
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if done.returncode not in (0, 1):
+        sys.exit(f"dynspec matrix failed ({done.returncode}):\n{done.stderr}")
+    return wall, cpu, done.returncode
+
+
+def main() -> None:
+    from patcher import matrix
+
+    baseline = matrix.load_baseline(matrix.DEFAULT_BASELINE)
+    assert baseline is not None, "no matrix.json"
+    count, patches = len(baseline["releases"]), len(baseline["patches"])
+    timed_matrix()  # warms the download and parse caches; not measured
+    runs = [timed_matrix() for _ in range(3)]
+    walls, cpus = [r[0] for r in runs], [r[1] for r in runs]
+    print(
+        f"dynspec matrix, {count} releases x {patches} patches, {os.cpu_count()} cores, warm caches: "
+        f"median {statistics.median(walls):.1f} s wall (min {min(walls):.1f}), "
+        f"{statistics.median(cpus):.1f} s CPU; exit {runs[-1][2]}"
+    )
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()
