@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import difflib
 import enum
+import functools
 import hashlib
 import os
 import pickle
-from importlib.metadata import version as _installed_version
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,49 +31,32 @@ from patcher.errors import AnchorNotFound, BadTarget, Refused
 from patcher.patch import CstPatch, NewFilePatch, Patch
 from patcher.registry import Recipe
 
-_LIBCST_VERSION = _installed_version("libcst")
-
 # -- pure text transforms -----------------------------------------------------------------------
 
 _PARSED: dict[str, cst.Module] = {}
 
 
 def parse(text: str, target: str) -> cst.Module:
-    """Parse each distinct text once: in memory for this run, pickled on disk for the next.
-
-    libcst takes ~0.7 s for SGLang's server_args.py and unpickling its tree ~0.35 s; a user's
-    `diff` followed by `apply`, or a release matrix, reads the same pristine files again and again.
-    """
+    """Parse each distinct text once per run (libcst takes ~0.7 s for SGLang's server_args.py)."""
     key = hashlib.sha256(text.encode()).hexdigest()
-    if key in _PARSED:
-        return _PARSED[key]
-    cached = _parse_cache_dir() / f"{key}.pickle"
-    module = None
-    try:
-        module = pickle.loads(cached.read_bytes())
-    except (OSError, pickle.UnpicklingError, EOFError, AttributeError, ImportError):
-        pass
-    if not isinstance(module, cst.Module):
+    if key not in _PARSED:
         try:
-            module = cst.parse_module(text)
+            _PARSED[key] = cst.parse_module(text)
         except cst.ParserSyntaxError as error:
             raise BadTarget(f"{target} has a syntax error at line {error.raw_line}: {error.message}") from None
-        _store(cached, module)
-    _PARSED[key] = module
-    return module
+    return _PARSED[key]
 
 
-def _parse_cache_dir() -> Path:
-    base = Path(os.environ.get("DYNSPEC_CACHE", Path.home() / ".cache" / "dynspec"))
-    return base / f"cst-{cst.__name__}-{_LIBCST_VERSION}"
+def _cache_dir() -> Path:
+    return Path(os.environ.get("DYNSPEC_CACHE", Path.home() / ".cache" / "dynspec"))
 
 
-def _store(path: Path, module: cst.Module) -> None:
+def _store(path: Path, value: object) -> None:
     """Best effort: a cache that cannot be written only costs time."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_bytes(pickle.dumps(module, protocol=pickle.HIGHEST_PROTOCOL))
+        temporary.write_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
         os.replace(temporary, path)
     except (OSError, pickle.PicklingError, RecursionError):
         pass
@@ -239,11 +222,64 @@ def plan(tree: txn.Tree, recipe: Recipe, version: str, state: dict | None, force
             pristine = _decode(None if entry["pre"] is None else tree.blob(entry["pre"]), target)
         else:
             pristine = _decode(disk, target)
-        new, steps, module = patch_file(patches, target, pristine, version)
-        if new is not None and new != pristine:
-            check_result(patches, target, pristine, new, version, module)
+        new, steps = checked_patch_file(patches, target, pristine, version)
         result.files.append(FilePlan(target, pristine, _decode(disk, target), new, steps))
     return result
+
+
+def checked_patch_file(
+    patches: Sequence[type[Patch]], target: str, pristine: str | None, version: str
+) -> tuple[str | None, list[PatchStep]]:
+    """``patch_file`` plus every post-condition, remembered on disk once it has passed.
+
+    The result is a pure function of the pristine text, the version and dynspec's own code, so a
+    result that passed every check once is reused as is: a `diff` followed by an `apply`, or a
+    second tree of the same release, costs no parse and no code generation.
+    """
+    key = _result_key(patches, target, pristine, version)
+    remembered = _result_cache_dir() / f"{key}.pickle"
+    try:
+        new, outcomes = pickle.loads(remembered.read_bytes())
+        return new, [PatchStep(p, Outcome(o)) for p, o in zip(patches, outcomes)]
+    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
+        pass
+    new, steps, module = patch_file(patches, target, pristine, version)
+    if new is not None and new != pristine:
+        check_result(patches, target, pristine, new, version, module)
+    _store(remembered, (new, [s.outcome.value for s in steps]))
+    return new, steps
+
+
+def _result_key(patches: Sequence[type[Patch]], target: str, pristine: str | None, version: str) -> str:
+    ids = [(p.id, p.REVISION, _module_digest(p.__module__)) for p in patches]
+    text = "" if pristine is None else pristine
+    return hashlib.sha256(repr((_code_fingerprint(), ids, target, version, pristine is None, text)).encode()).hexdigest()
+
+
+@functools.cache
+def _code_fingerprint() -> str:
+    """Changes whenever the engine or any patch changes, so no stale result is ever reused."""
+    import patches as shipped
+
+    here = Path(__file__).resolve().parent
+    files = sorted([*here.glob("*.py"), *Path(next(iter(shipped.__path__))).rglob("*.py")])
+    digest = hashlib.sha256(__version__.encode())
+    for path in files:
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+@functools.cache
+def _module_digest(name: str) -> str:
+    """The source of the module a patch is defined in (patches written in tests included)."""
+    import sys
+
+    source = getattr(sys.modules.get(name), "__file__", None)
+    return hashlib.sha256(Path(source).read_bytes()).hexdigest() if source else name
+
+
+def _result_cache_dir() -> Path:
+    return _cache_dir() / "results"
 
 
 def new_state(tree_state: dict | None, recipe: Recipe, plan_: Plan) -> dict:

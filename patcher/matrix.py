@@ -560,7 +560,7 @@ def run_matrix(
             if observer:
                 observer.finished(results[-1])
     else:
-        # fork: the workers start with the engine, the patches and the parse cache already imported.
+        # fork: the workers start with the engine and the patches already imported.
         context = multiprocessing.get_context("fork") if sys.platform == "linux" else None
         with ProcessPoolExecutor(jobs, mp_context=context) as pool:
             # Every worker is forked on the first submit, before the observer starts any thread.

@@ -398,7 +398,7 @@ def open_snapshot(
 # -- one command on one host ---------------------------------------------------------------------
 
 OPS = ("status", "diff", "apply", "revert")
-_ENGINE = threading.Lock()  # planning is CPU-bound; one host at a time keeps the parse cache simple
+_ENGINE = threading.Lock()  # planning is CPU-bound; one host at a time keeps the in-memory parse cache simple
 
 
 @dataclass

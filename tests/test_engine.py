@@ -157,3 +157,25 @@ def test_status_spots_code_without_a_record(tree) -> None:
     (tree / "srt" / "config.py").write_text(apply_text([AddColour], CONFIG, "1.2"))
     report = Session.open(str(tree), recipe(AddColour)).status()
     assert report[0].status is Status.UNRECORDED
+
+
+def test_a_checked_result_is_reused_only_for_the_same_inputs(tmp_path, monkeypatch) -> None:
+    from patcher import engine
+
+    monkeypatch.setenv("DYNSPEC_CACHE", str(tmp_path / "cache"))
+    first, steps = engine.checked_patch_file([AddColour], "srt/config.py", CONFIG, "1.0")
+    assert 'colour: str = "red"' in (first or "") and steps[0].outcome is engine.Outcome.PATCHED
+
+    def must_not_run(*args, **kwargs):
+        raise AssertionError("patch_file ran although the same inputs were checked before")
+
+    monkeypatch.setattr(engine, "patch_file", must_not_run)
+    again, steps = engine.checked_patch_file([AddColour], "srt/config.py", CONFIG, "1.0")
+    assert again == first and steps[0].outcome is engine.Outcome.PATCHED
+    for other in (
+        ([AddColourR2], CONFIG, "1.0"),  # another revision of the patch
+        ([AddColour], CONFIG + "\n", "1.0"),  # another pristine text
+        ([AddColour], CONFIG, "1.1"),  # another SGLang version
+    ):
+        with pytest.raises(AssertionError, match="patch_file ran"):
+            engine.checked_patch_file(other[0], "srt/config.py", other[1], other[2])
