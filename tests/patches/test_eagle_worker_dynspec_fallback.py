@@ -10,6 +10,7 @@ import pytest
 from patcher.engine import apply_text
 from patcher.errors import AnchorNotFound
 from patcher.releases import unpacked
+from patches.eagle_worker_dynspec_fallback import WORKER
 from patches.eagle_worker_dynspec_fallback import EagleWorkerDynspecFallback as Patch
 
 V1_RELEASES = ["0.4.10.post2", "0.5.1", "0.5.2", *(f"0.5.{n}" for n in range(3, 13))]
@@ -67,11 +68,12 @@ def test_release_range_ends_where_the_v1_worker_does() -> None:
     assert not Patch.applies_to("0.5.13") and not Patch.applies_to("0.4.9")
 
 
+# Our own stand-in, shaped like the worker (the class name is the patch's anchor).
 SMALL = '''\
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
 
-class EAGLEWorker(TpModelWorker):
+class {worker}(TpModelWorker):
     """A worker."""
 
     def __init__(self, server_args):
@@ -87,7 +89,7 @@ class EAGLEWorker(TpModelWorker):
     def draft(self, schedule_batch):
         """Draft."""
         return None
-'''
+'''.format(worker=WORKER)
 
 
 def test_small_worker_is_patched_in_place() -> None:
@@ -96,7 +98,7 @@ def test_small_worker_is_patched_in_place() -> None:
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
 
-class EAGLEWorker(TpModelWorker):
+class {worker}(TpModelWorker):
     """A worker."""
     # dynspec: eagle_worker_dynspec_fallback r1
     _dynspec = None  # a dynspec_runtime.DynspecFallback when the flag is set
@@ -125,7 +127,7 @@ class EAGLEWorker(TpModelWorker):
         if self._dynspec is not None and self._dynspec.in_fallback:
             return self._dynspec.trivial_verify_input(self, schedule_batch, EagleVerifyInput)
         return None
-'''
+'''.format(worker=WORKER)
 
 
 def test_old_entry_point_name_is_preferred() -> None:
