@@ -18,15 +18,15 @@ import difflib
 import enum
 import functools
 import hashlib
+import json
 import os
-import pickle
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import libcst as cst
 
-from patcher import __version__, txn
+from patcher import __version__, releases, txn
 from patcher.errors import AnchorNotFound, BadTarget, Refused
 from patcher.patch import CstPatch, NewFilePatch, Patch
 from patcher.registry import Recipe
@@ -34,6 +34,7 @@ from patcher.registry import Recipe
 # -- pure text transforms -----------------------------------------------------------------------
 
 _PARSED: dict[str, cst.Module] = {}
+_PARSED_KEPT = 8  # a tree of server_args.py is large; a matrix worker sees many releases
 
 
 def parse(text: str, target: str) -> cst.Module:
@@ -41,14 +42,13 @@ def parse(text: str, target: str) -> cst.Module:
     key = hashlib.sha256(text.encode()).hexdigest()
     if key not in _PARSED:
         try:
-            _PARSED[key] = cst.parse_module(text)
+            module = cst.parse_module(text)
         except cst.ParserSyntaxError as error:
             raise BadTarget(f"{target} has a syntax error at line {error.raw_line}: {error.message}") from None
+        if len(_PARSED) >= _PARSED_KEPT:
+            del _PARSED[next(iter(_PARSED))]
+        _PARSED[key] = module
     return _PARSED[key]
-
-
-def _cache_dir() -> Path:
-    return Path(os.environ.get("DYNSPEC_CACHE", Path.home() / ".cache" / "dynspec"))
 
 
 def _store(path: Path, value: object) -> None:
@@ -56,9 +56,9 @@ def _store(path: Path, value: object) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         temporary = path.with_suffix(f".{os.getpid()}.tmp")
-        temporary.write_bytes(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
+        temporary.write_text(json.dumps(value), encoding="utf-8")
         os.replace(temporary, path)
-    except (OSError, pickle.PicklingError, RecursionError):
+    except OSError:
         pass
 
 
@@ -237,11 +237,11 @@ def checked_patch_file(
     second tree of the same release, costs no parse and no code generation.
     """
     key = _result_key(patches, target, pristine, version)
-    remembered = _result_cache_dir() / f"{key}.pickle"
+    remembered = _result_cache_dir() / f"{key}.json"
     try:
-        new, outcomes = pickle.loads(remembered.read_bytes())
+        new, outcomes = json.loads(remembered.read_text(encoding="utf-8"))
         return new, [PatchStep(p, Outcome(o)) for p, o in zip(patches, outcomes)]
-    except (OSError, pickle.UnpicklingError, EOFError, ValueError, TypeError):
+    except (OSError, ValueError, TypeError):
         pass
     new, steps, module = patch_file(patches, target, pristine, version)
     if new is not None and new != pristine:
@@ -279,7 +279,7 @@ def _module_digest(name: str) -> str:
 
 
 def _result_cache_dir() -> Path:
-    return _cache_dir() / "results"
+    return releases.cache_dir() / "results"
 
 
 def new_state(tree_state: dict | None, recipe: Recipe, plan_: Plan) -> dict:
