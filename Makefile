@@ -20,6 +20,7 @@ run: setup
 	$(BIN)/python scripts/demo.py $(SGLANG_VERSION)
 
 test: setup
+	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -155,9 +155,12 @@ def imports_name(name: str) -> Anchor:
     def find(module: cst.Module) -> bool:
         for statement in module.body:
             small = single_small_statement(statement)
-            if isinstance(small, cst.ImportFrom) and not isinstance(small.names, cst.ImportStar):
-                if any(isinstance(a.name, cst.Name) and a.name.value == name for a in small.names):
-                    return True
+            if (
+                isinstance(small, cst.ImportFrom)
+                and not isinstance(small.names, cst.ImportStar)
+                and any(isinstance(a.name, cst.Name) and a.name.value == name for a in small.names)
+            ):
+                return True
         return False
 
     return Anchor(find)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import importlib.util
-import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -67,9 +66,12 @@ def _version_from_file(path: Path) -> str | None:
         return match.group(1)
     try:  # fall back to the AST for unusual spellings; never executed
         for node in ast.parse(text).body:
-            if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant):
-                if any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets):
-                    return str(node.value.value)
+            if (
+                isinstance(node, ast.Assign)
+                and isinstance(node.value, ast.Constant)
+                and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
+            ):
+                return str(node.value.value)
     except SyntaxError:
         return None
     return None

@@ -25,6 +25,7 @@ from patcher.anchors import (
 from patcher.patch import CstPatch
 from patches._flags import FLAGS, NEIGHBOUR, annotated_fields
 
+
 def annotated_neighbour(class_name: str) -> Anchor:
     """``NEIGHBOUR`` declared as ``A[...]``: pins the layout this patch writes."""
 

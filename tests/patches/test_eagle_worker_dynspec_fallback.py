@@ -69,11 +69,11 @@ def test_release_range_ends_where_the_v1_worker_does() -> None:
 
 
 # Our own stand-in, shaped like the worker (the class name is the patch's anchor).
-SMALL = '''\
+SMALL = f'''\
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
 
-class {worker}(TpModelWorker):
+class {WORKER}(TpModelWorker):
     """A worker."""
 
     def __init__(self, server_args):
@@ -89,16 +89,16 @@ class {worker}(TpModelWorker):
     def draft(self, schedule_batch):
         """Draft."""
         return None
-'''.format(worker=WORKER)
+'''
 
 
 def test_small_worker_is_patched_in_place() -> None:
     after = apply_text([Patch], SMALL, "0.5.12")
-    assert after == '''\
+    assert after == f'''\
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
 
-class {worker}(TpModelWorker):
+class {WORKER}(TpModelWorker):
     """A worker."""
     # dynspec: eagle_worker_dynspec_fallback r1
     _dynspec = None  # a dynspec_runtime.DynspecFallback when the flag is set
@@ -127,7 +127,7 @@ class {worker}(TpModelWorker):
         if self._dynspec is not None and self._dynspec.in_fallback:
             return self._dynspec.trivial_verify_input(self, schedule_batch, EagleVerifyInput)
         return None
-'''.format(worker=WORKER)
+'''
 
 
 def test_old_entry_point_name_is_preferred() -> None:

@@ -13,6 +13,7 @@ import logging
 import random
 import sys
 import types
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -410,7 +411,7 @@ def test_trivial_verify_input_fits_the_releases_eagle_verify_input(version: str)
 def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     new, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, None, "0.5.12")
     marker = "# dynspec: speculative_dynspec_runtime r1\n"
-    assert new == marker + open(runtime.__file__, encoding="utf-8").read()
+    assert new == marker + Path(runtime.__file__).read_text(encoding="utf-8")
     assert steps[0].outcome.value == "patched"
     shipped = types.ModuleType("sglang.srt.speculative.dynspec_runtime")
     monkeypatch.setitem(sys.modules, shipped.__name__, shipped)

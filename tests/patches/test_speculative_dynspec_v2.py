@@ -14,6 +14,7 @@ import inspect
 import logging
 import sys
 import types
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -436,9 +437,12 @@ def controller_calls(version: str) -> list[tuple[str, int, list[str]]]:
     worker = class_node(source_of(version, WORKER_FILE), "EAGLEWorkerV2")
     found = []
     for node in ast.walk(worker):
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-            if ast.unparse(node.func.value) == "self.adaptive_controller":
-                found.append((node.func.attr, len(node.args), [k.arg for k in node.keywords if k.arg]))
+        if (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and ast.unparse(node.func.value) == "self.adaptive_controller"
+        ):
+            found.append((node.func.attr, len(node.args), [k.arg for k in node.keywords if k.arg]))
     return found
 
 
@@ -462,7 +466,7 @@ def test_the_policy_answers_every_call_the_release_makes_on_its_controller(versi
 
 def test_the_new_file_is_the_module_and_is_inert_without_the_flag(monkeypatch: pytest.MonkeyPatch) -> None:
     new, steps, _ = patch_file([SpeculativeDynspecV2], SpeculativeDynspecV2.TARGET, None, "0.5.8")
-    assert new == SpeculativeDynspecV2.marker() + "\n" + open(v2.__file__, encoding="utf-8").read()
+    assert new == SpeculativeDynspecV2.marker() + "\n" + Path(v2.__file__).read_text(encoding="utf-8")
     assert steps[0].outcome.value == "patched"
     assert not SpeculativeDynspecV2.applies_to("0.5.3")
     shipped = types.ModuleType("sglang.srt.speculative.dynspec_v2")
