@@ -21,6 +21,7 @@ run: setup
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 
 bench: setup

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import libcst as cst
 
@@ -42,6 +43,13 @@ def find_method(classdef: cst.ClassDef, name: str) -> cst.FunctionDef | None:
 def body_of(node: cst.ClassDef | cst.FunctionDef) -> Sequence[cst.BaseStatement]:
     body = node.body
     return body.body if isinstance(body, cst.IndentedBlock) else ()
+
+
+def leading_lines(statement: cst.BaseStatement) -> Sequence[cst.EmptyLine]:
+    """The comment and blank lines libcst attaches to the start of ``statement``."""
+    if isinstance(statement, (cst.SimpleStatementLine, cst.BaseCompoundStatement)):
+        return statement.leading_lines
+    return ()
 
 
 def single_small_statement(statement: cst.CSTNode) -> cst.BaseSmallStatement | None:
@@ -183,7 +191,11 @@ def replace_method(
     )
 
 
-def with_body(node: cst.ClassDef | cst.FunctionDef, statements: Sequence[cst.BaseStatement]) -> cst.ClassDef | cst.FunctionDef:
+Block = TypeVar("Block", cst.ClassDef, cst.FunctionDef)
+
+
+def with_body(node: Block, statements: Sequence[cst.BaseStatement]) -> Block:
+    """``node`` (a class or a function) with ``statements`` as its body."""
     block = cst.ensure_type(node.body, cst.IndentedBlock)
     return node.with_changes(body=block.with_changes(body=list(statements)))
 

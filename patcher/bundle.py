@@ -18,6 +18,7 @@ import os
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from patcher import __version__, engine, releases, remote, txn
 from patcher.errors import NotAnSGLangTree, Refused, UsageError
@@ -69,7 +70,7 @@ def pristine_package(version: str | None, source: Path | None, recipe: Recipe) -
     return package, found
 
 
-def make_plan(package: Path, version: str, recipe: Recipe, force: bool = False) -> dict:
+def make_plan(package: Path, version: str, recipe: Recipe, force: bool = False) -> dict[str, Any]:
     if not _contains(recipe.sglang, version):
         message = f"SGLang {version} is not a release recipe {recipe.name!r} supports ({recipe.sglang})"
         if not force:
@@ -117,7 +118,7 @@ def _encode(text: str | None) -> bytes | None:
     return None if text is None else text.encode("utf-8")
 
 
-def archive(plan: dict) -> bytes:
+def archive(plan: dict[str, Any]) -> bytes:
     """The zipapp: a shebang line, then a zip with fixed timestamps (reproducible bytes)."""
     members = {
         "__main__.py": MAIN,

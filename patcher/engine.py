@@ -23,6 +23,7 @@ import os
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import libcst as cst
 
@@ -202,7 +203,7 @@ def _decode(data: bytes | None, target: str) -> str | None:
         raise BadTarget(f"{target} is not UTF-8 text") from None
 
 
-def plan(tree: txn.Tree, recipe: Recipe, version: str, state: dict | None, force: bool = False) -> Plan:
+def plan(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] | None, force: bool = False) -> Plan:
     """What applying ``recipe`` would write. Refuses hand-edited targets unless ``force``."""
     recorded = (state or {}).get("files", {})
     result = Plan(version=version, files=[])
@@ -282,7 +283,7 @@ def _result_cache_dir() -> Path:
     return releases.cache_dir() / "results"
 
 
-def new_state(tree_state: dict | None, recipe: Recipe, plan_: Plan) -> dict:
+def new_state(tree_state: dict[str, Any] | None, recipe: Recipe, plan_: Plan) -> dict[str, Any]:
     """The state.json that describes the tree once ``plan_`` is written."""
     files = dict((tree_state or {}).get("files", {}))
     for f in plan_.files:
@@ -311,7 +312,7 @@ def writes_for(plan_: Plan) -> dict[str, bytes | None]:
 # -- revert ------------------------------------------------------------------------------------
 
 
-def revert_writes(tree: txn.Tree, state: dict, force: bool = False) -> dict[str, bytes | None]:
+def revert_writes(tree: txn.Tree, state: dict[str, Any], force: bool = False) -> dict[str, bytes | None]:
     """The pristine bytes of every recorded file; refuses hand edits unless ``force``."""
     writes: dict[str, bytes | None] = {}
     for target, entry in state.get("files", {}).items():
@@ -345,7 +346,7 @@ class PatchStatus:
     detail: str = ""
 
 
-def status(tree: txn.Tree, recipe: Recipe, version: str, state: dict | None) -> list[PatchStatus]:
+def status(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] | None) -> list[PatchStatus]:
     recorded_patches = (state or {}).get("patches", {})
     recorded_files = (state or {}).get("files", {})
     report: list[PatchStatus] = []
@@ -358,7 +359,7 @@ def status(tree: txn.Tree, recipe: Recipe, version: str, state: dict | None) -> 
     return report
 
 
-def _status_of(patch: type[Patch], target: str, disk: str | None, version: str, recorded: dict, drifted: bool) -> PatchStatus:
+def _status_of(patch: type[Patch], target: str, disk: str | None, version: str, recorded: dict[str, Any], drifted: bool) -> PatchStatus:
     if not patch.applies_to(version):
         return PatchStatus(patch, Status.NOT_APPLICABLE, f"for SGLang {patch.SGLANG}")
     if patch.provided_upstream(version):
@@ -370,7 +371,11 @@ def _status_of(patch: type[Patch], target: str, disk: str | None, version: str, 
             return PatchStatus(patch, Status.OUTDATED, f"r{recorded[patch.id]} on disk, r{patch.REVISION} available")
         return PatchStatus(patch, Status.APPLIED, f"r{recorded[patch.id]}")
     if disk is not None:
-        found = patch().text() == disk if issubclass(patch, NewFilePatch) else patch.APPLIED.found(parse(disk, target))
+        if issubclass(patch, NewFilePatch):
+            found = patch().text() == disk
+        else:
+            assert issubclass(patch, CstPatch)
+            found = patch.APPLIED.found(parse(disk, target))
         if found:
             return PatchStatus(patch, Status.UNRECORDED, "its code is in the file but the state dir has no record")
     if issubclass(patch, CstPatch):

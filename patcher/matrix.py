@@ -239,7 +239,7 @@ def select(
     available: Callable[[], list[str]],
     releases_option: str | None,
     new: bool,
-    baseline: dict | None,
+    baseline: dict[str, Any] | None,
 ) -> list[str]:
     """The releases to check, oldest first.
 
@@ -578,7 +578,7 @@ def run_matrix(
 # -- the baseline ----------------------------------------------------------------------------------
 
 
-def to_data(matrix: Matrix) -> dict:
+def to_data(matrix: Matrix) -> dict[str, Any]:
     """The matrix as JSON data: the shape of ``matrix.json`` (no times, so it is reproducible)."""
     return {
         "schema": SCHEMA,
@@ -599,7 +599,7 @@ def to_data(matrix: Matrix) -> dict:
     }
 
 
-def _release_data(result: ReleaseResult) -> dict:
+def _release_data(result: ReleaseResult) -> dict[str, Any]:
     if result.error is not None:
         return {"version": result.version, "error": result.error}
     return {
@@ -608,7 +608,7 @@ def _release_data(result: ReleaseResult) -> dict:
     }
 
 
-def load_baseline(path: Path) -> dict | None:
+def load_baseline(path: Path) -> dict[str, Any] | None:
     if not path.exists():
         return None
     try:
@@ -620,7 +620,7 @@ def load_baseline(path: Path) -> dict | None:
     return data
 
 
-def compare(matrix: Matrix, baseline: dict | None) -> list[Change]:
+def compare(matrix: Matrix, baseline: dict[str, Any] | None) -> list[Change]:
     """Every cell of a release that the baseline records whose state is not the recorded one.
 
     Releases the baseline does not have are new, not changed; only their ``fail`` cells count.
@@ -667,7 +667,7 @@ def _span(versions: Sequence[str]) -> str:
     return versions[0] if len(versions) == 1 else f"{versions[0]} – {versions[-1]} ({len(versions)} releases)"
 
 
-def new_releases(matrix: Matrix, baseline: dict | None) -> list[str]:
+def new_releases(matrix: Matrix, baseline: dict[str, Any] | None) -> list[str]:
     recorded = {r["version"] for r in (baseline or {}).get("releases", [])}
     return [r.version for r in matrix.results if r.version not in recorded]
 
@@ -677,7 +677,7 @@ def exit_code(matrix: Matrix, changes: Sequence[Change]) -> ExitCode:
     return ExitCode.CHANGES if matrix.failures() or changes else ExitCode.OK
 
 
-def updated_baseline(matrix: Matrix, baseline: dict | None) -> dict:
+def updated_baseline(matrix: Matrix, baseline: dict[str, Any] | None) -> dict[str, Any]:
     """The baseline with this run's releases replaced or added; other recorded releases are kept."""
     data = to_data(matrix)
     if baseline and baseline.get("recipe") not in (None, matrix.recipe.name):
@@ -688,14 +688,14 @@ def updated_baseline(matrix: Matrix, baseline: dict | None) -> dict:
     return data
 
 
-def dump(data: dict) -> str:
+def dump(data: dict[str, Any]) -> str:
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
 
 
 # -- reports -------------------------------------------------------------------------------------
 
 
-def report(matrix: Matrix, baseline_path: Path | None, baseline: dict | None, seconds: float) -> dict:
+def report(matrix: Matrix, baseline_path: Path | None, baseline: dict[str, Any] | None, seconds: float) -> dict[str, Any]:
     """``--json``: the matrix plus what it means against the baseline and the exit code."""
     changes = compare(matrix, baseline)
     data = to_data(matrix)
@@ -758,7 +758,7 @@ def junit_xml(matrix: Matrix, changes: Sequence[Change]) -> str:
 # -- the README table ------------------------------------------------------------------------------
 
 
-def readme_section(baseline: dict) -> str:
+def readme_section(baseline: dict[str, Any]) -> str:
     """The generated part of README's "Supported releases": consecutive releases with equal rows merged."""
     patches = [p["id"] for p in baseline["patches"]]
     rows = baseline["releases"]
@@ -794,7 +794,7 @@ def readme_section(baseline: dict) -> str:
     return "\n".join(lines)
 
 
-def render_readme(readme: str, baseline: dict) -> str:
+def render_readme(readme: str, baseline: dict[str, Any]) -> str:
     """``readme`` with the text between the matrix markers replaced by ``readme_section``."""
     begin, end = readme.find(README_BEGIN), readme.find(README_END)
     if begin < 0 or end < begin:
@@ -802,7 +802,7 @@ def render_readme(readme: str, baseline: dict) -> str:
     return readme[:begin] + readme_section(baseline) + readme[end + len(README_END) :]
 
 
-def write_readme(readme_path: Path, baseline: dict) -> bool:
+def write_readme(readme_path: Path, baseline: dict[str, Any]) -> bool:
     """Regenerate the README table; True if the file changed."""
     old = readme_path.read_text(encoding="utf-8")
     new = render_readme(old, baseline)

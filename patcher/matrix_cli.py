@@ -10,7 +10,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -236,7 +236,7 @@ def _table(result: Matrix, changes: Sequence[Change]) -> None:
 
 
 def _summary(
-    result: Matrix, changes: Sequence[Change], baseline_path: Path, baseline: dict | None, seconds: float
+    result: Matrix, changes: Sequence[Change], baseline_path: Path, baseline: dict[str, Any] | None, seconds: float
 ) -> str:
     from patcher import matrix as m
 
@@ -256,7 +256,7 @@ def _summary(
     return f"{text}; {seconds:.1f} s"
 
 
-def _why_none(new: bool, baseline: dict | None) -> str:
+def _why_none(new: bool, baseline: dict[str, Any] | None) -> str:
     if new and baseline:
         from packaging.version import Version
 

@@ -20,7 +20,7 @@ import libcst as cst
 from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
-from patcher.anchors import Anchor
+from patcher.anchors import Anchor, leading_lines
 
 
 class Patch:
@@ -78,7 +78,7 @@ class CstPatch(Patch):
 
 
 def _unindented_blank_lines(statement: cst.BaseStatement) -> cst.BaseStatement:
-    lines = [line.with_changes(indent=False) if line.comment is None else line for line in statement.leading_lines]
+    lines = [line.with_changes(indent=False) if line.comment is None else line for line in leading_lines(statement)]
     return statement.with_changes(leading_lines=lines)
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import io
 import json
 import shlex
 import shutil
@@ -205,7 +206,7 @@ class Connection:
 
     def _read_stderr(self) -> None:
         stream = self.process.stderr
-        assert stream is not None
+        assert isinstance(stream, io.BufferedReader)  # Popen(stderr=PIPE), unbuffered=False
         for chunk in iter(lambda: stream.read1(65536), b""):
             self._stderr += chunk
 
@@ -295,7 +296,7 @@ class SnapshotTree(txn.Tree):
         state_dir: str,
         files: dict[str, bytes | None],
         blobs: dict[str, bytes],
-        state: dict | None,
+        state: dict[str, Any] | None,
     ) -> None:
         self.root, self.state_dir = package_dir, state_dir
         self._files, self._blobs, self._state = files, blobs, state
@@ -315,7 +316,7 @@ class SnapshotTree(txn.Tree):
             raise txn.TxnError(f"pre-image {digest[:12]} is missing or damaged in {self.state_dir}/blobs")
         return data
 
-    def load_state(self) -> dict | None:
+    def load_state(self) -> dict[str, Any] | None:
         return self._state
 
     def commit(self, writes: Any, state: Any) -> None:
@@ -505,7 +506,7 @@ def _plan(op: str, tree: RemoteTree, result: HostResult, force: bool) -> dict[st
             result.said.append(f"already applied: nothing to do for SGLang {tree.version}")
             return {"writes": None}
         writes = engine.writes_for(plan)
-        new_state: dict | None = engine.new_state(state, tree.recipe, plan)
+        new_state: dict[str, Any] | None = engine.new_state(state, tree.recipe, plan)
     else:
         if state is None:
             result.said.append("nothing to revert: dynspec has not patched this tree")

@@ -510,7 +510,10 @@ def _read_plan() -> dict[str, Any]:
     data = pkgutil.get_data(__name__, "plan.json")
     if data is None:  # pragma: no cover - the archive always holds it
         raise Failure("usage", "this archive holds no plan.json")
-    return json.loads(data)
+    plan = json.loads(data)
+    if not isinstance(plan, dict):  # pragma: no cover - the archive is made by dynspec bundle
+        raise Failure("usage", "this archive's plan.json is not a JSON object")
+    return plan
 
 
 def bundle_main(argv: list[str] | None = None, plan: dict[str, Any] | None = None) -> int:

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from rich.console import Console
 from rich.syntax import Syntax
@@ -120,8 +120,8 @@ class MatrixProgress:
     """Progress over releases on stderr: a bar on a terminal, else one line per finished release."""
 
     def __init__(self) -> None:
-        self.advance = say  # (line) -> None: report one finished release
-        self.stop = _nothing
+        self.advance: Callable[[str], None] = say  # report one finished release
+        self.stop: Callable[[], None] = _nothing
 
     def start(self, total: int) -> None:
         if not sys.stderr.isatty() or total == 0:

@@ -6,6 +6,7 @@ import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from patcher import engine, txn
 from patcher.errors import Refused
@@ -67,7 +68,7 @@ class Session:
         except txn.TxnError as error:
             raise Refused(str(error)) from None
 
-    def state(self) -> dict | None:
+    def state(self) -> dict[str, Any] | None:
         try:
             return self.files.load_state()
         except txn.TxnError as error:
@@ -105,7 +106,7 @@ class Session:
             self.notes.append("an interrupted dynspec write is pending; the next apply or revert finishes it")
         return engine.status(self.files, self.recipe, self.version, self.state())
 
-    def _commit(self, writes: dict[str, bytes | None], state: dict | None) -> None:
+    def _commit(self, writes: dict[str, bytes | None], state: dict[str, Any] | None) -> None:
         try:
             self.files.commit(writes, state)
         except txn.TxnError:

@@ -42,11 +42,12 @@ def locate(spec: str) -> SGLangTree:
         if not root.is_dir():
             raise NotAnSGLangTree(spec, "not a directory")
         candidates = [root / "python" / "sglang", root / "sglang", root]
-        package_dir = next((c for c in candidates if (c / "srt").is_dir() and (c / "__init__.py").exists()), None)
-        if package_dir is None:
+        located = next((c for c in candidates if (c / "srt").is_dir() and (c / "__init__.py").exists()), None)
+        if located is None:
             raise NotAnSGLangTree(
                 spec, "expected python/sglang/srt (checkout), sglang/srt (python/) or srt/ (package dir)"
             )
+        package_dir = located
     if not (package_dir / "srt" / "server_args.py").is_file():
         raise NotAnSGLangTree(str(package_dir), "srt/server_args.py is missing")
     sources = read_versions(package_dir)

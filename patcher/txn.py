@@ -26,7 +26,7 @@ import os
 import shutil
 import stat
 import uuid
-from typing import Dict, Iterable, Iterator, Mapping, Optional
+from typing import Any, Dict, Iterable, Iterator, Mapping, Optional
 
 STATE_DIR = ".dynspec"
 STATE_FORMAT = 1
@@ -107,7 +107,7 @@ class Tree:
             os.close(fd)
 
     # -- state ---------------------------------------------------------------------------------
-    def load_state(self) -> Optional[dict]:
+    def load_state(self) -> Optional[Dict[str, Any]]:
         data = read_bytes(os.path.join(self.state_dir, "state.json"))
         if data is None:
             return None
@@ -115,6 +115,8 @@ class Tree:
             state = json.loads(data)
         except ValueError:
             raise TxnError(f"{self.state_dir}/state.json is not valid JSON") from None
+        if not isinstance(state, dict):
+            raise TxnError(f"{self.state_dir}/state.json is not a JSON object")
         if state.get("format") != STATE_FORMAT:
             raise TxnError(
                 f"{self.state_dir}/state.json has format {state.get('format')!r}; "
@@ -168,7 +170,7 @@ class Tree:
         return "an earlier dynspec run was interrupted; its partial write was rolled back"
 
     # -- the write -----------------------------------------------------------------------------
-    def commit(self, writes: Mapping[str, Optional[bytes]], state: Optional[dict]) -> None:
+    def commit(self, writes: Mapping[str, Optional[bytes]], state: Optional[Dict[str, Any]]) -> None:
         """Replace every file in ``writes`` (None deletes) and the state, all or nothing.
 
         ``state`` None removes the state dir: the tree is back to pristine.

@@ -119,7 +119,7 @@ class EagleWorkerDynspecFallback(CstPatch):
                     elif name == entry_name:
                         statement = self._decode_hook(module, statement)
                 body.append(statement)
-            return with_body(worker, body)  # type: ignore[return-value]
+            return with_body(worker, body)
 
         worker = find_class(module, WORKER)
         entry = entry_point(worker) if worker else None
@@ -129,13 +129,13 @@ class EagleWorkerDynspecFallback(CstPatch):
 
     def _append(self, module: cst.Module, function: cst.FunctionDef, code: str, blank_lines_before: int) -> cst.FunctionDef:
         added = self.parse_statements(module, code, blank_lines_before=blank_lines_before)
-        return with_body(function, [*body_of(function), *added])  # type: ignore[return-value]
+        return with_body(function, [*body_of(function), *added])
 
     def _draft_hook(self, module: cst.Module, draft: cst.FunctionDef) -> cst.FunctionDef:
         hook = self.parse_statements(module, DRAFT_HOOK.format(state=STATE, batch=second_parameter(draft)))
         body = list(body_of(draft))
         at = 1 if body and is_docstring(body[0]) else 0
-        return with_body(draft, [*body[:at], *hook, *body[at:]])  # type: ignore[return-value]
+        return with_body(draft, [*body[:at], *hook, *body[at:]])
 
     def _decode_hook(self, module: cst.Module, entry: cst.FunctionDef) -> cst.FunctionDef:
         code = DECODE_HOOK.format(state=STATE, batch=second_parameter(entry), entry=entry.name.value)
@@ -145,4 +145,4 @@ class EagleWorkerDynspecFallback(CstPatch):
         block = cst.ensure_type(branch.orelse.body, cst.IndentedBlock)
         orelse = branch.orelse.with_changes(body=block.with_changes(body=[*hook, *block.body]))
         body = [branch.with_changes(orelse=orelse) if s is branch else s for s in body_of(entry)]
-        return with_body(entry, body)  # type: ignore[return-value]
+        return with_body(entry, body)

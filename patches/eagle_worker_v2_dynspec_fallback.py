@@ -34,6 +34,7 @@ from patcher.anchors import (
     imports_name,
     is_assignment_to,
     is_docstring,
+    leading_lines,
     method,
     replace_class,
     with_body,
@@ -138,14 +139,14 @@ def forwarding_arguments(function: cst.FunctionDef) -> str:
 
 
 def append_to(function: cst.FunctionDef, statements: Sequence[cst.BaseStatement]) -> cst.FunctionDef:
-    return with_body(function, [*body_of(function), *statements])  # type: ignore[return-value]
+    return with_body(function, [*body_of(function), *statements])
 
 
 def prepend_to(function: cst.FunctionDef, statements: Sequence[cst.BaseStatement]) -> cst.FunctionDef:
     """Insert at the top of the body, after the docstring."""
     body = list(body_of(function))
     at = 1 if body and is_docstring(body[0]) else 0
-    return with_body(function, [*body[:at], *statements, *body[at:]])  # type: ignore[return-value]
+    return with_body(function, [*body[:at], *statements, *body[at:]])
 
 
 def with_class_attribute(classdef: cst.ClassDef, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
@@ -153,8 +154,8 @@ def with_class_attribute(classdef: cst.ClassDef, statements: Sequence[cst.BaseSt
     body = list(body_of(classdef))
     at = 1 if body and is_docstring(body[0]) else 0
     rest = body[at:]
-    if rest and not any(not line.comment for line in rest[0].leading_lines):
-        rest[0] = rest[0].with_changes(leading_lines=[cst.EmptyLine(indent=False), *rest[0].leading_lines])
+    if rest and not any(not line.comment for line in leading_lines(rest[0])):
+        rest[0] = rest[0].with_changes(leading_lines=[cst.EmptyLine(indent=False), *leading_lines(rest[0])])
     return [*body[:at], *statements, *rest]
 
 
@@ -193,7 +194,7 @@ class EagleWorkerV2DynspecFallback(CstPatch):
                 if isinstance(statement, cst.FunctionDef) and statement.name.value == ENTRY:
                     statement = self._decode_hook(module, statement)
                 body.append(statement)
-            return with_body(worker, body)  # type: ignore[return-value]
+            return with_body(worker, body)
 
         def edit_draft_worker(draft_worker: cst.ClassDef) -> cst.ClassDef:
             body = []
@@ -202,7 +203,7 @@ class EagleWorkerV2DynspecFallback(CstPatch):
                     batch = statement.params.params[1].name.value
                     statement = prepend_to(statement, self.parse_statements(module, DRAFT_HOOK.format(state=STATE, batch=batch)))
                 body.append(statement)
-            return with_body(draft_worker, body)  # type: ignore[return-value]
+            return with_body(draft_worker, body)
 
         module = replace_class(module, DRAFT_WORKER, edit_draft_worker)
         return replace_class(module, WORKER, edit_worker)

@@ -70,6 +70,6 @@ class EagleWorkerV2DynspecZeroStep(CstPatch):
 
     def transform(self, module: cst.Module) -> cst.Module:
         def edit(worker: cst.ClassDef) -> cst.ClassDef:
-            return with_body(worker, attach_in_init(self, module, worker, "attach_zero_step_policy"))  # type: ignore[return-value]
+            return with_body(worker, attach_in_init(self, module, worker, "attach_zero_step_policy"))
 
         return replace_class(module, WORKER, edit)

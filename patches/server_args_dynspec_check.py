@@ -100,7 +100,7 @@ class ServerArgsDynspecCheck(CstPatch):
         def add_call(check: cst.FunctionDef) -> cst.FunctionDef:
             body = list(body_of(check))
             at = 1 if body and is_docstring(body[0]) else 0
-            return with_body(check, [*body[:at], *call, *body[at:]])  # type: ignore[return-value]
+            return with_body(check, [*body[:at], *call, *body[at:]])
 
         body: list[cst.BaseStatement] = []
         for statement in module.body:

@@ -44,7 +44,7 @@ def insert_annotated_fields(patch: CstPatch, module: cst.Module, class_name: str
     return replace_class(
         module,
         class_name,
-        lambda c: with_body(c, insert_after(body_of(c), lambda s: is_field(s, NEIGHBOUR), fields)),  # type: ignore[arg-type,return-value]
+        lambda c: with_body(c, insert_after(body_of(c), lambda s: is_field(s, NEIGHBOUR), fields)),
     )
 
 

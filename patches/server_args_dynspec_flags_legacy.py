@@ -11,6 +11,7 @@ from __future__ import annotations
 import libcst as cst
 
 from patcher.anchors import (
+    body_of,
     class_field,
     insert_after,
     is_call_with_first_arg,
@@ -44,10 +45,10 @@ class ServerArgsDynspecFlagsLegacy(CstPatch):
         calls = self.parse_statements(module, add_argument_calls())
 
         def add_flags(method: cst.FunctionDef) -> cst.FunctionDef:
-            return with_body(method, insert_after(method.body.body, lambda s: is_call_with_first_arg(s, NEIGHBOUR_OPTION), calls))  # type: ignore[attr-defined,return-value]
+            return with_body(method, insert_after(body_of(method), lambda s: is_call_with_first_arg(s, NEIGHBOUR_OPTION), calls))
 
         def edit(classdef: cst.ClassDef) -> cst.ClassDef:
-            classdef = with_body(classdef, insert_after(classdef.body.body, lambda s: is_field(s, NEIGHBOUR), fields))  # type: ignore[attr-defined,assignment]
+            classdef = with_body(classdef, insert_after(body_of(classdef), lambda s: is_field(s, NEIGHBOUR), fields))
             return replace_method(classdef, "add_cli_args", add_flags)
 
         return replace_class(module, "ServerArgs", edit)
