@@ -19,6 +19,14 @@ On the GPU machine, with the SGLang to test importable (e.g. ``PYTHONPATH=/tmp/s
     python3 -m patcher proof --out $OUT/proof                       # equivalence + crossings
     python3 -m patcher proof --checks throughput --out $OUT/tput    # 3 more servers, 8B shape
     python3 -m patcher.proof ...                                    # the same, without the rest of the CLI
+    python3 -m patcher proof --checks throughput --threshold 32 --upstream-adaptive  # SGLang 0.5.17+
+
+``--upstream-adaptive`` (throughput only; a usage error if the SGLang under test has no
+``--speculative-adaptive``) starts a 4th server, ``upstream-adaptive-sim``: always-on EAGLE-3 plus
+``--speculative-adaptive --speculative-adaptive-config OUT/upstream-adaptive.json`` with
+``{"1": {"candidate_steps": [3]}, "<N+1>": {"candidate_steps": [0]}}``. The report adds
+``throughput.upstream_adaptive`` and ``throughput.dynspec_over_upstream``; throughput fails where
+dynspec / upstream adaptive < ``--min-upstream-ratio`` (default 2) at a level above N.
 
 Each server takes 1-3 minutes to start; keep one call to three servers when calls are timed.
 Modules: ``client`` (HTTP), ``servers`` (process groups), ``launch`` (command lines),

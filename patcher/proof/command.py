@@ -186,6 +186,19 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     help="Throughput passes when dynspec / max(base, always-on) >= this at every level.",
 )
 @click.option(
+    "--upstream-adaptive",
+    is_flag=True,
+    help="Throughput only: a 4th server, always-on EAGLE-3 with upstream's --speculative-adaptive "
+    "(3 steps at batch size <= --threshold, 0 above; config written to --out). Needs an SGLang that has it.",
+)
+@click.option(
+    "--min-upstream-ratio",
+    type=float,
+    default=DEFAULTS.min_upstream_ratio,
+    show_default=True,
+    help="With --upstream-adaptive, throughput passes when dynspec / upstream adaptive >= this at every level > --threshold.",
+)
+@click.option(
     "--ramp",
     type=IntList(2),
     default=f"{DEFAULTS.ramp_low},{DEFAULTS.ramp_high}",
@@ -254,6 +267,8 @@ def proof(
     throughput_new_tokens: int,
     simulate_acc_len: float,
     min_envelope_ratio: float,
+    upstream_adaptive: bool,
+    min_upstream_ratio: float,
     ramp: tuple[int, ...],
     ramp_new_tokens: int,
     min_crossings: int,
@@ -274,7 +289,8 @@ def proof(
                  at every level, below and above the threshold
     crossings    a 1 <-> 64 load ramp in one server switches speculation both ways at least
                  --min-crossings times, with no error in the log and every request answered
-    throughput   (--throughput) tok/s of the three, and R(C) = dynspec / max(base, always-on)
+    throughput   (--throughput) tok/s of the three, and R(C) = dynspec / max(base, always-on);
+                 --upstream-adaptive adds upstream's adaptive mode and dynspec / it above N
 
     Without dynspec applied to the SGLang under test, only speculation off vs always on is
     checked. Progress goes to stderr, the summary to stdout; logs, report.json and
@@ -310,6 +326,8 @@ def proof(
         throughput_new_tokens=throughput_new_tokens,
         simulate_acc_len=simulate_acc_len,
         min_envelope_ratio=min_envelope_ratio,
+        upstream_adaptive=upstream_adaptive,
+        min_upstream_ratio=min_upstream_ratio,
         ramp_low=ramp[0],
         ramp_high=ramp[1],
         ramp_new_tokens=ramp_new_tokens,

@@ -20,6 +20,9 @@ from pathlib import Path
 from patcher.proof.errors import ProofUsageError
 
 FLAG_FIELD = "speculative_disable_batch_size"
+# Upstream's adaptive mode (0.5.17 has it): the ServerArgs field declaration, not any mention; a
+# patched older tree mentions ``speculative_adaptive`` in dynspec's own start-up check.
+ADAPTIVE_FIELD = re.compile(r"^\s*speculative_adaptive_config\s*:", re.M)
 WORKERS = {"v1": "speculative/eagle_worker.py", "v2": "speculative/eagle_worker_v2.py"}
 FIND_SPEC = (
     "import importlib.util, json\n"
@@ -35,6 +38,7 @@ class SGLang:
     version: str
     dynspec_applied: bool
     pythonpath: str | None  # what servers need on PYTHONPATH to import this package, if anything
+    adaptive_supported: bool = False  # ServerArgs has --speculative-adaptive(-config)
 
     def has_worker(self, path: str) -> bool:
         return (self.package / "srt" / WORKERS[path]).is_file()
@@ -79,11 +83,21 @@ def read_version(package: Path) -> str:
     return "unknown"
 
 
-def dynspec_applied(package: Path) -> bool:
-    """True when ServerArgs declares dynspec's flag (monolithic file, or 0.5.20+'s arg_groups)."""
+def _server_args_texts(package: Path) -> list[str]:
+    """ServerArgs' source: the monolithic file, or 0.5.20+'s arg_groups."""
     srt = package / "srt"
     files = [srt / "server_args.py", *sorted((srt / "arg_groups").rglob("*.py"))]
-    return any(FLAG_FIELD in f.read_text(errors="replace") for f in files if f.is_file())
+    return [f.read_text(errors="replace") for f in files if f.is_file()]
+
+
+def dynspec_applied(package: Path) -> bool:
+    """True when ServerArgs declares dynspec's flag."""
+    return any(FLAG_FIELD in text for text in _server_args_texts(package))
+
+
+def adaptive_supported(package: Path) -> bool:
+    """True when ServerArgs declares upstream's ``speculative_adaptive_config`` field."""
+    return any(ADAPTIVE_FIELD.search(text) for text in _server_args_texts(package))
 
 
 def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
@@ -106,7 +120,7 @@ def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
         seen = find_spec_dir(python, {**env, "PYTHONPATH": f"{pythonpath}{os.pathsep}{old}" if old else pythonpath})
         if seen is None or seen.resolve() != package.resolve():
             raise ProofUsageError(f"--sglang {sglang}: {python} would import sglang from {seen}, not {package}")
-    return SGLang(package, read_version(package), dynspec_applied(package), pythonpath)
+    return SGLang(package, read_version(package), dynspec_applied(package), pythonpath, adaptive_supported(package))
 
 
 def gpu_name() -> str:

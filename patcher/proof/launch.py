@@ -34,6 +34,10 @@ EAGLE3_FLAGS = (
 )  # fmt: skip
 
 MODES = ("base", "always_on", "dynspec")  # (a) speculation off, (b) always on, (c) dynspec
+# (d), only with --upstream-adaptive: always on plus upstream's adaptive mode, as a reference
+UPSTREAM_ADAPTIVE = "upstream_adaptive"
+ADAPTIVE_CONFIG_NAME = "upstream-adaptive.json"
+EAGLE3_STEPS = 3  # --speculative-num-steps in EAGLE3_FLAGS
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
 SIMULATION_VARS = ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD", "SIMULATE_ACC_LEN", "SIMULATE_ACC_METHOD")
 
@@ -60,6 +64,11 @@ class Dynspec:
         return self.disable_batch_size if self.enable_batch_size is None else self.enable_batch_size
 
 
+def adaptive_config(threshold: int) -> dict[str, dict[str, list[int]]]:
+    """Upstream's adaptive mode made to switch like dynspec: all steps at batch size 1..N, none above."""
+    return {"1": {"candidate_steps": [EAGLE3_STEPS]}, str(threshold + 1): {"candidate_steps": [0]}}
+
+
 def model_dirs(shape: str) -> tuple[Path, Path]:
     target, draft = SHAPES[shape]
     return MODELS / target, MODELS / draft
@@ -74,9 +83,10 @@ def server_args(
     dynspec: Dynspec | None = None,
     tp: int | None = None,
     extra: Sequence[str] = (),
+    adaptive_config_path: Path | None = None,
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one mode."""
-    if mode not in MODES:
+    if mode not in (*MODES, UPSTREAM_ADAPTIVE):
         raise ValueError(f"unknown mode {mode!r}")
     target, draft = model_dirs(shape)
     args = ["--model-path", str(target), *BASE_FLAGS]
@@ -92,6 +102,10 @@ def server_args(
         if dynspec is None:
             raise ValueError("the dynspec mode needs its threshold")
         args += dynspec.flags()
+    if mode == UPSTREAM_ADAPTIVE:
+        if adaptive_config_path is None:
+            raise ValueError("the upstream adaptive mode needs its config file")
+        args += ["--speculative-adaptive", "--speculative-adaptive-config", str(adaptive_config_path)]
     return args + list(extra)
 
 

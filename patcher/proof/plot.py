@@ -9,7 +9,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-SERIES = (("base", "speculation off", "o"), ("always_on", "EAGLE-3 always on", "s"), ("dynspec", "dynspec", "^"))
+SERIES = (
+    ("base", "speculation off", "o"),
+    ("always_on", "EAGLE-3 always on", "s"),
+    ("dynspec", "dynspec", "^"),
+    ("upstream_adaptive", "upstream --speculative-adaptive", "D"),  # only with --upstream-adaptive
+)
 
 
 def render(report: dict[str, Any], png: Path) -> str | None:

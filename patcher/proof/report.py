@@ -37,6 +37,13 @@ def envelope_ratio(
     return out
 
 
+def over(numerator: Sequence[float | None], denominator: Sequence[float | None]) -> list[float | None]:
+    """numerator / denominator at each level, e.g. dynspec / upstream adaptive; None where missing."""
+    if len(numerator) != len(denominator):
+        raise ValueError("throughput lists of different lengths")
+    return [None if n is None or not d else round(n / d, 4) for n, d in zip(numerator, denominator)]
+
+
 def verdict(report: Report) -> bool:
     """True when at least one check ran and every check that ran passed."""
     ran = [report[c] for c in CHECKS if c in report]
@@ -117,15 +124,19 @@ def summary(report: Report) -> str:
             if sim is not None
             else "throughput: tok/s"
         )
-        lines.append(f"{'C':>5}  {'base':>9}  {'always-on':>9}  {'dynspec':>9}  {'R(C)':>6}")
+        upstream = tp.get("upstream_adaptive")
+        head = f"{'C':>5}  {'base':>9}  {'always-on':>9}  {'dynspec':>9}  {'R(C)':>6}"
+        lines.append(head + (f"  {'adaptive':>9}  {'dyn/ad':>6}" if upstream else ""))
         n = len(tp["levels"])
         dyn = tp.get("dynspec") or [None] * n
         ratio = tp.get("envelope_ratio") or [None] * n
+        over_up = tp.get("dynspec_over_upstream") or [None] * n
         for i, c in enumerate(tp["levels"]):
-            lines.append(
+            line = (
                 f"{c:>5}  {_fmt(tp['base'][i]):>9}  {_fmt(tp['always_on'][i]):>9}  "
                 f"{_fmt(dyn[i]):>9}  {_fmt(ratio[i], 2):>6}"
             )
+            lines.append(line + (f"  {_fmt(upstream[i]):>9}  {_fmt(over_up[i], 2):>6}" if upstream else ""))
 
     lines.append("")
     out = report.get("out", ".")

@@ -13,6 +13,7 @@ finish fail. Every server is stopped however the run ends.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import sys
 import time
@@ -30,7 +31,13 @@ from patcher.proof.logscan import LogFollower, Transition
 from patcher.proof.ramp import RampSchedule, run_ramp
 from patcher.proof.servers import Progress, Server, ServerSpec, free_port, stderr_progress
 
-SERVER_NAMES = {"base": "base", "always_on": "always-on", "dynspec": "dynspec"}
+SERVER_NAMES = {
+    "base": "base",
+    "always_on": "always-on",
+    "dynspec": "dynspec",
+    launch.UPSTREAM_ADAPTIVE: "upstream-adaptive",
+}
+ADAPTIVE_OFF = "speculative_adaptive disabled"  # SGLang's warning when it falls back to static params
 MAX_LISTED = 50  # errors and mismatches kept in the report per check
 
 
@@ -53,6 +60,8 @@ class ProofOptions:
     throughput_new_tokens: int = 256
     simulate_acc_len: float = 3.0
     min_envelope_ratio: float = 0.9
+    upstream_adaptive: bool = False  # a 4th throughput server: always on + upstream's adaptive mode
+    min_upstream_ratio: float = 2.0  # dynspec / upstream adaptive needed at every level > threshold
     ramp_low: int = 1
     ramp_high: int = 64
     ramp_new_tokens: int = 32
@@ -116,6 +125,19 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             )
         if "crossings" in checks and not (opts.ramp_low <= m and opts.ramp_high > n):
             raise ProofUsageError(f"--ramp {opts.ramp_low},{opts.ramp_high} must go from <= {m} to > {n}")
+    if opts.upstream_adaptive:
+        if "throughput" not in checks:
+            raise ProofUsageError("--upstream-adaptive needs the throughput check (--checks throughput)")
+        if not sglang.adaptive_supported:
+            raise ProofUsageError(
+                f"--upstream-adaptive: SGLang {sglang.version} at {sglang.package} has no --speculative-adaptive "
+                "(no speculative_adaptive_config in its ServerArgs)"
+            )
+        if sglang.dynspec_applied and not any(c > opts.threshold for c in opts.throughput_levels):
+            raise ProofUsageError(
+                f"--upstream-adaptive compares at levels above --threshold {opts.threshold}; "
+                f"--throughput-levels {','.join(map(str, opts.throughput_levels))} has none"
+            )
     if "crossings" in checks and opts.ramp_high > launch.MAX_RUNNING_REQUESTS:
         raise ProofUsageError(f"--ramp high ({opts.ramp_high}) is above --max-running-requests 128")
     return checks, skipped
@@ -197,7 +219,14 @@ class Proof:
         self.server_info = {"name": name, "mode": mode, "shape": shape}
         port = free_port(opts.port)
         args = launch.server_args(
-            mode, shape=shape, port=port, path=opts.path, dynspec=opts.dynspec, tp=opts.tp, extra=opts.extra_args
+            mode,
+            shape=shape,
+            port=port,
+            path=opts.path,
+            dynspec=opts.dynspec,
+            tp=opts.tp,
+            extra=opts.extra_args,
+            adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
         )
         argv = launch.server_argv(opts.python, args)
         changes = launch.env_changes(simulate_acc_len=simulate, pythonpath=self.sglang.pythonpath, base=self.env)
@@ -456,6 +485,10 @@ class Proof:
         shape = opts.shape_for("throughput")
         modes = ["dynspec"] if self.sglang.dynspec_applied else []
         modes += ["always_on", "base"]
+        adaptive_config = launch.adaptive_config(opts.threshold)
+        if opts.upstream_adaptive:
+            modes.append(launch.UPSTREAM_ADAPTIVE)
+            (opts.out / launch.ADAPTIVE_CONFIG_NAME).write_text(json.dumps(adaptive_config) + "\n")
         tok_s: dict[str, list[float | None]] = {}
         accept: dict[str, list[float | None]] = {}
         problems: list[str] = []
@@ -473,6 +506,11 @@ class Proof:
                 info = self.server_info
                 if info.get("errors"):
                     problems.append(f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}")
+            if mode == launch.UPSTREAM_ADAPTIVE:
+                log = Path(self.server_info["log"]).read_text(errors="replace")
+                off = [line for line in log.splitlines() if ADAPTIVE_OFF in line]
+                if off:
+                    problems.append(f"{name}: SGLang turned its adaptive mode off: {off[0].strip()[:200]}")
             tok_s[mode] = [round(r.tok_s, 1) if not r.failures else None for r, _ in results]
             accept[mode] = [None if r.accept_length is None else round(r.accept_length, 2) for r, _ in results]
             for r, _ in results:
@@ -492,6 +530,7 @@ class Proof:
             "simulate_acc_len": opts.simulate_acc_len,
             "min_envelope_ratio": opts.min_envelope_ratio,
         }
+        run_problems = list(problems)
         if self.sglang.dynspec_applied:
             ratio = reports.envelope_ratio(tp["base"], tp["always_on"], tp["dynspec"] or none)
             tp["envelope_ratio"] = ratio
@@ -504,9 +543,40 @@ class Proof:
             )
         else:
             tp["detail"] = f"base and always-on measured at {len(levels)} levels (dynspec not applied)"
+        if opts.upstream_adaptive:
+            self.judge_upstream(tp, adaptive_config, tok_s.get(launch.UPSTREAM_ADAPTIVE, none), run_problems, problems)
         tp["problems"] = problems
         tp["passed"] = not problems and len(tok_s) == len(modes)
         self.report["throughput"] = tp
+
+    def judge_upstream(
+        self,
+        tp: dict[str, Any],
+        config: dict[str, Any],
+        upstream: Sequence[float | None],
+        run_problems: list[str],
+        problems: list[str],
+    ) -> None:
+        """dynspec / upstream adaptive at each level; at levels above the threshold it must reach
+        ``min_upstream_ratio``."""
+        opts = self.opts
+        assert self.sglang is not None
+        tp["upstream_adaptive"] = list(upstream)
+        tp["upstream_adaptive_config"] = config
+        tp["min_upstream_ratio"] = opts.min_upstream_ratio
+        if not self.sglang.dynspec_applied:
+            tp["dynspec_over_upstream"] = None
+            tp["upstream_failed_levels"] = []
+            return
+        ratios = reports.over(tp["dynspec"] or [None] * len(upstream), upstream)
+        tp["dynspec_over_upstream"] = ratios
+        checked = [(c, r) for c, r in zip(tp["levels"], ratios) if c > opts.threshold]
+        failed = [(c, r) for c, r in checked if r is None or r < opts.min_upstream_ratio]
+        tp["upstream_failed_levels"] = [c for c, _ in failed]
+        if failed and not run_problems:
+            at = ", ".join(f"C={c} ({'-' if r is None else f'{r:.2f}'})" for c, r in failed)
+            problems.append(f"dynspec / upstream adaptive below {opts.min_upstream_ratio:g} at {at}")
+        tp["detail"] += f"; dynspec >= {opts.min_upstream_ratio:g}x upstream adaptive at C > {opts.threshold}"
 
 
 def run_proof(opts: ProofOptions, progress: Progress = stderr_progress) -> dict[str, Any]:

@@ -24,7 +24,12 @@ SiteFactory = Callable[..., Path]
 
 
 def make_site(
-    root: Path, *, applied: bool = True, workers: tuple[str, ...] = ("v1", "v2"), version: str = "0.5.12"
+    root: Path,
+    *,
+    applied: bool = True,
+    workers: tuple[str, ...] = ("v1", "v2"),
+    version: str = "0.5.12",
+    adaptive: bool = False,
 ) -> Path:
     """A site dir holding a fake ``sglang`` package whose launch_server is fake_sglang."""
     pkg = root / "sglang"
@@ -33,6 +38,8 @@ def make_site(
     (pkg / "_version.py").write_text(f"__version__ = version = {version!r}\n")
     (pkg / "launch_server.py").write_text(LAUNCH_SERVER)
     field = "    speculative_disable_batch_size: Optional[int] = None\n" if applied else ""
+    if adaptive:
+        field += "    speculative_adaptive: bool = False\n    speculative_adaptive_config: Optional[str] = None\n"
     (pkg / "srt" / "server_args.py").write_text(
         f"class ServerArgs:\n    speculative_num_draft_tokens: Optional[int] = None\n{field}"
     )

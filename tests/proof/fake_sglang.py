@@ -12,7 +12,12 @@ Faults, for the tests that must see the harness fail (``FAKE_SGLANG_FAULT``, com
 ``diverge`` (outputs change while speculation is off), ``http500`` (every 5th /generate fails),
 ``traceback`` (a traceback in the log on the 3rd /generate), ``crash`` (exit before serving),
 ``short`` (one token too few), ``noswitch`` (never logs a switch), ``wrongside`` (switch OFF
-logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` answers 400).
+logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` answers 400),
+``adaptiveoff`` (with ``--speculative-adaptive``, log SGLang's warning that it turned it off).
+
+With ``--speculative-adaptive`` it logs the config file given by ``--speculative-adaptive-config``
+and waits ``FAKE_SGLANG_ADAPTIVE_DELAY`` seconds per request (default: ``FAKE_SGLANG_DELAY``), so
+tests can make upstream's adaptive mode faster or slower than the other servers.
 """
 
 from __future__ import annotations
@@ -152,6 +157,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--speculative-algorithm")
     parser.add_argument("--speculative-disable-batch-size", type=int)
     parser.add_argument("--speculative-enable-batch-size", type=int)
+    parser.add_argument("--speculative-adaptive", action="store_true")
+    parser.add_argument("--speculative-adaptive-config")
     args, _ = parser.parse_known_args(argv)
     faults = set(filter(None, os.environ.get("FAKE_SGLANG_FAULT", "").split(",")))
     log(f"server_args={argv}")
@@ -162,6 +169,11 @@ def main(argv: list[str]) -> None:
     if "crash" in faults:
         print("Traceback (most recent call last):\nRuntimeError: CUDA error: injected", flush=True)
         sys.exit(1)
+    if args.speculative_adaptive:
+        with open(args.speculative_adaptive_config) as f:
+            log(f"adaptive config {json.dumps(json.load(f))}")
+        if "adaptiveoff" in faults:
+            log("speculative_adaptive disabled: injected. Falling back to static speculative params.")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     log(f"scheduler pid {child.pid}")
     time.sleep(float(os.environ.get("FAKE_SGLANG_START_DELAY", "0.2")))
@@ -171,6 +183,8 @@ def main(argv: list[str]) -> None:
         bool(args.speculative_algorithm),
         faults,
     )
+    if args.speculative_adaptive:
+        state.delay = float(os.environ.get("FAKE_SGLANG_ADAPTIVE_DELAY", state.delay))
     server = serve(state, args.port)
     log(f"The server is fired up and ready to roll! port {args.port}")
     server.serve_forever()

@@ -58,6 +58,8 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
         (["--threshold", "32", "--levels", "1,4"], "must have a level <= 32 and one > 32"),
         (["--sglang", str(tmp_path / "nowhere")], "no sglang/srt/server_args.py"),
         (["--extra-args", "'unclosed"], "No closing quotation"),
+        (["--checks", "throughput", "--upstream-adaptive"], "has no --speculative-adaptive"),
+        (["--upstream-adaptive"], "--upstream-adaptive needs the throughput check"),
     ]
     for args, message in cases:
         result = runner.invoke(proof, [*args, "--out", str(tmp_path / "o")], env=env_for(root))

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from patcher.proof.detect import dynspec_applied, locate, package_in, read_version
+from patcher.proof.detect import adaptive_supported, dynspec_applied, locate, package_in, read_version
 from patcher.proof.errors import ProofUsageError
 
 
@@ -66,3 +66,17 @@ def test_dynspec_is_seen_in_the_split_server_args_of_0_5_20(site):
     spec.mkdir(parents=True)
     (spec / "spec.py").write_text("class Spec:\n    speculative_disable_batch_size: A[Optional[int], 'x'] = None\n")
     assert dynspec_applied(pkg)
+
+
+def test_adaptive_support_is_the_field_not_a_mention(site):
+    pkg = site(adaptive=True) / "sglang"
+    assert adaptive_supported(pkg)
+    old = site() / "sglang"  # a patched 0.5.12: dynspec's own check names the flag
+    with (old / "srt" / "server_args.py").open("a") as f:
+        f.write('    x = getattr(args, "speculative_adaptive", False)  # speculative_adaptive_config\n')
+    assert not adaptive_supported(old)
+    spec = old / "srt" / "arg_groups" / "fields"
+    spec.mkdir(parents=True)
+    (spec / "spec.py").write_text("class Spec:\n    speculative_adaptive_config: A[Optional[str], 'x'] = None\n")
+    assert adaptive_supported(old)
+    assert locate(str(old), sys.executable, dict(os.environ)).adaptive_supported

@@ -77,3 +77,15 @@ def test_throughput_servers_simulate_acceptance():
     assert env["SGLANG_SIMULATE_ACC_LEN"] == "3"
     assert env["SGLANG_SIMULATE_ACC_METHOD"] == "match-expected"
     assert "PYTHONPATH" not in env
+
+
+def test_upstream_adaptive_is_always_on_plus_the_adaptive_flags(tmp_path):
+    assert json.dumps(launch.adaptive_config(32)) == '{"1": {"candidate_steps": [3]}, "33": {"candidate_steps": [0]}}'
+    cfg = tmp_path / "upstream-adaptive.json"
+    for path in ("v1", "v2"):
+        on = server_args("always_on", shape="8b", port=30001, path=path, extra=["--x"])
+        up = server_args(
+            launch.UPSTREAM_ADAPTIVE, shape="8b", port=30001, path=path, dynspec=Dynspec(32), extra=["--x"],
+            adaptive_config_path=cfg,
+        )  # fmt: skip
+        assert up == [*on[:-1], "--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--x"]

@@ -160,3 +160,49 @@ def test_a_real_png_when_matplotlib_is_installed(tmp_path):
     png = tmp_path / "throughput.png"
     assert plot.render(sample(throughput=THROUGHPUT), png) is None
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_dynspec_over_upstream_is_a_plain_ratio():
+    assert report.over([345.0, 9000.0, None, 10.0], [300.0, 3000.0, 5.0, None]) == [1.15, 3.0, None, None]
+    with pytest.raises(ValueError):
+        report.over([1.0], [1.0, 2.0])
+
+
+UPSTREAM = {**THROUGHPUT, "upstream_adaptive": [350.0, 4100.0, 3000.0], "dynspec_over_upstream": [0.9857, 0.9756, None]}
+
+
+def test_the_plot_gets_a_4th_line_for_upstream_adaptive(tmp_path, monkeypatch):
+    ax = fake_matplotlib(monkeypatch)
+    assert plot.render(sample(throughput=UPSTREAM), tmp_path / "throughput.png") is None
+    assert len(ax.lines) == 4
+    assert ax.lines[3] == ([1, 16, 64], [350.0, 4100.0, 3000.0], "upstream --speculative-adaptive")
+
+
+def test_the_summary_has_an_upstream_column_only_when_measured():
+    tp = {**UPSTREAM, "passed": True, "new_tokens": 256, "simulate_acc_len": 3.0, "envelope_ratio": [0.99, 1.0, None]}
+    lines = report.summary(sample(throughput=tp)).splitlines()
+    assert any(line.split() == ["C", "base", "always-on", "dynspec", "R(C)", "adaptive", "dyn/ad"] for line in lines)
+    assert any(line.split() == ["16", "3097.0", "4016.0", "4000.0", "1.00", "4100.0", "0.98"] for line in lines)
+    assert any(line.split() == ["64", "10394.0", "7301.0", "-", "-", "3000.0", "-"] for line in lines)
+    plain = report.summary(sample(throughput={**tp, "upstream_adaptive": None})).splitlines()
+    assert not any("dyn/ad" in line for line in plain)
+
+
+def test_a_real_png_with_four_lines(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.pyplot as plt
+
+    closed: list[Any] = []
+    monkeypatch.setattr(plt, "close", closed.append)
+    png = tmp_path / "throughput.png"
+    assert plot.render(sample(throughput=UPSTREAM), png) is None
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    labels = [line.get_label() for line in closed[0].axes[0].get_lines()]
+    assert labels == [
+        "speculation off",
+        "EAGLE-3 always on",
+        "dynspec",
+        "upstream --speculative-adaptive",
+        "threshold 32",
+    ]
+    plt.close(closed[0])

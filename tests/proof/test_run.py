@@ -193,3 +193,86 @@ def test_impossible_requests_are_usage_errors_before_any_server(site, tmp_path, 
 def test_crossings_alone_without_dynspec_is_a_usage_error(site, tmp_path):
     with pytest.raises(ProofUsageError, match="nothing to check"):
         run_proof(options(site(applied=False), tmp_path / "out", checks=("crossings",)), lambda m: None)
+
+
+def adaptive_options(root: Path, out: Path, dynspec_delay: str, adaptive_delay: str, **kw: object) -> ProofOptions:
+    opts = options(root, out, checks=("throughput",), min_envelope_ratio=0.0, upstream_adaptive=True, **kw)
+    assert opts.env is not None
+    opts.env = {**opts.env, "FAKE_SGLANG_DELAY": dynspec_delay, "FAKE_SGLANG_ADAPTIVE_DELAY": adaptive_delay}
+    return opts
+
+
+def test_upstream_adaptive_is_a_4th_throughput_server_with_its_config(site, tmp_path):
+    out = tmp_path / "out"
+    result = run_proof(adaptive_options(site(adaptive=True), out, "0.05", "1.0"), lambda m: None)
+    assert result["passed"], reports.summary(result)
+    servers = {s["name"]: s for s in result["servers"]}
+    assert list(servers) == ["dynspec-sim", "always-on-sim", "base-sim", "upstream-adaptive-sim"]
+    config = out / "upstream-adaptive.json"
+    assert config.read_text() == '{"1": {"candidate_steps": [3]}, "5": {"candidate_steps": [0]}}\n'
+    up, on = servers["upstream-adaptive-sim"], servers["always-on-sim"]
+    port_of = on["argv"].index("--port") + 1
+    want = [*on["argv"], "--speculative-adaptive", "--speculative-adaptive-config", str(config)]
+    want[port_of] = str(up["port"])
+    assert up["argv"] == want  # always-on's flags (v2: no --disable-overlap-schedule), no dynspec flag
+    assert "--disable-overlap-schedule" not in up["argv"]
+    assert not any(a.startswith("--speculative-disable") for a in up["argv"])
+    assert up["env"] == on["env"] and up["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3"
+    log = Path(up["log"]).read_text()
+    assert 'adaptive config {"1": {"candidate_steps": [3]}, "5": {"candidate_steps": [0]}}' in log
+
+    tp = result["throughput"]
+    assert len(tp["upstream_adaptive"]) == len(tp["dynspec_over_upstream"]) == len(tp["levels"]) == 2
+    assert tp["dynspec_over_upstream"] == reports.over(tp["dynspec"], tp["upstream_adaptive"])
+    assert tp["dynspec_over_upstream"][1] > 2  # 1 s per upstream request against 0.05 s
+    assert tp["min_upstream_ratio"] == 2.0 and tp["upstream_failed_levels"] == []
+    assert tp["upstream_adaptive_config"] == {"1": {"candidate_steps": [3]}, "5": {"candidate_steps": [0]}}
+    for key in ("base", "always_on", "dynspec", "envelope_ratio"):
+        assert len(tp[key]) == 2  # the existing keys are unchanged
+    assert "dyn/ad" in reports.summary(result)
+
+
+def test_an_upstream_adaptive_as_fast_as_dynspec_fails_above_the_threshold(site, tmp_path):
+    # C=1 is below the threshold: not checked even though upstream is faster there too
+    opts = adaptive_options(site(adaptive=True), tmp_path / "out", "0.3", "0.01")
+    result = run_proof(opts, lambda m: None)
+    tp = result["throughput"]
+    assert not tp["passed"] and reports.exit_code(result) == 1
+    assert tp["upstream_failed_levels"] == [8]
+    assert tp["dynspec_over_upstream"][1] < 2
+    assert tp["problems"] == [f"dynspec / upstream adaptive below 2 at C=8 ({tp['dynspec_over_upstream'][1]:.2f})"]
+
+
+def test_adaptive_mode_turned_off_by_sglang_fails_throughput(site, tmp_path):
+    opts = adaptive_options(site(adaptive=True), tmp_path / "out", "0.05", "1.0", faults="adaptiveoff")
+    tp = run_proof(opts, lambda m: None)["throughput"]
+    assert not tp["passed"]
+    assert tp["problems"][0].startswith("upstream-adaptive-sim: SGLang turned its adaptive mode off")
+
+
+def test_off_by_default_no_4th_server_and_no_new_keys(site, tmp_path):
+    out = tmp_path / "out"
+    result = run_proof(
+        options(site(adaptive=True), out, checks=("throughput",), min_envelope_ratio=0.0), lambda m: None
+    )
+    assert [s["name"] for s in result["servers"]] == ["dynspec-sim", "always-on-sim", "base-sim"]
+    assert not {"upstream_adaptive", "dynspec_over_upstream"} & set(result["throughput"])
+    assert not (out / "upstream-adaptive.json").exists()
+
+
+@pytest.mark.parametrize(
+    ("adaptive", "kw", "message"),
+    [
+        (False, {}, "has no --speculative-adaptive"),
+        (True, {"checks": ("equivalence",)}, "--upstream-adaptive needs the throughput check"),
+        (True, {"throughput_levels": (1, 4)}, "has none"),
+    ],
+)
+def test_upstream_adaptive_usage_errors_before_any_server(site, tmp_path, adaptive, kw, message):
+    opts = options(
+        site(adaptive=adaptive), tmp_path / "out", **{"checks": ("throughput",), "upstream_adaptive": True, **kw}
+    )
+    with pytest.raises(ProofUsageError) as error:
+        run_proof(opts, lambda m: None)
+    assert message in str(error.value)
+    assert not (tmp_path / "out").exists()
