@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import sys
 from collections.abc import Callable, Sequence
+from typing import TextIO
 
 from rich.console import Console
 from rich.syntax import Syntax
@@ -44,17 +45,23 @@ def diff(text: str) -> None:
 
 
 def table(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    if sys.stdout.isatty():
+    _table(_out(), sys.stdout, title, columns, rows)
+
+
+def _table(console: Console, stream: TextIO, title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """A rich table when ``stream`` is a terminal, else aligned plain columns."""
+    if stream.isatty():
         grid = Table(title=title, title_justify="left")
         for column in columns:
             grid.add_column(column, overflow="fold")
         for row in rows:
             grid.add_row(*row)
-        _out().print(grid)
+        console.print(grid)
         return
     widths = [max(len(str(c)) for c in col) for col in zip(columns, *rows)]
     for line in [columns, *rows]:
-        sys.stdout.write("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() + "\n")
+        stream.write("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() + "\n")
+    stream.flush()
 
 
 def as_json(data: object) -> None:
@@ -75,18 +82,7 @@ def heading(text: str) -> None:
 
 def summary(title: str, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
     """A table on stderr: the per-host summary is narration, stdout keeps the data."""
-    if sys.stderr.isatty():
-        grid = Table(title=title, title_justify="left")
-        for column in columns:
-            grid.add_column(column, overflow="fold")
-        for row in rows:
-            grid.add_row(*row)
-        _err.print(grid)
-        return
-    widths = [max(len(str(c)) for c in col) for col in zip(columns, *rows)]
-    for line in [columns, *rows]:
-        sys.stderr.write("  ".join(str(c).ljust(w) for c, w in zip(line, widths)).rstrip() + "\n")
-    sys.stderr.flush()
+    _table(_err, sys.stderr, title, columns, rows)
 
 
 # -- dynspec matrix ----------------------------------------------------------------------------
