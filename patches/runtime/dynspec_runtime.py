@@ -19,9 +19,11 @@ Torch and SGLang are imported inside functions: the controller runs anywhere.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import inspect
 import logging
+import os
 import time
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -272,8 +274,148 @@ class SingleTokenTarget:
 def _new_attention_backend(model_runner: Any) -> Any:
     # 0.5.5 added init_new_workspace; a private workspace is what upstream's adaptive states use.
     if "init_new_workspace" in inspect.signature(model_runner._get_attention_backend).parameters:
-        return model_runner._get_attention_backend(init_new_workspace=True)
-    return model_runner._get_attention_backend()
+        backend = model_runner._get_attention_backend(init_new_workspace=True)
+    else:
+        backend = model_runner._get_attention_backend()
+    return one_token_attention(backend)
+
+
+# -- one-token verify through the decode attention kernel ---------------------------------------
+
+ATTENTION_ENV = "DYNSPEC_ONE_TOKEN_ATTENTION"
+
+# Backends whose decode path dynspec has run a one-token verify through on a GPU (``dynspec
+# proof``). ``DYNSPEC_ONE_TOKEN_ATTENTION=decode`` opts any other backend in, ``=verify`` opts out.
+DECODE_PROVEN_BACKENDS = ("TritonAttnBackend",)
+
+
+def one_token_attention_mode(backend: Any) -> str:
+    """``decode`` or ``verify``: how the one-token target backend computes attention."""
+    setting = os.environ.get(ATTENTION_ENV, "auto").strip().lower() or "auto"
+    if setting in ("decode", "verify"):
+        return setting
+    if setting != "auto":
+        raise ValueError(f"{ATTENTION_ENV} must be auto, decode or verify, not {setting!r}")
+    return "decode" if type(backend).__name__ in DECODE_PROVEN_BACKENDS else "verify"
+
+
+def one_token_attention(backend: Any) -> Any:
+    """The one-token target backend, set to serve TARGET_VERIFY as a DECODE when that is on."""
+    if one_token_attention_mode(backend) == "decode":
+        return serve_verify_as_decode(backend)
+    return backend
+
+
+def serve_verify_as_decode(backend: Any) -> Any:
+    """Make ``backend`` answer one-token TARGET_VERIFY batches with its DECODE metadata and kernel.
+
+    A one-node tree with an all-True mask attends to the prefix and itself: the ``seq_len + 1``
+    keys a plain decode step attends to, the new one written first by both paths. Most
+    backends' verify path is an extend kernel with a custom mask, which (Triton) walks each
+    request's prefix serially and grows with context; the decode kernel splits the KV. So the
+    metadata is built for DECODE with ``seq_lens + 1`` and no spec input, and the layers call
+    ``forward_decode``. The worker, graph runner, logits and verify code still see TARGET_VERIFY.
+
+    Re-classes the instance (a subclass, not a wrapper object) so that ``isinstance`` checks on
+    the backend keep working. Only for a backend built for one token per request.
+    """
+    base = type(backend)
+    if isinstance(backend, VerifyAsDecode):
+        return backend
+    namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__}
+    backend.__class__ = type(base.__name__, (VerifyAsDecode, base), namespace)
+    backend._dynspec_plus_one = None
+    return backend
+
+
+class VerifyAsDecode:
+    """Mixed in ahead of the backend's own class by ``serve_verify_as_decode``.
+
+    Both metadata APIs are covered: capture/replay methods up to 0.5.12, ``out_graph`` and
+    ``in_graph`` from 0.5.13. Arguments are rebound by name, so positional and keyword calls
+    from any release land the same way.
+    """
+
+    _dynspec_plus_one: Any
+
+    def init_forward_metadata(self, forward_batch: Any) -> Any:
+        return super().init_forward_metadata(_decode_view(forward_batch, self._plus_one_eager))  # type: ignore[misc]
+
+    def init_forward_metadata_out_graph(self, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        view = _decode_view(forward_batch, self._plus_one_persistent)
+        return super().init_forward_metadata_out_graph(view, *args, **kwargs)  # type: ignore[misc]
+
+    def init_forward_metadata_in_graph(self, forward_batch: Any) -> Any:
+        # Graph-recorded: seq_lens + 1 must live in a buffer the replay sees too.
+        view = _decode_view(forward_batch, self._plus_one_persistent)
+        return super().init_forward_metadata_in_graph(view)  # type: ignore[misc]
+
+    def init_forward_metadata_capture_cuda_graph(self, *args: Any, **kwargs: Any) -> Any:
+        method = super().init_forward_metadata_capture_cuda_graph  # type: ignore[misc]
+        call = inspect.signature(method).bind(*args, **kwargs)
+        _decode_arguments(call.arguments, self._plus_one_persistent)
+        return method(*call.args, **call.kwargs)
+
+    def init_forward_metadata_replay_cuda_graph(self, *args: Any, **kwargs: Any) -> Any:
+        method = super().init_forward_metadata_replay_cuda_graph  # type: ignore[misc]
+        call = inspect.signature(method).bind(*args, **kwargs)
+        _decode_arguments(call.arguments, self._plus_one_persistent)
+        return method(*call.args, **call.kwargs)
+
+    def forward(self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        if forward_batch.forward_mode.is_target_verify():
+            return self.forward_decode(q, k, v, layer, forward_batch, *args, **kwargs)  # type: ignore[attr-defined]
+        return super().forward(q, k, v, layer, forward_batch, *args, **kwargs)  # type: ignore[misc]
+
+    @staticmethod
+    def _plus_one_eager(seq_lens: Any) -> Any:
+        return seq_lens + 1
+
+    def _plus_one_persistent(self, seq_lens: Any) -> Any:
+        """``seq_lens + 1`` in a buffer that outlives the call: backends keep views of it in graphs."""
+        n = seq_lens.shape[0]
+        buffer = self._dynspec_plus_one
+        if buffer is None or buffer.shape[0] < n or buffer.dtype != seq_lens.dtype or buffer.device != seq_lens.device:
+            # Graph runners capture the largest batch first; later, smaller batches reuse it.
+            buffer = seq_lens.new_empty((max(n, 256),))
+            self._dynspec_plus_one = buffer
+        out = buffer[:n]
+        out.copy_(seq_lens + 1)
+        return out
+
+
+def _decode_view(forward_batch: Any, plus_one: Callable[[Any], Any]) -> Any:
+    """A shallow copy of a TARGET_VERIFY batch (or runner view) that reads as its DECODE twin."""
+    mode = forward_batch.forward_mode
+    if not mode.is_target_verify():
+        return forward_batch
+    view = copy.copy(forward_batch)
+    fields = {
+        "forward_mode": mode,
+        "seq_lens": forward_batch.seq_lens,
+        "seq_lens_sum": getattr(forward_batch, "seq_lens_sum", None),
+        "seq_lens_cpu": getattr(forward_batch, "seq_lens_cpu", None),
+        "spec_info": forward_batch.spec_info,
+    }
+    _decode_arguments(fields, plus_one)
+    for name, value in fields.items():
+        setattr(view, name, value)
+    return view
+
+
+def _decode_arguments(arguments: dict, plus_one: Callable[[Any], Any]) -> None:
+    """Rewrite TARGET_VERIFY metadata arguments, in place, into their one-token DECODE equivalent."""
+    mode = arguments.get("forward_mode")
+    if mode is None or not mode.is_target_verify():
+        return
+    seq_lens = arguments["seq_lens"]
+    arguments["forward_mode"] = type(mode).DECODE
+    arguments["seq_lens"] = plus_one(seq_lens)
+    arguments["spec_info"] = None  # decode paths take a spec input to mean draft decoding
+    if arguments.get("seq_lens_sum") is not None:
+        arguments["seq_lens_sum"] = arguments["seq_lens_sum"] + seq_lens.shape[0]
+    if arguments.get("seq_lens_cpu") is not None:
+        arguments["seq_lens_cpu"] = arguments["seq_lens_cpu"] + 1
 
 
 def _new_graph_runner(runner_cls: Any, model_runner: Any, attn_backend: Any) -> Any:

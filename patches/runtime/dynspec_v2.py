@@ -32,11 +32,13 @@ functions: everything else runs anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import os
 import time
 from types import SimpleNamespace
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -198,6 +200,7 @@ class V2Fallback:
         self.in_fallback = False
         self._verify_field_prefix: dict = {}
         self._tree_index_cache: Optional[Tuple[Any, Any]] = None
+        self._batch: Any = None
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered.
@@ -207,11 +210,16 @@ class V2Fallback:
         """
         if self.in_fallback or batch.forward_mode.is_idle() or batch.spec_info is None:
             return False
-        return not self.controller.speculate(batch_size_of(batch))
+        if self.controller.speculate(batch_size_of(batch)):
+            return False
+        self._batch = batch  # for fall_back, which the hook calls next
+        return True
 
     def fall_back(self, worker: Any, run: Callable[[], Any]) -> Any:
         """Run the stock decode branch once more (``run``) with the one-token state swapped in."""
         stride = worker.speculative_num_draft_tokens
+        batch, self._batch = self._batch, None
+        fence = early_fence(batch) if batch is not None and early_fence_enabled() else None
         saved = _SavedSteps(worker, worker.draft_worker)
         previous = self.target.swap_in()
         try:
@@ -222,6 +230,8 @@ class V2Fallback:
             self.in_fallback = False
             saved.restore()
             self.target.swap_out(previous)
+        if fence is not None:
+            publish_early(result, *fence)
         if needs_stride_padding(result):
             result.next_token_ids = pad_to_stride(result.next_token_ids, stride)
         return result
@@ -305,6 +315,41 @@ class V2Fallback:
         return cached[0][:bs], cached[1][:bs]
 
 
+EARLY_FENCE_ENV = "DYNSPEC_EARLY_FENCE"
+
+
+def early_fence_enabled() -> bool:
+    setting = os.environ.get(EARLY_FENCE_ENV, "1").strip()
+    if setting not in ("0", "1", ""):
+        raise ValueError(f"{EARLY_FENCE_ENV} must be 0 or 1, not {setting!r}")
+    return setting != "0"
+
+
+def early_fence(batch: Any) -> Tuple[Any, Any]:
+    """Next ``seq_lens`` and an event marking them ready, recorded before the target forward.
+
+    A one-node tree accepts exactly its root, so the verify's result is known in advance:
+    ``seq_lens + 1``. The scheduler waits on the draft input's ``verify_done`` event before it
+    prepares the next batch (``maybe_wait_verify_done``); recorded at the end of verify, that
+    serialises scheduling behind the whole forward, which plain decode does not.
+    """
+    import torch
+
+    new_seq_lens = batch.seq_lens + 1
+    ready = torch.get_device_module(new_seq_lens.device).Event()
+    ready.record()
+    return new_seq_lens, ready
+
+
+def publish_early(result: Any, new_seq_lens: Any, ready: Any) -> None:
+    """Hand the scheduler the early ``seq_lens`` and event, where the release has them (≤0.5.12)."""
+    draft_input = getattr(result, "next_draft_input", None)
+    if draft_input is None or getattr(draft_input, "verify_done", None) is None:
+        return  # 0.5.13 publishes through a callback instead; left as is
+    draft_input.new_seq_lens = new_seq_lens
+    draft_input.verify_done = ready
+
+
 def tree_field_prefix(verify_input_cls: Any) -> str:
     """``retrieve_`` from 0.5.11, ``retrive_`` before."""
     names = {f.name for f in dataclasses.fields(verify_input_cls)}
@@ -371,6 +416,39 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     return policy
 
 
+@contextlib.contextmanager
+def one_token_backends_from(model_runner: Any) -> Iterator[None]:
+    """While building the zero-step state, the target backends it makes verify as a decode.
+
+    ``build_adaptive_runtime_state`` takes its target backend from the model runner's
+    ``_get_attention_backend``; shadowing that on the instance reaches it without a new anchor.
+    """
+    from sglang.srt.speculative.dynspec_runtime import one_token_attention
+
+    if model_runner is None:
+        yield
+        return
+    make_backend = model_runner._get_attention_backend
+    shadowed = "_get_attention_backend" in vars(model_runner)
+
+    def one_token_backend(*args: Any, **kwargs: Any) -> Any:
+        return one_token_attention(make_backend(*args, **kwargs))
+
+    model_runner._get_attention_backend = one_token_backend
+    try:
+        yield
+    finally:
+        if shadowed:
+            model_runner._get_attention_backend = make_backend
+        else:
+            del model_runner._get_attention_backend
+
+
+def _target_model_runner(worker: Any) -> Any:
+    target = getattr(worker, "_target_worker", None) or getattr(worker, "target_worker", None)
+    return getattr(target, "model_runner", None)
+
+
 class ZeroStepPolicy:
     """Stands in for SGLang's ``AdaptiveController`` (0.5.14+), with dynspec's decision.
 
@@ -403,9 +481,10 @@ class ZeroStepPolicy:
         tic = time.perf_counter()
         capture_bs = fallback_capture_sizes(cuda_graph_bs, self.controller.enable_at_or_below)
         if 0 not in self._states:
-            self._states[0] = self.worker.build_adaptive_runtime_state(
-                speculative_num_steps=0, speculative_num_draft_tokens=1, cuda_graph_bs=capture_bs
-            )
+            with one_token_backends_from(_target_model_runner(self.worker)):
+                self._states[0] = self.worker.build_adaptive_runtime_state(
+                    speculative_num_steps=0, speculative_num_draft_tokens=1, cuda_graph_bs=capture_bs
+                )
         if self.log:
             graphs = getattr(getattr(self._states[0], "target_graph_runner", None), "capture_bs", None)
             logger.info(

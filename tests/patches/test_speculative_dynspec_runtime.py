@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import enum
+import inspect
 import logging
 import random
 import sys
@@ -23,6 +25,7 @@ from patcher.engine import patch_file
 from patcher.releases import unpacked
 from patches.runtime import dynspec_runtime as runtime
 from patches.speculative_dynspec_runtime import SpeculativeDynspecRuntime
+from tests.conftest import RELEASES
 from tests.patches.test_eagle_worker_dynspec_fallback import V1_RELEASES
 
 SwitchController = runtime.SwitchController
@@ -405,12 +408,214 @@ def test_trivial_verify_input_fits_the_releases_eagle_verify_input(version: str)
     assert {n for n, _ in fields} >= set(kwargs)
 
 
+# -- one-token verify through the decode kernel -----------------------------------------------
+
+
+class Mode(enum.Enum):
+    """ForwardMode as far as the backends' dispatch goes."""
+
+    DECODE = 1
+    TARGET_VERIFY = 2
+    DRAFT_EXTEND = 3
+
+    def is_target_verify(self) -> bool:
+        return self is Mode.TARGET_VERIFY
+
+
+class Lens:
+    """The tensor operations the decode view uses, on a list (views share storage, like torch)."""
+
+    dtype, device = "int32", "cuda:0"
+
+    def __init__(self, values: list[int], storage: list[int] | None = None, start: int = 0) -> None:
+        self.storage = list(values) if storage is None else storage
+        self.start, self.n = start, len(values)
+
+    @property
+    def values(self) -> list[int]:
+        return self.storage[self.start : self.start + self.n]
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (self.n,)
+
+    def __add__(self, other: int) -> Lens:
+        return Lens([v + other for v in self.values])
+
+    def __getitem__(self, key: slice) -> Lens:
+        values = self.values[key]
+        return Lens(values, self.storage, self.start + (key.start or 0))
+
+    def new_empty(self, shape: tuple[int]) -> Lens:
+        return Lens([0] * shape[0])
+
+    def copy_(self, other: Lens) -> None:
+        self.storage[self.start : self.start + self.n] = other.values
+
+
+class LegacyBackend:
+    """The metadata API up to 0.5.12: capture and replay methods, and an eager one."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple] = []
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        self.calls.append(("graph state", max_bs, max_num_tokens))
+
+    def init_forward_metadata(self, forward_batch: Any) -> None:
+        fb = forward_batch
+        self.calls.append(("eager", fb.forward_mode, fb.seq_lens.values, fb.seq_lens_sum, fb.seq_lens_cpu, fb.spec_info))
+
+    def init_forward_metadata_capture_cuda_graph(self, bs: int, num_tokens: int, req_pool_indices: Any, seq_lens: Any, encoder_lens: Any, forward_mode: Any, spec_info: Any) -> None:
+        self.calls.append(("capture", bs, forward_mode, seq_lens, spec_info))
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: Any, seq_lens: Any, seq_lens_sum: int, encoder_lens: Any, forward_mode: Any, spec_info: Any, seq_lens_cpu: Any = None) -> None:
+        self.calls.append(("replay", bs, forward_mode, seq_lens, seq_lens_sum, seq_lens_cpu, spec_info))
+
+    def forward(self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, save_kv_cache: bool = True, **kwargs: Any) -> tuple:
+        if forward_batch.forward_mode is Mode.DECODE:
+            return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
+        return ("extend kernel", save_kv_cache, kwargs)
+
+    def forward_decode(self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, save_kv_cache: bool = True, **kwargs: Any) -> tuple:
+        return ("decode kernel", save_kv_cache, kwargs)
+
+
+class TritonAttnBackend(LegacyBackend):
+    """Named like the backend the one-token decode path is proven on."""
+
+
+class FlashInferAttnBackend(LegacyBackend):
+    pass
+
+
+class OutGraphBackend(LegacyBackend):
+    """The API from 0.5.13: eager = out_graph + in_graph (the ABC's default), capture and replay through out_graph."""
+
+    def init_forward_metadata(self, forward_batch: Any) -> None:
+        self.init_forward_metadata_out_graph(forward_batch)
+        self.init_forward_metadata_in_graph(forward_batch)
+
+    def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
+        self.calls.append(("out_graph", in_capture, forward_batch.forward_mode, forward_batch.seq_lens.values, forward_batch.spec_info))
+
+    def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
+        self.calls.append(("in_graph", forward_batch.forward_mode, forward_batch.seq_lens.values))
+
+
+def verify_batch(lens: list[int], mode: Mode = Mode.TARGET_VERIFY) -> SimpleNamespace:
+    return SimpleNamespace(forward_mode=mode, seq_lens=Lens(lens), seq_lens_sum=sum(lens), seq_lens_cpu=Lens(lens), spec_info="one-node tree")
+
+
+@pytest.fixture
+def attention_env(monkeypatch: pytest.MonkeyPatch) -> Any:
+    monkeypatch.delenv(runtime.ATTENTION_ENV, raising=False)
+    return lambda value: monkeypatch.setenv(runtime.ATTENTION_ENV, value)
+
+
+def test_triton_verifies_one_token_through_its_decode_path_by_default(attention_env: Any) -> None:
+    backend = runtime.one_token_attention(TritonAttnBackend())
+    assert isinstance(backend, runtime.VerifyAsDecode) and isinstance(backend, TritonAttnBackend)
+    assert type(backend).__name__ == "TritonAttnBackend"
+    assert runtime.serve_verify_as_decode(backend) is backend and type(backend).__mro__.count(runtime.VerifyAsDecode) == 1
+
+
+def test_other_backends_keep_their_verify_path_unless_asked(attention_env: Any) -> None:
+    assert not isinstance(runtime.one_token_attention(FlashInferAttnBackend()), runtime.VerifyAsDecode)
+    attention_env("decode")
+    assert isinstance(runtime.one_token_attention(FlashInferAttnBackend()), runtime.VerifyAsDecode)
+    attention_env("verify")
+    assert not isinstance(runtime.one_token_attention(TritonAttnBackend()), runtime.VerifyAsDecode)
+    attention_env("fast")
+    with pytest.raises(ValueError, match="DYNSPEC_ONE_TOKEN_ATTENTION must be auto, decode or verify, not 'fast'"):
+        runtime.one_token_attention(TritonAttnBackend())
+
+
+def test_graph_metadata_is_built_for_decode_over_the_prefix_and_the_new_token() -> None:
+    backend = runtime.serve_verify_as_decode(TritonAttnBackend())
+    backend.init_forward_metadata_capture_cuda_graph(4, 4, "rpi", Lens([1, 1, 1, 1]), None, Mode.TARGET_VERIFY, "tree")
+    assert backend.calls[0][3].values == [2, 2, 2, 2]
+    backend.init_forward_metadata_replay_cuda_graph(
+        2, "rpi", Lens([10, 20]), 30, None, forward_mode=Mode.TARGET_VERIFY, spec_info="tree", seq_lens_cpu=Lens([10, 20])
+    )
+    (_, bs, mode, captured, spec), (_, rbs, rmode, replayed, total, cpu, rspec) = backend.calls
+    assert (bs, mode, spec) == (4, Mode.DECODE, None)
+    assert (rbs, rmode, replayed.values, total, cpu.values, rspec) == (2, Mode.DECODE, [11, 21], 32, [11, 21], None)
+    # one persistent buffer: what the captured graph points at is what a replay refills
+    assert replayed.storage is captured.storage
+
+
+def test_other_modes_pass_through_untouched() -> None:
+    backend = runtime.serve_verify_as_decode(TritonAttnBackend())
+    lens = Lens([5, 6])
+    backend.init_forward_metadata_replay_cuda_graph(2, "rpi", lens, 11, None, Mode.DRAFT_EXTEND, "draft input", None)
+    backend.init_forward_metadata(verify_batch([5, 6], Mode.DECODE))
+    replay, eager = backend.calls
+    assert replay == ("replay", 2, Mode.DRAFT_EXTEND, lens, 11, None, "draft input")
+    assert eager[1:4] == (Mode.DECODE, [5, 6], 11)
+    assert backend.forward("q", "k", "v", "layer", verify_batch([5], Mode.DRAFT_EXTEND)) == ("extend kernel", True, {})
+
+
+def test_eager_metadata_reads_a_decode_view_and_leaves_the_batch_alone() -> None:
+    backend = runtime.serve_verify_as_decode(TritonAttnBackend())
+    batch = verify_batch([7, 9])
+    backend.init_forward_metadata(batch)
+    assert backend.calls == [("eager", Mode.DECODE, [8, 10], 18, backend.calls[0][4], None)]
+    assert backend.calls[0][4].values == [8, 10]
+    assert (batch.forward_mode, batch.seq_lens.values, batch.seq_lens_sum, batch.spec_info) == (Mode.TARGET_VERIFY, [7, 9], 16, "one-node tree")
+
+
+def test_the_layers_run_the_decode_kernel_with_their_arguments() -> None:
+    backend = runtime.serve_verify_as_decode(TritonAttnBackend())
+    out = backend.forward("q", "k", "v", "layer", verify_batch([3]), False, sinks="sinks")
+    assert out == ("decode kernel", False, {"sinks": "sinks"})
+
+
+def test_the_out_graph_api_converts_once() -> None:
+    backend = runtime.serve_verify_as_decode(OutGraphBackend())
+    backend.init_forward_metadata(verify_batch([7, 9]))  # eager: the default wrapper calls both halves
+    backend.init_forward_metadata_out_graph(verify_batch([1, 1]), in_capture=True)
+    assert backend.calls == [
+        ("out_graph", False, Mode.DECODE, [8, 10], None),
+        ("in_graph", Mode.DECODE, [8, 10]),
+        ("out_graph", True, Mode.DECODE, [2, 2], None),
+    ]
+
+
+def _methods(version: str, member: str, class_name: str) -> dict[str, list[str]]:
+    source = (unpacked(version, [member]) / "sglang" / member).read_text()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ClassDef) and node.name == class_name:
+            return {f.name: [a.arg for a in f.args.args[1:]] for f in node.body if isinstance(f, ast.FunctionDef)}
+    raise AssertionError(f"no {class_name} in {member} of SGLang {version}")
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_decode_view_matches_each_releases_backend_api(version: str) -> None:
+    """The argument names rebound, the mode members used, and which metadata API the release calls."""
+    modes = _methods(version, "srt/model_executor/forward_batch_info.py", "ForwardMode")
+    assert "is_target_verify" in modes and "is_decode" in modes
+    base = _methods(version, "srt/layers/attention/base_attn_backend.py", "AttentionBackend")
+    triton = _methods(version, "srt/layers/attention/triton_backend.py", "TritonAttnBackend")
+    assert {"forward", "forward_decode"} <= set(base) and "forward_decode" in triton
+    assert base["forward"][:5] == ["q", "k", "v", "layer", "forward_batch"]
+    if "init_forward_metadata_capture_cuda_graph" in triton:  # up to 0.5.12
+        capture = inspect.signature(runtime.VerifyAsDecode.init_forward_metadata_capture_cuda_graph)
+        assert capture.parameters  # rebinding by name against the release's own signature:
+        assert {"seq_lens", "forward_mode", "spec_info"} <= set(triton["init_forward_metadata_capture_cuda_graph"])
+        assert {"seq_lens", "seq_lens_sum", "forward_mode", "spec_info", "seq_lens_cpu"} <= set(triton["init_forward_metadata_replay_cuda_graph"])
+    else:
+        assert "init_forward_metadata_out_graph" in base and "init_forward_metadata_in_graph" in base
+        assert triton["init_forward_metadata_out_graph"][:2] == ["forward_batch", "in_capture"]
+
+
 # -- the shipped file ----------------------------------------------------------------------------
 
 
 def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     new, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, None, "0.5.12")
-    marker = "# dynspec: speculative_dynspec_runtime r1\n"
+    marker = "# dynspec: speculative_dynspec_runtime r2\n"
     assert new == marker + Path(runtime.__file__).read_text(encoding="utf-8")
     assert steps[0].outcome.value == "patched"
     shipped = types.ModuleType("sglang.srt.speculative.dynspec_runtime")

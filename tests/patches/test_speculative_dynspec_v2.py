@@ -191,10 +191,34 @@ STOCK = (3, 4, 3, 4, "extend graph", "live backend", "live graph")
 ONE_TOKEN = (0, 1, 0, 1, None, "one-token backend", "one-token graph")
 
 
+class SeqLens(FakeTensor):
+    device = "cuda:0"
+
+    def __add__(self, other: int) -> SeqLens:
+        return SeqLens([value + other for value in self.values])
+
+
 def decode_batch(size: int, idle: bool = False, spec_info: Any = "draft input") -> SimpleNamespace:
     return SimpleNamespace(
-        seq_lens=SimpleNamespace(shape=(size,)), forward_mode=SimpleNamespace(is_idle=lambda: idle), spec_info=spec_info
+        seq_lens=SeqLens(list(range(100, 100 + size))), forward_mode=SimpleNamespace(is_idle=lambda: idle), spec_info=spec_info
     )
+
+
+@pytest.fixture(autouse=True)
+def fake_torch(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The one torch call the early fence makes, logging when events are recorded."""
+    timeline: list[str] = []
+
+    class Event:
+        def record(self) -> None:
+            timeline.append("fence recorded")
+
+    device_module = SimpleNamespace(Event=Event)
+    torch = types.ModuleType("torch")
+    torch.get_device_module = lambda device: device_module  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.delenv(v2.EARLY_FENCE_ENV, raising=False)
+    return timeline
 
 
 def fallback_for(worker: SimpleNamespace, disable_above: int = 8) -> v2.V2Fallback:
@@ -235,6 +259,51 @@ def test_fall_back_restores_everything_when_the_iteration_fails() -> None:
     with pytest.raises(RuntimeError, match="boom"):
         fallback.fall_back(worker, rerun)
     assert (fallback.in_fallback, state_of(worker)) == (False, STOCK)
+
+
+def verify_result(timeline: list[str], with_verify_done: bool) -> SimpleNamespace:
+    """A 0.5.12 verify result (its draft input carries ``new_seq_lens`` and ``verify_done``) or a 0.5.13 one."""
+    timeline.append("target forward")
+    draft_input = SimpleNamespace(new_seq_lens="after verify", verify_done="event after verify")
+    if not with_verify_done:
+        draft_input = SimpleNamespace(new_seq_lens="after verify")  # 0.5.13 publishes by callback
+    return SimpleNamespace(next_token_ids=FakeTensor([1, 2, 3]), speculative_num_draft_tokens=1, next_draft_input=draft_input)
+
+
+def test_the_next_seq_lens_are_published_before_the_target_forward(fake_torch: list[str]) -> None:
+    worker = fake_worker()
+    fallback = fallback_for(worker, disable_above=2)
+    batch = decode_batch(3)
+    assert fallback.should_fall_back(batch)
+    result = fallback.fall_back(worker, lambda: verify_result(fake_torch, with_verify_done=True))
+    assert fake_torch == ["fence recorded", "target forward"]
+    assert result.next_draft_input.new_seq_lens.values == [101, 102, 103]  # every request accepts its root
+    assert result.next_draft_input.verify_done not in ("event after verify", None)
+    assert batch.seq_lens.values == [100, 101, 102]  # the batch itself is not touched
+
+
+def test_a_release_without_verify_done_keeps_its_own_publication(fake_torch: list[str]) -> None:
+    worker = fake_worker()
+    fallback = fallback_for(worker, disable_above=2)
+    assert fallback.should_fall_back(decode_batch(3))
+    result = fallback.fall_back(worker, lambda: verify_result(fake_torch, with_verify_done=False))
+    assert result.next_draft_input == SimpleNamespace(new_seq_lens="after verify")
+
+
+def test_the_early_fence_can_be_turned_off(fake_torch: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(v2.EARLY_FENCE_ENV, "0")
+    worker = fake_worker()
+    fallback = fallback_for(worker, disable_above=2)
+    assert fallback.should_fall_back(decode_batch(3))
+    result = fallback.fall_back(worker, lambda: verify_result(fake_torch, with_verify_done=True))
+    assert fake_torch == ["target forward"]
+    assert result.next_draft_input.verify_done == "event after verify"
+
+
+def test_a_bad_early_fence_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(v2.EARLY_FENCE_ENV, "yes")
+    with pytest.raises(ValueError, match="DYNSPEC_EARLY_FENCE must be 0 or 1, not 'yes'"):
+        v2.early_fence_enabled()
 
 
 @pytest.mark.parametrize(
@@ -348,6 +417,15 @@ def test_the_swapped_attributes_are_the_ones_the_release_reads(version: str) -> 
 # -- the zero-step policy (0.5.14+) ---------------------------------------------------------------
 
 
+class TritonAttnBackend:
+    """Named like the backend whose one-token verify runs as a decode by default."""
+
+
+class TargetRunner:
+    def _get_attention_backend(self, init_new_workspace: bool = False) -> TritonAttnBackend:
+        return TritonAttnBackend()
+
+
 class FakeAdaptiveWorker:
     """An EAGLEWorkerV2 of 0.5.14+ as far as its adaptive controller sees it."""
 
@@ -359,11 +437,14 @@ class FakeAdaptiveWorker:
         self.adaptive_controller = None
         self.built: list[tuple] = []
         self.applied: list[int] = []
+        self._target_worker = SimpleNamespace(model_runner=TargetRunner())
 
     def build_adaptive_runtime_state(self, speculative_num_steps: int, speculative_num_draft_tokens: int, cuda_graph_bs: Any = None) -> Any:
         self.built.append((speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs))
         graphs = SimpleNamespace(capture_bs=cuda_graph_bs) if cuda_graph_bs else None
-        return SimpleNamespace(speculative_num_steps=speculative_num_steps, target_graph_runner=graphs)
+        # as upstream does: a fresh target backend from the model runner
+        backend = self._target_worker.model_runner._get_attention_backend(init_new_workspace=True)
+        return SimpleNamespace(speculative_num_steps=speculative_num_steps, target_graph_runner=graphs, target_attn_backend=backend)
 
     def apply_runtime_state(self, state: Any) -> None:
         self.applied.append(state.speculative_num_steps)
@@ -396,6 +477,18 @@ def test_policy_builds_the_zero_step_state_for_graph_sizes_above_the_switch_on_s
     assert "dynspec: zero-step state ready" in caplog.text and "[24, 32, 40, 48, 56, 64]" in caplog.text
     worker.init_cuda_graphs(None)  # graphs disabled: eager, nothing built twice
     assert len(worker.built) == 1
+
+
+def test_the_zero_step_state_verifies_through_the_decode_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(runtime.ATTENTION_ENV, raising=False)
+    worker = FakeAdaptiveWorker(speculative_disable_batch_size=32)
+    policy = v2.attach_zero_step_policy(worker)
+    worker.init_cuda_graphs(GRAPH_SIZES)
+    backend = policy._states[0].target_attn_backend
+    assert isinstance(backend, runtime.VerifyAsDecode) and isinstance(backend, TritonAttnBackend)
+    runner = worker._target_worker.model_runner
+    assert "_get_attention_backend" not in vars(runner)  # the shadow is gone after the build
+    assert not isinstance(runner._get_attention_backend(), runtime.VerifyAsDecode)
 
 
 def test_policy_switches_with_hysteresis_and_dwell() -> None:
