@@ -320,44 +320,56 @@ def serve_verify_as_decode(backend: Any) -> Any:
     the backend keep working. Only for a backend built for one token per request.
     """
     base = type(backend)
-    if isinstance(backend, VerifyAsDecode):
+    if verifies_as_decode(backend):
         return backend
-    namespace = {"__module__": base.__module__, "__qualname__": base.__qualname__, "__doc__": base.__doc__}
-    backend.__class__ = type(base.__name__, (VerifyAsDecode, base), namespace)
+    # Single inheritance: CPython refuses __class__ assignment when a mixin changes the layout
+    # chain (AttentionBackend derives from ABC). The methods therefore call super(type(self), self).
+    namespace = {
+        name: value
+        for name, value in vars(VerifyAsDecode).items()
+        if not (name.startswith("__") and name.endswith("__"))
+    }
+    namespace.update(__module__=base.__module__, __qualname__=base.__qualname__, __doc__=base.__doc__)
+    backend.__class__ = type(base)(base.__name__, (base,), namespace)
     backend._dynspec_plus_one = None
     return backend
 
 
+def verifies_as_decode(backend: Any) -> bool:
+    return bool(getattr(type(backend), "dynspec_verify_as_decode", False))
+
+
 class VerifyAsDecode:
-    """Mixed in ahead of the backend's own class by ``serve_verify_as_decode``.
+    """Methods copied onto a generated subclass of the backend's class by ``serve_verify_as_decode``.
 
     Both metadata APIs are covered: capture/replay methods up to 0.5.12, ``out_graph`` and
     ``in_graph`` from 0.5.13. Arguments are rebound by name, so positional and keyword calls
     from any release land the same way.
     """
 
+    dynspec_verify_as_decode = True
     _dynspec_plus_one: Any
 
     def init_forward_metadata(self, forward_batch: Any) -> Any:
-        return super().init_forward_metadata(_decode_view(forward_batch, self._plus_one_eager))  # type: ignore[misc]
+        return super(type(self), self).init_forward_metadata(_decode_view(forward_batch, self._plus_one_eager))  # type: ignore[misc]
 
     def init_forward_metadata_out_graph(self, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
         view = _decode_view(forward_batch, self._plus_one_persistent)
-        return super().init_forward_metadata_out_graph(view, *args, **kwargs)  # type: ignore[misc]
+        return super(type(self), self).init_forward_metadata_out_graph(view, *args, **kwargs)  # type: ignore[misc]
 
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> Any:
         # Graph-recorded: seq_lens + 1 must live in a buffer the replay sees too.
         view = _decode_view(forward_batch, self._plus_one_persistent)
-        return super().init_forward_metadata_in_graph(view)  # type: ignore[misc]
+        return super(type(self), self).init_forward_metadata_in_graph(view)  # type: ignore[misc]
 
     def init_forward_metadata_capture_cuda_graph(self, *args: Any, **kwargs: Any) -> Any:
-        method = super().init_forward_metadata_capture_cuda_graph  # type: ignore[misc]
+        method = super(type(self), self).init_forward_metadata_capture_cuda_graph  # type: ignore[misc]
         call = inspect.signature(method).bind(*args, **kwargs)
         _decode_arguments(call.arguments, self._plus_one_persistent)
         return method(*call.args, **call.kwargs)
 
     def init_forward_metadata_replay_cuda_graph(self, *args: Any, **kwargs: Any) -> Any:
-        method = super().init_forward_metadata_replay_cuda_graph  # type: ignore[misc]
+        method = super(type(self), self).init_forward_metadata_replay_cuda_graph  # type: ignore[misc]
         call = inspect.signature(method).bind(*args, **kwargs)
         _decode_arguments(call.arguments, self._plus_one_persistent)
         return method(*call.args, **call.kwargs)
@@ -365,7 +377,7 @@ class VerifyAsDecode:
     def forward(self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
         if forward_batch.forward_mode.is_target_verify():
             return self.forward_decode(q, k, v, layer, forward_batch, *args, **kwargs)  # type: ignore[attr-defined]
-        return super().forward(q, k, v, layer, forward_batch, *args, **kwargs)  # type: ignore[misc]
+        return super(type(self), self).forward(q, k, v, layer, forward_batch, *args, **kwargs)  # type: ignore[misc]
 
     @staticmethod
     def _plus_one_eager(seq_lens: Any) -> Any:
