@@ -6,6 +6,7 @@
 #   v2-proof       carry .gpu/kit-0.5.12-b.tar.xz .gpu/patched-0.5.12  (unpacks part b, patches)
 #   v2-tput        carry .gpu/kit (same warm machine); then dynspec without the early fence, C=64,128
 #   v1-proof       (nothing carried)
+#   smoke-17       carry .gpu/kit-0.5.17-b.tar.xz .gpu/patched-0.5.17 .gpu/kit (after kit-a 0.5.17)
 #   up-17          carry .gpu/kit-0.5.17-b.tar.xz .gpu/patched-0.5.17 (after kit-a 0.5.17)
 set -u
 step=$1; shift
@@ -28,6 +29,14 @@ case $step in
       | tee "$OUT/nofence.txt"; bash "$K/stop.sh"; gzip -f "$OUT/nofence.log" ;;
   v1-proof) need_kit
     proof proof-v1 --path v1 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
+  smoke-17) unpack_b 0.5.17 || exit 3
+    export SGLANG_SIMULATE_ACC_LEN=3 TARGET=target8b; K=$PWD/.gpu/kit
+    S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b"
+    S="$S --speculative-draft-load-format dummy --speculative-num-steps 3 --speculative-eagle-topk 1"
+    S="$S --speculative-num-draft-tokens 4 --max-running-requests 128 --cuda-graph-max-bs 128"
+    bash "$K/serve.sh" dyn17 $S --speculative-disable-batch-size 32 && timeout 40 python3 "$K/client.py" \
+      http://127.0.0.1:30000 1,64,128 256 | tee "$OUT/dyn17.txt"
+    grep -E "dynspec|Error|error" "$OUT/dyn17.log" | head -8; bash "$K/stop.sh"; gzip -f "$OUT/dyn17.log" ;;
   up-17) unpack_b 0.5.17 || exit 3
     proof proof-0.5.17-tput --path v2 --checks throughput --threshold 32 --upstream-adaptive \
       --throughput-levels 1,16,32,64,128 ;;
