@@ -45,6 +45,7 @@ class LevelResult:
     new_tokens: int
     seconds: float
     replies: list[Reply] = field(default_factory=list)
+    samples: tuple[float, ...] = ()  # tok/s of every timed run when the level was measured repeatedly
 
     @property
     def tokens(self) -> int:
@@ -165,3 +166,25 @@ def run_level(client: Client, indices: Sequence[int], new_tokens: int) -> LevelR
     pool.shutdown(wait=True)
     replies.sort(key=lambda r: r.index)
     return LevelResult(len(indices), new_tokens, seconds, replies)
+
+
+def measure_level(client: Client, indices: Sequence[int], new_tokens: int, *, warmup: bool, repeats: int) -> LevelResult:
+    """The level's median run of ``repeats`` timed ones, after an untimed warm-up run if asked.
+
+    The warm-up pays for what the first batch of a new size costs once (Triton compiles, first
+    CUDA-graph replays), which would otherwise land on whichever server the harness runs first.
+    A failing run is returned as is, so failures are never hidden behind a good median.
+    """
+    if warmup:
+        first = run_level(client, indices, new_tokens)
+        if first.failures:
+            return first
+    runs = []
+    for _ in range(max(1, repeats)):
+        run = run_level(client, indices, new_tokens)
+        if run.failures:
+            return run
+        runs.append(run)
+    median = sorted(runs, key=lambda r: r.tok_s)[(len(runs) - 1) // 2]
+    median.samples = tuple(round(r.tok_s, 1) for r in runs)
+    return median

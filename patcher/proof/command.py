@@ -172,6 +172,19 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "--throughput-new-tokens", type=click.IntRange(1), default=DEFAULTS.throughput_new_tokens, show_default=True
 )
 @click.option(
+    "--throughput-warmup/--no-throughput-warmup",
+    default=DEFAULTS.throughput_warmup,
+    show_default=True,
+    help="Run each throughput level once untimed first (first-batch costs would favour the later servers).",
+)
+@click.option(
+    "--throughput-repeats",
+    type=click.IntRange(1),
+    default=DEFAULTS.throughput_repeats,
+    show_default=True,
+    help="Timed runs per throughput level; the median counts, all are in the report.",
+)
+@click.option(
     "--simulate-acc-len",
     type=click.FloatRange(1.0),
     default=DEFAULTS.simulate_acc_len,
@@ -265,6 +278,8 @@ def proof(
     throughput: bool,
     throughput_levels: tuple[int, ...],
     throughput_new_tokens: int,
+    throughput_warmup: bool,
+    throughput_repeats: int,
     simulate_acc_len: float,
     min_envelope_ratio: float,
     upstream_adaptive: bool,
@@ -324,6 +339,8 @@ def proof(
         checks=chosen,
         throughput_levels=throughput_levels,
         throughput_new_tokens=throughput_new_tokens,
+        throughput_warmup=throughput_warmup,
+        throughput_repeats=throughput_repeats,
         simulate_acc_len=simulate_acc_len,
         min_envelope_ratio=min_envelope_ratio,
         upstream_adaptive=upstream_adaptive,

@@ -25,7 +25,7 @@ from typing import Any
 
 from patcher.proof import detect, launch, logscan
 from patcher.proof import report as reports
-from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, run_level
+from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, measure_level, run_level
 from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
 from patcher.proof.ramp import RampSchedule, run_ramp
@@ -58,6 +58,8 @@ class ProofOptions:
     checks: tuple[str, ...] = ("equivalence", "crossings")
     throughput_levels: tuple[int, ...] = (1, 4, 16, 32, 64, 128)
     throughput_new_tokens: int = 256
+    throughput_warmup: bool = True  # an untimed run of each level first
+    throughput_repeats: int = 3  # timed runs per level; the median counts
     simulate_acc_len: float = 3.0
     min_envelope_ratio: float = 0.9
     upstream_adaptive: bool = False  # a 4th throughput server: always on + upstream's adaptive mode
@@ -267,20 +269,24 @@ class Proof:
         return Client("127.0.0.1", server.spec.port, timeout=self.opts.request_timeout)
 
     def levels(
-        self, server: Server, levels: Sequence[int], new_tokens: int, label: str
+        self, server: Server, levels: Sequence[int], new_tokens: int, label: str, *, warmup: bool = False, repeats: int = 1
     ) -> list[tuple[LevelResult, list[Transition]]]:
-        """Each level once, with the switch lines logged while it ran."""
+        """Each level once (or its median of ``repeats``), with the switch lines logged while it ran."""
         out = []
         client = self.client(server)
         for c in levels:
             follower = LogFollower(server.spec.log, logscan.size(server.spec.log))
-            result = run_level(client, range(c), new_tokens)
+            if warmup or repeats > 1:
+                result = measure_level(client, range(c), new_tokens, warmup=warmup, repeats=repeats)
+            else:
+                result = run_level(client, range(c), new_tokens)
             time.sleep(self.opts.settle if server.spec.name.startswith("dynspec") else 0)
             follower.poll()
             out.append((result, follower.transitions))
             failed = f", {len(result.failures)} FAILED" if result.failures else ""
+            spread = f" (median of {', '.join(f'{x:.0f}' for x in result.samples)})" if len(result.samples) > 1 else ""
             self.progress(
-                f"  {label} C={c}: {result.tokens} tokens in {result.seconds:.2f} s = {result.tok_s:.0f} tok/s, "
+                f"  {label} C={c}: {result.tokens} tokens in {result.seconds:.2f} s = {result.tok_s:.0f} tok/s{spread}, "
                 f"digest {result.digest}{failed}"
             )
         return out
@@ -491,12 +497,20 @@ class Proof:
             (opts.out / launch.ADAPTIVE_CONFIG_NAME).write_text(json.dumps(adaptive_config) + "\n")
         tok_s: dict[str, list[float | None]] = {}
         accept: dict[str, list[float | None]] = {}
+        samples: dict[str, list[list[float]]] = {}
         problems: list[str] = []
         for mode in modes:
             name = SERVER_NAMES[mode] + "-sim"
             try:
                 with self.serve(mode, shape, opts.simulate_acc_len, suffix="-sim") as server:
-                    results = self.levels(server, opts.throughput_levels, opts.throughput_new_tokens, name)
+                    results = self.levels(
+                        server,
+                        opts.throughput_levels,
+                        opts.throughput_new_tokens,
+                        name,
+                        warmup=opts.throughput_warmup,
+                        repeats=opts.throughput_repeats,
+                    )
             except ServerStartError as error:
                 self.aborted = f"the {name} server did not start"
                 problems.append(str(error).splitlines()[0])
@@ -512,6 +526,7 @@ class Proof:
                 if off:
                     problems.append(f"{name}: SGLang turned its adaptive mode off: {off[0].strip()[:200]}")
             tok_s[mode] = [round(r.tok_s, 1) if not r.failures else None for r, _ in results]
+            samples[mode] = [list(r.samples) for r, _ in results]
             accept[mode] = [None if r.accept_length is None else round(r.accept_length, 2) for r, _ in results]
             for r, _ in results:
                 if r.failures:
@@ -525,6 +540,9 @@ class Proof:
             "dynspec": tok_s.get("dynspec") if self.sglang.dynspec_applied else None,
             "envelope_ratio": None,
             "accept_length": accept,
+            "samples": samples,
+            "warmup": opts.throughput_warmup,
+            "repeats": opts.throughput_repeats,
             "new_tokens": opts.throughput_new_tokens,
             "shape": shape,
             "simulate_acc_len": opts.simulate_acc_len,

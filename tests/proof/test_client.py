@@ -4,7 +4,10 @@ import hashlib
 import json
 import socket
 
-from patcher.proof.client import Client, digest, prompt, run_level
+import pytest
+
+from patcher.proof import client as client_module
+from patcher.proof.client import Client, LevelResult, Reply, digest, measure_level, prompt, run_level
 
 from .fake_sglang import outputs
 
@@ -75,3 +78,33 @@ def test_accept_length_comes_from_spec_verify_ct(fake_server, monkeypatch):
     assert level.accept_length == 3.0
     port2, _ = fake_server(speculative=False)
     assert run_level(Client("127.0.0.1", port2), range(2), 12).accept_length is None
+
+
+def test_a_measured_level_is_warmed_up_then_the_median_of_its_timed_runs(fake_server):
+    port, state = fake_server()
+    level = measure_level(Client("127.0.0.1", port), range(4), 8, warmup=True, repeats=3)
+    assert state.generates == 4 * (1 + 3)  # the warm-up run is sent but not timed
+    assert len(level.samples) == 3 and level.failures == []
+    assert round(level.tok_s, 1) == sorted(level.samples)[1]
+
+
+def _timed(seconds: float, error: str | None = None) -> LevelResult:
+    return LevelResult(1, 10, seconds, [Reply(0, 200 if error is None else 500, [1] * 10, {}, seconds, error)])
+
+
+@pytest.mark.parametrize(
+    ("durations", "median_seconds"), [([9.0, 1.0, 3.0, 2.0], 2.0), ([9.0, 1.0, 2.0], 2.0)], ids=["odd", "even: the slower middle"]
+)
+def test_the_median_run_counts_and_the_warm_up_does_not(monkeypatch, durations, median_seconds):
+    runs = iter(_timed(s) for s in durations)
+    monkeypatch.setattr(client_module, "run_level", lambda *a: next(runs))
+    level = measure_level(None, range(1), 10, warmup=True, repeats=len(durations) - 1)  # type: ignore[arg-type]
+    assert level.seconds == median_seconds  # the slow first (warm-up) run is not among the samples
+    assert level.samples == tuple(round(10 / s, 1) for s in durations[1:])
+
+
+def test_a_failing_run_is_returned_not_hidden_by_the_median(monkeypatch):
+    runs = iter([_timed(1.0), _timed(1.0, error="HTTP 500"), _timed(1.0)])
+    monkeypatch.setattr(client_module, "run_level", lambda *a: next(runs))
+    level = measure_level(None, range(1), 10, warmup=False, repeats=3)  # type: ignore[arg-type]
+    assert level.failures == ["prompt 0: HTTP 500"]

@@ -81,6 +81,10 @@ def test_a_correct_dynspec_passes_every_check(site, tmp_path):
         assert len(tp[key]) == 2 and all(isinstance(x, float) for x in tp[key])
     assert all(a > 2 for a in tp["accept_length"]["always_on"])  # SGLANG_SIMULATE_ACC_LEN reached it
     assert tp["accept_length"]["base"] == [None, None]
+    assert (tp["warmup"], tp["repeats"]) == (True, 3)
+    for mode in ("base", "always_on", "dynspec"):
+        for value, runs in zip(tp[mode], tp["samples"][mode]):
+            assert len(runs) == 3 and value == sorted(runs)[1]  # the median run counts
 
     assert '"POST /flush_cache HTTP/1.1" 200' in (out / "dynspec.log").read_text()  # before the second pass
     names = [s["name"] for s in saved["servers"]]
