@@ -7,7 +7,9 @@
 #   v2-tput        carry .gpu/kit (same warm machine); then dynspec without the early fence, C=64,128
 #   v1-proof       (nothing carried)
 #   smoke-17       carry .gpu/kit-0.5.17-b.tar.xz .gpu/patched-0.5.17 .gpu/kit (after kit-a 0.5.17)
-#   up-17          carry .gpu/kit-0.5.17-b.tar.xz .gpu/patched-0.5.17 (after kit-a 0.5.17)
+#   proof-17       carry .gpu/kit-0.5.17-b.tar.xz .gpu/patched-0.5.17 (after kit-a 0.5.17); early fence on
+#   up-17          (same warm machine) throughput with upstream's adaptive mode side by side; early fence on
+#   proof-13       carry .gpu/kit-0.5.13-b.tar.xz .gpu/patched-0.5.13 (after kit-a 0.5.13)
 set -u
 step=$1; shift
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -37,8 +39,12 @@ case $step in
     bash "$K/serve.sh" dyn17 $S --speculative-disable-batch-size 32 && timeout 40 python3 "$K/client.py" \
       http://127.0.0.1:30000 1,64,128 256 | tee "$OUT/dyn17.txt"
     grep -E "dynspec|Error|error" "$OUT/dyn17.log" | head -8; bash "$K/stop.sh"; gzip -f "$OUT/dyn17.log" ;;
-  up-17) unpack_b 0.5.17 || exit 3
-    proof proof-0.5.17-tput --path v2 --checks throughput --threshold 32 --upstream-adaptive \
-      --throughput-levels 1,16,32,64,128 ;;
+  proof-17) unpack_b 0.5.17 || exit 3
+    export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.17 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
+  up-17) need_kit
+    export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.17-tput --path v2 --checks throughput --threshold 32 \
+      --upstream-adaptive --throughput-levels 1,16,32,64,128 ;;
+  proof-13) unpack_b 0.5.13 || exit 3
+    proof proof-0.5.13 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -182,6 +182,8 @@ class Proof:
             "enable_threshold": opts.dynspec.on_at_most,
             "switch_min_steps": opts.switch_min_steps,
             "dynspec_flags": " ".join(opts.dynspec.flags()),
+            # the runtime's switches (DYNSPEC_ONE_TOKEN_ATTENTION, DYNSPEC_EARLY_FENCE), as the servers got them
+            "dynspec_env": {k: v for k, v in sorted(self.env.items()) if k.startswith("DYNSPEC_")},
             "tp": opts.tp,
             "checks": checks,
             "skipped": skipped,

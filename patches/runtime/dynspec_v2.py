@@ -318,11 +318,12 @@ class V2Fallback:
 EARLY_FENCE_ENV = "DYNSPEC_EARLY_FENCE"
 
 
-def early_fence_enabled() -> bool:
-    setting = os.environ.get(EARLY_FENCE_ENV, "1").strip()
+def early_fence_enabled(proven: bool = True) -> bool:
+    """``DYNSPEC_EARLY_FENCE``: 1 on, 0 off; unset, on where a GPU proof ran with it (``proven``)."""
+    setting = os.environ.get(EARLY_FENCE_ENV, "").strip()
     if setting not in ("0", "1", ""):
         raise ValueError(f"{EARLY_FENCE_ENV} must be 0 or 1, not {setting!r}")
-    return setting != "0"
+    return proven if setting == "" else setting == "1"
 
 
 def early_fence(batch: Any) -> Tuple[Any, Any]:
@@ -509,4 +510,18 @@ class ZeroStepPolicy:
         self.worker.apply_runtime_state(state)
 
     def on_verify_complete(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def publish_early(self, batch: Any, on_publish: Any) -> Any:
+        """Called just before the decode branch's verify; returns the callback the stock code keeps.
+
+        With zero steps every request accepts exactly its root, so the next ``seq_lens`` are
+        ``seq_lens + 1`` before the forward starts. Publishing them here moves the scheduler's
+        fence from the end of the verify to its start, as the 0.5.4 - 0.5.12 fallback does; the
+        stock publication after the verify is then skipped (``None``). Opt-in
+        (``DYNSPEC_EARLY_FENCE=1``) until a GPU proof has run with it on these releases.
+        """
+        if on_publish is None or self.worker.speculative_num_steps != 0 or not early_fence_enabled(proven=False):
+            return on_publish
+        on_publish(batch.seq_lens + 1)
         return None

@@ -34,7 +34,7 @@ def test_real_release(version: str) -> None:
     assert not Patch.APPLIED.found(libcst.parse_module(before))
     after = apply_text([Patch], before, version, Patch.TARGET)  # anchors, compiles, only adds lines, idempotent
     assert apply_text([Patch], after, version, Patch.TARGET) == after
-    assert after.count(MARKER) == 2
+    assert after.count(MARKER) == 3
 
     worker = worker_class(after)
     assert ast.unparse(worker.body[0]) == "_dynspec = None"
@@ -49,6 +49,18 @@ def test_real_release(version: str) -> None:
     ]
     assert sets_controller and max(sets_controller) < len(init.body) - 2
 
+    # In the decode branch, right before the verify: the policy may publish early and keep the callback.
+    lines = after.splitlines()
+    verify = next(i for i, line in enumerate(lines) if line.strip().startswith("batch_output = self.verify("))
+    indent = lines[verify][: len(lines[verify]) - len(lines[verify].lstrip())]
+    assert lines[verify - 3 : verify] == [
+        f"{indent}{MARKER}",
+        f"{indent}if self._dynspec is not None:",
+        f"{indent}    on_publish = self._dynspec.publish_early(batch, on_publish)",
+    ]
+    entry = next(n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name == "forward_batch_generation")
+    assert entry.lineno < verify < entry.end_lineno  # type: ignore[operator]
+
 
 @pytest.mark.releases
 @pytest.mark.parametrize("version", ZERO_STEP_RELEASES)
@@ -60,6 +72,8 @@ def test_nothing_else_changes(version: str) -> None:
         "_dynspec = None  # a dynspec_v2 object while --speculative-disable-batch-size is set",
         "from sglang.srt.speculative.dynspec_v2 import attach_zero_step_policy",
         "self._dynspec = attach_zero_step_policy(self)",
+        "if self._dynspec is not None:",
+        "on_publish = self._dynspec.publish_early(batch, on_publish)",
     ]
 
 

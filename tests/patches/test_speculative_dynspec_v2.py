@@ -492,6 +492,38 @@ def test_the_zero_step_state_verifies_through_the_decode_kernel(monkeypatch: pyt
     assert not runtime.verifies_as_decode(runner._get_attention_backend())
 
 
+class Publications:
+    def __init__(self) -> None:
+        self.seen: list[list[int]] = []
+
+    def __call__(self, new_seq_lens: SeqLens) -> None:
+        self.seen.append(new_seq_lens.values)
+
+
+@pytest.mark.parametrize(("setting", "steps", "early"), [("1", 0, True), ("", 0, False), ("0", 0, False), ("1", 3, False)])
+def test_the_zero_step_policy_publishes_early_only_when_asked_and_at_zero_steps(
+    monkeypatch: pytest.MonkeyPatch, setting: str, steps: int, early: bool
+) -> None:
+    monkeypatch.setenv(v2.EARLY_FENCE_ENV, setting)
+    worker = FakeAdaptiveWorker(speculative_disable_batch_size=8)
+    policy = v2.attach_zero_step_policy(worker)
+    worker.speculative_num_steps = steps
+    publish = Publications()
+    kept = policy.publish_early(decode_batch(3), publish)
+    if early:  # the next lengths now, and the stock publication after the verify skipped
+        assert publish.seen == [[101, 102, 103]] and kept is None
+    else:
+        assert publish.seen == [] and kept is publish
+    assert policy.publish_early(decode_batch(3), None) is None  # prefill-less callers pass none
+
+
+def test_the_early_fence_defaults_to_what_was_proven(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(v2.EARLY_FENCE_ENV, raising=False)
+    assert v2.early_fence_enabled() and not v2.early_fence_enabled(proven=False)
+    monkeypatch.setenv(v2.EARLY_FENCE_ENV, "1")
+    assert v2.early_fence_enabled(proven=False)
+
+
 def test_policy_switches_with_hysteresis_and_dwell() -> None:
     worker = FakeAdaptiveWorker(speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=2)
     policy = v2.attach_zero_step_policy(worker)

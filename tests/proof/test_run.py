@@ -18,7 +18,8 @@ from .conftest import alive, some_port
 
 
 def options(root: Path, out: Path, faults: str = "", **kw: object) -> ProofOptions:
-    env = {**os.environ, "PYTHONPATH": str(root), "FAKE_SGLANG_FAULT": faults, "FAKE_SGLANG_DELAY": "0.05"}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DYNSPEC_")}
+    env.update(PYTHONPATH=str(root), FAKE_SGLANG_FAULT=faults, FAKE_SGLANG_DELAY="0.05", DYNSPEC_EARLY_FENCE="1")
     env.pop("SGLANG_SIMULATE_ACC_LEN", None)
     base: dict[str, object] = {
         "out": out,
@@ -74,6 +75,8 @@ def test_a_correct_dynspec_passes_every_check(site, tmp_path):
     cr = saved["crossings"]
     assert cr["passed"] and cr["count"] >= 10 and cr["off"] and cr["on"] and cr["errors"] == []
     assert cr["stop_reason"] == "target reached" and cr["ok_requests"] == cr["requests"]
+
+    assert saved["dynspec_env"] == {"DYNSPEC_EARLY_FENCE": "1"}  # the runtime switches the servers ran with
 
     tp = saved["throughput"]
     assert tp["levels"] == [1, 8]
