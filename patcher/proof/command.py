@@ -212,6 +212,12 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     help="With --upstream-adaptive, throughput passes when dynspec / upstream adaptive >= this at every level > --threshold.",
 )
 @click.option(
+    "--no-overlap-base",
+    is_flag=True,
+    help="Throughput only: one more server, speculation off with --disable-overlap-schedule, and "
+    "R(C) against it too (a v1 server never overlaps; information, not a pass criterion).",
+)
+@click.option(
     "--ramp",
     type=IntList(2),
     default=f"{DEFAULTS.ramp_low},{DEFAULTS.ramp_high}",
@@ -284,6 +290,7 @@ def proof(
     min_envelope_ratio: float,
     upstream_adaptive: bool,
     min_upstream_ratio: float,
+    no_overlap_base: bool,
     ramp: tuple[int, ...],
     ramp_new_tokens: int,
     min_crossings: int,
@@ -344,6 +351,7 @@ def proof(
         simulate_acc_len=simulate_acc_len,
         min_envelope_ratio=min_envelope_ratio,
         upstream_adaptive=upstream_adaptive,
+        no_overlap_base=no_overlap_base,
         min_upstream_ratio=min_upstream_ratio,
         ramp_low=ramp[0],
         ramp_high=ramp[1],

@@ -36,6 +36,9 @@ EAGLE3_FLAGS = (
 MODES = ("base", "always_on", "dynspec")  # (a) speculation off, (b) always on, (c) dynspec
 # (d), only with --upstream-adaptive: always on plus upstream's adaptive mode, as a reference
 UPSTREAM_ADAPTIVE = "upstream_adaptive"
+# (e), only with --no-overlap-base: speculation off on the non-overlap scheduler, the plain decode a
+# v1 server (which never overlaps) can be compared with
+BASE_NO_OVERLAP = "base_no_overlap"
 ADAPTIVE_CONFIG_NAME = "upstream-adaptive.json"
 EAGLE3_STEPS = 3  # --speculative-num-steps in EAGLE3_FLAGS
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -86,7 +89,7 @@ def server_args(
     adaptive_config_path: Path | None = None,
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one mode."""
-    if mode not in (*MODES, UPSTREAM_ADAPTIVE):
+    if mode not in (*MODES, UPSTREAM_ADAPTIVE, BASE_NO_OVERLAP):
         raise ValueError(f"unknown mode {mode!r}")
     target, draft = model_dirs(shape)
     args = ["--model-path", str(target), *BASE_FLAGS]
@@ -94,7 +97,9 @@ def server_args(
     args += ["--max-running-requests", str(MAX_RUNNING_REQUESTS), "--cuda-graph-max-bs", str(MAX_RUNNING_REQUESTS)]
     if tp is not None:
         args += ["--tp-size", str(tp)]
-    if mode != "base":
+    if mode == BASE_NO_OVERLAP:
+        args.append("--disable-overlap-schedule")
+    elif mode != "base":
         args += [a.format(draft=draft) for a in EAGLE3_FLAGS]
         if path == "v1":
             args.append("--disable-overlap-schedule")

@@ -14,6 +14,7 @@ SERIES = (
     ("always_on", "EAGLE-3 always on", "s"),
     ("dynspec", "dynspec", "^"),
     ("upstream_adaptive", "upstream --speculative-adaptive", "D"),  # only with --upstream-adaptive
+    ("base_no_overlap", "speculation off, no overlap", "v"),  # only with --no-overlap-base
 )
 
 

@@ -125,18 +125,22 @@ def summary(report: Report) -> str:
             else "throughput: tok/s"
         )
         upstream = tp.get("upstream_adaptive")
+        no_overlap = tp.get("base_no_overlap")
         head = f"{'C':>5}  {'base':>9}  {'always-on':>9}  {'dynspec':>9}  {'R(C)':>6}"
-        lines.append(head + (f"  {'adaptive':>9}  {'dyn/ad':>6}" if upstream else ""))
+        head += f"  {'adaptive':>9}  {'dyn/ad':>6}" if upstream else ""
+        lines.append(head + (f"  {'base-noov':>9}  {'R-noov':>6}" if no_overlap else ""))
         n = len(tp["levels"])
         dyn = tp.get("dynspec") or [None] * n
         ratio = tp.get("envelope_ratio") or [None] * n
         over_up = tp.get("dynspec_over_upstream") or [None] * n
+        ratio_no_overlap = tp.get("envelope_ratio_no_overlap") or [None] * n
         for i, c in enumerate(tp["levels"]):
             line = (
                 f"{c:>5}  {_fmt(tp['base'][i]):>9}  {_fmt(tp['always_on'][i]):>9}  "
                 f"{_fmt(dyn[i]):>9}  {_fmt(ratio[i], 2):>6}"
             )
-            lines.append(line + (f"  {_fmt(upstream[i]):>9}  {_fmt(over_up[i], 2):>6}" if upstream else ""))
+            line += f"  {_fmt(upstream[i]):>9}  {_fmt(over_up[i], 2):>6}" if upstream else ""
+            lines.append(line + (f"  {_fmt(no_overlap[i]):>9}  {_fmt(ratio_no_overlap[i], 2):>6}" if no_overlap else ""))
 
     lines.append("")
     out = report.get("out", ".")

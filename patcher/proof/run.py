@@ -36,6 +36,7 @@ SERVER_NAMES = {
     "always_on": "always-on",
     "dynspec": "dynspec",
     launch.UPSTREAM_ADAPTIVE: "upstream-adaptive",
+    launch.BASE_NO_OVERLAP: "base-no-overlap",
 }
 ADAPTIVE_OFF = "speculative_adaptive disabled"  # SGLang's warning when it falls back to static params
 MAX_LISTED = 50  # errors and mismatches kept in the report per check
@@ -63,6 +64,7 @@ class ProofOptions:
     simulate_acc_len: float = 3.0
     min_envelope_ratio: float = 0.9
     upstream_adaptive: bool = False  # a 4th throughput server: always on + upstream's adaptive mode
+    no_overlap_base: bool = False  # another throughput server: speculation off, non-overlap scheduler
     min_upstream_ratio: float = 2.0  # dynspec / upstream adaptive needed at every level > threshold
     ramp_low: int = 1
     ramp_high: int = 64
@@ -497,6 +499,8 @@ class Proof:
         if opts.upstream_adaptive:
             modes.append(launch.UPSTREAM_ADAPTIVE)
             (opts.out / launch.ADAPTIVE_CONFIG_NAME).write_text(json.dumps(adaptive_config) + "\n")
+        if opts.no_overlap_base:
+            modes.append(launch.BASE_NO_OVERLAP)
         tok_s: dict[str, list[float | None]] = {}
         accept: dict[str, list[float | None]] = {}
         samples: dict[str, list[list[float]]] = {}
@@ -565,6 +569,14 @@ class Proof:
             tp["detail"] = f"base and always-on measured at {len(levels)} levels (dynspec not applied)"
         if opts.upstream_adaptive:
             self.judge_upstream(tp, adaptive_config, tok_s.get(launch.UPSTREAM_ADAPTIVE, none), run_problems, problems)
+        if opts.no_overlap_base:
+            # Information, not a pass criterion: what a server on the same scheduler as v1 reaches.
+            tp[launch.BASE_NO_OVERLAP] = tok_s.get(launch.BASE_NO_OVERLAP, none)
+            tp["envelope_ratio_no_overlap"] = (
+                reports.envelope_ratio(tp[launch.BASE_NO_OVERLAP], tp["always_on"], tp["dynspec"] or none)
+                if self.sglang.dynspec_applied
+                else None
+            )
         tp["problems"] = problems
         tp["passed"] = not problems and len(tok_s) == len(modes)
         self.report["throughput"] = tp

@@ -283,3 +283,20 @@ def test_upstream_adaptive_usage_errors_before_any_server(site, tmp_path, adapti
         run_proof(opts, lambda m: None)
     assert message in str(error.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_a_v1_run_can_add_plain_decode_on_its_own_scheduler(site, tmp_path):
+    opts = options(site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=0.0, path="v1", no_overlap_base=True)
+    result = run_proof(opts, lambda m: None)
+    assert result["passed"], reports.summary(result)
+    servers = {s["name"]: s for s in result["servers"]}
+    assert list(servers) == ["dynspec-sim", "always-on-sim", "base-sim", "base-no-overlap-sim"]
+    base, no_overlap = servers["base-sim"]["argv"], servers["base-no-overlap-sim"]["argv"]
+    want = [*base, "--disable-overlap-schedule"]
+    want[base.index("--port") + 1] = no_overlap[no_overlap.index("--port") + 1]
+    assert no_overlap == want  # plain decode, only the scheduler differs
+    tp = result["throughput"]
+    assert len(tp["base_no_overlap"]) == 2 and all(isinstance(x, float) for x in tp["base_no_overlap"])
+    expected = reports.envelope_ratio(tp["base_no_overlap"], tp["always_on"], tp["dynspec"])
+    assert tp["envelope_ratio_no_overlap"] == expected
+    assert "base-noov" in reports.summary(result)
