@@ -22,7 +22,7 @@ in ``dynspec_v2`` by feature detection; the re-entry passes on whatever paramete
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import libcst as cst
 
@@ -171,6 +171,22 @@ def attach_in_init(patch: CstPatch, module: cst.Module, worker: cst.ClassDef, fu
     return body
 
 
+def attach_and_hook_entry(
+    patch: CstPatch,
+    module: cst.Module,
+    worker: cst.ClassDef,
+    function_name: str,
+    hook_entry: Callable[[cst.FunctionDef], cst.FunctionDef],
+) -> cst.ClassDef:
+    """The worker with dynspec attached in ``__init__`` and its decode entry point edited by ``hook_entry``."""
+    body = []
+    for statement in attach_in_init(patch, module, worker, function_name):
+        if isinstance(statement, cst.FunctionDef) and statement.name.value == ENTRY:
+            statement = hook_entry(statement)
+        body.append(statement)
+    return with_body(worker, body)
+
+
 class EagleWorkerV2DynspecFallback(CstPatch):
     REVISION = 1
     TARGET = "srt/speculative/eagle_worker_v2.py"
@@ -189,12 +205,7 @@ class EagleWorkerV2DynspecFallback(CstPatch):
 
     def transform(self, module: cst.Module) -> cst.Module:
         def edit_worker(worker: cst.ClassDef) -> cst.ClassDef:
-            body = []
-            for statement in attach_in_init(self, module, worker, "attach_fallback"):
-                if isinstance(statement, cst.FunctionDef) and statement.name.value == ENTRY:
-                    statement = self._decode_hook(module, statement)
-                body.append(statement)
-            return with_body(worker, body)
+            return attach_and_hook_entry(self, module, worker, "attach_fallback", lambda f: self._decode_hook(module, f))
 
         def edit_draft_worker(draft_worker: cst.ClassDef) -> cst.ClassDef:
             body = []

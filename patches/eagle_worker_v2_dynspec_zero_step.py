@@ -29,13 +29,13 @@ from __future__ import annotations
 
 import libcst as cst
 
-from patcher.anchors import Anchor, dotted_name, is_assignment_to, method, method_statement, replace_class, with_body
+from patcher.anchors import Anchor, dotted_name, is_assignment_to, method, method_statement, replace_class
 from patcher.patch import CstPatch
 from patches.eagle_worker_v2_dynspec_fallback import (
     ENTRY,
     STATE,
     WORKER,
-    attach_in_init,
+    attach_and_hook_entry,
     calls,
     has_class_attribute,
     method_of,
@@ -121,13 +121,11 @@ class EagleWorkerV2DynspecZeroStep(CstPatch):
     APPLIED = has_class_attribute(WORKER, STATE)
 
     def transform(self, module: cst.Module) -> cst.Module:
+        def hook(entry: cst.FunctionDef) -> cst.FunctionDef:
+            return self._publish_hook(module, entry)
+
         def edit(worker: cst.ClassDef) -> cst.ClassDef:
-            body = []
-            for statement in attach_in_init(self, module, worker, "attach_zero_step_policy"):
-                if isinstance(statement, cst.FunctionDef) and statement.name.value == ENTRY:
-                    statement = self._publish_hook(module, statement)
-                body.append(statement)
-            return with_body(worker, body)
+            return attach_and_hook_entry(self, module, worker, "attach_zero_step_policy", hook)
 
         return replace_class(module, WORKER, edit)
 
