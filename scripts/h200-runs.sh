@@ -9,6 +9,8 @@
 #   smoke-17       carry .gpu/kit-0.5.17-b.tar.xz .gpu/patched-0.5.17 .gpu/kit (after kit-a 0.5.17)
 #   proof-17       carry .gpu/kit-0.5.17-b.tar.xz .gpu/patched-0.5.17 (after kit-a 0.5.17); early fence on
 #   up-17          (same warm machine) throughput with upstream's adaptive mode side by side; early fence on
+#   skipde-17      (same warm machine) dynspec with upstream's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1:
+#                  what removing the per-iteration draft extend would give, C=64,128; carry .gpu/kit
 #   proof-13       carry .gpu/kit-0.5.13-b.tar.xz .gpu/patched-0.5.13 (after kit-a 0.5.13)
 set -u
 step=$1; shift
@@ -44,6 +46,13 @@ case $step in
   up-17) need_kit
     export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.17-tput --path v2 --checks throughput --threshold 32 \
       --upstream-adaptive --throughput-levels 1,16,32,64,128 ;;
+  skipde-17) need_kit
+    export SGLANG_SIMULATE_ACC_LEN=3 TARGET=target8b DYNSPEC_EARLY_FENCE=1 SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1
+    K=$PWD/.gpu/kit; S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b"
+    S="$S --speculative-draft-load-format dummy --speculative-num-steps 3 --speculative-eagle-topk 1"
+    S="$S --speculative-num-draft-tokens 4 --max-running-requests 128 --cuda-graph-max-bs 128"
+    bash "$K/serve.sh" skipde $S --speculative-disable-batch-size 32 && python3 "$K/client.py" \
+      http://127.0.0.1:30000 64,128 256 | tee "$OUT/skipde.txt"; bash "$K/stop.sh"; gzip -f "$OUT/skipde.log" ;;
   proof-13) unpack_b 0.5.13 || exit 3
     proof proof-0.5.13 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   *) echo "unknown step $step"; exit 2 ;;
