@@ -360,6 +360,14 @@ def status(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] |
 
 
 def _status_of(patch: type[Patch], target: str, disk: str | None, version: str, recorded: dict[str, Any], drifted: bool) -> PatchStatus:
+    found = _state_of(patch, target, disk, version, recorded, drifted)
+    note = patch.upstream_note(version) if found.status is not Status.NOT_APPLICABLE else None
+    if note:
+        found.detail = f"{found.detail}; {note}" if found.detail else note
+    return found
+
+
+def _state_of(patch: type[Patch], target: str, disk: str | None, version: str, recorded: dict[str, Any], drifted: bool) -> PatchStatus:
     if not patch.applies_to(version):
         return PatchStatus(patch, Status.NOT_APPLICABLE, f"for SGLang {patch.SGLANG}")
     if patch.provided_upstream(version):

@@ -8,6 +8,9 @@ A patch declares, as class attributes, everything the engine checks before anyth
 ``SUMMARY``   one line for ``dynspec list``.
 ``ANCHORS``   (CstPatch) named anchors, every one must be found or nothing is written.
 ``APPLIED``   (CstPatch) recognises the patch's own output: a second apply is a no-op.
+``UPSTREAM``  releases where SGLang itself provides it (status: "provided upstream", nothing written).
+``UPSTREAM_NOTES``  (specifier, text) pairs: what SGLang provides nearby on those releases, shown by
+              ``status`` so a user can tell what the patch adds to it.
 
 The id is the module name, so id and file can never disagree.
 """
@@ -31,6 +34,8 @@ class Patch:
     SUMMARY: ClassVar[str]
     # Releases where SGLang itself provides what this patch adds (status says "provided upstream").
     UPSTREAM: ClassVar[str | None] = None
+    # What SGLang itself offers near this feature, per release range, for status to show.
+    UPSTREAM_NOTES: ClassVar[tuple[tuple[str, str], ...]] = ()
     # Original lines are only ever added to, never edited or removed; the engine checks it.
     INSERT_ONLY: ClassVar[bool] = True
 
@@ -48,6 +53,10 @@ class Patch:
     @classmethod
     def provided_upstream(cls, version: str) -> bool:
         return cls.UPSTREAM is not None and _contains(cls.UPSTREAM, version)
+
+    @classmethod
+    def upstream_note(cls, version: str) -> str | None:
+        return next((text for spec, text in cls.UPSTREAM_NOTES if _contains(spec, version)), None)
 
     @classmethod
     def marker(cls) -> str:

@@ -97,6 +97,13 @@ class EagleWorkerDynspecFallback(CstPatch):
     TARGET = "srt/speculative/eagle_worker.py"
     SGLANG = ">=0.4.10.post2,<0.5.13"
     SUMMARY = "v1 EAGLEWorker: verify one token per request, no draft, while the batch is large"
+    UPSTREAM_NOTES = (
+        (
+            ">=0.5.11",
+            "upstream has --speculative-adaptive (step counts by acceptance) but no zero-step mode; "
+            "dynspec's own fallback",
+        ),
+    )
     ANCHORS = {
         f"{WORKER}.__init__": method(WORKER, "__init__"),
         f"{WORKER}.forward_batch_generation: if/else (decode branch)": Anchor(_has_decode_branch),

@@ -192,6 +192,13 @@ class EagleWorkerV2DynspecFallback(CstPatch):
     TARGET = "srt/speculative/eagle_worker_v2.py"
     SGLANG = ">=0.5.4,<0.5.14"
     SUMMARY = "v2 EAGLEWorkerV2: verify one token per request, no draft, while the batch is large"
+    UPSTREAM_NOTES = (
+        (
+            ">=0.5.12,<0.5.14",
+            "upstream has --speculative-adaptive (step counts by acceptance) but no zero-step mode; "
+            "dynspec's own fallback",
+        ),
+    )
     ANCHORS = {
         f"{WORKER}.__init__": method(WORKER, "__init__"),
         f"{WORKER}.{ENTRY}: if/else, one branch calling .draft(...)": Anchor(_has_decode_branch),

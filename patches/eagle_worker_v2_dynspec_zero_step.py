@@ -104,6 +104,13 @@ class EagleWorkerV2DynspecZeroStep(CstPatch):
     TARGET = "srt/speculative/eagle_worker_v2.py"
     SGLANG = ">=0.5.14"
     SUMMARY = "v2 EAGLEWorkerV2: SGLang's zero-step state, switched by batch size with hysteresis"
+    UPSTREAM_NOTES = (
+        (
+            ">=0.5.14",
+            "upstream has --speculative-adaptive with a zero-step mode (chosen by acceptance per "
+            "batch-size bucket); dynspec drives that state by batch size with hysteresis",
+        ),
+    )
     ANCHORS = {
         f"{WORKER}.__init__ sets self.adaptive_controller": method_statement(
             WORKER, "__init__", lambda s: is_assignment_to(s, "self.adaptive_controller")

@@ -159,6 +159,20 @@ def test_status_spots_code_without_a_record(tree) -> None:
     assert report[0].status is Status.UNRECORDED
 
 
+class AddColourNoted(AddColour):
+    id = "AddColour"
+    UPSTREAM_NOTES = ((">=1.2,<2", "upstream has a palette; dynspec adds the colour"), (">=2", "upstream 2 has colours"))
+
+
+def test_status_says_what_upstream_offers_next_to_the_patch(tree) -> None:
+    assert AddColourNoted.upstream_note("1.1") is None and AddColourNoted.upstream_note("2.0") == "upstream 2 has colours"
+    [before] = Session.open(str(tree), recipe(AddColourNoted)).status()
+    assert (before.status, before.detail) == (Status.NOT_APPLIED, "upstream has a palette; dynspec adds the colour")
+    Session.open(str(tree), recipe(AddColourNoted)).apply()
+    [after] = Session.open(str(tree), recipe(AddColourNoted)).status()
+    assert (after.status, after.detail) == (Status.APPLIED, "r1; upstream has a palette; dynspec adds the colour")
+
+
 def test_a_checked_result_is_reused_only_for_the_same_inputs(tmp_path, monkeypatch) -> None:
     from patcher import engine
 

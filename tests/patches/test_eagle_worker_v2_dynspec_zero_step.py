@@ -92,3 +92,21 @@ def test_a_release_without_the_zero_step_mode_is_drift() -> None:
     with pytest.raises(AnchorNotFound, match="_build_trivial_verify_input"):
         apply_text([Patch], worker_source("0.5.13"), "0.5.14", Patch.TARGET)
 
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", RELEASES)
+def test_what_status_says_upstream_offers_matches_the_release(version: str) -> None:
+    """The notes ``dynspec status`` prints are checked against each worker's own source."""
+    from patches.eagle_worker_dynspec_fallback import EagleWorkerDynspecFallback
+
+    for patch in (EagleWorkerDynspecFallback, EagleWorkerV2DynspecFallback, Patch):
+        if not patch.applies_to(version):
+            continue  # status prints no note for a patch that is n/a
+        source = (unpacked(version, [patch.TARGET]) / "sglang" / patch.TARGET).read_text()
+        adaptive = "adaptive_controller" in source or "AdaptiveController" in source
+        zero_step = "_build_trivial_verify_input" in source
+        note = patch.upstream_note(version)
+        assert (note is not None) == adaptive, (patch.id, version)
+        if note is not None:
+            assert ("no zero-step mode" in note) == (not zero_step), (patch.id, version)
