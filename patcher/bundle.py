@@ -108,6 +108,8 @@ def make_plan(package: Path, version: str, recipe: Recipe, force: bool = False) 
                 "target": b.patch.TARGET,
                 "pristine": {"state": b.status.value, "detail": b.detail},
                 "patched": {"state": a.status.value, "detail": a.detail},
+                # for the answers the applier works out itself; the two above already carry it
+                "note": b.patch.upstream_note(version),
             }
             for b, a in zip(before, after)
         ],

@@ -458,6 +458,9 @@ class Bundle:
                     "state": "drifted",
                     "detail": f"{target} is not the file of SGLang {self.version} (sha256 {found})",
                 }
+            if row.get("note") and answer is not row["pristine"] and answer is not row["patched"]:
+                # as dynspec status says it: what SGLang offers next to the patch
+                answer = dict(answer, detail=f"{answer['detail']}; {row['note']}")
             rows.append({"id": row["id"], "revision": row["revision"], "target": target, **answer})
         return rows
 
