@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import inspect
 import logging
 import os
@@ -451,8 +452,7 @@ class DynspecFallback:
         self.controller = controller
         self.target = target
         self.in_fallback = False
-        self._verify_fields: dict = {}
-        self._tree_index_cache: Optional[Tuple[Any, Any]] = None
+        self._tree_indices = TreeIndices()
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered."""
@@ -507,7 +507,7 @@ class DynspecFallback:
         device = batch.seq_lens.device
         root_index, no_child = self._tree_indices(bs, device)
         fields = trivial_tree_fields(
-            self._tree_field_prefix(verify_input_cls),
+            tree_field_prefix(verify_input_cls),
             draft_token=bonus.to(torch.int64),
             # A node sees the whole prefix and itself: seq_len + 1 mask entries per request.
             custom_mask=torch.ones(seq_lens_sum + bs, dtype=torch.bool, device=device),
@@ -520,28 +520,31 @@ class DynspecFallback:
         )
         return verify_input_cls(**fields)
 
-    def _tree_field_prefix(self, verify_input_cls: Any) -> str:
-        # 0.5.11 renamed retrive_* to retrieve_*.
-        if verify_input_cls not in self._verify_fields:
-            names = {f.name for f in dataclasses.fields(verify_input_cls)}
-            self._verify_fields[verify_input_cls] = "retrieve_" if "retrieve_index" in names else "retrive_"
-        return self._verify_fields[verify_input_cls]
+@functools.lru_cache(maxsize=None)
+def tree_field_prefix(verify_input_cls: Any) -> str:
+    """``retrieve_`` from 0.5.11, ``retrive_`` before (``EagleVerifyInput``'s tree fields)."""
+    names = {f.name for f in dataclasses.fields(verify_input_cls)}
+    return "retrieve_" if "retrieve_index" in names else "retrive_"
 
-    def _tree_indices(self, bs: int, device: Any) -> Tuple[Any, Any]:
-        """Views of cached (bs, 1) tensors: request i's node is token i; no node has a child.
 
-        The verify kernels only read them.
-        """
+class TreeIndices:
+    """Views of cached ``(bs, 1)`` tensors for one-node trees: request i's node is token i; no
+    node has a child. The verify kernels only read them."""
+
+    def __init__(self) -> None:
+        self._cache: Optional[Tuple[Any, Any]] = None
+
+    def __call__(self, bs: int, device: Any) -> Tuple[Any, Any]:
         import torch
 
-        cached = self._tree_index_cache
+        cached = self._cache
         if cached is None or cached[0].shape[0] < bs or cached[0].device != device:
             size = max(bs, 2 * cached[0].shape[0] if cached is not None else 256)
             cached = (
                 torch.arange(size, dtype=torch.int64, device=device).view(size, 1),
                 torch.full((size, 1), -1, dtype=torch.int64, device=device),
             )
-            self._tree_index_cache = cached
+            self._cache = cached
         return cached[0][:bs], cached[1][:bs]
 
 

@@ -33,7 +33,6 @@ functions: everything else runs anywhere.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import logging
 import os
 import time
@@ -195,12 +194,14 @@ class V2Fallback:
     """Per-worker dynspec state for 0.5.4-0.5.13, reached from the hooks in ``eagle_worker_v2.py``."""
 
     def __init__(self, controller: Any, target: Any) -> None:
+        from sglang.srt.speculative.dynspec_runtime import TreeIndices
+
         self.controller = controller
         self.target = target  # dynspec_runtime.SingleTokenTarget
         self.in_fallback = False
-        self._verify_field_prefix: dict = {}
-        self._tree_index_cache: Optional[Tuple[Any, Any]] = None
+        self._tree_indices = TreeIndices()
         self._batch: Any = None
+        self._early_fence = early_fence_enabled()  # read once: a bad value refuses at start-up
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered.
@@ -219,7 +220,7 @@ class V2Fallback:
         """Run the stock decode branch once more (``run``) with the one-token state swapped in."""
         stride = worker.speculative_num_draft_tokens
         batch, self._batch = self._batch, None
-        fence = early_fence(batch) if batch is not None and early_fence_enabled() else None
+        fence = early_fence(batch) if batch is not None and self._early_fence else None
         saved = _SavedSteps(worker, worker.draft_worker)
         previous = self.target.swap_in()
         try:
@@ -246,7 +247,7 @@ class V2Fallback:
         """
         import torch
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
-        from sglang.srt.speculative.dynspec_runtime import trivial_tree_fields
+        from sglang.srt.speculative.dynspec_runtime import tree_field_prefix, trivial_tree_fields
 
         spec_info = batch.spec_info
         bonus = getattr(spec_info, "bonus_tokens", None)  # 0.5.12 renamed verified_id
@@ -256,7 +257,7 @@ class V2Fallback:
         bs = batch_size_of(batch)
         root_index, no_child = self._tree_indices(bs, seq_lens.device)
         fields = trivial_tree_fields(
-            self._field_prefix(verify_input_cls),
+            tree_field_prefix(verify_input_cls),
             # The speculative path concatenates int32 bonus tokens with int64 drafts.
             draft_token=bonus.to(torch.int64),
             custom_mask=self._custom_mask(batch, bs),
@@ -292,29 +293,6 @@ class V2Fallback:
             length = int(batch.seq_lens.sum().item()) + bs
         return torch.ones(length, dtype=torch.bool, device=batch.seq_lens.device)
 
-    def _field_prefix(self, verify_input_cls: Any) -> str:
-        if verify_input_cls not in self._verify_field_prefix:
-            self._verify_field_prefix[verify_input_cls] = tree_field_prefix(verify_input_cls)
-        return self._verify_field_prefix[verify_input_cls]
-
-    def _tree_indices(self, bs: int, device: Any) -> Tuple[Any, Any]:
-        """Views of cached ``(bs, 1)`` tensors: request i's node is token i; no node has a child.
-
-        The verify kernels only read them.
-        """
-        import torch
-
-        cached = self._tree_index_cache
-        if cached is None or cached[0].shape[0] < bs or cached[0].device != device:
-            size = max(bs, 2 * cached[0].shape[0] if cached is not None else 256)
-            cached = (
-                torch.arange(size, dtype=torch.int64, device=device).view(size, 1),
-                torch.full((size, 1), -1, dtype=torch.int64, device=device),
-            )
-            self._tree_index_cache = cached
-        return cached[0][:bs], cached[1][:bs]
-
-
 EARLY_FENCE_ENV = "DYNSPEC_EARLY_FENCE"
 
 
@@ -349,12 +327,6 @@ def publish_early(result: Any, new_seq_lens: Any, ready: Any) -> None:
         return  # 0.5.13 publishes through a callback instead; left as is
     draft_input.new_seq_lens = new_seq_lens
     draft_input.verify_done = ready
-
-
-def tree_field_prefix(verify_input_cls: Any) -> str:
-    """``retrieve_`` from 0.5.11, ``retrive_`` before."""
-    names = {f.name for f in dataclasses.fields(verify_input_cls)}
-    return "retrieve_" if "retrieve_index" in names else "retrive_"
 
 
 def mask_length(bs: int, seq_lens_sum: Optional[int], max_context_len: Optional[int]) -> Optional[int]:
@@ -467,6 +439,7 @@ class ZeroStepPolicy:
         self.speculative_num_steps = worker.speculative_num_steps
         self._states: dict = {}
         self._warned_missing = False
+        self._early_publish = early_fence_enabled(proven=False)  # read once, at start-up
 
     @property
     def candidate_steps(self) -> List[int]:
@@ -521,7 +494,7 @@ class ZeroStepPolicy:
         stock publication after the verify is then skipped (``None``). Opt-in
         (``DYNSPEC_EARLY_FENCE=1``) until a GPU proof has run with it on these releases.
         """
-        if on_publish is None or self.worker.speculative_num_steps != 0 or not early_fence_enabled(proven=False):
+        if on_publish is None or self.worker.speculative_num_steps != 0 or not self._early_publish:
             return on_publish
         on_publish(batch.seq_lens + 1)
         return None

@@ -392,9 +392,8 @@ def verify_input_fields(version: str) -> list[tuple[str, bool]]:
 def test_trivial_verify_input_fits_the_releases_eagle_verify_input(version: str) -> None:
     fields = verify_input_fields(version)
     verify_input = dataclasses.make_dataclass("EagleVerifyInput", [(n, Any, dataclasses.field(default=None)) if d else (n, Any) for n, d in fields])
-    fallback = fallback_for(FakeModelRunner())
     kwargs = runtime.trivial_tree_fields(
-        fallback._tree_field_prefix(verify_input),
+        runtime.tree_field_prefix(verify_input),
         draft_token="bonus",
         custom_mask="mask",
         positions="positions",
@@ -621,7 +620,7 @@ def test_the_decode_view_matches_each_releases_backend_api(version: str) -> None
 
 def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     new, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, None, "0.5.12")
-    marker = "# dynspec: speculative_dynspec_runtime r2\n"
+    marker = "# dynspec: speculative_dynspec_runtime r3\n"
     assert new == marker + Path(runtime.__file__).read_text(encoding="utf-8")
     assert steps[0].outcome.value == "patched"
     shipped = types.ModuleType("sglang.srt.speculative.dynspec_runtime")

@@ -305,6 +305,8 @@ def test_a_bad_early_fence_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> 
     monkeypatch.setenv(v2.EARLY_FENCE_ENV, "yes")
     with pytest.raises(ValueError, match="DYNSPEC_EARLY_FENCE must be 0 or 1, not 'yes'"):
         v2.early_fence_enabled()
+    with pytest.raises(ValueError, match="DYNSPEC_EARLY_FENCE"):  # at start-up, not mid-decode
+        fallback_for(fake_worker())
 
 
 @pytest.mark.parametrize(
@@ -383,7 +385,7 @@ def test_the_trivial_tree_fits_the_releases_eagle_verify_input(version: str) -> 
         "EagleVerifyInput", [(n, Any, dataclasses.field(default=None)) if d else (n, Any) for n, d in fields]
     )
     kwargs = runtime.trivial_tree_fields(
-        v2.tree_field_prefix(verify_input),
+        runtime.tree_field_prefix(verify_input),
         draft_token="bonus",
         custom_mask="mask",
         positions="positions",
