@@ -1,8 +1,8 @@
 #!/bin/bash
-# scripts/h200-runs.sh STEP: the device calls behind docs/proof (session 2), one STEP per call.
+# scripts/h200-runs.sh STEP: the device calls behind docs/proof (sessions 2 and 3), one STEP per call.
 # Prepare with scripts/gpu-prepare.sh VERSION. Steps that start servers check the kit's first
 # part is still in /tmp/site (the machine keeps /tmp only while it stays warm).
-#   kit-a V        carry .gpu/kit-V-a.tar.xz
+#   kit-a V        carry .gpu/kit-V-a.tar.xz (replaces whatever kit /tmp/site held)
 #   v2-proof       carry .gpu/kit-0.5.12-b.tar.xz .gpu/patched-0.5.12  (unpacks part b, patches)
 #   v2-tput        carry .gpu/kit (same warm machine); then dynspec without the early fence, C=64,128
 #   v1-proof       (nothing carried)
@@ -18,9 +18,9 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 need_kit() { [ -d /tmp/site/transformers ] || { echo "kit part a missing: redo kit-a"; exit 3; }; }
 unpack_b() { need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site && cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
 finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log && rm -f *.log); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
-proof() { local out=$OUT/$1; shift; python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1; echo "proof rc=$?"; tail -30 "$out.txt"; finish "$out"; }
+proof() { local out=$OUT/$1; shift; timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1; echo "proof rc=$?"; tail -30 "$out.txt"; finish "$out"; }
 case $step in
-  kit-a) mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1-a.tar.xz" -C /tmp/site && echo unpacked a ;;
+  kit-a) rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1-a.tar.xz" -C /tmp/site && echo unpacked a ;;
   v2-proof) unpack_b 0.5.12 || exit 3
     proof proof-v2 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   v2-tput) need_kit
@@ -44,8 +44,9 @@ case $step in
   proof-17) unpack_b 0.5.17 || exit 3
     export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.17 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   up-17) need_kit
+    # timeout: the call's limit is 600 s; a killed run still leaves its partial report.json
     export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.17-tput --path v2 --checks throughput --threshold 32 \
-      --upstream-adaptive --throughput-levels 1,16,32,64,128 ;;
+      --upstream-adaptive --throughput-levels 1,4,16,32,64,128 ;;
   skipde-17) need_kit
     export SGLANG_SIMULATE_ACC_LEN=3 TARGET=target8b DYNSPEC_EARLY_FENCE=1 SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1
     K=$PWD/.gpu/kit; S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b"
