@@ -22,7 +22,7 @@ Three insertions, a no-op unless ``--speculative-disable-batch-size`` is set:
   lengths itself and take ``on_publish`` away from the stock publication after the verify: with
   zero steps they are ``seq_lens + 1``, known before the forward, and publishing them early lets
   the overlap scheduler prepare the next batch during the forward (``ZeroStepPolicy.publish_early``;
-  opt-in with ``DYNSPEC_EARLY_FENCE=1`` until proven on a GPU).
+  ``DYNSPEC_EARLY_FENCE=0`` turns it off).
 """
 
 from __future__ import annotations

@@ -296,12 +296,12 @@ class V2Fallback:
 EARLY_FENCE_ENV = "DYNSPEC_EARLY_FENCE"
 
 
-def early_fence_enabled(proven: bool = True) -> bool:
-    """``DYNSPEC_EARLY_FENCE``: 1 on, 0 off; unset, on where a GPU proof ran with it (``proven``)."""
+def early_fence_enabled() -> bool:
+    """``DYNSPEC_EARLY_FENCE``: 1 or unset on (proven on the H200 for 0.5.12 and 0.5.17), 0 off."""
     setting = os.environ.get(EARLY_FENCE_ENV, "").strip()
     if setting not in ("0", "1", ""):
         raise ValueError(f"{EARLY_FENCE_ENV} must be 0 or 1, not {setting!r}")
-    return proven if setting == "" else setting == "1"
+    return setting != "0"
 
 
 def early_fence(batch: Any) -> Tuple[Any, Any]:
@@ -439,7 +439,7 @@ class ZeroStepPolicy:
         self.speculative_num_steps = worker.speculative_num_steps
         self._states: dict = {}
         self._warned_missing = False
-        self._early_publish = early_fence_enabled(proven=False)  # read once, at start-up
+        self._early_publish = early_fence_enabled()  # read once, at start-up
 
     @property
     def candidate_steps(self) -> List[int]:
@@ -491,8 +491,8 @@ class ZeroStepPolicy:
         With zero steps every request accepts exactly its root, so the next ``seq_lens`` are
         ``seq_lens + 1`` before the forward starts. Publishing them here moves the scheduler's
         fence from the end of the verify to its start, as the 0.5.4 - 0.5.12 fallback does; the
-        stock publication after the verify is then skipped (``None``). Opt-in
-        (``DYNSPEC_EARLY_FENCE=1``) until a GPU proof has run with it on these releases.
+        stock publication after the verify is then skipped (``None``). ``DYNSPEC_EARLY_FENCE=0``
+        turns it off.
         """
         if on_publish is None or self.worker.speculative_num_steps != 0 or not self._early_publish:
             return on_publish

@@ -502,8 +502,8 @@ class Publications:
         self.seen.append(new_seq_lens.values)
 
 
-@pytest.mark.parametrize(("setting", "steps", "early"), [("1", 0, True), ("", 0, False), ("0", 0, False), ("1", 3, False)])
-def test_the_zero_step_policy_publishes_early_only_when_asked_and_at_zero_steps(
+@pytest.mark.parametrize(("setting", "steps", "early"), [("1", 0, True), ("", 0, True), ("0", 0, False), ("1", 3, False)])
+def test_the_zero_step_policy_publishes_early_unless_turned_off_and_only_at_zero_steps(
     monkeypatch: pytest.MonkeyPatch, setting: str, steps: int, early: bool
 ) -> None:
     monkeypatch.setenv(v2.EARLY_FENCE_ENV, setting)
@@ -519,11 +519,11 @@ def test_the_zero_step_policy_publishes_early_only_when_asked_and_at_zero_steps(
     assert policy.publish_early(decode_batch(3), None) is None  # prefill-less callers pass none
 
 
-def test_the_early_fence_defaults_to_what_was_proven(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_early_fence_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(v2.EARLY_FENCE_ENV, raising=False)
-    assert v2.early_fence_enabled() and not v2.early_fence_enabled(proven=False)
-    monkeypatch.setenv(v2.EARLY_FENCE_ENV, "1")
-    assert v2.early_fence_enabled(proven=False)
+    assert v2.early_fence_enabled()
+    monkeypatch.setenv(v2.EARLY_FENCE_ENV, "0")
+    assert not v2.early_fence_enabled()
 
 
 def test_policy_switches_with_hysteresis_and_dwell() -> None:
