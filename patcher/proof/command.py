@@ -312,7 +312,8 @@ def proof(
     crossings    a 1 <-> 64 load ramp in one server switches speculation both ways at least
                  --min-crossings times, with no error in the log and every request answered
     throughput   (--throughput) tok/s of the three, and R(C) = dynspec / max(base, always-on);
-                 --upstream-adaptive adds upstream's adaptive mode and dynspec / it above N
+                 --upstream-adaptive adds upstream's adaptive mode and dynspec / it above N;
+                 from the logs, each server's speed per decode step / base's (information)
 
     Without dynspec applied to the SGLang under test, only speculation off vs always on is
     checked. Progress goes to stderr, the summary to stdout; logs, report.json and

@@ -3,7 +3,8 @@
 Keys other tools may rely on (kept stable): ``sglang_version``, ``path`` ("v1" or "v2"),
 ``gpu``, ``command``, ``dynspec_applied``, ``passed``, ``equivalence`` {``passed``,
 ``levels``}, ``crossings`` {``count``, ``errors``}, ``throughput`` {``levels``, ``base``,
-``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``. A check
+``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``, and
+``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} (``steps``). A check
 that was not run is absent and named in ``skipped`` with the reason; without dynspec applied,
 ``throughput.dynspec`` and ``throughput.envelope_ratio`` are null.
 """
@@ -15,6 +16,8 @@ import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from patcher.proof.steps import describe
 
 CHECKS = ("equivalence", "crossings", "throughput")
 REPORT_NAME = "report.json"
@@ -141,6 +144,11 @@ def summary(report: Report) -> str:
             )
             line += f"  {_fmt(upstream[i]):>9}  {_fmt(over_up[i], 2):>6}" if upstream else ""
             lines.append(line + (f"  {_fmt(no_overlap[i]):>9}  {_fmt(ratio_no_overlap[i], 2):>6}" if no_overlap else ""))
+        per_step = describe(tp.get("per_step") or {})
+        if per_step:
+            lines.append("")
+            lines.append("per decode step, speed / base's at the same batch and KV size (steady log intervals):")
+            lines += [f"    {line}" for line in per_step]
 
     lines.append("")
     out = report.get("out", ".")

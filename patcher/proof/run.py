@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from patcher.proof import detect, launch, logscan
+from patcher.proof import detect, launch, logscan, steps
 from patcher.proof import report as reports
 from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, measure_level, run_level
 from patcher.proof.errors import ProofUsageError, ServerStartError
@@ -504,6 +504,7 @@ class Proof:
         tok_s: dict[str, list[float | None]] = {}
         accept: dict[str, list[float | None]] = {}
         samples: dict[str, list[list[float]]] = {}
+        logs: dict[str, Path] = {}
         problems: list[str] = []
         for mode in modes:
             name = SERVER_NAMES[mode] + "-sim"
@@ -524,6 +525,8 @@ class Proof:
                 break
             finally:
                 info = self.server_info
+                if info.get("log"):
+                    logs[mode] = Path(info["log"])
                 if info.get("errors"):
                     problems.append(f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}")
             if mode == launch.UPSTREAM_ADAPTIVE:
@@ -577,6 +580,11 @@ class Proof:
                 if self.sglang.dynspec_applied
                 else None
             )
+        # Information, not a pass criterion: the servers' own speed per decode step against base.
+        texts = {mode: path.read_text(errors="replace") for mode, path in logs.items() if path.exists()}
+        tp["per_step"] = {
+            mode: by_level for mode, by_level in steps.per_step(texts, "base", levels).items() if by_level
+        }
         tp["problems"] = problems
         tp["passed"] = not problems and len(tok_s) == len(modes)
         self.report["throughput"] = tp

@@ -15,6 +15,10 @@ Faults, for the tests that must see the harness fail (``FAKE_SGLANG_FAULT``, com
 logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` answers 400),
 ``adaptiveoff`` (with ``--speculative-adaptive``, log SGLang's warning that it turned it off).
 
+Once up it logs three ``Decode batch`` lines at 8 running requests, 40 iterations apart, as SGLang
+does every ``decode_log_interval``: plain decode at 1000 tok/s, dynspec's fallback at 0.85x that,
+upstream's adaptive mode at 0.4x, and always-on speculation 3 tokens per request and step.
+
 With ``--speculative-adaptive`` it logs the config file given by ``--speculative-adaptive-config``
 and waits ``FAKE_SGLANG_ADAPTIVE_DELAY`` seconds per request (default: ``FAKE_SGLANG_DELAY``), so
 tests can make upstream's adaptive mode faster or slower than the other servers.
@@ -35,6 +39,18 @@ from typing import Any
 
 def log(message: str) -> None:
     print(f"[2026-11-29 12:00:00 TP0] {message}", flush=True)
+
+
+def log_decode_steps(speculative: bool, dynspec: bool, adaptive: bool) -> None:
+    running, interval = 8, 40
+    speed = 1000.0 * (0.85 if dynspec else 0.4 if adaptive else 1.0)
+    per_step = 3 if speculative and not (dynspec or adaptive) else 1
+    for k in range(3):
+        tokens = 100 + k * running * interval * per_step
+        log(
+            f"Decode batch, #running-req: {running}, #token: {tokens}, token usage: 0.00, cuda graph: True, "
+            f"gen throughput (token/s): {speed * per_step:.2f}, #queue-req: 0"
+        )
 
 
 def outputs(input_ids: list[int], n: int) -> list[int]:
@@ -187,6 +203,9 @@ def main(argv: list[str]) -> None:
         state.delay = float(os.environ.get("FAKE_SGLANG_ADAPTIVE_DELAY", state.delay))
     server = serve(state, args.port)
     log(f"The server is fired up and ready to roll! port {args.port}")
+    log_decode_steps(
+        bool(args.speculative_algorithm), args.speculative_disable_batch_size is not None, args.speculative_adaptive
+    )
     server.serve_forever()
 
 

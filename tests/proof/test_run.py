@@ -88,6 +88,10 @@ def test_a_correct_dynspec_passes_every_check(site, tmp_path):
     for mode in ("base", "always_on", "dynspec"):
         for value, runs in zip(tp[mode], tp["samples"][mode]):
             assert len(runs) == 3 and value == sorted(runs)[1]  # the median run counts
+    # The fake logs 3 decode lines at 8 requests; the first has no steady line before it. Always-on
+    # adds 3 tokens per request and step, so it has no steady interval to compare.
+    assert tp["per_step"] == {"dynspec": {"8": {"pairs": 2, "min": 0.85, "median": 0.85, "max": 0.85}}}
+    assert "dynspec: C=8 0.85-0.85 (median 0.85, 2 pairs)" in reports.summary(saved)
 
     assert '"POST /flush_cache HTTP/1.1" 200' in (out / "dynspec.log").read_text()  # before the second pass
     names = [s["name"] for s in saved["servers"]]
@@ -234,6 +238,7 @@ def test_upstream_adaptive_is_a_4th_throughput_server_with_its_config(site, tmp_
     assert tp["dynspec_over_upstream"][1] > 2  # 1 s per upstream request against 0.05 s
     assert tp["min_upstream_ratio"] == 2.0 and tp["upstream_failed_levels"] == []
     assert tp["upstream_adaptive_config"] == {"1": {"candidate_steps": [3]}, "5": {"candidate_steps": [0]}}
+    assert tp["per_step"]["upstream_adaptive"]["8"]["median"] == 0.4  # its zero-step steps against base's
     for key in ("base", "always_on", "dynspec", "envelope_ratio"):
         assert len(tp[key]) == 2  # the existing keys are unchanged
     assert "dyn/ad" in reports.summary(result)

@@ -1,0 +1,117 @@
+"""What one decode step costs, from the servers' own ``Decode batch`` log lines.
+
+A level's end-to-end tok/s mixes prefill, the iterations before a switch and the decode steps
+themselves. To compare a fallback step with a plain decode step, SGLang's periodic log line is
+the better instrument: every ``decode_log_interval`` iterations (40 unless set) it logs the
+running requests, the tokens in the KV cache and the generation speed over the interval::
+
+    Decode batch, #running-req: 64, #token: 8032, ..., gen throughput (token/s): 9703.35, ...
+
+A line is *steady* when the line before it in the same log had the same number of running
+requests and the token count grew by exactly ``running x interval``: nothing was admitted,
+nothing finished, and every iteration added one token per request. That leaves out intervals
+with a prefill in them and speculating intervals (which add more than one token per request),
+so what is compared is plain decode against fallback (or zero-step) decode, at the same batch
+size and about the same KV size.
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+DECODE_LINE = re.compile(
+    r"Decode batch[.,] #running-req: (\d+), #token: (\d+),.*gen throughput \(token/s\): ([0-9.]+)"
+)
+LOG_INTERVAL = re.compile(r"decode_log_interval=(\d+)")
+DEFAULT_LOG_INTERVAL = 40  # SGLang's default --decode-log-interval
+
+
+@dataclass(frozen=True)
+class Step:
+    running: int  # requests in the batch
+    tokens: int  # tokens in the KV cache at the end of the interval
+    tok_s: float  # generation speed over the interval
+
+
+def log_interval(text: str) -> int:
+    """The server's ``decode_log_interval``, from the ``server_args=`` line it logs at start."""
+    m = LOG_INTERVAL.search(text)
+    return int(m.group(1)) if m else DEFAULT_LOG_INTERVAL
+
+
+def steady_steps(text: str) -> list[Step]:
+    """The steady intervals of one server log (see the module docstring)."""
+    interval = log_interval(text)
+    steady: list[Step] = []
+    previous: Step | None = None
+    for line in text.splitlines():
+        m = DECODE_LINE.search(line)
+        if not m:
+            continue
+        step = Step(int(m.group(1)), int(m.group(2)), float(m.group(3)))
+        if (
+            previous is not None
+            and previous.running == step.running
+            and step.tokens - previous.tokens == step.running * interval
+        ):
+            steady.append(step)
+        previous = step
+    return steady
+
+
+def paired_ratios(steps: Iterable[Step], base: Sequence[Step], running: int, interval: int) -> list[float]:
+    """``steps`` / ``base`` speed at ``running`` requests, each step against the base step with the
+    nearest KV size, if it is within half an interval's growth."""
+    tolerance = running * interval / 2
+    candidates = [b for b in base if b.running == running and b.tok_s > 0]
+    ratios = []
+    for step in steps:
+        if step.running != running or not candidates:
+            continue
+        nearest = min(candidates, key=lambda b: abs(b.tokens - step.tokens))
+        if abs(nearest.tokens - step.tokens) <= tolerance:
+            ratios.append(step.tok_s / nearest.tok_s)
+    return ratios
+
+
+def per_step(logs: dict[str, str], base: str, levels: Sequence[int]) -> dict[str, dict[str, Any]]:
+    """For each server other than ``base``: at each level with steady intervals in both logs, how
+    many pairs there were and the min / median / max of the speed ratio to ``base``."""
+    if base not in logs:
+        return {}
+    interval = log_interval(logs[base])
+    base_steps = steady_steps(logs[base])
+    out: dict[str, dict[str, Any]] = {}
+    for name, text in logs.items():
+        if name == base:
+            continue
+        steps = steady_steps(text)
+        by_level = {}
+        for c in levels:
+            ratios = paired_ratios(steps, base_steps, c, interval)
+            if ratios:
+                by_level[str(c)] = {
+                    "pairs": len(ratios),
+                    "min": round(min(ratios), 3),
+                    "median": round(statistics.median(ratios), 3),
+                    "max": round(max(ratios), 3),
+                }
+        out[name] = by_level
+    return out
+
+
+def describe(per_server: dict[str, dict[str, Any]]) -> list[str]:
+    """One summary line per server that had pairs, e.g. ``dynspec: C=64 0.83-0.88 (median 0.86, 14)``."""
+    lines = []
+    for name, by_level in per_server.items():
+        cells = [
+            f"C={c} {r['min']:.2f}-{r['max']:.2f} (median {r['median']:.2f}, {r['pairs']} pairs)"
+            for c, r in by_level.items()
+        ]
+        if cells:
+            lines.append(f"{name}: " + "; ".join(cells))
+    return lines

@@ -1,0 +1,86 @@
+"""Per-step speed from ``Decode batch`` log lines: hand-written logs, then the real H200 logs in docs/proof."""
+
+from __future__ import annotations
+
+import gzip
+import tarfile
+from pathlib import Path
+
+import pytest
+
+from patcher.proof import steps
+
+PROOF = Path(__file__).resolve().parents[2] / "docs" / "proof"
+
+
+def decode(running: int, tokens: int, tok_s: float, accept: str = "") -> str:
+    return (
+        f"[2026-12-01 11:00:00] Decode batch, #running-req: {running}, #token: {tokens}, token usage: 0.01, "
+        f"{accept}cuda graph: True, gen throughput (token/s): {tok_s:.2f}, #queue-req: 0"
+    )
+
+
+def test_the_log_interval_comes_from_server_args_and_defaults_to_sglangs() -> None:
+    assert steps.log_interval("server_args=ServerArgs(model_path='m', decode_log_interval=10, x=1)") == 10
+    assert steps.log_interval("no server args here") == 40
+
+
+def test_only_intervals_of_one_token_per_request_and_no_admission_are_steady() -> None:
+    log = "\n".join(
+        [
+            "server_args=ServerArgs(decode_log_interval=10)",
+            decode(4, 100, 50.0),  # nothing before it
+            decode(4, 140, 400.0),  # +4 x 10: steady
+            "Prefill batch, #new-seq: 2, #new-token: 60",
+            decode(6, 260, 300.0),  # running changed
+            decode(6, 320, 600.0),  # +6 x 10: steady
+            decode(6, 500, 1800.0, "accept len: 3.00, "),  # +6 x 30: speculating
+            decode(6, 520, 500.0),  # +20: requests finished and others joined
+            "[2026-11-29 12:00:09 TP0] Decode batch. #running-req: 6, #token: 580, gen throughput (token/s): 610.0",
+        ]
+    )
+    assert steps.steady_steps(log) == [steps.Step(4, 140, 400.0), steps.Step(6, 320, 600.0), steps.Step(6, 580, 610.0)]
+
+
+def test_each_step_is_paired_with_the_base_step_nearest_in_kv_size_within_half_an_interval() -> None:
+    base = [steps.Step(64, 5000, 1000.0), steps.Step(64, 7560, 900.0), steps.Step(32, 5000, 700.0)]
+    fallback = [
+        steps.Step(64, 5100, 850.0),  # nearest: 5000
+        steps.Step(64, 7000, 720.0),  # nearest: 7560, 560 away, within 64 x 40 / 2
+        steps.Step(64, 12000, 10.0),  # nothing within 1280 tokens
+        steps.Step(128, 5000, 10.0),  # no base step at 128 requests
+    ]
+    assert steps.paired_ratios(fallback, base, 64, 40) == [0.85, 0.8]
+
+
+def test_per_step_summarises_each_server_against_base_at_each_level() -> None:
+    def log(*speeds: float) -> str:
+        return "\n".join(decode(8, 100 + k * 320, s) for k, s in enumerate(speeds))
+
+    logs = {"base": log(1.0, 1000.0, 1000.0, 1000.0), "dynspec": log(1.0, 800.0, 900.0, 850.0), "other": log(5.0)}
+    result = steps.per_step(logs, "base", [1, 8])
+    assert result == {"dynspec": {"8": {"pairs": 3, "min": 0.8, "median": 0.85, "max": 0.9}}, "other": {}}
+    assert steps.describe(result) == ["dynspec: C=8 0.80-0.90 (median 0.85, 3 pairs)"]
+    assert steps.per_step({"dynspec": logs["dynspec"]}, "base", [8]) == {}
+
+
+def read_logs(archive: Path) -> dict[str, str]:
+    with tarfile.open(archive) as tar:
+        return {
+            Path(member.name).stem: tar.extractfile(member).read().decode(errors="replace")  # type: ignore[union-attr]
+            for member in tar.getmembers()
+            if member.name.endswith(".log")
+        }
+
+
+@pytest.mark.skipif(not (PROOF / "0.5.17-v2-throughput" / "logs.tar.gz").exists(), reason="no H200 logs here")
+def test_the_0517_h200_logs_give_the_per_step_ratios_the_proof_readme_quotes() -> None:
+    logs = read_logs(PROOF / "0.5.17-v2-throughput" / "logs.tar.gz")
+    result = steps.per_step(logs, "base-sim", [64, 128])
+    dynspec, upstream = result["dynspec-sim"], result["upstream-adaptive-sim"]
+    assert 0.84 <= dynspec["64"]["median"] <= 0.88 and 0.84 <= dynspec["128"]["median"] <= 0.88
+    assert upstream["64"]["median"] < 0.45 and upstream["128"]["median"] < 0.35  # the slow zero-step mode
+    assert result["always-on-sim"] == {}  # speculating intervals are never steady
+    skip = gzip.decompress((PROOF / "0.5.17-v2-skip-draft-extend" / "skipde.log.gz").read_bytes()).decode()
+    without_draft_extend = steps.per_step({"base": logs["base-sim"], "skip": skip}, "base", [64])["skip"]["64"]
+    assert without_draft_extend["median"] >= 0.97 and without_draft_extend["pairs"] >= 4
