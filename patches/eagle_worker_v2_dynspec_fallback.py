@@ -10,7 +10,9 @@ Five insertions, each a no-op unless ``--speculative-disable-batch-size`` is set
   second target attention backend and TARGET_VERIFY CUDA graphs for one token per request;
 * the top of the decode branch of ``forward_batch_generation`` (the branch that drafts: the
   ``if`` of 0.5.4-0.5.5, the ``else`` after) asks the controller, and when speculation is off
-  runs the same method again with the one-token state swapped in;
+  runs the same method again with the one-token state swapped in; where the method takes
+  0.5.13's ``on_publish`` callback, the fallback may first publish the next sequence lengths
+  itself (``V2Fallback.publish_early``, opt-in with ``DYNSPEC_EARLY_FENCE=1``);
 * the top of ``EagleDraftWorker.draft`` returns, in that re-run, a one-node tree rooted at the
   bonus token, so the stock ``verify`` and draft extend do the rest in each release's spelling.
 
@@ -54,8 +56,12 @@ self.{state} = {function}(self)
 """
 DECODE_HOOK = """\
 if self.{state} is not None and self.{state}.should_fall_back({batch}):
-    return self.{state}.fall_back(self, lambda: self.{entry}({arguments}))
+{early_publication}    return self.{state}.fall_back(self, lambda: self.{entry}({arguments}))
 """
+# 0.5.13 hands the decode branch a callback that publishes the next sequence lengths after the
+# verify; in a fallback iteration they are known before it, and the fallback may publish them then.
+PUBLISH_CALLBACK = "on_publish"
+EARLY_PUBLICATION = "    {callback} = self.{state}.publish_early({batch}, {callback})\n"
 DRAFT_HOOK = """\
 if self.{state} is not None and self.{state}.in_fallback:
     return self.{state}.trivial_verify_input({batch}, EagleVerifyInput)
@@ -188,7 +194,7 @@ def attach_and_hook_entry(
 
 
 class EagleWorkerV2DynspecFallback(CstPatch):
-    REVISION = 1
+    REVISION = 2
     TARGET = "srt/speculative/eagle_worker_v2.py"
     SGLANG = ">=0.5.4,<0.5.14"
     SUMMARY = "v2 EAGLEWorkerV2: verify one token per request, no draft, while the batch is large"
@@ -227,8 +233,17 @@ class EagleWorkerV2DynspecFallback(CstPatch):
         return replace_class(module, WORKER, edit_worker)
 
     def _decode_hook(self, module: cst.Module, entry: cst.FunctionDef) -> cst.FunctionDef:
+        batch = entry.params.params[1].name.value
+        has_callback = any(p.name.value == PUBLISH_CALLBACK for p in entry.params.params)
+        early_publication = (
+            EARLY_PUBLICATION.format(callback=PUBLISH_CALLBACK, state=STATE, batch=batch) if has_callback else ""
+        )
         code = DECODE_HOOK.format(
-            state=STATE, batch=entry.params.params[1].name.value, entry=ENTRY, arguments=forwarding_arguments(entry)
+            state=STATE,
+            batch=batch,
+            early_publication=early_publication,
+            entry=ENTRY,
+            arguments=forwarding_arguments(entry),
         )
         hook = self.parse_statements(module, code)
         block = decode_block(entry)

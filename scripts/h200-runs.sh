@@ -12,6 +12,9 @@
 #   skipde-17      (same warm machine) dynspec with upstream's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1:
 #                  what removing the per-iteration draft extend would give, C=64,128; carry .gpu/kit
 #   proof-13       carry .gpu/kit-0.5.13-b.tar.xz .gpu/patched-0.5.13 (after kit-a 0.5.13)
+#   fence-13       as proof-13, with 0.5.13's opt-in early publication (DYNSPEC_EARLY_FENCE=1)
+#   fence-13-tput  (same warm machine) its throughput, warm-up and one run per level
+#   v1-tput        (after kit-a 0.5.12 and v2-proof or v1-proof) v1 throughput with --no-overlap-base
 set -u
 step=$1; shift
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -56,5 +59,13 @@ case $step in
       http://127.0.0.1:30000 64,128 256 | tee "$OUT/skipde.txt"; bash "$K/stop.sh"; gzip -f "$OUT/skipde.log" ;;
   proof-13) unpack_b 0.5.13 || exit 3
     proof proof-0.5.13 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
+  fence-13) unpack_b 0.5.13 || exit 3
+    export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.13-fence --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
+  fence-13-tput) need_kit
+    export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.13-fence-tput --path v2 --checks throughput --threshold 32 \
+      --throughput-levels 1,4,16,32,64,128 --throughput-repeats 1 ;;
+  v1-tput) need_kit
+    proof proof-v1-tput --path v1 --checks throughput --threshold 32 --no-overlap-base \
+      --throughput-levels 1,4,16,32,64,128 --throughput-repeats 1 ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -202,6 +202,7 @@ class V2Fallback:
         self._tree_indices = TreeIndices()
         self._batch: Any = None
         self._early_fence = early_fence_enabled()  # read once: a bad value refuses at start-up
+        self._early_publish = early_fence_enabled(proven=False)  # 0.5.13's callback (publish_early)
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered.
@@ -236,6 +237,20 @@ class V2Fallback:
         if needs_stride_padding(result):
             result.next_token_ids = pad_to_stride(result.next_token_ids, stride)
         return result
+
+    def publish_early(self, batch: Any, on_publish: Any) -> Any:
+        """0.5.13: called by the hook before ``fall_back``; returns the callback the re-run gets.
+
+        0.5.13 publishes the next ``seq_lens`` through ``on_publish`` after the verify, and the
+        scheduler's next batch waits for that. A one-node tree accepts exactly its root, so they
+        are ``seq_lens + 1`` before the forward; publishing them here and passing ``None`` on
+        does what ``early_fence`` does for 0.5.4 - 0.5.12 and ``ZeroStepPolicy.publish_early``
+        for 0.5.14+. Opt-in (``DYNSPEC_EARLY_FENCE=1``) until a GPU proof has run with it.
+        """
+        if on_publish is None or not self._early_publish:
+            return on_publish
+        on_publish(batch.seq_lens + 1)
+        return None
 
     def trivial_verify_input(self, batch: Any, verify_input_cls: Any) -> Any:
         """What ``EagleDraftWorker.draft`` returns in a fallback iteration: a one-node tree.
@@ -296,12 +311,13 @@ class V2Fallback:
 EARLY_FENCE_ENV = "DYNSPEC_EARLY_FENCE"
 
 
-def early_fence_enabled() -> bool:
-    """``DYNSPEC_EARLY_FENCE``: 1 or unset on (proven on the H200 for 0.5.12 and 0.5.17), 0 off."""
+def early_fence_enabled(proven: bool = True) -> bool:
+    """``DYNSPEC_EARLY_FENCE``: 1 on, 0 off; unset, on where a GPU proof ran with it (``proven``:
+    0.5.4 - 0.5.12 and 0.5.14+; not yet 0.5.13's publish callback)."""
     setting = os.environ.get(EARLY_FENCE_ENV, "").strip()
     if setting not in ("0", "1", ""):
         raise ValueError(f"{EARLY_FENCE_ENV} must be 0 or 1, not {setting!r}")
-    return setting != "0"
+    return proven if setting == "" else setting == "1"
 
 
 def early_fence(batch: Any) -> Tuple[Any, Any]:

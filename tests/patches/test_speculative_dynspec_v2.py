@@ -519,11 +519,32 @@ def test_the_zero_step_policy_publishes_early_unless_turned_off_and_only_at_zero
     assert policy.publish_early(decode_batch(3), None) is None  # prefill-less callers pass none
 
 
-def test_the_early_fence_is_on_unless_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_early_fence_defaults_to_what_was_proven(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(v2.EARLY_FENCE_ENV, raising=False)
-    assert v2.early_fence_enabled()
+    assert v2.early_fence_enabled() and not v2.early_fence_enabled(proven=False)
+    monkeypatch.setenv(v2.EARLY_FENCE_ENV, "1")
+    assert v2.early_fence_enabled(proven=False)
     monkeypatch.setenv(v2.EARLY_FENCE_ENV, "0")
     assert not v2.early_fence_enabled()
+
+
+@pytest.mark.parametrize(("setting", "early"), [("1", True), ("", False), ("0", False)])
+def test_the_0513_fallback_publishes_early_only_when_asked(
+    monkeypatch: pytest.MonkeyPatch, fake_torch: list[str], setting: str, early: bool
+) -> None:
+    """0.5.13's callback path has not run on a GPU with the early publication: opt-in."""
+    monkeypatch.setenv(v2.EARLY_FENCE_ENV, setting)
+    fallback = fallback_for(fake_worker(), disable_above=2)
+    batch = decode_batch(3)
+    assert fallback.should_fall_back(batch)
+    publish = Publications()
+    kept = fallback.publish_early(batch, publish)
+    if early:  # the next lengths now; the re-run's stock publication after the verify is skipped
+        assert publish.seen == [[101, 102, 103]] and kept is None
+    else:
+        assert publish.seen == [] and kept is publish
+    assert fallback.publish_early(batch, None) is None  # releases without the callback
+    assert fake_torch == []  # no event of its own: the callback records the scheduler's
 
 
 def test_policy_switches_with_hysteresis_and_dwell() -> None:
