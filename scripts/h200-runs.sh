@@ -21,6 +21,7 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 need_kit() { [ -d /tmp/site/transformers ] || { echo "kit part a missing: redo kit-a"; exit 3; }; }
 unpack_b() { need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site && cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
 finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log && rm -f *.log); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
+# timeout: a device call's limit is 600 s; a stopped run still leaves its partial report.json
 proof() { local out=$OUT/$1; shift; timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1; echo "proof rc=$?"; tail -30 "$out.txt"; finish "$out"; }
 case $step in
   kit-a) rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1-a.tar.xz" -C /tmp/site && echo unpacked a ;;
@@ -47,7 +48,6 @@ case $step in
   proof-17) unpack_b 0.5.17 || exit 3
     export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.17 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   up-17) need_kit
-    # timeout: the call's limit is 600 s; a killed run still leaves its partial report.json
     export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.17-tput --path v2 --checks throughput --threshold 32 \
       --upstream-adaptive --throughput-levels 1,4,16,32,64,128 ;;
   skipde-17) need_kit

@@ -504,7 +504,7 @@ class Proof:
         tok_s: dict[str, list[float | None]] = {}
         accept: dict[str, list[float | None]] = {}
         samples: dict[str, list[list[float]]] = {}
-        logs: dict[str, Path] = {}
+        logs: dict[str, str] = {}  # each server's log text, read once it has stopped
         problems: list[str] = []
         for mode in modes:
             name = SERVER_NAMES[mode] + "-sim"
@@ -525,13 +525,11 @@ class Proof:
                 break
             finally:
                 info = self.server_info
-                if info.get("log"):
-                    logs[mode] = Path(info["log"])
                 if info.get("errors"):
                     problems.append(f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}")
+            logs[mode] = Path(self.server_info["log"]).read_text(errors="replace")
             if mode == launch.UPSTREAM_ADAPTIVE:
-                log = Path(self.server_info["log"]).read_text(errors="replace")
-                off = [line for line in log.splitlines() if ADAPTIVE_OFF in line]
+                off = [line for line in logs[mode].splitlines() if ADAPTIVE_OFF in line]
                 if off:
                     problems.append(f"{name}: SGLang turned its adaptive mode off: {off[0].strip()[:200]}")
             tok_s[mode] = [round(r.tok_s, 1) if not r.failures else None for r, _ in results]
@@ -581,10 +579,7 @@ class Proof:
                 else None
             )
         # Information, not a pass criterion: the servers' own speed per decode step against base.
-        texts = {mode: path.read_text(errors="replace") for mode, path in logs.items() if path.exists()}
-        tp["per_step"] = {
-            mode: by_level for mode, by_level in steps.per_step(texts, "base", levels).items() if by_level
-        }
+        tp["per_step"] = steps.per_step(logs, "base", levels)
         tp["problems"] = problems
         tp["passed"] = not problems and len(tok_s) == len(modes)
         self.report["throughput"] = tp

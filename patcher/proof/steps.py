@@ -79,8 +79,8 @@ def paired_ratios(steps: Iterable[Step], base: Sequence[Step], running: int, int
 
 
 def per_step(logs: dict[str, str], base: str, levels: Sequence[int]) -> dict[str, dict[str, Any]]:
-    """For each server other than ``base``: at each level with steady intervals in both logs, how
-    many pairs there were and the min / median / max of the speed ratio to ``base``."""
+    """For each server other than ``base`` that has any: at each level with steady intervals in both
+    logs, how many pairs there were and the min / median / max of the speed ratio to ``base``."""
     if base not in logs:
         return {}
     interval = log_interval(logs[base])
@@ -100,18 +100,14 @@ def per_step(logs: dict[str, str], base: str, levels: Sequence[int]) -> dict[str
                     "median": round(statistics.median(ratios), 3),
                     "max": round(max(ratios), 3),
                 }
-        out[name] = by_level
+        if by_level:
+            out[name] = by_level
     return out
 
 
 def describe(per_server: dict[str, dict[str, Any]]) -> list[str]:
-    """One summary line per server that had pairs, e.g. ``dynspec: C=64 0.83-0.88 (median 0.86, 14)``."""
-    lines = []
-    for name, by_level in per_server.items():
-        cells = [
-            f"C={c} {r['min']:.2f}-{r['max']:.2f} (median {r['median']:.2f}, {r['pairs']} pairs)"
-            for c, r in by_level.items()
-        ]
-        if cells:
-            lines.append(f"{name}: " + "; ".join(cells))
-    return lines
+    """One summary line per server, e.g. ``dynspec: C=64 0.83-0.88 (median 0.86, 14 pairs)``."""
+    def cell(level: str, r: dict[str, Any]) -> str:
+        return f"C={level} {r['min']:.2f}-{r['max']:.2f} (median {r['median']:.2f}, {r['pairs']} pairs)"
+
+    return [f"{name}: " + "; ".join(cell(c, r) for c, r in by_level.items()) for name, by_level in per_server.items()]
