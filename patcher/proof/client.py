@@ -108,12 +108,17 @@ class Client:
         finally:
             conn.close()
 
-    def generate(self, index: int, new_tokens: int) -> Reply:
-        """Greedy ``/generate`` of ``prompt(index)``; never raises, failures are in ``Reply.error``."""
-        body = {
+    def generate(self, index: int, new_tokens: int, rid: str | None = None) -> Reply:
+        """Greedy ``/generate`` of ``prompt(index)``; never raises, failures are in ``Reply.error``.
+
+        ``rid`` names the request in the server (SGLang's ``rid`` field), e.g. to find it in a recording.
+        """
+        body: dict[str, Any] = {
             "input_ids": prompt(index),
             "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True},
         }
+        if rid is not None:
+            body["rid"] = rid
         start = time.perf_counter()
         try:
             status, raw = self.request("POST", "/generate", body)
@@ -139,21 +144,43 @@ class Client:
         return Reply(index, status, output_ids, meta, seconds, problem)
 
 
+@dataclass(frozen=True)
+class Request:
+    """One request of a load: ``prompt(index)``, ``new_tokens`` of it, sent ``delay`` s after the start."""
+
+    index: int
+    new_tokens: int
+    rid: str | None = None
+    delay: float = 0.0
+
+
 def run_level(client: Client, indices: Sequence[int], new_tokens: int) -> LevelResult:
     """Send one request per index, all at once (one thread each), and time the whole level."""
+    return run_requests(client, [Request(i, new_tokens) for i in indices], concurrency=len(indices))
+
+
+def run_requests(client: Client, requests: Sequence[Request], concurrency: int) -> LevelResult:
+    """Send ``requests`` with at most ``concurrency`` in flight (a closed loop: each reply frees a
+    slot for the next request in order), and time them all. ``Request.delay`` holds a request
+    back from the start that long. The result's ``concurrency`` is ``concurrency``; its
+    ``new_tokens`` that of the first request."""
     replies: list[Reply] = []
     lock = threading.Lock()
     go = threading.Event()
+    start = 0.0
 
-    def one(i: int) -> None:
+    def one(request: Request) -> None:
         go.wait()
-        reply = client.generate(i, new_tokens)
+        wait = start + request.delay - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        reply = client.generate(request.index, request.new_tokens, request.rid)
         with lock:
             replies.append(reply)
 
-    pool = ThreadPoolExecutor(max_workers=max(1, len(indices)), thread_name_prefix="proof-client")
+    pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(requests))), thread_name_prefix="proof-client")
     try:
-        futures = [pool.submit(one, i) for i in indices]
+        futures = [pool.submit(one, r) for r in requests]
         start = time.perf_counter()
         go.set()
         for f in futures:
@@ -165,7 +192,8 @@ def run_level(client: Client, indices: Sequence[int], new_tokens: int) -> LevelR
         raise
     pool.shutdown(wait=True)
     replies.sort(key=lambda r: r.index)
-    return LevelResult(len(indices), new_tokens, seconds, replies)
+    new_tokens = requests[0].new_tokens if requests else 0
+    return LevelResult(concurrency, new_tokens, seconds, replies)
 
 
 def measure_level(client: Client, indices: Sequence[int], new_tokens: int, *, warmup: bool, repeats: int) -> LevelResult:

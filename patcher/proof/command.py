@@ -156,9 +156,9 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
 )
 @click.option(
     "--checks",
-    default="equivalence,crossings",
+    default="equivalence,crossings,exact_kv",
     show_default=True,
-    help="Comma list of equivalence, crossings, throughput.",
+    help="Comma list of equivalence, crossings, exact_kv, throughput, mixed_load.",
 )
 @click.option("--throughput", is_flag=True, help="Add the throughput check (3 more servers, simulated acceptance).")
 @click.option(
@@ -236,6 +236,30 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
 @click.option(
     "--ramp-timeout", type=click.FloatRange(1), default=DEFAULTS.ramp_timeout, show_default=True, help="Seconds."
 )
+@click.option(
+    "--exact-kv-cycles",
+    type=click.IntRange(1),
+    default=DEFAULTS.exact_kv_cycles,
+    show_default=True,
+    help="exact_kv: waves that take long requests through a fallback span and back.",
+)
+@click.option(
+    "--mixed-phases",
+    type=IntList(),
+    default=",".join(map(str, DEFAULTS.mixed_phases)),
+    show_default=True,
+    help="mixed_load: the concurrency of each phase, in order.",
+)
+@click.option(
+    "--mixed-new-tokens", type=click.IntRange(1), default=DEFAULTS.mixed_new_tokens, show_default=True
+)
+@click.option(
+    "--mixed-repeats",
+    type=click.IntRange(1),
+    default=DEFAULTS.mixed_repeats,
+    show_default=True,
+    help="mixed_load: timed passes per server; per phase and in total the median counts.",
+)
 @click.option("--tp", type=click.IntRange(1), default=None, help="Pass --tp-size N to every server.")
 @click.option(
     "--port", type=click.IntRange(1024, 65000), default=DEFAULTS.port, show_default=True, help="First port to try."
@@ -296,6 +320,10 @@ def proof(
     min_crossings: int,
     ramp_max_waves: int,
     ramp_timeout: float,
+    exact_kv_cycles: int,
+    mixed_phases: tuple[int, ...],
+    mixed_new_tokens: int,
+    mixed_repeats: int,
     tp: int | None,
     port: int,
     start_timeout: float,
@@ -311,9 +339,15 @@ def proof(
                  at every level, below and above the threshold
     crossings    a 1 <-> 64 load ramp in one server switches speculation both ways at least
                  --min-crossings times, with no error in the log and every request answered
+    exact_kv     after a fallback span, dynspec drafts exactly what a server running the full
+                 draft extend in every iteration drafts (DYNSPEC_DRAFT_KV=full), and a server
+                 that skips it while off (=skip, the control) drafts otherwise
     throughput   (--throughput) tok/s of the three, and R(C) = dynspec / max(base, always-on);
                  --upstream-adaptive adds upstream's adaptive mode and dynspec / it above N;
                  from the logs, each server's speed per decode step / base's (information)
+    mixed_load   concurrency rising and falling (--mixed-phases) on the three throughput
+                 servers: dynspec's total time <= 1.03 x the per-phase faster of base and
+                 always-on, and below both
 
     Without dynspec applied to the SGLang under test, only speculation off vs always on is
     checked. Progress goes to stderr, the summary to stdout; logs, report.json and
@@ -360,6 +394,10 @@ def proof(
         min_crossings=min_crossings,
         ramp_max_waves=ramp_max_waves,
         ramp_timeout=ramp_timeout,
+        exact_kv_cycles=exact_kv_cycles,
+        mixed_phases=mixed_phases,
+        mixed_new_tokens=mixed_new_tokens,
+        mixed_repeats=mixed_repeats,
         tp=tp,
         port=port,
         start_timeout=start_timeout,

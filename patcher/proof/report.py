@@ -2,11 +2,14 @@
 
 Keys other tools may rely on (kept stable): ``sglang_version``, ``path`` ("v1" or "v2"),
 ``gpu``, ``command``, ``dynspec_applied``, ``passed``, ``equivalence`` {``passed``,
-``levels``}, ``crossings`` {``count``, ``errors``}, ``throughput`` {``levels``, ``base``,
-``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``, and
-``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} (``steps``). A check
-that was not run is absent and named in ``skipped`` with the reason; without dynspec applied,
-``throughput.dynspec`` and ``throughput.envelope_ratio`` are null.
+``levels``}, ``crossings`` {``count``, ``errors``}, ``exact_kv`` {``passed``,
+``compared_requests``, ``compared_steps``, ``control_differs``}, ``throughput`` {``levels``,
+``base``, ``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``, and
+``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} (``steps``),
+``mixed_load`` {``passed``, ``seconds`` {``base``, ``always_on``, ``dynspec``},
+``oracle_seconds``, ``phases``}. A check that was not run is absent and named in ``skipped``
+with the reason; without dynspec applied, ``throughput.dynspec`` and
+``throughput.envelope_ratio`` are null.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from typing import Any
 
 from patcher.proof.steps import describe
 
-CHECKS = ("equivalence", "crossings", "throughput")
+CHECKS = ("equivalence", "crossings", "exact_kv", "throughput", "mixed_load")
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "summary.txt"
 PLOT_NAME = "throughput.png"
@@ -149,6 +152,22 @@ def summary(report: Report) -> str:
             lines.append("")
             lines.append("per decode step, speed / base's at the same batch and KV size (steady log intervals):")
             lines += [f"    {line}" for line in per_step]
+
+    ml = report.get("mixed_load")
+    if ml and ml.get("phases"):
+        lines.append("")
+        sec = ml.get("seconds", {})
+        lines.append(
+            f"mixed load: total s, median of {ml.get('repeats')}: base {_fmt(sec.get('base'), 2)}, always-on "
+            f"{_fmt(sec.get('always_on'), 2)}, dynspec {_fmt(sec.get('dynspec'), 2)}; per-phase oracle "
+            f"{_fmt(ml.get('oracle_seconds'), 2)} (dynspec / oracle {_fmt(ml.get('dynspec_over_oracle'), 3)})"
+        )
+        lines.append(f"{'C':>5}  {'base':>7}  {'always-on':>9}  {'dynspec':>7}  {'oracle':>7}")
+        for row in ml["phases"]:
+            lines.append(
+                f"{row['C']:>5}  {_fmt(row.get('base_s'), 2):>7}  {_fmt(row.get('always_on_s'), 2):>9}  "
+                f"{_fmt(row.get('dynspec_s'), 2):>7}  {_fmt(row.get('oracle_s'), 2):>7}"
+            )
 
     lines.append("")
     out = report.get("out", ".")

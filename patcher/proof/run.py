@@ -23,9 +23,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from patcher.proof import detect, launch, logscan, steps
+from patcher.proof import detect, exactkv, launch, logscan, mixed, steps
 from patcher.proof import report as reports
-from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, measure_level, run_level
+from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, measure_level, run_level, run_requests
 from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
 from patcher.proof.ramp import RampSchedule, run_ramp
@@ -38,6 +38,11 @@ SERVER_NAMES = {
     launch.UPSTREAM_ADAPTIVE: "upstream-adaptive",
     launch.BASE_NO_OVERLAP: "base-no-overlap",
 }
+# exact_kv's reference and control: dynspec servers with another DYNSPEC_DRAFT_KV
+DRAFT_KV_VARIANTS = {"full": "dynspec-full", "skip": "dynspec-skip"}
+DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
+RECORD_ENV = "DYNSPEC_RECORD_DRAFTS"
+KV_ONLY_WORDS = "draft KV only while off"  # the runtime's start-up line when the KV-only extend is on
 ADAPTIVE_OFF = "speculative_adaptive disabled"  # SGLang's warning when it falls back to static params
 MAX_LISTED = 50  # errors and mismatches kept in the report per check
 
@@ -72,6 +77,15 @@ class ProofOptions:
     min_crossings: int = 100
     ramp_max_waves: int = 400
     ramp_timeout: float = 300.0
+    exact_kv_cycles: int = 3
+    exact_kv_long_tokens: int = 128
+    exact_kv_short_tokens: int = 64
+    exact_kv_min_steps: int = 100  # proposals compared after a fallback span, at least
+    mixed_phases: tuple[int, ...] = mixed.DEFAULT_PHASES
+    mixed_per_phase: int = 2  # requests per phase = this x its concurrency
+    mixed_new_tokens: int = 128
+    mixed_repeats: int = 3  # timed passes per server; the median counts
+    max_mixed_ratio: float = 1.03  # dynspec's total / the per-phase oracle's, at most
     tp: int | None = None
     port: int = 30000
     start_timeout: float = 600.0
@@ -92,7 +106,24 @@ class ProofOptions:
     def shape_for(self, check: str) -> str:
         if self.shape != "auto":
             return self.shape
-        return "8b" if check == "throughput" else "small"
+        return "8b" if check in ("throughput", "mixed_load") else "small"
+
+    @property
+    def exact_kv_load(self) -> exactkv.Load:
+        """Long requests that fit under the switch-on size, short ones that push the batch above the threshold."""
+        long = max(1, min(4, self.dynspec.on_at_most))
+        return exactkv.Load(
+            cycles=self.exact_kv_cycles,
+            long=long,
+            short=self.threshold + 8 - long,
+            joiners=2,
+            long_tokens=self.exact_kv_long_tokens,
+            short_tokens=self.exact_kv_short_tokens,
+        )
+
+    @property
+    def mixed_schedule(self) -> mixed.Schedule:
+        return mixed.Schedule(self.mixed_phases, self.mixed_per_phase, self.mixed_new_tokens)
 
 
 def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str, str]]:
@@ -107,11 +138,13 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
         )
     checks = [c for c in reports.CHECKS if c in opts.checks]
     skipped: dict[str, str] = {c: "not asked for" for c in reports.CHECKS if c not in checks}
-    if not sglang.dynspec_applied and "crossings" in checks:
-        checks.remove("crossings")
-        skipped["crossings"] = f"dynspec is not applied to {sglang.package} (no --speculative-disable-batch-size)"
+    if not sglang.dynspec_applied:
+        for check in ("crossings", "exact_kv", "mixed_load"):
+            if check in checks:
+                checks.remove(check)
+                skipped[check] = f"dynspec is not applied to {sglang.package} (no --speculative-disable-batch-size)"
     if not checks:
-        raise ProofUsageError("nothing to check: crossings needs an SGLang with dynspec applied")
+        raise ProofUsageError("nothing to check: crossings, exact_kv and mixed_load need an SGLang with dynspec applied")
     for name, values in (("--levels", opts.levels), ("--throughput-levels", opts.throughput_levels)):
         if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
             raise ProofUsageError(f"{name} needs distinct positive integers, got {values}")
@@ -129,6 +162,10 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             )
         if "crossings" in checks and not (opts.ramp_low <= m and opts.ramp_high > n):
             raise ProofUsageError(f"--ramp {opts.ramp_low},{opts.ramp_high} must go from <= {m} to > {n}")
+        if "mixed_load" in checks and not (min(opts.mixed_phases) <= m and max(opts.mixed_phases) > n):
+            raise ProofUsageError(
+                f"--mixed-phases {','.join(map(str, opts.mixed_phases))} must have a phase <= {m} and one > {n}"
+            )
     if opts.upstream_adaptive:
         if "throughput" not in checks:
             raise ProofUsageError("--upstream-adaptive needs the throughput check (--checks throughput)")
@@ -199,13 +236,15 @@ class Proof:
             self.progress(f"dynspec is not applied to {sglang.package}: checking speculation off vs always on only")
         self._save()
         try:
-            if "equivalence" in checks or "crossings" in checks:
-                self.correctness("equivalence" in checks, "crossings" in checks)
-            if "throughput" in checks:
+            if {"equivalence", "crossings", "exact_kv"} & set(checks):
+                self.correctness("equivalence" in checks, "crossings" in checks, "exact_kv" in checks)
+            simulated = [c for c in ("throughput", "mixed_load") if c in checks]
+            if simulated:
                 if self.aborted:
-                    self.report["throughput"] = {"passed": False, "problems": [f"not run: {self.aborted}"]}
+                    for check in simulated:
+                        self.report[check] = {"passed": False, "problems": [f"not run: {self.aborted}"]}
                 else:
-                    self.throughput()
+                    self.simulated("throughput" in checks, "mixed_load" in checks)
         finally:
             self.report["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             self.report["complete"] = self.aborted is None and all(c in self.report for c in checks)
@@ -217,11 +256,24 @@ class Proof:
         reports.write(self.report, self.opts.out)
 
     @contextlib.contextmanager
-    def serve(self, mode: str, shape: str, simulate: float | None, suffix: str = "") -> Iterator[Server]:
-        """Start one server, wait for it, send the warm-up request; stop it on leaving."""
+    def serve(
+        self,
+        mode: str,
+        shape: str,
+        simulate: float | None,
+        suffix: str = "",
+        *,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Iterator[Server]:
+        """Start one server, wait for it, send the warm-up request; stop it on leaving.
+
+        ``env`` adds variables for this server only (e.g. ``DYNSPEC_DRAFT_KV``); ``name`` replaces
+        the mode's name in logs and the report.
+        """
         opts = self.opts
         assert self.sglang is not None
-        name = SERVER_NAMES[mode] + suffix
+        name = (name or SERVER_NAMES[mode]) + suffix
         self.server_info = {"name": name, "mode": mode, "shape": shape}
         port = free_port(opts.port)
         args = launch.server_args(
@@ -236,6 +288,7 @@ class Proof:
         )
         argv = launch.server_argv(opts.python, args)
         changes = launch.env_changes(simulate_acc_len=simulate, pythonpath=self.sglang.pythonpath, base=self.env)
+        changes.update(env or {})
         spec = ServerSpec(
             name, tuple(argv), launch.apply_env(changes, self.env), opts.out / f"{name}.log", port, changes
         )
@@ -297,19 +350,39 @@ class Proof:
 
     # -- equivalence and crossings -----------------------------------------------------------
 
-    def correctness(self, equivalence: bool, crossings: bool) -> None:
+    def correctness(self, equivalence: bool, crossings: bool, exact_kv: bool = False) -> None:
         opts = self.opts
         assert self.sglang is not None
         applied = self.sglang.dynspec_applied
         shape = opts.shape_for("equivalence")
-        modes = (["dynspec"] if applied else []) + (["always_on", "base"] if equivalence else [])
+        # (mode, DYNSPEC_DRAFT_KV variant or None); the dynspec server with the caller's own setting first
+        servers: list[tuple[str, str | None]] = [("dynspec", None)] if applied else []
+        if exact_kv:
+            servers += [("dynspec", variant) for variant in DRAFT_KV_VARIANTS]
+        if equivalence:
+            servers += [("always_on", None), ("base", None)]
+        modes = [mode for mode, variant in servers if variant is None]
         runs: dict[str, list[tuple[LevelResult, list[Transition]]]] = {}
         eq_problems: list[str] = []
+        kv_problems: list[str] = []
+        recordings: dict[str, exactkv.Recording] = {}
+        kv_digests: dict[str, list[str]] = {}
         cr: dict[str, Any] = {"passed": False, "count": 0, "off": 0, "on": 0, "errors": [], "problems": []}
-        for mode in modes:
-            name = SERVER_NAMES[mode]
+        for mode, variant in servers:
+            name = DRAFT_KV_VARIANTS[variant] if variant else SERVER_NAMES[mode]
+            env: dict[str, str] = {}
+            record = opts.out / f"drafts-{name}.jsonl"
+            if exact_kv and mode == "dynspec":
+                record.unlink(missing_ok=True)
+                env[RECORD_ENV] = str(record)
+                if variant:
+                    env[DRAFT_KV_ENV] = variant
             try:
-                with self.serve(mode, shape, None) as server:
+                with self.serve(mode, shape, None, name=name, env=env) as server:
+                    if exact_kv and mode == "dynspec":
+                        kv_digests[variant or "kv"] = self.exact_kv_load(server, name, kv_problems)
+                    if variant:
+                        continue
                     if equivalence:
                         runs[mode] = self.levels(server, opts.levels, opts.new_tokens, name)
                     if mode == "dynspec" and crossings:
@@ -321,22 +394,56 @@ class Proof:
             except ServerStartError as error:
                 self.aborted = f"the {name} server did not start"
                 first = str(error).splitlines()[0]
-                eq_problems.append(first)
-                cr["problems"].append(first)
+                for problems in (eq_problems, cr["problems"], kv_problems):
+                    problems.append(first)
                 self.progress(f"ERROR: {error}")
                 break
             finally:
                 info = self.server_info
                 errors = [f"{name}: {e}" for e in info.get("errors", [])]
                 if errors:
-                    eq_problems.append(f"{info.get('error_count')} error line(s) in {name}.log: {errors[0]}")
-                    if mode == "dynspec":
+                    note = f"{info.get('error_count')} error line(s) in {name}.log: {errors[0]}"
+                    (kv_problems if variant else eq_problems).append(note)
+                    if mode == "dynspec" and not variant:
                         cr["errors"].extend(errors)
+                        kv_problems.append(note)
+                if exact_kv and mode == "dynspec":
+                    recordings[variant or "kv"] = exactkv.read(record)
+                    if not variant:
+                        self.check_kv_only_path(Path(info.get("log", "")), kv_problems)
         if equivalence:
             self.report["equivalence"] = self.judge_equivalence(runs, modes, shape, eq_problems)
         if crossings:
             self.judge_crossings(cr)
             self.report["crossings"] = cr
+        if exact_kv:
+            entry = exactkv.judge(recordings, kv_digests, opts.exact_kv_min_steps, kv_problems)
+            entry.update(load=opts.exact_kv_load.describe(), shape=shape, threshold=opts.threshold)
+            self.report["exact_kv"] = entry
+
+    def exact_kv_load(self, server: Server, name: str, problems: list[str]) -> list[str]:
+        """Send exact_kv's waves, one after the other; the digest of each wave's outputs."""
+        client = self.client(server)
+        digests = []
+        for i, wave in enumerate(self.opts.exact_kv_load.waves()):
+            result = run_requests(client, wave, concurrency=len(wave))
+            digests.append(result.digest)
+            problems += [f"{name} wave {i}: {f}" for f in result.failures[:3]]
+        self.progress(f"  {name}: exact_kv load, {len(digests)} waves, digests {' '.join(digests)}")
+        return digests
+
+    def check_kv_only_path(self, log: Path, problems: list[str]) -> None:
+        """exact_kv is about the KV-only draft extend: the dynspec server must have run it."""
+        try:
+            text = log.read_text(errors="replace")
+        except OSError:
+            return
+        ready = [line for line in text.splitlines() if "dynspec:" in line and " ready in " in line]
+        if ready and KV_ONLY_WORDS not in ready[-1]:
+            problems.append(f"the dynspec server did not run the KV-only draft extend: {ready[-1].strip()[-160:]}")
+        gave_up = [line for line in text.splitlines() if f"{DRAFT_KV_ENV}=kv cannot work here" in line]
+        if gave_up:
+            problems.append(f"the dynspec server gave the KV-only draft extend up: {gave_up[0].strip()[-160:]}")
 
     def crossings(self, server: Server, cr: dict[str, Any]) -> None:
         opts = self.opts
@@ -489,7 +596,8 @@ class Proof:
 
     # -- throughput ---------------------------------------------------------------------------
 
-    def throughput(self) -> None:
+    def simulated(self, throughput: bool, mixed_load: bool) -> None:
+        """The servers with simulated acceptance: the throughput levels, then the mixed load, on each."""
         opts = self.opts
         assert self.sglang is not None
         shape = opts.shape_for("throughput")
@@ -501,33 +609,47 @@ class Proof:
             (opts.out / launch.ADAPTIVE_CONFIG_NAME).write_text(json.dumps(adaptive_config) + "\n")
         if opts.no_overlap_base:
             modes.append(launch.BASE_NO_OVERLAP)
+        mixed_modes = [m for m in modes if m in ("dynspec", "always_on", "base", launch.BASE_NO_OVERLAP)]
+        if not throughput:
+            modes = mixed_modes
         tok_s: dict[str, list[float | None]] = {}
         accept: dict[str, list[float | None]] = {}
         samples: dict[str, list[list[float]]] = {}
         logs: dict[str, str] = {}  # each server's log text, read once it has stopped
         problems: list[str] = []
+        mixed_runs: dict[str, list[mixed.Run]] = {}
+        mixed_problems: list[str] = []
         for mode in modes:
             name = SERVER_NAMES[mode] + "-sim"
+            results: list[tuple[LevelResult, list[Transition]]] = []
             try:
                 with self.serve(mode, shape, opts.simulate_acc_len, suffix="-sim") as server:
-                    results = self.levels(
-                        server,
-                        opts.throughput_levels,
-                        opts.throughput_new_tokens,
-                        name,
-                        warmup=opts.throughput_warmup,
-                        repeats=opts.throughput_repeats,
-                    )
+                    if throughput:
+                        results = self.levels(
+                            server,
+                            opts.throughput_levels,
+                            opts.throughput_new_tokens,
+                            name,
+                            warmup=opts.throughput_warmup,
+                            repeats=opts.throughput_repeats,
+                        )
+                    if mixed_load and mode in mixed_modes:
+                        mixed_runs[mode] = self.mixed_load(server, name, warmup=not throughput)
             except ServerStartError as error:
                 self.aborted = f"the {name} server did not start"
                 problems.append(str(error).splitlines()[0])
+                mixed_problems.append(str(error).splitlines()[0])
                 self.progress(f"ERROR: {error}")
                 break
             finally:
                 info = self.server_info
                 if info.get("errors"):
-                    problems.append(f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}")
+                    note = f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}"
+                    problems.append(note)
+                    mixed_problems.append(note)
             logs[mode] = Path(self.server_info["log"]).read_text(errors="replace")
+            if not throughput:
+                continue
             if mode == launch.UPSTREAM_ADAPTIVE:
                 off = [line for line in logs[mode].splitlines() if ADAPTIVE_OFF in line]
                 if off:
@@ -538,6 +660,10 @@ class Proof:
             for r, _ in results:
                 if r.failures:
                     problems.append(f"{name} C={r.concurrency}: {len(r.failures)} failed request(s): {r.failures[0]}")
+        if mixed_load:
+            self.report["mixed_load"] = self.judge_mixed(mixed_runs, mixed_problems, shape)
+        if not throughput:
+            return
         levels = list(opts.throughput_levels)
         none = [None] * len(levels)
         tp: dict[str, Any] = {
@@ -583,6 +709,28 @@ class Proof:
         tp["problems"] = problems
         tp["passed"] = not problems and len(tok_s) == len(modes)
         self.report["throughput"] = tp
+
+    def mixed_load(self, server: Server, name: str, *, warmup: bool) -> list[mixed.Run]:
+        opts = self.opts
+        schedule = opts.mixed_schedule
+        runs = mixed.measure(self.client(server), schedule, opts.mixed_repeats, warmup)
+        for run in runs:
+            failed = f", {len(run.failures)} FAILED" if run.failures else ""
+            phases = " ".join(f"{p.seconds:.2f}" for p in run.phases)
+            self.progress(f"  {name} mixed load: {run.seconds:.2f} s (phases {phases}){failed}")
+        return runs
+
+    def judge_mixed(self, runs: dict[str, list[mixed.Run]], problems: list[str], shape: str) -> dict[str, Any]:
+        opts = self.opts
+        main = {m: r for m, r in runs.items() if m != launch.BASE_NO_OVERLAP}
+        entry = mixed.judge(opts.mixed_schedule, main, opts.max_mixed_ratio, problems)
+        entry.update(shape=shape, simulate_acc_len=opts.simulate_acc_len, repeats=opts.mixed_repeats)
+        if launch.BASE_NO_OVERLAP in runs:
+            # Information: a v1 server against plain decode on its own (non-overlap) scheduler.
+            other = {**main, "base": runs[launch.BASE_NO_OVERLAP]}
+            no_overlap = mixed.judge(opts.mixed_schedule, other, opts.max_mixed_ratio, [])
+            entry["no_overlap"] = {k: no_overlap[k] for k in ("seconds", "oracle_seconds", "dynspec_over_oracle", "passed")}
+        return entry
 
     def judge_upstream(
         self,

@@ -9,9 +9,16 @@ token, through the stock ``verify()`` and draft-extend, against a second target 
 backend and a TARGET_VERIFY CUDA graph captured for one token per request. To the scheduler,
 the KV allocator, grammar, logprobs and the draft model this is a speculative iteration in
 which every draft was rejected, so the state it leaves behind is one the speculative path can
-resume from at once. Sending a plain DECODE batch through the target instead crashes: the
-target's CUDA graphs and attention backend are built for ``speculative_num_draft_tokens``
-tokens per request and nothing checks the mode before replaying them.
+resume from. Sending a plain DECODE batch through the target instead crashes: the target's
+CUDA graphs and attention backend are built for ``speculative_num_draft_tokens`` tokens per
+request and nothing checks the mode before replaying them.
+
+The draft extend of a fallback iteration only writes the draft model's KV (``DraftKV``): in a
+one-layer EAGLE-3 head the K/V at a position depend on that position's inputs alone, and the
+rest of the step (attention, MLP, lm_head, top-k) feeds only the next proposal, which nobody
+asks for while speculation is off. The iteration at which speculation comes back on
+(``RESUME``) runs the full draft extend, so the first draft after it starts from exactly the
+state a full extend in every iteration would have left.
 
 The decision uses the decode batch size only, so every tensor-parallel rank decides the same.
 Torch and SGLang are imported inside functions: the controller runs anywhere.
@@ -19,14 +26,16 @@ Torch and SGLang are imported inside functions: the controller runs anywhere.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import functools
 import inspect
+import json
 import logging
 import os
 import time
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -35,13 +44,20 @@ SWITCH_LOG = "dynspec: speculation {state} at batch size {batch_size} (off above
 # The flag every refusal names.
 _FLAG = "--speculative-disable-batch-size"
 
+# What one decode iteration runs (SwitchController.step).
+SPECULATE = "speculate"
+FALL_BACK = "fall back"  # no speculation; the draft extend writes the draft KV only
+RESUME = "resume"  # no speculation yet, but the full draft extend: the next iteration drafts
+
 
 class SwitchController:
     """Decide, once per decode iteration, whether the iteration speculates.
 
     Off when the batch has more than ``disable_above`` requests, back on when it has at most
     ``enable_at_or_below``; a switch is allowed no sooner than ``min_steps`` iterations after
-    the previous one. The first switch may come at once. Each switch logs one INFO line.
+    the previous one. The first switch may come at once. Each switch logs one INFO line. The
+    iteration of a switch back on is a ``RESUME``: it runs without speculation, but with the
+    draft model's full extend, so speculation starts at the iteration after it.
     """
 
     def __init__(
@@ -69,21 +85,24 @@ class SwitchController:
         self.fallback_iterations = 0
         self.switches = 0
 
-    def speculate(self, batch_size: int) -> bool:
-        """Count one decode iteration of ``batch_size`` requests; True if it should speculate."""
+    def step(self, batch_size: int) -> str:
+        """Count one decode iteration of ``batch_size`` requests: ``SPECULATE``, ``FALL_BACK`` or ``RESUME``."""
+        resuming = False
         if self.iterations_since_switch >= self.min_steps:
             if self.speculating and batch_size > self.disable_above:
                 self._switch(False, batch_size)
             elif not self.speculating and batch_size <= self.enable_at_or_below:
                 self._switch(True, batch_size)
+                resuming = True
         self.iterations_since_switch += 1
-        if self.speculating:
+        step = RESUME if resuming else SPECULATE if self.speculating else FALL_BACK
+        if step == SPECULATE:
             self.spec_iterations += 1
         else:
             self.fallback_iterations += 1
         if self.metrics is not None:
-            self.metrics.iteration(self.speculating)
-        return self.speculating
+            self.metrics.iteration(step == SPECULATE)
+        return step
 
     def _switch(self, speculating: bool, batch_size: int) -> None:
         self.speculating = speculating
@@ -195,18 +214,32 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
     rank0 = getattr(worker, "tp_rank", 0) == 0
 
     tic = time.perf_counter()
+    draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0)
     target = SingleTokenTarget.build(worker.target_worker.model_runner, enable_at_or_below)
     metrics = None
     if rank0 and getattr(args, "enable_metrics", False):
         metrics = DynspecMetrics(getattr(args, "served_model_name", None) or str(args.model_path))
     controller = SwitchController(disable_above, enable_at_or_below, min_steps, log=rank0, metrics=metrics)
+    fallback = DynspecFallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
+    if fallback.recorder is not None:
+        fallback.recorder.watch_drafts(worker, lambda: fallback.in_fallback)
     if rank0:
         logger.info(
             f"dynspec: fallback ready in {time.perf_counter() - tic:.2f} s: speculation off above "
             f"{disable_above} requests, on at or below {enable_at_or_below}, at least {min_steps} "
-            f"iterations between switches; one-token CUDA graphs for batch sizes {target.capture_bs}"
+            f"iterations between switches; one-token CUDA graphs for batch sizes {target.capture_bs}; "
+            f"{describe_draft_kv(draft_kv)}"
         )
-    return DynspecFallback(controller, target)
+    return fallback
+
+
+def describe_draft_kv(draft_kv: "DraftKV") -> str:
+    """The start-up log's words for what a fallback iteration does with the draft model."""
+    return {
+        DRAFT_KV_ONLY: "draft KV only while off, full draft extend at resume",
+        DRAFT_KV_FULL: "full draft extend in every fallback iteration",
+        DRAFT_KV_SKIP: "no draft extend while off (negative control)",
+    }[draft_kv.mode]
 
 
 @dataclasses.dataclass
@@ -445,29 +478,278 @@ def _new_graph_runner(runner_cls: Any, model_runner: Any, attn_backend: Any) -> 
     return runner_cls(model_runner, **kwargs)
 
 
+# -- the draft model's KV while speculation is off -------------------------------------------
+
+DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
+DRAFT_KV_ONLY = "kv"  # write the draft KV, skip the rest of the draft step
+DRAFT_KV_FULL = "full"  # the stock draft extend every iteration (dynspec before r4)
+DRAFT_KV_SKIP = "skip"  # no draft extend at all: a negative control that leaves holes in the KV
+DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_ONLY, DRAFT_KV_FULL, DRAFT_KV_SKIP)
+
+# Draft model classes whose K/V at a position depend only on that position's inputs: the token's
+# embedding and the target's hidden states there, through ``fc``, the two input norms, the K/V
+# projections and rope. True of a one-layer EAGLE-3 head; DraftKV also checks there is one layer.
+KV_ONLY_DRAFTS = ("LlamaForCausalLMEagle3",)
+
+# Where releases keep a graph runner that would replay the draft extend without calling the
+# model's forward: per worker, and on the draft model runner (piecewise / breakable prefill graphs).
+_WORKER_GRAPHS = ("cuda_graph_runner_for_draft_extend",)
+_RUNNER_GRAPHS = ("prefill_cuda_graph_runner", "piecewise_cuda_graph_runner")
+_WINDOWS_BEFORE_VERDICT = 64
+
+
+class _DraftKVWritten(BaseException):
+    """Raised from the draft KV pool's write to end the draft forward early. A BaseException, so
+    that no ``except Exception`` on the way up to ``DraftKV._forward`` can swallow it."""
+
+
+class DraftKV:
+    """How a fallback iteration keeps the draft model's KV cache exact, for a fraction of a step.
+
+    ``kv_only(worker)`` wraps the stock draft extend of one fallback iteration. Inside it the
+    extend runs eagerly and the draft model's ``forward`` is a stand-in that runs the real one up
+    to the draft layer's KV write (the pool's ``set_kv_buffer``, called by the attention backend
+    with the backend's own locations and scales), then stops: the K/V written are exactly those
+    of a full extend, and attention, MLP, lm_head and top-k are skipped. The stock code carries
+    on with placeholder logits (one column) and hidden states: shape-valid, never drafted from,
+    because the iteration that switches speculation back on runs the full extend (``RESUME``).
+
+    Modes (``DYNSPEC_DRAFT_KV``): ``auto`` (default) is ``kv`` for a draft class in
+    ``KV_ONLY_DRAFTS`` with one attention layer, else ``full`` (logged once at start-up);
+    ``full`` is the stock extend every iteration, for A/B runs; ``skip`` runs no draft extend
+    while off, which leaves the draft KV with holes: a negative control for ``dynspec proof``,
+    never for serving. A backend that writes the KV without ``set_kv_buffer`` (a fused kernel)
+    or a draft forward that never ran under ``kv_only`` turns ``kv`` into ``full``, with a warning.
+    """
+
+    def __init__(self, mode: str, draft_runner: Any, *, log: bool = True) -> None:
+        self.mode = mode
+        self.runner = draft_runner
+        self.log = log
+        self._active = False  # True while the stand-in forward runs the real one
+        self._real_forward: Optional[Callable[..., Any]] = None  # the model's own, while in kv_only
+        self._called = False  # the stand-in ran in the current kv_only window
+        self._windows = 0  # kv_only windows so far, and those in which the stand-in ran
+        self._windows_called = 0
+
+    @classmethod
+    def build(cls, draft_runner: Any, *, log: bool = True) -> "DraftKV":
+        """The mode from ``DYNSPEC_DRAFT_KV`` and the draft model; a bad setting raises ValueError."""
+        setting = os.environ.get(DRAFT_KV_ENV, "auto").strip().lower() or "auto"
+        if setting not in DRAFT_KV_SETTINGS:
+            raise ValueError(f"{DRAFT_KV_ENV} must be one of {', '.join(DRAFT_KV_SETTINGS)}, not {setting!r}")
+        model = getattr(draft_runner, "model", None)
+        why_not = kv_only_unsupported(model, getattr(draft_runner, "token_to_kv_pool", None))
+        mode = DRAFT_KV_ONLY if setting == "auto" else setting
+        if mode == DRAFT_KV_ONLY and why_not is not None:
+            if setting == DRAFT_KV_ONLY:
+                raise ValueError(f"{DRAFT_KV_ENV}=kv: {why_not}")
+            mode = DRAFT_KV_FULL
+            if log:
+                logger.info(f"dynspec: {why_not}; the fallback runs the full draft extend in every iteration")
+        if mode == DRAFT_KV_SKIP and log:
+            logger.warning(
+                f"dynspec: {DRAFT_KV_ENV}=skip: no draft extend while speculation is off; the draft KV keeps "
+                "holes and acceptance drops after resume (a negative control, not for serving)"
+            )
+        return cls(mode, draft_runner, log=log)
+
+    @property
+    def saves_work(self) -> bool:
+        """True when a fallback iteration's draft extend does less than the stock one."""
+        return self.mode != DRAFT_KV_FULL
+
+    @contextlib.contextmanager
+    def kv_only(self, worker: Any) -> Iterator[None]:
+        """Around one fallback iteration's draft extend (``worker`` holds its CUDA graph runner)."""
+        if not self.saves_work:
+            yield
+            return
+        model = self.runner.model
+        set_aside = [(o, a) for o in (worker, self.runner) for a in _WORKER_GRAPHS + _RUNNER_GRAPHS if getattr(o, a, None) is not None]
+        saved = [(o, a, getattr(o, a)) for o, a in set_aside]
+        for o, a in set_aside:
+            setattr(o, a, None)  # a replayed graph would never call the stand-in forward
+        self._real_forward = model.forward
+        self._called = False
+        try:
+            with shadowed(model, "forward", self._forward):
+                yield
+        finally:
+            self._real_forward = None
+            for o, a, value in saved:
+                setattr(o, a, value)
+        # A window whose requests all finished runs no extend; a path that never calls the
+        # stand-in (a graph this module does not know) shows as none of the first windows doing so.
+        self._windows += 1
+        self._windows_called += self._called
+        if self._windows == _WINDOWS_BEFORE_VERDICT and self._windows_called == 0:
+            self._give_up(f"the draft model's forward was not called in {self._windows} fallback iterations")
+
+    def _forward(self, input_ids: Any, positions: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """Stands in for the draft model's ``forward`` inside ``kv_only``."""
+        self._called = True
+        assert self._real_forward is not None
+        if self.mode == DRAFT_KV_ONLY:
+            pool = self.runner.token_to_kv_pool
+            self._active = True
+            try:
+                with shadowed(pool, "set_kv_buffer", functools.partial(self._write_and_stop, pool.set_kv_buffer)):
+                    output = self._real_forward(input_ids, positions, forward_batch, *args, **kwargs)
+            except _DraftKVWritten:
+                pass
+            else:
+                # The KV went in some other way; this was a full extend, and its output is valid.
+                self._give_up(f"{type(pool).__name__}.set_kv_buffer was not called by the draft layer")
+                return output
+            finally:
+                self._active = False
+        return self.placeholder(int(input_ids.shape[0]), input_ids.device)
+
+    def _write_and_stop(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        result = write(*args, **kwargs)
+        if self._active:
+            raise _DraftKVWritten()
+        return result
+
+    def placeholder(self, rows: int, device: Any) -> Any:
+        """Logits and hidden states of the right row count, width and dtype, never drafted from."""
+        import torch
+        from sglang.srt.layers.logits_processor import LogitsProcessorOutput
+
+        config = self.runner.model_config
+        width = getattr(config, "spec_hidden_size", None) or config.hidden_size
+        return LogitsProcessorOutput(
+            next_token_logits=torch.zeros((rows, 1), dtype=torch.float32, device=device),
+            hidden_states=torch.zeros((rows, width), dtype=config.dtype, device=device),
+        )
+
+    def _give_up(self, why: str) -> None:
+        if self.saves_work:
+            if self.log:
+                logger.warning(f"dynspec: {DRAFT_KV_ENV}={self.mode} cannot work here ({why}); running the full draft extend")
+            self.mode = DRAFT_KV_FULL
+
+
+@contextlib.contextmanager
+def shadowed(owner: Any, name: str, value: Any) -> Iterator[None]:
+    """``owner.name`` is ``value`` inside the block (an instance attribute over the class's)."""
+    own = owner.__dict__.get(name, _MISSING)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        if own is _MISSING:
+            delattr(owner, name)
+        else:
+            setattr(owner, name, own)
+
+
+_MISSING = object()
+
+
+def kv_only_unsupported(model: Any, pool: Any) -> Optional[str]:
+    """Why the KV-only draft extend cannot serve this draft model; None if it can."""
+    name = type(model).__name__
+    if name not in KV_ONLY_DRAFTS:
+        return f"the KV-only draft extend does not know the draft model class {name}"
+    attention = [m for m in model.modules() if type(m).__name__ == "RadixAttention"]
+    if len(attention) != 1:
+        return f"the KV-only draft extend needs a one-layer draft; {name} has {len(attention)} attention layers"
+    if pool is None or not hasattr(pool, "__dict__") or not callable(getattr(pool, "set_kv_buffer", None)):
+        return f"the draft KV pool ({type(pool).__name__}) cannot be watched for its KV write"
+    return None
+
+
+# -- recording the drafts, for dynspec proof's exact_kv check -----------------------------------
+
+RECORD_ENV = "DYNSPEC_RECORD_DRAFTS"
+RECORD_RID_PREFIX = "dynspec-record-"  # only requests named so are recorded (dynspec proof names them)
+
+
+class DraftRecorder:
+    """Appends one JSON line per decode iteration to ``$DYNSPEC_RECORD_DRAFTS`` (opt-in, rank 0).
+
+    ``{"step": "speculate", "rid": [...], "pos": [...], "draft": [[...], ...]}`` for a speculative
+    iteration (the tokens drafted after each request's root) and ``{"step": "fall back" | "resume",
+    "rid": [...], "pos": [...]}`` otherwise; ``pos`` is each request's ``seq_lens`` entry. Only
+    requests whose rid starts with ``RECORD_RID_PREFIX`` are written; an iteration with one of
+    them reads its tensors to the CPU and so waits for the GPU: for proofs only. Unset, nothing
+    is built.
+    """
+
+    def __init__(self, path: str) -> None:
+        self._file = open(path, "a", buffering=1, encoding="utf-8")  # noqa: SIM115 - open while the server runs
+
+    @classmethod
+    def from_env(cls, rank0: bool) -> Optional["DraftRecorder"]:
+        path = os.environ.get(RECORD_ENV, "").strip()
+        return cls(path) if path and rank0 else None
+
+    def iteration(self, step: str, batch: Any, verify_input: Any = None) -> None:
+        rids = [str(getattr(r, "rid", "")) for r in getattr(batch, "reqs", None) or []]
+        rows = [i for i, rid in enumerate(rids) if rid.startswith(RECORD_RID_PREFIX)]
+        if not rows:
+            return
+        positions = batch.seq_lens.tolist()
+        record: dict = {"step": step, "rid": [rids[i] for i in rows], "pos": [int(positions[i]) for i in rows]}
+        if verify_input is not None:
+            drafts = verify_input.draft_token.reshape(len(positions), -1)[:, 1:].tolist()
+            record["draft"] = [drafts[i] for i in rows]
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def watch_drafts(self, draft_owner: Any, in_fallback: Callable[[], bool]) -> None:
+        """Shadow ``draft_owner.draft`` so that each speculative iteration's drafts are recorded."""
+        draft = draft_owner.draft
+
+        def recording_draft(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            verify_input = draft(batch, *args, **kwargs)
+            if not in_fallback():
+                self.iteration(SPECULATE, batch, verify_input)
+            return verify_input
+
+        draft_owner.draft = recording_draft
+
+
 class DynspecFallback:
     """Per-worker dynspec state, reached from the hooks in ``eagle_worker.py``."""
 
-    def __init__(self, controller: SwitchController, target: SingleTokenTarget) -> None:
+    def __init__(
+        self,
+        controller: SwitchController,
+        target: SingleTokenTarget,
+        draft_kv: "DraftKV",
+        recorder: Optional["DraftRecorder"] = None,
+    ) -> None:
         self.controller = controller
         self.target = target
+        self.draft_kv = draft_kv
+        self.recorder = recorder
         self.in_fallback = False
+        self._step = SPECULATE
         self._tree_indices = TreeIndices()
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered."""
         if self.in_fallback or batch.forward_mode.is_idle():
             return False
-        return not self.controller.speculate(batch.batch_size())
+        self._step = self.controller.step(batch.batch_size())
+        return self._step != SPECULATE
 
     def fall_back(self, worker: Any, batch: Any, entry: Callable[[Any], Any]) -> Any:
-        """Run the stock decode branch once more with N=1 state; ``draft()`` then returns the trivial tree."""
+        """Run the stock decode branch once more with N=1 state; ``draft()`` then returns the trivial tree.
+
+        Its draft extend writes only the draft KV, except at ``RESUME``, where it is the stock one.
+        """
+        if self.recorder is not None:
+            self.recorder.iteration(self._step, batch)
         saved_steps = (worker.speculative_num_steps, worker.speculative_num_draft_tokens)
         previous = self.target.swap_in()
         worker.speculative_num_steps, worker.speculative_num_draft_tokens = 0, 1
         self.in_fallback = True
         try:
-            return entry(batch)
+            with self.draft_kv.kv_only(worker) if self._step == FALL_BACK else contextlib.nullcontext():
+                return entry(batch)
         finally:
             self.in_fallback = False
             worker.speculative_num_steps, worker.speculative_num_draft_tokens = saved_steps

@@ -140,21 +140,25 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     settings = dynspec_settings(worker)
     if settings is None:
         return None
-    from sglang.srt.speculative.dynspec_runtime import SingleTokenTarget
+    from sglang.srt.speculative.dynspec_runtime import DraftKV, DraftRecorder, SingleTokenTarget, describe_draft_kv
 
     _refuse_unsupported(worker)
     rank0 = _tp_rank(worker) == 0
     tic = time.perf_counter()
     controller = _switch_controller(worker, settings, rank0)
+    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0)
     target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
-    fallback = V2Fallback(controller, target)
+    fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     worker.draft_worker._dynspec = fallback
+    if fallback.recorder is not None:
+        fallback.recorder.watch_drafts(worker.draft_worker, lambda: fallback.in_fallback)
     if rank0:
         logger.info(
             f"dynspec: v2 fallback ready in {time.perf_counter() - tic:.2f} s: speculation off above "
             f"{controller.disable_above} requests, on at or below {controller.enable_at_or_below}, at least "
             f"{controller.min_steps} iterations between switches; one-token target CUDA graphs for batch "
-            f"sizes {target.capture_bs or 'none (eager)'}; draft extend eager while off"
+            f"sizes {target.capture_bs or 'none (eager)'}; draft extend eager while off, "
+            f"{describe_draft_kv(draft_kv)}"
         )
     return fallback
 
@@ -193,12 +197,15 @@ class _SavedSteps:
 class V2Fallback:
     """Per-worker dynspec state for 0.5.4-0.5.13, reached from the hooks in ``eagle_worker_v2.py``."""
 
-    def __init__(self, controller: Any, target: Any) -> None:
-        from sglang.srt.speculative.dynspec_runtime import TreeIndices
+    def __init__(self, controller: Any, target: Any, draft_kv: Any, recorder: Any = None) -> None:
+        from sglang.srt.speculative.dynspec_runtime import SPECULATE, TreeIndices
 
         self.controller = controller
         self.target = target  # dynspec_runtime.SingleTokenTarget
+        self.draft_kv = draft_kv  # dynspec_runtime.DraftKV
+        self.recorder = recorder  # dynspec_runtime.DraftRecorder, or None
         self.in_fallback = False
+        self._step = SPECULATE
         self._tree_indices = TreeIndices()
         self._batch: Any = None
         self._early_fence = early_fence_enabled()  # read once: a bad value refuses at start-up
@@ -210,24 +217,36 @@ class V2Fallback:
         Idle batches (data-parallel attention, refused at start-up) and batches without a draft
         input keep the stock path and are not counted.
         """
+        from sglang.srt.speculative.dynspec_runtime import SPECULATE
+
         if self.in_fallback or batch.forward_mode.is_idle() or batch.spec_info is None:
             return False
-        if self.controller.speculate(batch_size_of(batch)):
+        self._step = self.controller.step(batch_size_of(batch))
+        if self._step == SPECULATE:
             return False
         self._batch = batch  # for fall_back, which the hook calls next
         return True
 
     def fall_back(self, worker: Any, run: Callable[[], Any]) -> Any:
-        """Run the stock decode branch once more (``run``) with the one-token state swapped in."""
+        """Run the stock decode branch once more (``run``) with the one-token state swapped in.
+
+        Its draft extend writes only the draft KV, except at ``RESUME``, where it is the stock one.
+        """
+        from sglang.srt.speculative.dynspec_runtime import FALL_BACK
+
         stride = worker.speculative_num_draft_tokens
         batch, self._batch = self._batch, None
+        if self.recorder is not None and batch is not None:
+            self.recorder.iteration(self._step, batch)
         fence = early_fence(batch) if batch is not None and self._early_fence else None
         saved = _SavedSteps(worker, worker.draft_worker)
         previous = self.target.swap_in()
+        draft_kv_only = self.draft_kv.kv_only(worker.draft_worker) if self._step == FALL_BACK else contextlib.nullcontext()
         try:
             saved.one_token()
             self.in_fallback = True
-            result = run()
+            with draft_kv_only:
+                result = run()
         finally:
             self.in_fallback = False
             saved.restore()
@@ -399,9 +418,18 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
         raise RuntimeError(f"dynspec: this EAGLEWorkerV2 lacks {', '.join(missing)}; {_FLAG} cannot work here")
     if getattr(worker, "adaptive_controller", None) is not None:
         raise ValueError(f"{_FLAG} does not support --speculative-adaptive")
+    from sglang.srt.speculative.dynspec_runtime import DraftKV, DraftRecorder
+
     rank0 = _tp_rank(worker) == 0
-    policy = ZeroStepPolicy(worker, _switch_controller(worker, settings, rank0), log=rank0)
+    controller = _switch_controller(worker, settings, rank0)
+    draft_worker = worker.draft_worker
+    draft_kv = DraftKV.build(draft_worker.draft_runner, log=rank0)
+    policy = ZeroStepPolicy(worker, controller, draft_kv, DraftRecorder.from_env(rank0), log=rank0)
     worker.adaptive_controller = policy
+    if draft_kv.saves_work:
+        policy.watch_draft_extend(draft_worker)
+    if policy.recorder is not None:
+        policy.recorder.watch_drafts(draft_worker, lambda: False)  # draft() is not called at zero steps
     return policy
 
 
@@ -448,11 +476,16 @@ class ZeroStepPolicy:
     switched by its ``apply_runtime_state``, as upstream's adaptive mode does.
     """
 
-    def __init__(self, worker: Any, controller: Any, log: bool = True) -> None:
+    def __init__(self, worker: Any, controller: Any, draft_kv: Any, recorder: Any = None, log: bool = True) -> None:
+        from sglang.srt.speculative.dynspec_runtime import SPECULATE
+
         self.worker = worker
         self.controller = controller  # dynspec_runtime.SwitchController
+        self.draft_kv = draft_kv  # dynspec_runtime.DraftKV
+        self.recorder = recorder  # dynspec_runtime.DraftRecorder, or None
         self.log = log
         self.speculative_num_steps = worker.speculative_num_steps
+        self._step = SPECULATE
         self._states: dict = {}
         self._warned_missing = False
         self._early_publish = early_fence_enabled()  # read once, at start-up
@@ -476,18 +509,23 @@ class ZeroStepPolicy:
                     speculative_num_steps=0, speculative_num_draft_tokens=1, cuda_graph_bs=capture_bs
                 )
         if self.log:
+            from sglang.srt.speculative.dynspec_runtime import describe_draft_kv
+
             graphs = getattr(getattr(self._states[0], "target_graph_runner", None), "capture_bs", None)
             logger.info(
                 f"dynspec: zero-step state ready in {time.perf_counter() - tic:.2f} s: speculation off above "
                 f"{self.controller.disable_above} requests, on at or below {self.controller.enable_at_or_below}, "
                 f"at least {self.controller.min_steps} iterations between switches; one-token target CUDA graphs "
-                f"for batch sizes {list(graphs) if graphs else 'none (eager)'}"
+                f"for batch sizes {list(graphs) if graphs else 'none (eager)'}; {describe_draft_kv(self.draft_kv)}"
             )
 
     def activate_step_by_batch(self, batch_size: int) -> None:
+        from sglang.srt.speculative.dynspec_runtime import SPECULATE
+
         if batch_size <= 0:  # an idle batch: keep the current state, count nothing
             return
-        steps = self.speculative_num_steps if self.controller.speculate(batch_size) else 0
+        self._step = self.controller.step(batch_size)
+        steps = self.speculative_num_steps if self._step == SPECULATE else 0
         if steps == self.worker.speculative_num_steps:
             return
         state = self._states.get(steps)
@@ -510,7 +548,26 @@ class ZeroStepPolicy:
         stock publication after the verify is then skipped (``None``). ``DYNSPEC_EARLY_FENCE=0``
         turns it off.
         """
-        if on_publish is None or self.worker.speculative_num_steps != 0 or not self._early_publish:
+        if self.worker.speculative_num_steps != 0:
+            return on_publish
+        if self.recorder is not None:
+            self.recorder.iteration(self._step, batch)
+        if on_publish is None or not self._early_publish:
             return on_publish
         on_publish(batch.seq_lens + 1)
         return None
+
+    def watch_draft_extend(self, draft_worker: Any) -> None:
+        """Shadow the draft worker's ``_draft_extend_for_decode``: at zero steps, except at
+        ``RESUME``, it runs under ``DraftKV.kv_only`` and writes only the draft KV."""
+        from sglang.srt.speculative.dynspec_runtime import FALL_BACK
+
+        stock = draft_worker._draft_extend_for_decode
+
+        def draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
+            if self._step != FALL_BACK or self.worker.speculative_num_steps != 0:
+                return stock(*args, **kwargs)
+            with self.draft_kv.kv_only(draft_worker):
+                return stock(*args, **kwargs)
+
+        draft_worker._draft_extend_for_decode = draft_extend_for_decode

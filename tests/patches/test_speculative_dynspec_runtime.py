@@ -33,7 +33,7 @@ SwitchController = runtime.SwitchController
 
 
 def decisions(controller: SwitchController, sizes: list[int]) -> str:
-    return "".join("S" if controller.speculate(bs) else "-" for bs in sizes)
+    return "".join({runtime.SPECULATE: "S", runtime.FALL_BACK: "-", runtime.RESUME: "r"}[controller.step(bs)] for bs in sizes)
 
 
 # -- the controller ------------------------------------------------------------------------------
@@ -41,25 +41,26 @@ def decisions(controller: SwitchController, sizes: list[int]) -> str:
 
 def test_switches_off_above_and_on_at_or_below_the_thresholds() -> None:
     controller = SwitchController(32, 16, min_steps=1, log=False)
-    assert decisions(controller, [1, 32, 33, 33, 20, 17, 16, 20, 32, 33]) == "SS----SSS-"
+    assert decisions(controller, [1, 32, 33, 33, 20, 17, 16, 20, 32, 33]) == "SS----rSS-"
 
 
 def test_enable_size_defaults_to_the_disable_size() -> None:
     controller = SwitchController(8, min_steps=1, log=False)
     assert controller.enable_at_or_below == 8
-    assert decisions(controller, [9, 8, 9, 8]) == "-S-S"
+    assert decisions(controller, [9, 8, 9, 8]) == "-r-r"
 
 
 def test_a_switch_waits_min_steps_iterations_after_the_previous_one() -> None:
     controller = SwitchController(8, 8, min_steps=4, log=False)
     # off at once (no switch yet), then three more iterations off although the batch is small
-    assert decisions(controller, [9, 1, 1, 1, 1, 9, 9, 9, 9]) == "----SSSS-"
+    assert decisions(controller, [9, 1, 1, 1, 1, 9, 9, 9, 9]) == "----rSSS-"
 
 
 def test_counters() -> None:
     controller = SwitchController(8, 4, min_steps=2, log=False)
-    decisions(controller, [9, 9, 6, 4, 4, 9, 9])
-    assert (controller.spec_iterations, controller.fallback_iterations, controller.switches) == (2, 5, 3)
+    assert decisions(controller, [9, 9, 6, 4, 4, 9, 9]) == "---rS--"
+    # the resume iteration does not speculate, so it counts as a fallback iteration
+    assert (controller.spec_iterations, controller.fallback_iterations, controller.switches) == (1, 6, 3)
 
 
 def test_each_switch_logs_exactly_one_info_line(caplog: pytest.LogCaptureFixture) -> None:
@@ -126,11 +127,11 @@ def fake_prometheus(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
 def test_metrics_count_iterations_and_switches(fake_prometheus: dict[str, Any]) -> None:
     controller = SwitchController(8, min_steps=1, log=False, metrics=runtime.DynspecMetrics("m"))
-    decisions(controller, [1, 9, 9, 1])
+    assert decisions(controller, [1, 9, 9, 1]) == "S--r"
     values = {name: sum(c.values.values()) for name, c in fake_prometheus.items()}
     assert values == {
-        "sglang:dynspec_spec_iterations_total": 2,
-        "sglang:dynspec_fallback_iterations_total": 2,
+        "sglang:dynspec_spec_iterations_total": 1,
+        "sglang:dynspec_fallback_iterations_total": 3,
         "sglang:dynspec_switches_total": 2,
     }
     assert all(c.labelnames == ["model_name"] for c in fake_prometheus.values())
@@ -138,7 +139,7 @@ def test_metrics_count_iterations_and_switches(fake_prometheus: dict[str, Any]) 
 
 def test_metrics_are_created_once_per_process(fake_prometheus: dict[str, Any]) -> None:
     for _ in range(2):
-        SwitchController(8, log=False, metrics=runtime.DynspecMetrics("m")).speculate(1)
+        SwitchController(8, log=False, metrics=runtime.DynspecMetrics("m")).step(1)
     assert len(fake_prometheus) == 3
 
 
@@ -620,13 +621,13 @@ def test_the_decode_view_matches_each_releases_backend_api(version: str) -> None
 
 def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     new, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, None, "0.5.12")
-    marker = "# dynspec: speculative_dynspec_runtime r3\n"
+    marker = "# dynspec: speculative_dynspec_runtime r4\n"
     assert new == marker + Path(runtime.__file__).read_text(encoding="utf-8")
     assert steps[0].outcome.value == "patched"
     shipped = types.ModuleType("sglang.srt.speculative.dynspec_runtime")
     monkeypatch.setitem(sys.modules, shipped.__name__, shipped)
     monkeypatch.setitem(sys.modules, "torch", None)  # importing torch at module level would fail
     exec(compile(new, "dynspec_runtime.py", "exec"), shipped.__dict__)
-    assert shipped.SwitchController(8, log=False).speculate(9) is False
+    assert shipped.SwitchController(8, log=False).step(9) == shipped.FALL_BACK
     again, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, new, "0.5.12")
     assert again == new and steps[0].outcome.value == "already applied"

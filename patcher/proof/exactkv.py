@@ -1,0 +1,191 @@
+"""The ``exact_kv`` check: is the draft model's KV after a fallback span what a full extend leaves?
+
+Three dynspec servers get the same load, each recording its drafts (``DYNSPEC_RECORD_DRAFTS``):
+the default (KV-only draft extend while off), ``DYNSPEC_DRAFT_KV=full`` (the stock extend in every
+fallback iteration) and ``DYNSPEC_DRAFT_KV=skip`` (no extend while off: holes in the draft KV).
+A draft proposal at a position depends only on the request's draft KV below it and the draft
+state handed on, so with the same greedy tokens, equal KV means equal proposals at every
+position, whatever the batch around it. The check passes when the default's proposals equal
+full's at every position after each request's first fallback iteration, and skip's differ
+somewhere: a control that does not differ shows the comparison cannot see the KV.
+
+The load is ``cycles`` waves, each of ``long`` requests that outlive the wave and ``short`` ones
+that push the batch above the threshold and finish early, so the long requests decode through a
+fallback span and then speculate again; from the second wave on, ``joiners`` more long requests
+arrive while speculation is off. Only requests named with ``RID_PREFIX`` are recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patcher.proof.client import Request
+
+RID_PREFIX = "dynspec-record-"  # the runtime records requests whose rid starts with this
+FIRST_PROMPT = 200_000  # away from the equivalence and ramp prompts
+JOIN_DELAY = 0.1  # seconds after a wave starts at which its joiners are sent
+SPECULATE = "speculate"  # DraftRecorder's step names
+FALL_BACK, RESUME = "fall back", "resume"
+MAX_LISTED = 20
+
+
+@dataclass(frozen=True)
+class Load:
+    cycles: int
+    long: int
+    short: int
+    joiners: int
+    long_tokens: int
+    short_tokens: int
+
+    def waves(self) -> list[list[Request]]:
+        """Each wave's requests; prompts and rids are the same for every server."""
+        out = []
+        index = FIRST_PROMPT
+        for cycle in range(self.cycles):
+            wave = []
+            for kind, count, tokens, delay in (
+                ("long", self.long, self.long_tokens, 0.0),
+                ("short", self.short, self.short_tokens, 0.0),
+                ("join", self.joiners if cycle else 0, self.long_tokens, JOIN_DELAY),
+            ):
+                for _ in range(count):
+                    wave.append(Request(index, tokens, f"{RID_PREFIX}{cycle}-{kind}-{index}", delay))
+                    index += 1
+            out.append(wave)
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "cycles": self.cycles,
+            "long": self.long,
+            "short": self.short,
+            "joiners": self.joiners,
+            "long_tokens": self.long_tokens,
+            "short_tokens": self.short_tokens,
+            "join_delay_s": JOIN_DELAY,
+            "first_prompt": FIRST_PROMPT,
+        }
+
+
+@dataclass
+class Recording:
+    """One server's recorded iterations, per request: the first fallback position, drafts by position."""
+
+    first_off: dict[str, int] = field(default_factory=dict)
+    drafts: dict[str, dict[int, list[int]]] = field(default_factory=dict)
+    lines: int = 0
+    bad_lines: int = 0
+
+
+def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Recording:
+    """Read a ``DYNSPEC_RECORD_DRAFTS`` file; requests not named with ``prefix`` are ignored."""
+    rec = Recording()
+    for line in lines:
+        if not line.strip():
+            continue
+        rec.lines += 1
+        try:
+            entry = json.loads(line)
+            step, rids, positions = entry["step"], entry["rid"], entry["pos"]
+            drafts = entry.get("draft")
+            if len(rids) != len(positions) or (drafts is not None and len(drafts) != len(rids)):
+                raise ValueError("columns of different lengths")
+        except (ValueError, KeyError, TypeError):
+            rec.bad_lines += 1
+            continue
+        for i, (rid, pos) in enumerate(zip(rids, positions)):
+            if not str(rid).startswith(prefix):
+                continue
+            if step in (FALL_BACK, RESUME):
+                rec.first_off[rid] = min(pos, rec.first_off.get(rid, pos))
+            elif step == SPECULATE and drafts is not None:
+                rec.drafts.setdefault(rid, {})[int(pos)] = [int(t) for t in drafts[i]]
+    return rec
+
+
+def read(path: Path) -> Recording:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return parse(f)
+    except FileNotFoundError:
+        return Recording()
+
+
+@dataclass
+class Comparison:
+    requests: int = 0  # requests that speculated again after a fallback span, in both recordings
+    steps: int = 0  # (request, position) pairs compared
+    mismatches: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def differs(self) -> bool:
+        return bool(self.mismatches)
+
+
+def compare(reference: Recording, other: Recording) -> Comparison:
+    """Proposals of ``other`` against ``reference`` at the positions after each request's first
+    fallback iteration (in the reference) that both recorded."""
+    out = Comparison()
+    for rid, first_off in sorted(reference.first_off.items()):
+        ref, got = reference.drafts.get(rid, {}), other.drafts.get(rid, {})
+        common = sorted(p for p in ref.keys() & got.keys() if p > first_off)
+        if not common:
+            continue
+        out.requests += 1
+        out.steps += len(common)
+        out.mismatches += [
+            {"rid": rid, "pos": p, "reference": ref[p], "other": got[p]} for p in common if ref[p] != got[p]
+        ]
+    return out
+
+
+def judge(
+    recordings: Mapping[str, Recording],
+    digests: Mapping[str, Sequence[str]],
+    min_steps: int,
+    problems: list[str],
+) -> dict[str, Any]:
+    """The report entry: ``recordings`` and ``digests`` (per wave) are keyed ``kv``, ``full``, ``skip``."""
+    kv = compare(recordings["full"], recordings["kv"]) if {"full", "kv"} <= recordings.keys() else Comparison()
+    control = compare(recordings["full"], recordings["skip"]) if {"full", "skip"} <= recordings.keys() else Comparison()
+    if len({tuple(d) for d in digests.values()}) > 1:
+        problems.append(f"greedy outputs of the load differ between the servers: {dict(digests)}")
+    if kv.steps < min_steps:
+        problems.append(f"only {kv.steps} proposals compared after a fallback span, {min_steps} needed")
+    if kv.differs:
+        first = kv.mismatches[0]
+        problems.append(
+            f"{len(kv.mismatches)} of {kv.steps} proposals differ from the full extend's, first: {first['rid']} "
+            f"at position {first['pos']}: {first['other']} instead of {first['reference']}"
+        )
+    if not control.differs:
+        problems.append(
+            f"the control (no draft extend while off) proposed the same as the full extend at all {control.steps} "
+            "positions compared: this load cannot tell a stale draft KV from an exact one"
+        )
+    for name, rec in sorted(recordings.items()):
+        if rec.bad_lines:
+            problems.append(f"{rec.bad_lines} unreadable line(s) in the {name} recording")
+    return {
+        "passed": not problems,
+        "compared_requests": kv.requests,
+        "compared_steps": kv.steps,
+        "control_differs": control.differs,
+        "mismatches": len(kv.mismatches),
+        "mismatch_examples": kv.mismatches[:MAX_LISTED],
+        "control_compared_requests": control.requests,
+        "control_compared_steps": control.steps,
+        "control_mismatches": len(control.mismatches),
+        "recorded_lines": {name: rec.lines for name, rec in sorted(recordings.items())},
+        "digests": {name: list(d) for name, d in sorted(digests.items())},
+        "problems": problems,
+        "detail": (
+            f"{kv.steps} proposals of {kv.requests} requests after a fallback span equal the full extend's; "
+            f"the control differs at {len(control.mismatches)} of {control.steps}"
+        ),
+    }

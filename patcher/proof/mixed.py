@@ -1,0 +1,141 @@
+"""The ``mixed_load`` check: a load whose concurrency rises and falls, as a day of traffic does.
+
+Each phase keeps ``C`` requests in flight (a closed loop) until ``per_phase * C`` have been
+answered; phases follow each other without a pause. Every server gets the same phases with the
+same prompts (numbered from ``FIRST_PROMPT`` on, in order: the "seed" is that numbering). The
+oracle is, phase by phase, the faster of speculation off (base) and always on: what a perfect
+switch made per phase would take. The check passes when dynspec's total time is at most
+``max_ratio`` times the oracle's and below both static servers'.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from patcher.proof.client import Client, LevelResult, Request, run_requests
+
+FIRST_PROMPT = 300_000
+DEFAULT_PHASES = (1, 4, 16, 64, 128, 64, 16, 4, 1)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    phases: tuple[int, ...]
+    per_phase: int  # requests per phase = per_phase * C
+    new_tokens: int
+
+    def requests(self) -> list[list[Request]]:
+        out, index = [], FIRST_PROMPT
+        for c in self.phases:
+            out.append([Request(index + k, self.new_tokens) for k in range(self.per_phase * c)])
+            index += self.per_phase * c
+        return out
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "phases": list(self.phases),
+            "requests_per_phase": [self.per_phase * c for c in self.phases],
+            "new_tokens": self.new_tokens,
+            "first_prompt": FIRST_PROMPT,
+            "closed_loop": True,
+        }
+
+
+@dataclass
+class Run:
+    """One pass of the schedule on one server: each phase's result."""
+
+    phases: list[LevelResult]
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.phases)
+
+    @property
+    def failures(self) -> list[str]:
+        return [f"phase {i} (C={p.concurrency}): {f}" for i, p in enumerate(self.phases) for f in p.failures]
+
+
+def run_once(client: Client, schedule: Schedule) -> Run:
+    return Run([run_requests(client, reqs, c) for c, reqs in zip(schedule.phases, schedule.requests())])
+
+
+def measure(client: Client, schedule: Schedule, repeats: int, warmup: bool) -> list[Run]:
+    """``repeats`` timed passes, after an untimed one if asked; stops at the first failing pass."""
+    if warmup:
+        first = run_once(client, schedule)
+        if first.failures:
+            return [first]
+    runs = []
+    for _ in range(max(1, repeats)):
+        run = run_once(client, schedule)
+        runs.append(run)
+        if run.failures:
+            break
+    return runs
+
+
+def judge(
+    schedule: Schedule,
+    runs: Mapping[str, Sequence[Run]],
+    max_ratio: float,
+    problems: list[str],
+) -> dict[str, Any]:
+    """The report entry; ``runs`` is keyed ``base``, ``always_on``, ``dynspec``. Per phase and in
+    total, a server's time is the median over its passes."""
+    n = len(schedule.phases)
+    phase_s: dict[str, list[float]] = {}
+    total_s: dict[str, float] = {}
+    samples: dict[str, list[float]] = {}
+    for name, passes in runs.items():
+        for run in passes:
+            problems += [f"{name}: {f}" for f in run.failures[:3]]
+        good = [r for r in passes if not r.failures and len(r.phases) == n]
+        if not good:
+            continue
+        phase_s[name] = [round(statistics.median(r.phases[i].seconds for r in good), 3) for i in range(n)]
+        total_s[name] = round(statistics.median(r.seconds for r in good), 3)
+        samples[name] = [round(r.seconds, 3) for r in good]
+    missing = [m for m in ("base", "always_on", "dynspec") if m not in total_s]
+    if missing:
+        problems.append(f"no complete pass of the load on {', '.join(missing)}")
+    oracle = None
+    phases: list[dict[str, Any]] = []
+    if "base" in phase_s and "always_on" in phase_s:
+        best = [min(b, a) for b, a in zip(phase_s["base"], phase_s["always_on"])]
+        oracle = round(sum(best), 3)
+        for i, c in enumerate(schedule.phases):
+            row: dict[str, Any] = {"C": c, "requests": schedule.per_phase * c, "oracle_s": best[i]}
+            row.update({f"{name}_s": s[i] for name, s in phase_s.items()})
+            row["faster_static"] = "base" if phase_s["base"][i] <= phase_s["always_on"][i] else "always_on"
+            phases.append(row)
+    dyn = total_s.get("dynspec")
+    ratio = round(dyn / oracle, 4) if dyn is not None and oracle else None
+    if dyn is not None and ratio is not None and not missing:
+        if ratio > max_ratio:
+            problems.append(f"dynspec took {dyn:.2f} s, {ratio:.3f}x the oracle's {oracle:.2f} s (at most {max_ratio:g}x)")
+        slower = [m for m in ("base", "always_on") if dyn >= total_s[m]]
+        if slower:
+            problems.append(
+                "dynspec is not faster than " + " and ".join(f"{m} ({total_s[m]:.2f} s)" for m in slower) + f": {dyn:.2f} s"
+            )
+    return {
+        "passed": not problems,
+        "seconds": {m: total_s.get(m) for m in ("base", "always_on", "dynspec")},
+        "oracle_seconds": oracle,
+        "dynspec_over_oracle": ratio,
+        "max_ratio": max_ratio,
+        "phases": phases,
+        "samples": samples,
+        "schedule": schedule.describe(),
+        "problems": problems,
+        "detail": (
+            f"dynspec {dyn:.2f} s, oracle {oracle:.2f} s ({ratio:.3f}x), base {total_s['base']:.2f} s, "
+            f"always-on {total_s['always_on']:.2f} s"
+            if ratio is not None and not missing
+            else "incomplete"
+        ),
+    }
