@@ -1,5 +1,5 @@
 #!/bin/bash
-# scripts/h200-runs.sh STEP: the device calls behind docs/proof (sessions 2 and 3), one STEP per call.
+# scripts/h200-runs.sh STEP: the device calls behind docs/proof (sessions 2 to 4), one STEP per call.
 # Prepare with scripts/gpu-prepare.sh VERSION. Steps that start servers check the kit's first
 # part is still in /tmp/site (the machine keeps /tmp only while it stays warm).
 #   kit-a V        carry .gpu/kit-V-a.tar.xz (replaces whatever kit /tmp/site held)
@@ -15,12 +15,17 @@
 #   fence-13       as proof-13, with 0.5.13's opt-in early publication (DYNSPEC_EARLY_FENCE=1)
 #   fence-13-tput  (same warm machine) its throughput, warm-up and one run per level
 #   v1-tput        (after kit-a 0.5.12 and v2-proof or v1-proof) v1 throughput with --no-overlap-base
+# Session 4 (KV-only draft extend while off; exact_kv and mixed_load):
+#   kv-proof V P   carry .gpu/kit-V-b.tar.xz .gpu/patched-V (after kit-a V): equivalence, crossings and
+#                  exact_kv (5 servers) on SGLang V, path P (v1 or v2)
+#   kv-tput V P    (same warm machine) throughput (median of 3) and mixed_load (median of 3) on V, path P;
+#                  v1 adds --no-overlap-base
 set -u
 step=$1; shift
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 need_kit() { [ -d /tmp/site/transformers ] || { echo "kit part a missing: redo kit-a"; exit 3; }; }
 unpack_b() { need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site && cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
-finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log && rm -f *.log); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
+finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log $(ls *.jsonl 2>/dev/null) && rm -f *.log *.jsonl); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
 # timeout: a device call's limit is 600 s; a stopped run still leaves its partial report.json
 proof() { local out=$OUT/$1; shift; timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1; echo "proof rc=$?"; tail -30 "$out.txt"; finish "$out"; }
 case $step in
@@ -67,5 +72,10 @@ case $step in
   v1-tput) need_kit
     proof proof-v1-tput --path v1 --checks throughput --threshold 32 --no-overlap-base \
       --throughput-levels 1,4,16,32,64,128 --throughput-repeats 1 ;;
+  kv-proof) unpack_b "$1" || exit 3
+    proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
+  kv-tput) need_kit; extra=""; [ "$2" = v1 ] && extra="--no-overlap-base"
+    proof "proof-$1-$2-tput" --path "$2" --checks throughput,mixed_load --threshold 32 $extra \
+      --throughput-levels 1,4,16,32,64,128 ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
