@@ -27,9 +27,17 @@ from patcher.releases import unpacked
 from patches.runtime import dynspec_runtime as runtime
 from patches.speculative_dynspec_runtime import SpeculativeDynspecRuntime
 from tests.conftest import RELEASES
+from tests.patches.fake_draft import draft_stack
 from tests.patches.test_eagle_worker_dynspec_fallback import V1_RELEASES
 
 SwitchController = runtime.SwitchController
+
+
+@pytest.fixture(autouse=True)
+def no_dynspec_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runtime reads DYNSPEC_* at start-up; a shell that has them set must not change these tests."""
+    for name in (runtime.DRAFT_KV_ENV, runtime.RECORD_ENV, runtime.ATTENTION_ENV):
+        monkeypatch.delenv(name, raising=False)
 
 
 def decisions(controller: SwitchController, sizes: list[int]) -> str:
@@ -298,7 +306,8 @@ class FakeBatch:
 
 def fallback_for(runner: FakeModelRunner, disable_above: int = 8) -> runtime.DynspecFallback:
     target = runtime.SingleTokenTarget(runner, "one-token backend", "one-token graph", "graph_runner", [16])
-    return runtime.DynspecFallback(SwitchController(disable_above, min_steps=1, log=False), target)
+    draft_kv = runtime.DraftKV(runtime.DRAFT_KV_ONLY, draft_stack().runner, log=False)
+    return runtime.DynspecFallback(SwitchController(disable_above, min_steps=1, log=False), target, draft_kv)
 
 
 def test_fall_back_reenters_the_entry_point_with_the_one_token_state() -> None:
@@ -342,7 +351,12 @@ def test_idle_batches_always_take_the_normal_path() -> None:
 
 def worker_with(**flags: Any) -> SimpleNamespace:
     args = server_args(model_path="m", served_model_name="m", **flags)
-    return SimpleNamespace(server_args=args, tp_rank=0, target_worker=SimpleNamespace(model_runner=FakeModelRunner()))
+    return SimpleNamespace(
+        server_args=args,
+        tp_rank=0,
+        target_worker=SimpleNamespace(model_runner=FakeModelRunner()),
+        draft_model_runner=draft_stack().runner,
+    )
 
 
 def test_attach_is_a_no_op_without_the_flag() -> None:
@@ -365,6 +379,9 @@ def test_attach_builds_the_controller_from_the_flags(caplog: pytest.LogCaptureFi
     assert controller.metrics is None
     assert fallback.target.capture_bs == [32, 64]
     assert "dynspec: fallback ready" in caplog.text
+    # a one-layer EAGLE-3 draft: the KV-only draft extend, said so at start-up; nothing recorded unless asked
+    assert fallback.draft_kv.mode == runtime.DRAFT_KV_ONLY and fallback.recorder is None
+    assert "draft KV only while off, full draft extend at resume" in caplog.text
 
 
 # -- the trivial verify input against every release ----------------------------------------------

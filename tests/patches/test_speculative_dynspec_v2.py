@@ -26,6 +26,7 @@ from patcher.releases import unpacked
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
 from patches.speculative_dynspec_v2 import SpeculativeDynspecV2
+from tests.patches.fake_draft import DraftWorker, draft_stack
 from tests.patches.test_eagle_worker_v2_dynspec_fallback import OWN_FALLBACK_RELEASES
 from tests.patches.test_eagle_worker_v2_dynspec_zero_step import ZERO_STEP_RELEASES
 
@@ -165,7 +166,12 @@ class FakeTarget:
 
 
 def fake_worker() -> SimpleNamespace:
-    draft = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4, cuda_graph_runner_for_draft_extend="extend graph")
+    draft = SimpleNamespace(
+        speculative_num_steps=3,
+        speculative_num_draft_tokens=4,
+        cuda_graph_runner_for_draft_extend="extend graph",
+        draft_runner=draft_stack().runner,
+    )
     runner = SimpleNamespace(attn_backend="live backend", graph_runner="live graph")
     return SimpleNamespace(
         speculative_num_steps=3,
@@ -218,13 +224,15 @@ def fake_torch(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     torch = types.ModuleType("torch")
     torch.get_device_module = lambda device: device_module  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch", torch)
-    monkeypatch.delenv(v2.EARLY_FENCE_ENV, raising=False)
+    for name in (v2.EARLY_FENCE_ENV, runtime.DRAFT_KV_ENV, runtime.RECORD_ENV, runtime.ATTENTION_ENV):
+        monkeypatch.delenv(name, raising=False)  # a shell with DYNSPEC_* set must not change these tests
     return timeline
 
 
 def fallback_for(worker: SimpleNamespace, disable_above: int = 8) -> v2.V2Fallback:
     controller = runtime.SwitchController(disable_above, min_steps=1, log=False)
-    return v2.V2Fallback(controller, FakeTarget(worker.target_worker.model_runner))
+    draft_kv = runtime.DraftKV(runtime.DRAFT_KV_ONLY, worker.draft_worker.draft_runner, log=False)
+    return v2.V2Fallback(controller, FakeTarget(worker.target_worker.model_runner), draft_kv)
 
 
 @pytest.mark.parametrize("stamped", [False, True], ids=["<=0.5.11", "0.5.12+"])
@@ -441,6 +449,7 @@ class FakeAdaptiveWorker:
         self.built: list[tuple] = []
         self.applied: list[int] = []
         self._target_worker = SimpleNamespace(model_runner=TargetRunner())
+        self.draft_worker: DraftWorker = draft_stack().worker
 
     def build_adaptive_runtime_state(self, speculative_num_steps: int, speculative_num_draft_tokens: int, cuda_graph_bs: Any = None) -> Any:
         self.built.append((speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs))
@@ -551,14 +560,18 @@ def test_policy_switches_with_hysteresis_and_dwell() -> None:
     worker = FakeAdaptiveWorker(speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=2)
     policy = v2.attach_zero_step_policy(worker)
     worker.init_cuda_graphs(GRAPH_SIZES)
-    steps = []
+    steps, kinds = [], []
     for batch_size in [8, 33, 20, 17, 16, 16, 40, 0, 40, 40]:
         policy.activate_step_by_batch(batch_size)
         steps.append(worker.speculative_num_steps)
-    # off above 32; 20 and 17 are inside the band; 16 switches back on; 40 only after 2 iterations;
+        kinds.append("." if batch_size == 0 else {runtime.SPECULATE: "S", runtime.FALL_BACK: "-", runtime.RESUME: "r"}[policy._step])
+    # off above 32; 20 and 17 are inside the band; 16 switches back on, and that iteration (the
+    # resume) still runs at zero steps with the full draft extend; 40 only after 2 iterations;
     # an idle batch (0) changes nothing and is not counted
-    assert steps == [3, 0, 0, 0, 3, 3, 0, 0, 0, 0]
+    assert "".join(kinds) == "S---rS-.--"
+    assert steps == [3, 0, 0, 0, 0, 3, 0, 0, 0, 0]
     assert worker.applied == [0, 3, 0]
+    assert (policy.controller.spec_iterations, policy.controller.fallback_iterations) == (2, 7)
     policy.on_verify_complete([2, 2, 2], batch_size=3)  # acceptance does not move it
     assert worker.applied == [0, 3, 0]
 

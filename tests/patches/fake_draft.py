@@ -1,0 +1,369 @@
+"""A pure-Python draft side for the runtime tests, with SGLang's call structure.
+
+``DraftWorker.draft_extend`` is the stock draft extend after a decode (v1's
+``forward_draft_extend_after_decode``, v2's ``_draft_extend_for_decode``): it replays
+``cuda_graph_runner_for_draft_extend`` when there is one, else calls the draft model runner,
+whose ``forward`` replays its own prefill / piecewise graph or calls ``model.forward(input_ids,
+positions, forward_batch)``. The model (named ``LlamaForCausalLMEagle3``) embeds, and each layer
+computes K/V from (token, position, target hidden state) and calls its ``RadixAttention``, which
+calls the attention backend; the backend first writes the K/V with the pool's ``set_kv_buffer``,
+then runs "attention"; the layer then runs "mlp", the model "lm_head". Every stage is logged,
+so a test sees how far a forward got. A replayed graph computes everything, but never through
+the model's Python ``forward`` (as a CUDA graph does).
+
+No torch: tensors are ``Rows`` (a list with ``shape`` and ``device``). ``install_fake_torch``
+puts the two modules ``DraftKV.placeholder`` imports into ``sys.modules``.
+"""
+
+from __future__ import annotations
+
+import sys
+import types
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+DEVICE = "cuda:0"
+HIDDEN = 8
+SPEC_HIDDEN = 24
+VOCAB = 32
+
+
+@dataclass
+class Rows:
+    """A 1-D tensor as a list: what the draft stack reads of one (shape, device, the values)."""
+
+    values: list[Any]
+    device: str = DEVICE
+
+    @property
+    def shape(self) -> tuple[int]:
+        return (len(self.values),)
+
+
+@dataclass
+class Zeros:
+    """What the fake ``torch.zeros`` returns."""
+
+    shape: tuple[int, ...]
+    dtype: Any
+    device: Any
+
+
+@dataclass
+class LogitsProcessorOutput:
+    """SGLang's, as far as the draft extend reads it (its other fields have defaults)."""
+
+    next_token_logits: Any
+    hidden_states: Any = None
+    next_token_logprobs: Any = None
+
+
+def install_fake_torch(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
+    """``torch`` (``zeros``, ``float32``) and ``sglang.srt.layers.logits_processor`` in ``sys.modules``.
+
+    An existing fake ``torch`` (e.g. one with ``get_device_module``) is extended, not replaced.
+    """
+    torch = sys.modules.get("torch")
+    if not isinstance(torch, types.ModuleType):
+        torch = types.ModuleType("torch")
+        monkeypatch.setitem(sys.modules, "torch", torch)
+    monkeypatch.setattr(torch, "float32", "torch.float32", raising=False)
+    monkeypatch.setattr(torch, "bfloat16", "torch.bfloat16", raising=False)
+    monkeypatch.setattr(
+        torch, "zeros", lambda shape, dtype=None, device=None: Zeros(tuple(shape), dtype, device), raising=False
+    )
+    for name in ("sglang", "sglang.srt", "sglang.srt.layers"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = []
+            monkeypatch.setitem(sys.modules, name, package)
+    logits = types.ModuleType("sglang.srt.layers.logits_processor")
+    logits.LogitsProcessorOutput = LogitsProcessorOutput  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, logits.__name__, logits)
+    return torch
+
+
+def kv_of(token: int, position: int, hidden: int, layer_id: int = 0) -> tuple[int, int]:
+    """The K and V a draft layer writes for one token: a function of that position's inputs alone."""
+    k = (token * 1009 + position * 31 + hidden * 7 + layer_id) % 65521
+    return k, (k * 17 + 3) % 65521
+
+
+class Module:
+    """``torch.nn.Module`` as far as ``kv_only_unsupported`` looks: ``modules()`` walks the children."""
+
+    def children(self) -> Iterator[Module]:
+        for value in vars(self).values():
+            if isinstance(value, Module):
+                yield value
+            elif isinstance(value, list):
+                yield from (v for v in value if isinstance(v, Module))
+
+    def modules(self) -> Iterator[Module]:
+        yield self
+        for child in self.children():
+            yield from child.modules()
+
+
+class RadixAttention(Module):
+    def __init__(self, layer_id: int) -> None:
+        self.layer_id = layer_id
+        self.k_scale = self.v_scale = None
+
+    def __call__(self, q: Any, k: Any, v: Any, forward_batch: Any, save_kv_cache: bool = True) -> Any:
+        return forward_batch.attn_backend.forward(q, k, v, self, forward_batch, save_kv_cache)
+
+
+class LlamaDecoderLayer(Module):
+    """The EAGLE-3 midlayer: K/V projections (and rope) of the inputs, attention, MLP."""
+
+    def __init__(self, layer_id: int, log: list[str]) -> None:
+        self.layer_id = layer_id
+        self.attn = RadixAttention(layer_id)
+        self.log = log
+
+    def __call__(self, positions: Rows, input_ids: Rows, hidden: list[int], forward_batch: Any) -> list[int]:
+        self.log.append(f"qkv {self.layer_id}")
+        kv = [kv_of(t, p, h, self.layer_id) for t, p, h in zip(input_ids.values, positions.values, hidden)]
+        out = self.attn(list(hidden), [k for k, _ in kv], [v for _, v in kv], forward_batch)
+        self.log.append(f"mlp {self.layer_id}")
+        return [x + 1 for x in out]
+
+
+class LlamaForCausalLMEagle3(Module):
+    """Named like the one-layer EAGLE-3 head whose K/V depend on their position's inputs only."""
+
+    def __init__(self, log: list[str], layers: int = 1) -> None:
+        self.layers = [LlamaDecoderLayer(i, log) for i in range(layers)]
+        self.log = log
+
+    def forward(self, input_ids: Rows, positions: Rows, forward_batch: Any) -> LogitsProcessorOutput:
+        self.log.append("embed")
+        hidden = list(forward_batch.spec_info.hidden_states)
+        for layer in self.layers:
+            hidden = layer(positions, input_ids, hidden, forward_batch)
+        self.log.append("lm_head")
+        rows = input_ids.shape[0]
+        return LogitsProcessorOutput(next_token_logits=("logits", rows, VOCAB), hidden_states=("hidden", rows, hidden))
+
+
+class LlamaForCausalLMEagle(LlamaForCausalLMEagle3):
+    """A draft class the KV-only extend does not know (EAGLE-1/2)."""
+
+
+class MHATokenToKVPool:
+    """The draft KV pool: ``(layer_id, loc) -> (k, v)``."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.kv: dict[tuple[int, int], tuple[int, int]] = {}
+        self.log = log
+
+    def set_kv_buffer(self, layer: Any, loc: Rows, cache_k: list[int], cache_v: list[int], k_scale: Any = None, v_scale: Any = None) -> None:
+        self.log.append("set_kv_buffer")
+        self.store(layer.layer_id, loc, cache_k, cache_v)
+
+    def store(self, layer_id: int, loc: Rows, cache_k: list[int], cache_v: list[int]) -> None:
+        for slot, k, v in zip(loc.values, cache_k, cache_v):
+            self.kv[(layer_id, slot)] = (k, v)
+
+
+class TritonAttnBackend:
+    """Writes the K/V through the pool, then attends. ``pool_from``: ``forward_batch`` (up to 0.5.16) or
+    ``self`` (0.5.17+ keep the pool on the backend); both are the draft runner's pool object."""
+
+    def __init__(self, pool: MHATokenToKVPool, log: list[str], pool_from: str = "forward_batch") -> None:
+        self.token_to_kv_pool = pool
+        self.pool_from = pool_from
+        self.log = log
+
+    def forward(self, q: list[int], k: list[int], v: list[int], layer: Any, forward_batch: Any, save_kv_cache: bool = True) -> list[int]:
+        if save_kv_cache:
+            self.write(layer, forward_batch, k, v)
+        self.log.append("attention")
+        return [a + b for a, b in zip(q, k)]
+
+    def write(self, layer: Any, forward_batch: Any, k: list[int], v: list[int]) -> None:
+        pool = forward_batch.token_to_kv_pool if self.pool_from == "forward_batch" else self.token_to_kv_pool
+        pool.set_kv_buffer(layer, forward_batch.out_cache_loc, k, v, layer.k_scale, layer.v_scale)
+
+
+class FusedWriteBackend(TritonAttnBackend):
+    """Writes the K/V in its own kernel, never through ``set_kv_buffer``."""
+
+    def write(self, layer: Any, forward_batch: Any, k: list[int], v: list[int]) -> None:
+        self.log.append("fused kv write")
+        forward_batch.token_to_kv_pool.store(layer.layer_id, forward_batch.out_cache_loc, k, v)
+
+
+class PreboundWriteBackend(TritonAttnBackend):
+    """Took the pool's bound ``set_kv_buffer`` once, at start-up: a shadow on the pool cannot reach it."""
+
+    def __init__(self, pool: MHATokenToKVPool, log: list[str]) -> None:
+        super().__init__(pool, log)
+        self._set_kv_buffer = pool.set_kv_buffer
+
+    def write(self, layer: Any, forward_batch: Any, k: list[int], v: list[int]) -> None:
+        self._set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+
+
+class GraphRunner:
+    """A captured graph: replay runs every captured kernel, but not the model's Python ``forward``."""
+
+    def __init__(self, name: str, model: LlamaForCausalLMEagle3, log: list[str]) -> None:
+        self.name, self.model, self.log = name, model, log
+
+    def can_run(self, forward_batch: Any) -> bool:
+        return True
+
+    def replay(self, forward_batch: Any) -> LogitsProcessorOutput:
+        self.log.append(f"{self.name} replay")
+        return type(self.model).forward(self.model, forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+
+class DraftRunner:
+    """The draft ``ModelRunner``: ``forward`` replays its prefill graph if it has one, else runs the model."""
+
+    def __init__(self, model: LlamaForCausalLMEagle3, pool: Any, backend: Any, log: list[str], spec_hidden_size: int | None = SPEC_HIDDEN) -> None:
+        self.model = model
+        self.token_to_kv_pool = pool
+        self.attn_backend = backend
+        self.model_config = SimpleNamespace(hidden_size=HIDDEN, spec_hidden_size=spec_hidden_size, dtype="torch.bfloat16")
+        self.log = log
+
+    def forward(self, forward_batch: Any) -> LogitsProcessorOutput:
+        for name in ("prefill_cuda_graph_runner", "piecewise_cuda_graph_runner"):
+            graph = getattr(self, name, None)
+            if graph is not None and graph.can_run(forward_batch):
+                return graph.replay(forward_batch)
+        return self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+
+
+@dataclass
+class Extend:
+    """One draft extend's inputs: a token per request at its position, with the target's hidden state."""
+
+    tokens: list[int]
+    positions: list[int]
+    slots: list[int]
+    hidden: list[int] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.hidden = self.hidden or [t * 3 + p for t, p in zip(self.tokens, self.positions)]
+
+
+class DraftWorker:
+    """The owner of the draft-extend graph and the draft runner (v1's ``EAGLEWorker``, v2's ``EagleDraftWorker``)."""
+
+    def __init__(self, runner: DraftRunner, log: list[str], graph: bool = True) -> None:
+        self.draft_runner = runner  # v2
+        self.log = log
+        self.cuda_graph_runner_for_draft_extend = GraphRunner("draft extend graph", runner.model, log) if graph else None
+        self.outputs: list[Any] = []
+        self.seen_inside: list[dict[str, Any]] = []  # what each extend saw of the graph attributes
+
+    @property
+    def draft_model_runner(self) -> DraftRunner:  # v1
+        return self.draft_runner
+
+    def forward_batch(self, extend: Extend) -> SimpleNamespace:
+        runner = self.draft_runner
+        return SimpleNamespace(
+            forward_mode="DRAFT_EXTEND",
+            input_ids=Rows(list(extend.tokens)),
+            positions=Rows(list(extend.positions)),
+            out_cache_loc=Rows(list(extend.slots)),
+            spec_info=SimpleNamespace(hidden_states=list(extend.hidden)),
+            attn_backend=runner.attn_backend,
+            token_to_kv_pool=runner.token_to_kv_pool,
+        )
+
+    def draft_extend(self, extend: Extend) -> Any:
+        """The stock draft extend: graph if it can, else eager; then top-k over the logits."""
+        self.seen_inside.append(graph_attributes(self))
+        forward_batch = self.forward_batch(extend)
+        graph = self.cuda_graph_runner_for_draft_extend
+        if graph is not None and graph.can_run(forward_batch):
+            out = graph.replay(forward_batch)
+        else:
+            out = self.draft_runner.forward(forward_batch)
+        rows = out.next_token_logits[1] if isinstance(out.next_token_logits, tuple) else out.next_token_logits.shape[0]
+        assert rows == len(extend.tokens), "the stock code reads one row of logits per request"
+        self.log.append("topk")
+        self.outputs.append(out)
+        return out
+
+    _draft_extend_for_decode = draft_extend  # the v2 name
+
+
+GRAPH_ATTRIBUTES = (
+    "cuda_graph_runner_for_draft_extend",
+    "runner.prefill_cuda_graph_runner",
+    "runner.piecewise_cuda_graph_runner",
+)
+
+
+def graph_attributes(worker: DraftWorker) -> dict[str, Any]:
+    """The graph runners ``kv_only`` sets aside, ``missing`` where the attribute does not exist."""
+    out = {}
+    for name in GRAPH_ATTRIBUTES:
+        owner, attr = (worker.draft_runner, name[len("runner.") :]) if name.startswith("runner.") else (worker, name)
+        out[name] = getattr(owner, attr, "missing")
+    return out
+
+
+@dataclass
+class DraftStack:
+    log: list[str]
+    model: LlamaForCausalLMEagle3
+    pool: MHATokenToKVPool
+    backend: TritonAttnBackend
+    runner: DraftRunner
+    worker: DraftWorker
+
+    def extend(self, extend: Extend | None = None) -> Any:
+        return self.worker.draft_extend(extend or EXTEND)
+
+    def clear(self) -> None:
+        self.log.clear()
+
+
+EXTEND = Extend(tokens=[11, 12, 13], positions=[40, 41, 57], slots=[900, 901, 902])
+
+
+def draft_stack(
+    *,
+    model_class: type[LlamaForCausalLMEagle3] = LlamaForCausalLMEagle3,
+    layers: int = 1,
+    backend: str = "triton",
+    graph: bool = True,
+    runner_graphs: tuple[str, ...] = ("piecewise_cuda_graph_runner",),
+    spec_hidden_size: int | None = SPEC_HIDDEN,
+) -> DraftStack:
+    """A draft worker, runner, model, pool and backend. ``backend``: ``triton``, ``triton-own-pool``
+    (0.5.17+), ``fused`` or ``prebound``; ``runner_graphs``: the graph attributes the runner has (live)."""
+    log: list[str] = []
+    model = model_class(log, layers)
+    pool = MHATokenToKVPool(log)
+    backends = {
+        "triton": lambda: TritonAttnBackend(pool, log),
+        "triton-own-pool": lambda: TritonAttnBackend(pool, log, pool_from="self"),
+        "fused": lambda: FusedWriteBackend(pool, log),
+        "prebound": lambda: PreboundWriteBackend(pool, log),
+    }
+    runner = DraftRunner(model, pool, backends[backend](), log, spec_hidden_size)
+    for name in runner_graphs:
+        setattr(runner, name, GraphRunner(name.replace("_cuda_graph_runner", " graph"), model, log))
+    return DraftStack(log, model, pool, runner.attn_backend, runner, DraftWorker(runner, log, graph))
+
+
+def full_forward_kv(extend: Extend = EXTEND, layers: int = 1) -> dict[tuple[int, int], tuple[int, int]]:
+    """The K/V a full eager forward of ``extend`` writes, from a fresh stack without graphs."""
+    stack = draft_stack(layers=layers, graph=False, runner_graphs=())
+    stack.extend(extend)
+    assert "lm_head" in stack.log
+    return dict(stack.pool.kv)
+
