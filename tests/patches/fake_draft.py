@@ -162,7 +162,9 @@ class MHATokenToKVPool:
         self.kv: dict[tuple[int, int], tuple[int, int]] = {}
         self.log = log
 
-    def set_kv_buffer(self, layer: Any, loc: Rows, cache_k: list[int], cache_v: list[int], k_scale: Any = None, v_scale: Any = None) -> None:
+    def set_kv_buffer(
+        self, layer: Any, loc: Rows, cache_k: list[int], cache_v: list[int], k_scale: Any = None, v_scale: Any = None
+    ) -> None:
         self.log.append("set_kv_buffer")
         self.store(layer.layer_id, loc, cache_k, cache_v)
 
@@ -180,7 +182,9 @@ class TritonAttnBackend:
         self.pool_from = pool_from
         self.log = log
 
-    def forward(self, q: list[int], k: list[int], v: list[int], layer: Any, forward_batch: Any, save_kv_cache: bool = True) -> list[int]:
+    def forward(
+        self, q: list[int], k: list[int], v: list[int], layer: Any, forward_batch: Any, save_kv_cache: bool = True
+    ) -> list[int]:
         if save_kv_cache:
             self.write(layer, forward_batch, k, v)
         self.log.append("attention")
@@ -210,6 +214,19 @@ class PreboundWriteBackend(TritonAttnBackend):
         self._set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
 
 
+class LazyBoundBackend(TritonAttnBackend):
+    """Keeps the ``set_kv_buffer`` it finds at its first write: inside a ``kv_only`` window, the stand-in's."""
+
+    def __init__(self, pool: MHATokenToKVPool, log: list[str]) -> None:
+        super().__init__(pool, log)
+        self._set_kv_buffer: Any = None
+
+    def write(self, layer: Any, forward_batch: Any, k: list[int], v: list[int]) -> None:
+        if self._set_kv_buffer is None:
+            self._set_kv_buffer = forward_batch.token_to_kv_pool.set_kv_buffer
+        self._set_kv_buffer(layer, forward_batch.out_cache_loc, k, v)
+
+
 class GraphRunner:
     """A captured graph: replay runs every captured kernel, but not the model's Python ``forward``."""
 
@@ -227,11 +244,20 @@ class GraphRunner:
 class DraftRunner:
     """The draft ``ModelRunner``: ``forward`` replays its prefill graph if it has one, else runs the model."""
 
-    def __init__(self, model: LlamaForCausalLMEagle3, pool: Any, backend: Any, log: list[str], spec_hidden_size: int | None = SPEC_HIDDEN) -> None:
+    def __init__(
+        self,
+        model: LlamaForCausalLMEagle3,
+        pool: Any,
+        backend: Any,
+        log: list[str],
+        spec_hidden_size: int | None = SPEC_HIDDEN,
+    ) -> None:
         self.model = model
         self.token_to_kv_pool = pool
         self.attn_backend = backend
-        self.model_config = SimpleNamespace(hidden_size=HIDDEN, spec_hidden_size=spec_hidden_size, dtype="torch.bfloat16")
+        self.model_config = SimpleNamespace(
+            hidden_size=HIDDEN, spec_hidden_size=spec_hidden_size, dtype="torch.bfloat16"
+        )
         self.log = log
 
     def forward(self, forward_batch: Any) -> LogitsProcessorOutput:
@@ -261,7 +287,9 @@ class DraftWorker:
     def __init__(self, runner: DraftRunner, log: list[str], graph: bool = True) -> None:
         self.draft_runner = runner  # v2
         self.log = log
-        self.cuda_graph_runner_for_draft_extend = GraphRunner("draft extend graph", runner.model, log) if graph else None
+        self.cuda_graph_runner_for_draft_extend = (
+            GraphRunner("draft extend graph", runner.model, log) if graph else None
+        )
         self.outputs: list[Any] = []
         self.seen_inside: list[dict[str, Any]] = []  # what each extend saw of the graph attributes
 
@@ -344,7 +372,7 @@ def draft_stack(
     spec_hidden_size: int | None = SPEC_HIDDEN,
 ) -> DraftStack:
     """A draft worker, runner, model, pool and backend. ``backend``: ``triton``, ``triton-own-pool``
-    (0.5.17+), ``fused`` or ``prebound``; ``runner_graphs``: the graph attributes the runner has (live)."""
+    (0.5.17+), ``fused``, ``prebound`` or ``lazy``; ``runner_graphs``: the graph attributes the runner has (live)."""
     log: list[str] = []
     model = model_class(log, layers)
     pool = MHATokenToKVPool(log)
@@ -353,6 +381,7 @@ def draft_stack(
         "triton-own-pool": lambda: TritonAttnBackend(pool, log, pool_from="self"),
         "fused": lambda: FusedWriteBackend(pool, log),
         "prebound": lambda: PreboundWriteBackend(pool, log),
+        "lazy": lambda: LazyBoundBackend(pool, log),
     }
     runner = DraftRunner(model, pool, backends[backend](), log, spec_hidden_size)
     for name in runner_graphs:
@@ -366,4 +395,3 @@ def full_forward_kv(extend: Extend = EXTEND, layers: int = 1) -> dict[tuple[int,
     stack.extend(extend)
     assert "lm_head" in stack.log
     return dict(stack.pool.kv)
-
