@@ -538,8 +538,7 @@ class DraftKV:
         setting = os.environ.get(DRAFT_KV_ENV, "auto").strip().lower() or "auto"
         if setting not in DRAFT_KV_SETTINGS:
             raise ValueError(f"{DRAFT_KV_ENV} must be one of {', '.join(DRAFT_KV_SETTINGS)}, not {setting!r}")
-        model = getattr(draft_runner, "model", None)
-        why_not = kv_only_unsupported(model, getattr(draft_runner, "token_to_kv_pool", None))
+        why_not = kv_only_unsupported(getattr(draft_runner, "model", None))
         mode = DRAFT_KV_ONLY if setting == "auto" else setting
         if mode == DRAFT_KV_ONLY and why_not is not None:
             if setting == DRAFT_KV_ONLY:
@@ -591,7 +590,11 @@ class DraftKV:
         self._called = True
         assert self._real_forward is not None
         if self.mode == DRAFT_KV_ONLY:
+            # Read here, not at start-up: 0.5.14+ allocate the draft pool after the worker is built.
             pool = self.runner.token_to_kv_pool
+            if not hasattr(pool, "__dict__") or not callable(getattr(pool, "set_kv_buffer", None)):
+                self._give_up(f"the draft KV pool ({type(pool).__name__}) cannot be watched for its KV write")
+                return self._real_forward(input_ids, positions, forward_batch, *args, **kwargs)
             self._active = True
             try:
                 with shadowed(pool, "set_kv_buffer", functools.partial(self._write_and_stop, pool.set_kv_buffer)):
@@ -648,7 +651,7 @@ def shadowed(owner: Any, name: str, value: Any) -> Iterator[None]:
 _MISSING = object()
 
 
-def kv_only_unsupported(model: Any, pool: Any) -> Optional[str]:
+def kv_only_unsupported(model: Any) -> Optional[str]:
     """Why the KV-only draft extend cannot serve this draft model; None if it can."""
     name = type(model).__name__
     if name not in KV_ONLY_DRAFTS:
@@ -656,8 +659,6 @@ def kv_only_unsupported(model: Any, pool: Any) -> Optional[str]:
     attention = [m for m in model.modules() if type(m).__name__ == "RadixAttention"]
     if len(attention) != 1:
         return f"the KV-only draft extend needs a one-layer draft; {name} has {len(attention)} attention layers"
-    if pool is None or not hasattr(pool, "__dict__") or not callable(getattr(pool, "set_kv_buffer", None)):
-        return f"the draft KV pool ({type(pool).__name__}) cannot be watched for its KV write"
     return None
 
 
