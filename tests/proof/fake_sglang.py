@@ -13,7 +13,19 @@ Faults, for the tests that must see the harness fail (``FAKE_SGLANG_FAULT``, com
 ``traceback`` (a traceback in the log on the 3rd /generate), ``crash`` (exit before serving),
 ``short`` (one token too few), ``noswitch`` (never logs a switch), ``wrongside`` (switch OFF
 logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` answers 400),
-``adaptiveoff`` (with ``--speculative-adaptive``, log SGLang's warning that it turned it off).
+``adaptiveoff`` (with ``--speculative-adaptive``, log SGLang's warning that it turned it off),
+``kvdrift`` (the default dynspec server's drafts after a fallback span differ from
+``DYNSPEC_DRAFT_KV=full``'s), ``nocontrol`` (``DYNSPEC_DRAFT_KV=skip`` drafts what full does),
+``kvoff`` (the default dynspec server's start-up line says it runs the full draft extend).
+
+Playing dynspec, it logs the runtime's start-up line (``dynspec: v2 fallback ready in ...``, with
+the words of ``describe_draft_kv`` for ``DYNSPEC_DRAFT_KV``). With ``DYNSPEC_RECORD_DRAFTS`` set,
+a request whose rid (from the ``/generate`` body) starts with ``RECORD_RID_PREFIX`` decodes one
+token per ``FAKE_SGLANG_STEP_DELAY`` seconds, deciding at each step like dynspec, and appends one
+line per step in the runtime's format: ``fall back`` while off, ``resume`` at the first step back
+on, else ``speculate`` with three drafts that are a fixed function of (prompt, position). Under
+``DYNSPEC_DRAFT_KV=skip`` (no draft extend while off) they differ after an off span, as a stale
+draft KV makes them.
 
 Once up it logs three ``Decode batch`` lines at 8 running requests, 40 iterations apart, as SGLang
 does every ``decode_log_interval``: plain decode at 1000 tok/s, dynspec's fallback at 0.85x that,
@@ -35,6 +47,14 @@ import threading
 import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
+
+RECORD_RID_PREFIX = "dynspec-record-"  # dynspec_runtime.RECORD_RID_PREFIX
+DRAFT_KV_WORDS = {  # dynspec_runtime.describe_draft_kv
+    "kv": "draft KV only while off, full draft extend at resume",
+    "full": "full draft extend in every fallback iteration",
+    "skip": "no draft extend while off (negative control)",
+}
+DRAFTS_PER_STEP = 3
 
 
 def log(message: str) -> None:
@@ -58,6 +78,18 @@ def outputs(input_ids: list[int], n: int) -> list[int]:
     return [(seed * 31 + k * 7919) % 32000 for k in range(n)]
 
 
+def drafts(input_ids: list[int], position: int) -> list[int]:
+    """What an exact draft KV proposes at ``position``: a function of the prompt and the position."""
+    seed = sum(input_ids) + len(input_ids)
+    return [(seed * 131 + position * 17 + j * 7) % 32000 for j in range(DRAFTS_PER_STEP)]
+
+
+def draft_kv_mode(setting: str | None) -> str:
+    """``DYNSPEC_DRAFT_KV`` as the runtime resolves it for a one-layer EAGLE-3 draft."""
+    setting = (setting or "auto").strip().lower() or "auto"
+    return "kv" if setting == "auto" else setting
+
+
 class State:
     def __init__(self, disable: int | None, enable: int | None, speculative: bool, faults: set[str]) -> None:
         self.disable = disable
@@ -73,22 +105,62 @@ class State:
         self.acc = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "-1"))
         self.quiet = False
         self.flushes = 0
+        self.rids: list[str | None] = []  # the rid of every /generate, in arrival order
+        self.draft_kv = draft_kv_mode(os.environ.get("DYNSPEC_DRAFT_KV"))
+        self.record_path = os.environ.get("DYNSPEC_RECORD_DRAFTS", "").strip() if disable is not None else ""
+        self.step_delay = float(os.environ.get("FAKE_SGLANG_STEP_DELAY", "0.002"))
+        self.record_lock = threading.Lock()
 
-    def arrive(self) -> tuple[int, bool]:
+    def arrive(self, rid: str | None = None) -> tuple[int, bool]:
         """Count a request in; switch like dynspec. Returns (its number, speculation on)."""
         with self.lock:
             self.inflight += 1
             self.generates += 1
+            self.rids.append(rid)
             self.max_inflight = max(self.max_inflight, self.inflight)
-            if self.disable is not None and "noswitch" not in self.faults:
-                if self.on and self.inflight > self.disable:
-                    self.on = False
-                    size = self.enable if "wrongside" in self.faults else self.inflight
-                    log(f"dynspec: speculation OFF at batch size {size}")
-                elif not self.on and self.inflight <= self.enable:
-                    self.on = True
-                    log(f"dynspec: speculation ON at batch size {self.inflight}")
+            self._switch()
             return self.generates, self.on
+
+    def decide(self) -> bool:
+        """One decode iteration of a recorded request: switch like dynspec; True while speculating."""
+        with self.lock:
+            self._switch()
+            return self.on
+
+    def _switch(self) -> None:
+        if self.disable is not None and "noswitch" not in self.faults:
+            if self.on and self.inflight > self.disable:
+                self.on = False
+                size = self.enable if "wrongside" in self.faults else self.inflight
+                log(f"dynspec: speculation OFF at batch size {size}")
+            elif not self.on and self.inflight <= self.enable:
+                self.on = True
+                log(f"dynspec: speculation ON at batch size {self.inflight}")
+
+    def records(self, rid: Any) -> bool:
+        return bool(self.record_path) and isinstance(rid, str) and rid.startswith(RECORD_RID_PREFIX)
+
+    def decode_recorded(self, rid: str, input_ids: list[int], n: int) -> None:
+        """Decode ``n`` tokens one step at a time, recording each step as DraftRecorder does."""
+        stale = {"skip": "nocontrol" not in self.faults, "kv": "kvdrift" in self.faults}.get(self.draft_kv, False)
+        was_off = had_off = False
+        for k in range(n):
+            time.sleep(self.step_delay)
+            on = self.decide()
+            position = len(input_ids) + k
+            record: dict[str, Any] = {"step": "speculate", "rid": [rid], "pos": [position]}
+            if not on:
+                record["step"] = "fall back"
+            elif was_off:
+                record["step"] = "resume"
+            else:
+                proposed = drafts(input_ids, position)
+                if stale and had_off:
+                    proposed[0] = (proposed[0] + 1) % 32000  # what a draft KV with holes proposes
+                record["draft"] = [proposed]
+            was_off, had_off = not on, had_off or not on
+            with self.record_lock, open(self.record_path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(record, separators=(",", ":")) + "\n")
 
     def leave(self) -> None:
         with self.lock:
@@ -130,11 +202,14 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if self.path != "/generate":
                 self.reply(404, {"error": "not found"})
                 return
-            number, on = state.arrive()
+            rid = body.get("rid")
+            number, on = state.arrive(rid)
             try:
                 time.sleep(state.delay)
                 params = body["sampling_params"]
                 n = int(params["max_new_tokens"])
+                if state.records(rid):
+                    state.decode_recorded(rid, body["input_ids"], n)
                 if "http500" in state.faults and number % 5 == 0:
                     self.reply(500, {"error": "injected"})
                     return
@@ -199,6 +274,13 @@ def main(argv: list[str]) -> None:
         bool(args.speculative_algorithm),
         faults,
     )
+    if state.disable is not None:
+        mode = "full" if "kvoff" in faults and state.draft_kv == "kv" else state.draft_kv
+        log(
+            f"dynspec: v2 fallback ready in 0.01 s: speculation off above {state.disable} requests, on at or "
+            f"below {state.enable}, at least 8 iterations between switches; one-token target CUDA graphs for "
+            f"batch sizes none (eager); draft extend eager while off, {DRAFT_KV_WORDS[mode]}"
+        )
     if args.speculative_adaptive:
         state.delay = float(os.environ.get("FAKE_SGLANG_ADAPTIVE_DELAY", state.delay))
     server = serve(state, args.port)

@@ -1,0 +1,246 @@
+"""The ``exact_kv`` check: reading recordings, comparing them, the verdict, and the whole check on fake servers."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from patcher.proof import exactkv
+from patcher.proof import report as reports
+from patcher.proof.exactkv import RID_PREFIX, Recording, compare, judge, parse
+from patcher.proof.run import KV_ONLY_WORDS, run_proof
+
+from . import fake_sglang
+from .test_run import options
+
+A, B = f"{RID_PREFIX}0-long-1", f"{RID_PREFIX}0-long-2"
+
+
+def line(step: str, rids: list[str], positions: list[int], drafts: list[list[int]] | None = None) -> str:
+    entry: dict[str, Any] = {"step": step, "rid": rids, "pos": positions}
+    if drafts is not None:
+        entry["draft"] = drafts
+    return json.dumps(entry)
+
+
+def spec(rids: list[str], positions: list[int], drafts: list[list[int]]) -> str:
+    return line(exactkv.SPECULATE, rids, positions, drafts)
+
+
+def off(rids: list[str], positions: list[int]) -> str:
+    return line(exactkv.FALL_BACK, rids, positions)
+
+
+# -- parse ---------------------------------------------------------------------------------------
+
+
+def test_parse_keeps_each_requests_first_fallback_and_its_drafts_by_position() -> None:
+    rec = parse(
+        [
+            spec([A, B], [10, 20], [[1, 2], [3, 4]]),
+            off([A, B], [11, 21]),
+            off([A], [12]),
+            line(exactkv.RESUME, [A], [13]),
+            spec([A], [14], [[5, 6]]),
+            "",
+        ]
+    )
+    assert (rec.lines, rec.bad_lines) == (5, 0)
+    assert rec.first_off == {A: 11, B: 21}
+    assert rec.drafts == {A: {10: [1, 2], 14: [5, 6]}, B: {20: [3, 4]}}
+
+
+def test_parse_ignores_requests_not_named_with_the_prefix() -> None:
+    rec = parse([spec(["warmup", A], [5, 6], [[9], [8]]), off(["other"], [7])])
+    assert rec.first_off == {} and rec.drafts == {A: {6: [8]}}
+    assert parse([spec([A], [6], [[8]])], prefix="elsewhere-").drafts == {}
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        "not json",
+        '{"step": "speculate", "rid": ["x"]}',  # no positions
+        json.dumps({"step": "speculate", "rid": [A, B], "pos": [1], "draft": [[1], [2]]}),  # columns differ
+        json.dumps({"step": "speculate", "rid": [A], "pos": [1], "draft": [[1], [2]]}),
+        json.dumps({"step": "fall back", "rid": 5, "pos": [1]}),
+        '{"step": "speculate", "rid": ["dynspec-record-x"], "pos": [1], "dr',  # cut off mid-write
+    ],
+    ids=["not-json", "no-pos", "short-pos", "long-draft", "rid-not-a-list", "truncated"],
+)
+def test_a_bad_line_is_counted_and_the_rest_still_read(bad: str) -> None:
+    rec = parse([spec([A], [3], [[1]]), bad, off([A], [4])])
+    assert (rec.lines, rec.bad_lines) == (3, 1)
+    assert rec.drafts == {A: {3: [1]}} and rec.first_off == {A: 4}
+
+
+def test_reading_a_missing_recording_is_an_empty_one(tmp_path: Path) -> None:
+    assert exactkv.read(tmp_path / "none.jsonl") == Recording()
+    path = tmp_path / "r.jsonl"
+    path.write_text(spec([A], [3], [[1]]) + "\n")
+    assert exactkv.read(path).drafts == {A: {3: [1]}}
+
+
+# -- compare -------------------------------------------------------------------------------------
+
+
+def recording(first_off: dict[str, int], drafts: dict[str, dict[int, list[int]]]) -> Recording:
+    return Recording(first_off=first_off, drafts=drafts)
+
+
+def test_compare_looks_only_after_the_references_first_fallback() -> None:
+    reference = recording({A: 10}, {A: {5: [1], 10: [2], 11: [3], 12: [4]}})
+    other = recording({A: 11}, {A: {5: [9], 11: [3], 12: [7], 13: [8]}})  # 5 differs, but before the fallback
+    result = compare(reference, other)
+    assert (result.requests, result.steps) == (1, 2)  # positions 11 and 12: recorded by both, after 10
+    assert result.mismatches == [{"rid": A, "pos": 12, "reference": [4], "other": [7]}]
+    assert result.differs
+
+
+def test_requests_without_a_fallback_or_without_drafts_after_it_are_not_compared() -> None:
+    reference = recording({A: 10, B: 20}, {A: {11: [1]}, B: {19: [1]}, "never-off": {30: [1]}})
+    other = recording({}, {A: {12: [1]}, B: {21: [2]}, "never-off": {30: [2]}})
+    assert compare(reference, other).requests == 0 and not compare(reference, other).differs
+
+
+# -- judge ---------------------------------------------------------------------------------------
+
+EXACT = recording({A: 10}, {A: {p: [p] for p in range(11, 31)}})
+STALE = recording({A: 12}, {A: {p: [p + 1] for p in range(13, 31)}})
+DIGESTS = {"kv": ["d1", "d2"], "full": ["d1", "d2"], "skip": ["d1", "d2"]}
+
+
+def test_judge_passes_when_kv_equals_full_and_the_control_differs() -> None:
+    problems: list[str] = []
+    entry = judge({"kv": EXACT, "full": EXACT, "skip": STALE}, DIGESTS, 20, problems)
+    assert entry["passed"] and problems == []
+    assert (entry["compared_requests"], entry["compared_steps"], entry["mismatches"]) == (1, 20, 0)
+    assert entry["control_differs"] and (entry["control_compared_steps"], entry["control_mismatches"]) == (18, 18)
+    assert entry["recorded_lines"] == {"full": 0, "kv": 0, "skip": 0}
+
+
+def test_judge_fails_on_a_mismatch_and_names_the_first() -> None:
+    entry = judge({"kv": STALE, "full": EXACT, "skip": STALE}, DIGESTS, 10, [])
+    assert not entry["passed"] and entry["mismatches"] == 18
+    assert entry["mismatch_examples"][0] == {"rid": A, "pos": 13, "reference": [13], "other": [14]}
+    assert entry["problems"] == [
+        f"18 of 18 proposals differ from the full extend's, first: {A} at position 13: [14] instead of [13]"
+    ]
+
+
+def test_judge_fails_when_the_control_cannot_tell_a_stale_kv() -> None:
+    entry = judge({"kv": EXACT, "full": EXACT, "skip": EXACT}, DIGESTS, 10, [])
+    assert not entry["passed"] and entry["control_differs"] is False
+    assert entry["problems"][0].startswith(
+        "the control (no draft extend while off) proposed the same as the full extend"
+    )
+
+
+@pytest.mark.parametrize(("min_steps", "passed"), [(20, True), (21, False)])
+def test_judge_needs_min_steps_proposals(min_steps: int, passed: bool) -> None:
+    entry = judge({"kv": EXACT, "full": EXACT, "skip": STALE}, DIGESTS, min_steps, [])
+    assert entry["passed"] is passed
+    if not passed:
+        assert entry["problems"] == ["only 20 proposals compared after a fallback span, 21 needed"]
+
+
+def test_judge_fails_on_different_outputs_missing_recordings_and_bad_lines() -> None:
+    digests = {**DIGESTS, "skip": ["d1", "other"]}
+    bad = Recording(first_off=EXACT.first_off, drafts=EXACT.drafts, lines=3, bad_lines=2)
+    entry = judge({"kv": bad, "full": EXACT}, digests, 10, [])
+    problems = entry["problems"]
+    assert not entry["passed"]
+    assert any(p.startswith("greedy outputs of the load differ between the servers") for p in problems)
+    assert any(p.startswith("the control") for p in problems)  # no skip recording: nothing differs
+    assert "2 unreadable line(s) in the kv recording" in problems
+    assert judge({}, {}, 1, [])["problems"][0] == "only 0 proposals compared after a fallback span, 1 needed"
+
+
+def test_the_load_names_every_request_and_sends_joiners_from_the_second_wave() -> None:
+    waves = exactkv.Load(cycles=3, long=2, short=5, joiners=2, long_tokens=100, short_tokens=10).waves()
+    assert [len(w) for w in waves] == [7, 9, 9]
+    rids = [r.rid or "" for w in waves for r in w]
+    assert all(rid.startswith(RID_PREFIX) for rid in rids) and len(set(rids)) == len(rids)
+    assert [r.delay for r in waves[1]] == [0.0] * 7 + [exactkv.JOIN_DELAY] * 2
+    assert [r.new_tokens for r in waves[1]] == [100, 100] + [10] * 5 + [100, 100]
+    assert len({r.index for w in waves for r in w}) == 25  # every prompt its own
+
+
+# -- the whole check on fake servers ---------------------------------------------------------------
+
+
+def exact_kv_options(root: Path, out: Path, faults: str = "", **kw: object) -> Any:
+    """threshold 8: 4 long requests decode through the span in which 12 short ones keep the batch above it."""
+    opts = options(
+        root,
+        out,
+        faults,
+        checks=("exact_kv",),
+        threshold=8,
+        exact_kv_cycles=2,
+        exact_kv_long_tokens=100,
+        exact_kv_short_tokens=40,
+        exact_kv_min_steps=20,
+        **kw,
+    )
+    assert opts.env is not None
+    opts.env = {**opts.env, "FAKE_SGLANG_STEP_DELAY": "0.002"}
+    return opts
+
+
+def test_exact_kv_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_proof(exact_kv_options(site(), out), lambda m: None)
+    kv = result["exact_kv"]
+    assert result["passed"] and kv["passed"], reports.summary(result)
+    servers = {s["name"]: s for s in result["servers"]}
+    assert list(servers) == ["dynspec", "dynspec-full", "dynspec-skip"]
+    for name, setting in (("dynspec", None), ("dynspec-full", "full"), ("dynspec-skip", "skip")):
+        assert servers[name]["env"]["DYNSPEC_RECORD_DRAFTS"] == str(out / f"drafts-{name}.jsonl")
+        assert servers[name]["env"].get("DYNSPEC_DRAFT_KV") == setting
+    assert KV_ONLY_WORDS in Path(servers["dynspec"]["log"]).read_text()
+    # long requests of both waves and the joiners of the second went through a span and back
+    assert kv["compared_requests"] >= 8 and kv["compared_steps"] >= 20 and kv["mismatches"] == 0
+    assert kv["control_differs"] and kv["control_mismatches"] > 0
+    assert len({tuple(d) for d in kv["digests"].values()}) == 1 and len(kv["digests"]["kv"]) == 2
+    assert kv["load"]["long"] == 4 and kv["load"]["short"] == 12 and kv["threshold"] == 8
+    recorded = [json.loads(x) for x in (out / "drafts-dynspec.jsonl").read_text().splitlines()]
+    assert recorded and all(r.startswith(RID_PREFIX) for x in recorded for r in x["rid"])  # not the warm-up
+    assert {x["step"] for x in recorded} == {exactkv.SPECULATE, exactkv.FALL_BACK, exactkv.RESUME}
+    assert "exact_kv     PASS" in reports.summary(result)
+
+
+def test_drafts_that_drift_after_a_fallback_span_fail_exact_kv(site: Any, tmp_path: Path) -> None:
+    kv = run_proof(exact_kv_options(site(), tmp_path / "out", "kvdrift"), lambda m: None)["exact_kv"]
+    assert not kv["passed"] and kv["mismatches"] > 0 and kv["control_differs"]
+    first = kv["mismatch_examples"][0]
+    assert first["other"][0] == first["reference"][0] + 1 and first["other"][1:] == first["reference"][1:]
+    assert "proposals differ from the full extend's" in kv["problems"][0]
+
+
+def test_a_control_that_drafts_like_full_fails_exact_kv(site: Any, tmp_path: Path) -> None:
+    kv = run_proof(exact_kv_options(site(), tmp_path / "out", "nocontrol"), lambda m: None)["exact_kv"]
+    assert not kv["passed"] and kv["control_differs"] is False and kv["mismatches"] == 0
+    assert kv["problems"] == [
+        f"the control (no draft extend while off) proposed the same as the full extend at all "
+        f"{kv['control_compared_steps']} positions compared: this load cannot tell a stale draft KV from an exact one"
+    ]
+
+
+def test_a_dynspec_server_without_the_kv_only_extend_fails_exact_kv(site: Any, tmp_path: Path) -> None:
+    kv = run_proof(exact_kv_options(site(), tmp_path / "out", "kvoff"), lambda m: None)["exact_kv"]
+    assert not kv["passed"] and kv["mismatches"] == 0 and kv["control_differs"]
+    assert len(kv["problems"]) == 1
+    assert kv["problems"][0].startswith("the dynspec server did not run the KV-only draft extend: ")
+    assert kv["problems"][0].endswith(fake_sglang.DRAFT_KV_WORDS["full"])
+
+
+def test_the_fakes_start_up_words_are_the_runtimes() -> None:
+    from patches.runtime import dynspec_runtime as runtime
+
+    for mode, words in fake_sglang.DRAFT_KV_WORDS.items():
+        assert runtime.describe_draft_kv(runtime.DraftKV(mode, None)) == words
+    assert fake_sglang.RECORD_RID_PREFIX == runtime.RECORD_RID_PREFIX
