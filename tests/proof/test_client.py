@@ -3,11 +3,23 @@ from __future__ import annotations
 import hashlib
 import json
 import socket
+import threading
+import time
 
 import pytest
 
 from patcher.proof import client as client_module
-from patcher.proof.client import Client, LevelResult, Reply, digest, measure_level, prompt, run_level
+from patcher.proof.client import (
+    Client,
+    LevelResult,
+    Reply,
+    Request,
+    digest,
+    measure_level,
+    prompt,
+    run_level,
+    run_requests,
+)
 
 from .fake_sglang import outputs
 
@@ -108,3 +120,61 @@ def test_a_failing_run_is_returned_not_hidden_by_the_median(monkeypatch):
     monkeypatch.setattr(client_module, "run_level", lambda *a: next(runs))
     level = measure_level(None, range(1), 10, warmup=False, repeats=3)  # type: ignore[arg-type]
     assert level.failures == ["prompt 0: HTTP 500"]
+
+
+class RecordingClient:
+    """Stands in for Client in run_requests: each generate takes ``seconds``; what was in flight is logged."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.lock = threading.Lock()
+        self.inflight = self.max_inflight = 0
+        self.calls: list[tuple[float, int, str | None]] = []  # (start, index, rid)
+
+    def generate(self, index: int, new_tokens: int, rid: str | None = None) -> Reply:
+        with self.lock:
+            self.inflight += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+            self.calls.append((time.perf_counter(), index, rid))
+        time.sleep(self.seconds)
+        with self.lock:
+            self.inflight -= 1
+        return Reply(index, 200, [index] * new_tokens, {}, self.seconds)
+
+
+def test_run_requests_is_a_closed_loop_of_at_most_concurrency_in_flight():
+    client = RecordingClient(0.05)
+    requests = [Request(i, 3) for i in range(10)]
+    level = run_requests(client, requests, concurrency=3)  # type: ignore[arg-type]
+    assert client.max_inflight == 3
+    order = [index for _, index, _ in sorted(client.calls)]
+    # rounds of three, in order: each freed slot takes the next request
+    assert [set(order[i : i + 3]) for i in range(0, 10, 3)] == [{0, 1, 2}, {3, 4, 5}, {6, 7, 8}, {9}]
+    assert 4 * 0.05 <= level.seconds < 10 * 0.05  # ceil(10 / 3) rounds, not one request after the other
+    assert (level.concurrency, level.new_tokens, [r.index for r in level.replies]) == (3, 3, list(range(10)))
+    assert level.tokens == 30 and level.failures == []
+
+
+def test_run_requests_holds_each_request_back_by_its_delay():
+    client = RecordingClient(0.01)
+    requests = [Request(0, 1), Request(1, 1, delay=0.2), Request(2, 1), Request(3, 1, delay=0.1)]
+    started = time.perf_counter()
+    level = run_requests(client, requests, concurrency=len(requests))  # type: ignore[arg-type]
+    start_of = {index: at - started for at, index, _ in client.calls}
+    assert start_of[0] < 0.05 and start_of[2] < 0.05
+    assert 0.1 <= start_of[3] < 0.2 <= start_of[1]
+    assert level.seconds >= 0.2
+
+
+def test_run_requests_sends_each_requests_rid(fake_server):
+    port, state = fake_server()
+    requests = [Request(1, 2, rid="dynspec-record-0-long-1"), Request(2, 2), Request(3, 2, rid="dynspec-record-0-short-3")]
+    level = run_requests(Client("127.0.0.1", port), requests, concurrency=1)
+    assert level.failures == [] and level.outputs[2] == outputs(prompt(2), 2)
+    assert state.rids == ["dynspec-record-0-long-1", None, "dynspec-record-0-short-3"]  # no rid: none in the body
+    assert state.max_inflight == 1
+
+
+def test_run_requests_with_nothing_to_send():
+    level = run_requests(RecordingClient(0.0), [], concurrency=4)  # type: ignore[arg-type]
+    assert (level.replies, level.new_tokens, level.concurrency) == ([], 0, 4)

@@ -1,0 +1,186 @@
+"""The ``mixed_load`` check: its schedule, repeated passes, the per-phase oracle and the verdict."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from patcher.proof import mixed
+from patcher.proof import report as reports
+from patcher.proof.client import LevelResult, Reply, Request
+from patcher.proof.run import run_proof
+
+from .test_run import options
+
+SCHEDULE = mixed.Schedule((1, 8, 1), per_phase=2, new_tokens=8)
+
+
+def phase(c: int, seconds: float, failed: bool = False) -> LevelResult:
+    reply = Reply(0, 500 if failed else 200, [1] * 8, {}, seconds, "HTTP 500" if failed else None)
+    return LevelResult(c, 8, seconds, [reply])
+
+
+def passes(*per_phase: Sequence[float], failed_phase: int | None = None) -> list[mixed.Run]:
+    """One pass per sequence of phase times."""
+    return [
+        mixed.Run([phase(c, s, failed=i == failed_phase) for i, (c, s) in enumerate(zip(SCHEDULE.phases, times))])
+        for times in per_phase
+    ]
+
+
+def test_the_schedule_numbers_prompts_in_order_and_sizes_phases_by_concurrency() -> None:
+    phases = SCHEDULE.requests()
+    assert [len(p) for p in phases] == [2, 16, 2]
+    indices = [r.index for p in phases for r in p]
+    assert indices == list(range(mixed.FIRST_PROMPT, mixed.FIRST_PROMPT + 20))
+    assert all(r == Request(r.index, 8) for p in phases for r in p)  # no rid, no delay
+    assert SCHEDULE.describe() == {
+        "phases": [1, 8, 1],
+        "requests_per_phase": [2, 16, 2],
+        "new_tokens": 8,
+        "first_prompt": mixed.FIRST_PROMPT,
+        "closed_loop": True,
+    }
+
+
+def test_the_oracle_is_the_faster_static_server_phase_by_phase() -> None:
+    problems: list[str] = []
+    runs = {"base": passes([3, 1, 3]), "always_on": passes([1, 2, 1]), "dynspec": passes([1.0, 1.02, 1.0])}
+    entry = mixed.judge(SCHEDULE, runs, 1.03, problems)
+    assert entry["passed"] and problems == []
+    assert entry["oracle_seconds"] == 3.0 and entry["dynspec_over_oracle"] == round(3.02 / 3, 4)
+    assert entry["seconds"] == {"base": 7.0, "always_on": 4.0, "dynspec": 3.02}
+    assert entry["phases"] == [
+        {
+            "C": 1,
+            "requests": 2,
+            "oracle_s": 1,
+            "base_s": 3,
+            "always_on_s": 1,
+            "dynspec_s": 1.0,
+            "faster_static": "always_on",
+        },
+        {
+            "C": 8,
+            "requests": 16,
+            "oracle_s": 1,
+            "base_s": 1,
+            "always_on_s": 2,
+            "dynspec_s": 1.02,
+            "faster_static": "base",
+        },
+        {
+            "C": 1,
+            "requests": 2,
+            "oracle_s": 1,
+            "base_s": 3,
+            "always_on_s": 1,
+            "dynspec_s": 1.0,
+            "faster_static": "always_on",
+        },
+    ]
+    assert entry["detail"] == "dynspec 3.02 s, oracle 3.00 s (1.007x), base 7.00 s, always-on 4.00 s"
+
+
+def test_phases_and_totals_are_medians_over_the_passes() -> None:
+    base = passes([1, 5, 1], [2, 2, 2], [5, 1, 5])  # phase medians 2, 2, 2; totals 7, 6, 11
+    entry = mixed.judge(SCHEDULE, {"base": base, "always_on": passes([9, 9, 9]), "dynspec": passes([2, 2, 2])}, 2.0, [])
+    assert [row["base_s"] for row in entry["phases"]] == [2, 2, 2]
+    assert entry["seconds"]["base"] == 7.0  # the median pass, not the sum of the phase medians (6)
+    assert entry["samples"]["base"] == [7.0, 6.0, 11.0]
+    assert entry["oracle_seconds"] == 6.0
+
+
+def test_more_than_max_ratio_times_the_oracle_fails() -> None:
+    entry = mixed.judge(
+        SCHEDULE,
+        {"base": passes([3, 1, 3]), "always_on": passes([1, 2, 1]), "dynspec": passes([1.1, 1.1, 1.0])},
+        1.03,
+        [],
+    )
+    assert not entry["passed"]
+    assert entry["problems"] == ["dynspec took 3.20 s, 1.067x the oracle's 3.00 s (at most 1.03x)"]
+
+
+def test_being_no_faster_than_a_static_server_fails_even_near_the_oracle() -> None:
+    """When one static server wins every phase the oracle is that server: dynspec must still beat it."""
+    entry = mixed.judge(
+        SCHEDULE, {"base": passes([1, 1, 1]), "always_on": passes([2, 2, 2]), "dynspec": passes([1, 1.05, 1])}, 1.03, []
+    )
+    assert not entry["passed"] and entry["dynspec_over_oracle"] == round(3.05 / 3, 4)
+    assert entry["problems"] == ["dynspec is not faster than base (3.00 s): 3.05 s"]
+    tie = mixed.judge(
+        SCHEDULE, {"base": passes([1, 1, 1]), "always_on": passes([1, 1, 1]), "dynspec": passes([1, 1, 1])}, 1.03, []
+    )
+    assert tie["problems"] == ["dynspec is not faster than base (3.00 s) and always_on (3.00 s): 3.00 s"]
+
+
+def test_a_missing_server_or_one_without_a_complete_pass_fails() -> None:
+    entry = mixed.judge(SCHEDULE, {"base": passes([1, 1, 1]), "dynspec": passes([1, 1, 1])}, 1.03, [])
+    assert not entry["passed"] and entry["problems"] == ["no complete pass of the load on always_on"]
+    assert (entry["oracle_seconds"], entry["dynspec_over_oracle"], entry["phases"]) == (None, None, [])
+    assert entry["detail"] == "incomplete" and entry["seconds"] == {"base": 3.0, "always_on": None, "dynspec": 3.0}
+    failed = {"base": passes([1, 1, 1]), "always_on": passes([1, 1, 1]), "dynspec": passes([1, 1, 1], failed_phase=1)}
+    entry = mixed.judge(SCHEDULE, failed, 1.03, [])
+    assert entry["problems"] == [
+        "dynspec: phase 1 (C=8): prompt 0: HTTP 500",
+        "no complete pass of the load on dynspec",
+    ]
+    assert entry["detail"] == "incomplete"
+
+
+def test_a_failed_or_short_pass_is_reported_and_left_out_of_the_medians() -> None:
+    dynspec = passes([1, 1, 1], [9, 9, 9], failed_phase=None) + passes([5, 5, 5], failed_phase=0)
+    dynspec[1].phases = dynspec[1].phases[:2]  # stopped after two phases
+    entry = mixed.judge(
+        SCHEDULE, {"base": passes([2, 2, 2]), "always_on": passes([3, 3, 3]), "dynspec": dynspec}, 1.5, []
+    )
+    assert entry["samples"]["dynspec"] == [3.0] and entry["seconds"]["dynspec"] == 3.0
+    assert entry["problems"] == ["dynspec: phase 0 (C=1): prompt 0: HTTP 500"]
+
+
+def test_measure_warms_up_untimed_and_stops_at_the_first_failing_pass(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    failing = {7}  # the 8th phase sent: the second phase of the second timed pass
+
+    def fake_run_requests(client: Any, requests: Sequence[Request], concurrency: int) -> LevelResult:
+        calls.append(concurrency)
+        return phase(concurrency, 1.0, failed=len(calls) - 1 in failing and concurrency == 8)
+
+    monkeypatch.setattr(mixed, "run_requests", fake_run_requests)
+    runs = mixed.measure(None, SCHEDULE, repeats=3, warmup=True)  # type: ignore[arg-type]
+    assert len(calls) == 9  # warm-up, one good pass, the failing one: no third
+    assert len(runs) == 2 and runs[0].failures == [] and runs[1].failures == ["phase 1 (C=8): prompt 0: HTTP 500"]
+    calls.clear()
+    failing = {1}  # the warm-up fails: it is what is returned
+    runs = mixed.measure(None, SCHEDULE, repeats=3, warmup=True)  # type: ignore[arg-type]
+    assert len(calls) == 3 and len(runs) == 1 and runs[0].failures
+
+
+def test_mixed_load_runs_on_the_three_throughput_servers(site: Any, tmp_path: Path) -> None:
+    opts = options(
+        site(),
+        tmp_path / "out",
+        checks=("mixed_load",),
+        mixed_phases=(1, 8, 1),
+        mixed_per_phase=1,
+        mixed_new_tokens=4,
+        mixed_repeats=2,
+        max_mixed_ratio=100.0,  # timing on a CPU is noise: the verdict is tested above
+    )
+    result = run_proof(opts, lambda m: None)
+    ml = result["mixed_load"]
+    assert [s["name"] for s in result["servers"]] == ["dynspec-sim", "always-on-sim", "base-sim"]
+    assert all(s["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3" for s in result["servers"])
+    assert set(ml["seconds"]) == {"base", "always_on", "dynspec"} and all(
+        isinstance(v, float) for v in ml["seconds"].values()
+    )
+    assert [row["C"] for row in ml["phases"]] == [1, 8, 1] and ml["oracle_seconds"] > 0
+    assert all(len(samples) == 2 for samples in ml["samples"].values())
+    assert (ml["repeats"], ml["shape"], ml["schedule"]["requests_per_phase"]) == (2, "8b", [1, 8, 1])
+    assert all(p.startswith("dynspec is not faster than") for p in ml["problems"])  # nothing failed or is missing
+    assert "throughput" not in result
+    assert "mixed load: total s, median of 2" in reports.summary(result)
