@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from patcher.proof import plot, report
+from patcher.proof import exactkv, mixed, plot, report
+from patcher.proof.client import LevelResult
 
 
 def sample(**over: object) -> dict[str, Any]:
@@ -206,3 +207,82 @@ def test_a_real_png_with_four_lines(tmp_path, monkeypatch):
         "threshold 32",
     ]
     plt.close(closed[0])
+
+
+def new_check_entries(mixed_dynspec: float = 1.0) -> dict[str, Any]:
+    """exact_kv and mixed_load entries as their judges write them."""
+    exact = exactkv.Recording(
+        first_off={"dynspec-record-0-long-1": 10}, drafts={"dynspec-record-0-long-1": {11: [1], 12: [2]}}
+    )
+    stale = exactkv.Recording(first_off=exact.first_off, drafts={"dynspec-record-0-long-1": {11: [7], 12: [8]}})
+    kv = exactkv.judge({"kv": exact, "full": exact, "skip": stale}, {"kv": ["d"], "full": ["d"], "skip": ["d"]}, 2, [])
+    schedule = mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128)
+
+    def run(seconds: list[float]) -> list[mixed.Run]:
+        return [mixed.Run([LevelResult(c, 128, s) for c, s in zip(schedule.phases, seconds)])]
+
+    n = len(schedule.phases)
+    ml = mixed.judge(
+        schedule,
+        {
+            "base": run([2.0] * n),
+            "always_on": run([1.0] * (n // 2) + [3.0] * (n - n // 2)),
+            "dynspec": run([mixed_dynspec] * n),
+        },
+        1.03,
+        [],
+    )
+    ml["repeats"] = 3
+    return {"exact_kv": kv, "mixed_load": ml}
+
+
+def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
+    entries = new_check_entries()
+    assert {"passed", "compared_requests", "compared_steps", "control_differs"} <= set(entries["exact_kv"])
+    ml = entries["mixed_load"]
+    assert {"passed", "seconds", "oracle_seconds", "phases"} <= set(ml) and set(ml["seconds"]) == {
+        "base",
+        "always_on",
+        "dynspec",
+    }
+    assert report.CHECKS == ("equivalence", "crossings", "exact_kv", "throughput", "mixed_load")
+
+
+def test_the_summary_shows_the_new_checks_and_the_mixed_load_table():
+    """Kept to 110 columns like the rest: the mixed-load header once ran to 125."""
+    text = report.summary(sample(**new_check_entries()))
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 110
+    checks = [
+        line.split()[0]
+        for line in lines
+        if line.split()[:1] and line.split()[0] in report.CHECKS and len(line.split()) > 1
+    ]
+    assert checks == list(report.CHECKS)  # one line each, in order
+    # the detail is cut at 110 columns like every check line's
+    assert any(
+        line.startswith("exact_kv     PASS   2 proposals of 1 requests after a fallback span equal the full")
+        for line in lines
+    )
+    assert any(line.startswith("mixed_load   PASS   dynspec 9.00 s, oracle") for line in lines)
+    assert "mixed load: total s, median of 3: base 18.00, always-on 19.00, dynspec 9.00" in lines
+    assert "    per-phase oracle 14.00 (dynspec / oracle 0.643)" in lines
+    assert any(line.split() == ["C", "base", "always-on", "dynspec", "oracle"] for line in lines)
+    rows = [
+        line.split()
+        for line in lines
+        if line.split()[:1] in (["1"], ["4"], ["16"], ["64"], ["128"]) and len(line.split()) == 5
+    ]
+    assert [r[0] for r in rows] == [str(c) for c in mixed.DEFAULT_PHASES]
+    assert rows[0] == ["1", "2.00", "1.00", "1.00", "1.00"] and rows[-1] == ["1", "2.00", "3.00", "1.00", "2.00"]
+    assert lines[-1] == "RESULT: PASS (exit 0)"
+
+
+def test_a_failing_new_check_fails_the_run_and_shows_why():
+    entries = new_check_entries(mixed_dynspec=2.5)
+    text = report.summary(sample(**entries))
+    assert (
+        "mixed_load   FAIL   dynspec took 22.50 s, 1.607x the oracle's 14.00 s (at most 1.03x); dynspec is not" in text
+    )
+    assert report.exit_code(sample(**entries)) == 1
+    assert text.splitlines()[-1] == "RESULT: FAIL (exit 1)"
