@@ -12,6 +12,7 @@ from pathlib import Path
 
 from click.testing import CliRunner
 
+from patcher.proof import command, mixed
 from patcher.proof.command import proof
 
 from .conftest import alive, some_port
@@ -60,12 +61,36 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
         (["--extra-args", "'unclosed"], "No closing quotation"),
         (["--checks", "throughput", "--upstream-adaptive"], "has no --speculative-adaptive"),
         (["--upstream-adaptive"], "--upstream-adaptive needs the throughput check"),
+        (["--checks", "mixed_load", "--mixed-phases", "1,4"], "--mixed-phases 1,4 must have a phase <= 32 and one > 32"),
+        (["--mixed-phases", "1,x"], "not a comma-separated list"),
+        (["--exact-kv-cycles", "0"], "0 is not in the range x>=1"),
     ]
     for args, message in cases:
         result = runner.invoke(proof, [*args, "--out", str(tmp_path / "o")], env=env_for(root))
         assert result.exit_code == 2, (args, result.output)
         assert message in result.output, (args, result.output)
     assert not (tmp_path / "o").exists()
+
+
+def test_the_exact_kv_and_mixed_load_options_reach_the_proof(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run_proof(opts, progress):
+        seen.append(opts)
+        opts.out.mkdir(parents=True, exist_ok=True)  # as the real one does
+        return {"exact_kv": {"passed": True, "problems": [], "detail": "ok"}}
+
+    monkeypatch.setattr(command, "run_proof", fake_run_proof)
+    result = CliRunner().invoke(proof, ["--out", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert seen[0].checks == ("equivalence", "crossings", "exact_kv")  # exact_kv is on by default
+    args = ["--checks", "exact_kv,mixed_load", "--exact-kv-cycles", "5", "--mixed-phases", "1,64,1",
+            "--mixed-new-tokens", "16", "--mixed-repeats", "2", "--out", str(tmp_path / "o")]  # fmt: skip
+    assert CliRunner().invoke(proof, args).exit_code == 0
+    opts = seen[1]
+    assert opts.checks == ("exact_kv", "mixed_load")
+    assert (opts.exact_kv_cycles, opts.exact_kv_load.cycles) == (5, 5)
+    assert opts.mixed_schedule == mixed.Schedule((1, 64, 1), opts.mixed_per_phase, 16) and opts.mixed_repeats == 2
 
 
 def test_plot_only_reads_a_report_and_says_why_it_cannot_draw(tmp_path, monkeypatch):
