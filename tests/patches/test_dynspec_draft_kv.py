@@ -306,19 +306,16 @@ def test_kv_asked_for_where_it_cannot_work_is_refused(
         runtime.DraftKV.build(draft_stack(**stack_options).runner)
 
 
-def test_a_pool_that_cannot_be_watched_is_named() -> None:
-    class SlottedPool:
-        __slots__ = ()
-
-        def set_kv_buffer(self, *args: Any) -> None: ...
-
-    model = draft_stack().model
-    assert (
-        runtime.kv_only_unsupported(model, SlottedPool())
-        == "the draft KV pool (SlottedPool) cannot be watched for its KV write"
-    )
-    assert runtime.kv_only_unsupported(model, None) == "the draft KV pool (NoneType) cannot be watched for its KV write"
-    assert runtime.kv_only_unsupported(model, draft_stack().pool) is None
+def test_the_draft_pool_is_read_when_a_window_needs_it_not_at_start_up() -> None:
+    """0.5.14+ allocate the draft KV pool after the worker (and so the fallback) is built."""
+    stack = draft_stack()
+    pool, stack.runner.token_to_kv_pool = stack.runner.token_to_kv_pool, None
+    draft_kv = runtime.DraftKV.build(stack.runner)
+    assert draft_kv.mode == KV and runtime.kv_only_unsupported(stack.model) is None
+    stack.runner.token_to_kv_pool = pool
+    with draft_kv.kv_only(stack.worker):
+        stack.extend()
+    assert stack.log == ["embed", "qkv 0", "set_kv_buffer", "topk"] and stack.pool.kv == full_forward_kv()
 
 
 @pytest.mark.parametrize(("setting", "mode"), [("", KV), ("auto", KV), (" KV ", KV), ("full", FULL), ("Skip", SKIP)])
@@ -374,6 +371,34 @@ def test_a_backend_that_writes_the_kv_another_way_gets_the_full_extend(
     assert warnings_in(caplog) == [
         "dynspec: DYNSPEC_DRAFT_KV=kv cannot work here (MHATokenToKVPool.set_kv_buffer was not called by the "
         "draft layer); running the full draft extend"
+    ]
+
+
+class SlottedPool:
+    """A pool without an instance ``__dict__``: its ``set_kv_buffer`` cannot be shadowed."""
+
+    __slots__ = ("kv", "log")
+
+    def __init__(self, log: list[str]) -> None:
+        self.kv: dict[tuple[int, int], tuple[int, int]] = {}
+        self.log = log
+
+    def set_kv_buffer(self, layer: Any, loc: Rows, cache_k: list[int], cache_v: list[int], *scales: Any) -> None:
+        self.log.append("set_kv_buffer")
+        self.kv.update({(layer.layer_id, slot): (k, v) for slot, k, v in zip(loc.values, cache_k, cache_v)})
+
+
+def test_a_pool_that_cannot_be_watched_gets_the_full_extend(caplog: pytest.LogCaptureFixture) -> None:
+    stack = draft_stack()
+    stack.runner.token_to_kv_pool = pool = SlottedPool(stack.log)
+    draft_kv = draft_kv_for(stack)
+    with caplog.at_level(logging.WARNING, logger=runtime.__name__), draft_kv.kv_only(stack.worker):
+        out = stack.extend()
+    assert out.next_token_logits == ("logits", 3, VOCAB) and what_ran(stack.log) == "full"
+    assert pool.kv == full_forward_kv() and draft_kv.mode == FULL
+    assert warnings_in(caplog) == [
+        "dynspec: DYNSPEC_DRAFT_KV=kv cannot work here (the draft KV pool (SlottedPool) cannot be watched for its "
+        "KV write); running the full draft extend"
     ]
 
 
