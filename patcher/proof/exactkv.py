@@ -98,13 +98,21 @@ def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Recording:
         except (ValueError, KeyError, TypeError):
             rec.bad_lines += 1
             continue
-        for i, (rid, pos) in enumerate(zip(rids, positions)):
-            if not str(rid).startswith(prefix):
+        try:
+            rows = [
+                (str(rid), int(pos), None if drafts is None else [int(t) for t in drafts[i]])
+                for i, (rid, pos) in enumerate(zip(rids, positions))
+            ]
+        except (ValueError, TypeError):
+            rec.bad_lines += 1
+            continue
+        for rid, pos, row in rows:
+            if not rid.startswith(prefix):
                 continue
             if step in (FALL_BACK, RESUME):
                 rec.first_off[rid] = min(pos, rec.first_off.get(rid, pos))
-            elif step == SPECULATE and drafts is not None:
-                rec.drafts.setdefault(rid, {})[int(pos)] = [int(t) for t in drafts[i]]
+            elif step == SPECULATE and row is not None:
+                rec.drafts.setdefault(rid, {})[pos] = row
     return rec
 
 

@@ -43,6 +43,8 @@ DRAFT_KV_VARIANTS = {"full": "dynspec-full", "skip": "dynspec-skip"}
 DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
 RECORD_ENV = "DYNSPEC_RECORD_DRAFTS"
 KV_ONLY_WORDS = "draft KV only while off"  # the runtime's start-up line when the KV-only extend is on
+KV_ONLY_MODES = ("kv-graph", "kv")  # DYNSPEC_DRAFT_KV values of the KV-only extend
+KV_ONLY_MODE = "kv-graph"  # the one exact_kv proves unless the caller sets another
 ADAPTIVE_OFF = "speculative_adaptive disabled"  # SGLang's warning when it falls back to static params
 MAX_LISTED = 50  # errors and mismatches kept in the report per check
 
@@ -375,8 +377,7 @@ class Proof:
             if exact_kv and mode == "dynspec":
                 record.unlink(missing_ok=True)
                 env[RECORD_ENV] = str(record)
-                if variant:
-                    env[DRAFT_KV_ENV] = variant
+                env[DRAFT_KV_ENV] = variant or self.kv_mode(kv_problems)
             try:
                 with self.serve(mode, shape, None, name=name, env=env) as server:
                     if exact_kv and mode == "dynspec":
@@ -420,6 +421,16 @@ class Proof:
             entry = exactkv.judge(recordings, kv_digests, opts.exact_kv_min_steps, kv_problems)
             entry.update(load=opts.exact_kv_load.describe(), shape=shape, threshold=opts.threshold)
             self.report["exact_kv"] = entry
+
+    def kv_mode(self, problems: list[str]) -> str:
+        """The DYNSPEC_DRAFT_KV of the server exact_kv proves: the caller's, else ``KV_ONLY_MODE``."""
+        mode = self.env.get(DRAFT_KV_ENV, "").strip().lower() or KV_ONLY_MODE
+        if mode not in KV_ONLY_MODES:
+            problems.append(
+                f"exact_kv proves the KV-only draft extend: {DRAFT_KV_ENV} must be unset or one of "
+                f"{', '.join(KV_ONLY_MODES)}, not {mode!r}"
+            )
+        return mode
 
     def exact_kv_load(self, server: Server, name: str, problems: list[str]) -> list[str]:
         """Send exact_kv's waves, one after the other; the digest of each wave's outputs."""

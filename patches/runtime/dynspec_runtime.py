@@ -215,6 +215,9 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
 
     tic = time.perf_counter()
     draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0)
+    stock_graph = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
+    if stock_graph is not None:  # the fallback's full extend replays it with one token per request
+        draft_kv.capture_graph(lambda: type(stock_graph)(worker))
     target = SingleTokenTarget.build(worker.target_worker.model_runner, enable_at_or_below)
     metrics = None
     if rank0 and getattr(args, "enable_metrics", False):
@@ -235,11 +238,12 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
 
 def describe_draft_kv(draft_kv: "DraftKV") -> str:
     """The start-up log's words for what a fallback iteration does with the draft model."""
-    return {
-        DRAFT_KV_ONLY: "draft KV only while off, full draft extend at resume",
-        DRAFT_KV_FULL: "full draft extend in every fallback iteration",
-        DRAFT_KV_SKIP: "no draft extend while off (negative control)",
-    }[draft_kv.mode]
+    if draft_kv.mode == DRAFT_KV_FULL:
+        return "full draft extend in every fallback iteration"
+    if draft_kv.mode == DRAFT_KV_SKIP:
+        return "no draft extend while off (negative control)"
+    how = "from a CUDA graph" if draft_kv.graph is not None else "eagerly"
+    return f"draft KV only while off ({how}), full draft extend at resume"
 
 
 @dataclasses.dataclass
@@ -481,10 +485,15 @@ def _new_graph_runner(runner_cls: Any, model_runner: Any, attn_backend: Any) -> 
 # -- the draft model's KV while speculation is off -------------------------------------------
 
 DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
-DRAFT_KV_ONLY = "kv"  # write the draft KV, skip the rest of the draft step
-DRAFT_KV_FULL = "full"  # the stock draft extend every iteration (dynspec before r4)
+DRAFT_KV_FULL = "full"  # the stock draft extend every iteration
+DRAFT_KV_ONLY = "kv"  # write the draft KV, skip the rest of the draft step (eager)
+DRAFT_KV_GRAPH = "kv-graph"  # the same, replayed from a CUDA graph where the release's runner allows it
 DRAFT_KV_SKIP = "skip"  # no draft extend at all: a negative control that leaves holes in the KV
-DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_ONLY, DRAFT_KV_FULL, DRAFT_KV_SKIP)
+DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_FULL, DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_SKIP)
+# What ``auto`` means. On the H200 (0.5.17) the eager KV-only extend kept the draft KV exact but
+# was not faster end to end than the stock extend replayed from its graph: full until kv-graph
+# has been measured.
+DRAFT_KV_DEFAULT = DRAFT_KV_FULL
 
 # Draft model classes whose K/V at a position depend only on that position's inputs: the token's
 # embedding and the target's hidden states there, through ``fc``, the two input norms, the K/V
@@ -493,7 +502,7 @@ KV_ONLY_DRAFTS = ("LlamaForCausalLMEagle3",)
 
 # Where releases keep a graph runner that would replay the draft extend without calling the
 # model's forward: per worker, and on the draft model runner (piecewise / breakable prefill graphs).
-_WORKER_GRAPHS = ("cuda_graph_runner_for_draft_extend",)
+_WORKER_GRAPH = "cuda_graph_runner_for_draft_extend"
 _RUNNER_GRAPHS = ("prefill_cuda_graph_runner", "piecewise_cuda_graph_runner")
 _WINDOWS_BEFORE_VERDICT = 64
 
@@ -507,29 +516,34 @@ class DraftKV:
     """How a fallback iteration keeps the draft model's KV cache exact, for a fraction of a step.
 
     ``kv_only(worker)`` wraps the stock draft extend of one fallback iteration. Inside it the
-    extend runs eagerly and the draft model's ``forward`` is a stand-in that runs the real one up
-    to the draft layer's KV write (the pool's ``set_kv_buffer``, called by the attention backend
-    with the backend's own locations and scales), then stops: the K/V written are exactly those
-    of a full extend, and attention, MLP, lm_head and top-k are skipped. The stock code carries
-    on with placeholder logits (one column) and hidden states: shape-valid, never drafted from,
-    because the iteration that switches speculation back on runs the full extend (``RESUME``).
+    draft model's ``forward`` is a stand-in that runs the real one up to the draft layer's KV
+    write (the pool's ``set_kv_buffer``, called by the attention backend with the backend's own
+    locations and scales), then stops: the K/V written are exactly those of a full extend, and
+    attention, MLP, lm_head and top-k are skipped. The stock code carries on with placeholder
+    logits (one column) and hidden states: shape-valid, never drafted from, because the
+    iteration that switches speculation back on runs the full extend (``RESUME``).
 
-    Modes (``DYNSPEC_DRAFT_KV``): ``auto`` (default) is ``kv`` for a draft class in
-    ``KV_ONLY_DRAFTS`` with one attention layer, else ``full`` (logged once at start-up);
-    ``full`` is the stock extend every iteration, for A/B runs; ``skip`` runs no draft extend
-    while off, which leaves the draft KV with holes: a negative control for ``dynspec proof``,
-    never for serving. A backend that writes the KV without ``set_kv_buffer`` (a fused kernel)
-    or a draft forward that never ran under ``kv_only`` turns ``kv`` into ``full``, with a warning.
+    The extend then runs eagerly, or (``kv-graph``) replays a CUDA graph that a second instance
+    of the release's own draft-extend graph runner captured through the stand-in (``capture_graph``):
+    the same shapes as the stock graph, without the kernels after the KV write.
+
+    Modes (``DYNSPEC_DRAFT_KV``): ``auto`` (default) is ``DRAFT_KV_DEFAULT``; ``full`` is the stock
+    extend every iteration; ``kv`` and ``kv-graph`` need a draft class in ``KV_ONLY_DRAFTS`` with
+    one attention layer (else start-up refuses them); ``skip`` runs no draft extend while off,
+    which leaves the draft KV with holes: a negative control for ``dynspec proof``, never for
+    serving. A backend that writes the KV without ``set_kv_buffer`` (a fused kernel), or eager
+    windows that never reach the stand-in, turn the saving modes into ``full``, with a warning.
     """
 
     def __init__(self, mode: str, draft_runner: Any, *, log: bool = True) -> None:
         self.mode = mode
         self.runner = draft_runner
         self.log = log
+        self.graph: Any = None  # the KV-only draft-extend graph runner (kv-graph), once captured
         self._active = False  # True while the stand-in forward runs the real one
-        self._real_forward: Optional[Callable[..., Any]] = None  # the model's own, while in kv_only
+        self._real_forward: Optional[Callable[..., Any]] = None  # the model's own, while shadowed
         self._called = False  # the stand-in ran in the current kv_only window
-        self._windows = 0  # kv_only windows so far, and those in which the stand-in ran
+        self._windows = 0  # eager kv_only windows so far, and those in which the stand-in ran
         self._windows_called = 0
 
     @classmethod
@@ -538,14 +552,11 @@ class DraftKV:
         setting = os.environ.get(DRAFT_KV_ENV, "auto").strip().lower() or "auto"
         if setting not in DRAFT_KV_SETTINGS:
             raise ValueError(f"{DRAFT_KV_ENV} must be one of {', '.join(DRAFT_KV_SETTINGS)}, not {setting!r}")
-        why_not = kv_only_unsupported(getattr(draft_runner, "model", None))
-        mode = DRAFT_KV_ONLY if setting == "auto" else setting
-        if mode == DRAFT_KV_ONLY and why_not is not None:
-            if setting == DRAFT_KV_ONLY:
-                raise ValueError(f"{DRAFT_KV_ENV}=kv: {why_not}")
-            mode = DRAFT_KV_FULL
-            if log:
-                logger.info(f"dynspec: {why_not}; the fallback runs the full draft extend in every iteration")
+        mode = DRAFT_KV_DEFAULT if setting == "auto" else setting
+        if mode in (DRAFT_KV_ONLY, DRAFT_KV_GRAPH):
+            why_not = kv_only_unsupported(getattr(draft_runner, "model", None))
+            if why_not is not None:
+                raise ValueError(f"{DRAFT_KV_ENV}={mode}: {why_not}")
         if mode == DRAFT_KV_SKIP and log:
             logger.warning(
                 f"dynspec: {DRAFT_KV_ENV}=skip: no draft extend while speculation is off; the draft KV keeps "
@@ -558,38 +569,67 @@ class DraftKV:
         """True when a fallback iteration's draft extend does less than the stock one."""
         return self.mode != DRAFT_KV_FULL
 
+    def capture_graph(self, build: Callable[[], Any]) -> None:
+        """``kv-graph``: build the KV-only twin of the draft-extend graph runner (``build`` makes a
+        new instance of the release's runner class); it captures through the stand-in forward.
+        Without it (``build`` fails or returns None), the KV-only extend runs eagerly."""
+        if self.mode != DRAFT_KV_GRAPH:
+            return
+        tic = time.perf_counter()
+        try:
+            with self._stand_in():
+                self.graph = build()
+        except Exception as error:  # noqa: BLE001 - serve eagerly rather than not at all
+            self.graph = None
+            if self.log:
+                logger.warning(f"dynspec: no KV-only draft-extend CUDA graph ({error!r}); the KV-only extend runs eagerly")
+            return
+        if self.log and self.graph is not None:
+            logger.info(f"dynspec: KV-only draft-extend CUDA graph captured in {time.perf_counter() - tic:.2f} s")
+
     @contextlib.contextmanager
     def kv_only(self, worker: Any) -> Iterator[None]:
         """Around one fallback iteration's draft extend (``worker`` holds its CUDA graph runner)."""
         if not self.saves_work:
             yield
             return
-        model = self.runner.model
-        set_aside = [(o, a) for o in (worker, self.runner) for a in _WORKER_GRAPHS + _RUNNER_GRAPHS if getattr(o, a, None) is not None]
-        saved = [(o, a, getattr(o, a)) for o, a in set_aside]
-        for o, a in set_aside:
-            setattr(o, a, None)  # a replayed graph would never call the stand-in forward
-        self._real_forward = model.forward
+        graph = self.graph if self.mode == DRAFT_KV_GRAPH else None
+        swaps = [(worker, _WORKER_GRAPH, graph)] if hasattr(worker, _WORKER_GRAPH) else []
+        # A prefill graph of the draft runner would replay the full forward instead of the stand-in.
+        swaps += [(self.runner, name, None) for name in _RUNNER_GRAPHS if getattr(self.runner, name, None) is not None]
+        saved = [(owner, name, getattr(owner, name)) for owner, name, _ in swaps]
+        for owner, name, value in swaps:
+            setattr(owner, name, value)
         self._called = False
+        try:
+            with self._stand_in():
+                yield
+        finally:
+            for owner, name, value in saved:
+                setattr(owner, name, value)
+        if graph is None:
+            # A window whose requests all finished runs no extend; a path that never calls the
+            # stand-in (a graph this module does not know) shows as none of the first windows doing so.
+            self._windows += 1
+            self._windows_called += self._called
+            if self._windows == _WINDOWS_BEFORE_VERDICT and self._windows_called == 0:
+                self._give_up(f"the draft model's forward was not called in {self._windows} fallback iterations")
+
+    @contextlib.contextmanager
+    def _stand_in(self) -> Iterator[None]:
+        model = self.runner.model
+        self._real_forward = model.forward
         try:
             with shadowed(model, "forward", self._forward):
                 yield
         finally:
             self._real_forward = None
-            for o, a, value in saved:
-                setattr(o, a, value)
-        # A window whose requests all finished runs no extend; a path that never calls the
-        # stand-in (a graph this module does not know) shows as none of the first windows doing so.
-        self._windows += 1
-        self._windows_called += self._called
-        if self._windows == _WINDOWS_BEFORE_VERDICT and self._windows_called == 0:
-            self._give_up(f"the draft model's forward was not called in {self._windows} fallback iterations")
 
     def _forward(self, input_ids: Any, positions: Any, forward_batch: Any, *args: Any, **kwargs: Any) -> Any:
-        """Stands in for the draft model's ``forward`` inside ``kv_only``."""
+        """Stands in for the draft model's ``forward`` inside ``kv_only`` and ``capture_graph``."""
         self._called = True
         assert self._real_forward is not None
-        if self.mode == DRAFT_KV_ONLY:
+        if self.mode in (DRAFT_KV_ONLY, DRAFT_KV_GRAPH):
             # Read here, not at start-up: 0.5.14+ allocate the draft pool after the worker is built.
             pool = self.runner.token_to_kv_pool
             if not hasattr(pool, "__dict__") or not callable(getattr(pool, "set_kv_buffer", None)):
@@ -607,7 +647,7 @@ class DraftKV:
                 return output
             finally:
                 self._active = False
-        return self.placeholder(int(input_ids.shape[0]), input_ids.device)
+        return self.placeholder(placeholder_rows(input_ids, forward_batch), input_ids.device)
 
     def _write_and_stop(self, write: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         result = write(*args, **kwargs)
@@ -632,6 +672,17 @@ class DraftKV:
             if self.log:
                 logger.warning(f"dynspec: {DRAFT_KV_ENV}={self.mode} cannot work here ({why}); running the full draft extend")
             self.mode = DRAFT_KV_FULL
+            self.graph = None
+
+
+def placeholder_rows(input_ids: Any, forward_batch: Any) -> int:
+    """Rows the stock draft forward returns: one per request for v1's DRAFT_EXTEND (its logits
+    keep each request's last token), one per token for v2's DRAFT_EXTEND_V2."""
+    mode = getattr(forward_batch, "forward_mode", None)
+    is_v1_extend = getattr(mode, "is_draft_extend", None)
+    if callable(is_v1_extend) and is_v1_extend():
+        return int(forward_batch.batch_size)
+    return int(input_ids.shape[0])
 
 
 @contextlib.contextmanager

@@ -508,6 +508,10 @@ class ZeroStepPolicy:
                 self._states[0] = self.worker.build_adaptive_runtime_state(
                     speculative_num_steps=0, speculative_num_draft_tokens=1, cuda_graph_bs=capture_bs
                 )
+            zero = self._states[0]
+            stock_graph = getattr(zero, "cuda_graph_runner_for_draft_extend", None)
+            if stock_graph is not None:
+                self.draft_kv.capture_graph(lambda: self._graph_like(zero, stock_graph, capture_bs))
         if self.log:
             from sglang.srt.speculative.dynspec_runtime import describe_draft_kv
 
@@ -518,6 +522,17 @@ class ZeroStepPolicy:
                 f"at least {self.controller.min_steps} iterations between switches; one-token target CUDA graphs "
                 f"for batch sizes {list(graphs) if graphs else 'none (eager)'}; {describe_draft_kv(self.draft_kv)}"
             )
+
+    def _graph_like(self, state: Any, stock_graph: Any, capture_bs: Optional[List[int]]) -> Any:
+        """A new instance of ``stock_graph``'s runner class, made as the zero-step state made its
+        own: under the worker's ``_override_worker_state`` for 0 steps, with the state's backend."""
+        draft_worker = self.worker.draft_worker
+        with self.worker._override_worker_state(
+            state.speculative_num_steps, state.speculative_num_draft_tokens, cuda_graph_bs=capture_bs
+        ):
+            draft_worker.draft_extend_attn_backend = state.draft_extend_attn_backend
+            draft_worker.draft_runner.attn_backend = state.draft_extend_attn_backend
+            return type(stock_graph)(draft_worker)
 
     def activate_step_by_batch(self, batch_size: int) -> None:
         from sglang.srt.speculative.dynspec_runtime import SPECULATE
