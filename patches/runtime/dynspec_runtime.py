@@ -217,7 +217,8 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
     draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0)
     stock_graph = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
     if stock_graph is not None:  # the fallback's full extend replays it with one token per request
-        draft_kv.capture_graph(lambda: type(stock_graph)(worker))
+        backend = getattr(stock_graph, "draft_extend_attn_backend", None) or getattr(worker, "draft_extend_attn_backend", None)
+        draft_kv.capture_graph(lambda: type(stock_graph)(worker), backend)
     target = SingleTokenTarget.build(worker.target_worker.model_runner, enable_at_or_below)
     metrics = None
     if rank0 and getattr(args, "enable_metrics", False):
@@ -569,15 +570,21 @@ class DraftKV:
         """True when a fallback iteration's draft extend does less than the stock one."""
         return self.mode != DRAFT_KV_FULL
 
-    def capture_graph(self, build: Callable[[], Any]) -> None:
+    def capture_graph(self, build: Callable[[], Any], backend: Any) -> None:
         """``kv-graph``: build the KV-only twin of the draft-extend graph runner (``build`` makes a
         new instance of the release's runner class); it captures through the stand-in forward.
-        Without it (``build`` fails or returns None), the KV-only extend runs eagerly."""
+        Without it (``build`` fails or returns None), the KV-only extend runs eagerly.
+
+        ``backend`` is the draft-extend attention backend both runners use. A runner allocates
+        the backend's CUDA-graph buffers when it is built, and the stock graph was captured on
+        the ones there now: the twin must capture on those too (same sizes), not replace them.
+        """
         if self.mode != DRAFT_KV_GRAPH:
             return
         tic = time.perf_counter()
+        keep_buffers = shadowed(backend, "init_cuda_graph_state", _already_done) if backend is not None else contextlib.nullcontext()
         try:
-            with self._stand_in():
+            with self._stand_in(), keep_buffers:
                 self.graph = build()
         except Exception as error:  # noqa: BLE001 - serve eagerly rather than not at all
             self.graph = None
@@ -673,6 +680,10 @@ class DraftKV:
                 logger.warning(f"dynspec: {DRAFT_KV_ENV}={self.mode} cannot work here ({why}); running the full draft extend")
             self.mode = DRAFT_KV_FULL
             self.graph = None
+
+
+def _already_done(*args: Any, **kwargs: Any) -> None:
+    """``init_cuda_graph_state`` while the KV-only twin is built: the stock runner's call stands."""
 
 
 def placeholder_rows(input_ids: Any, forward_batch: Any) -> int:

@@ -511,7 +511,8 @@ class ZeroStepPolicy:
             zero = self._states[0]
             stock_graph = getattr(zero, "cuda_graph_runner_for_draft_extend", None)
             if stock_graph is not None:
-                self.draft_kv.capture_graph(lambda: self._graph_like(zero, stock_graph, capture_bs))
+                build = lambda: self._graph_like(zero, stock_graph, capture_bs)  # noqa: E731
+                self.draft_kv.capture_graph(build, zero.draft_extend_attn_backend)
         if self.log:
             from sglang.srt.speculative.dynspec_runtime import describe_draft_kv
 
