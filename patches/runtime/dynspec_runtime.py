@@ -585,12 +585,15 @@ class DraftKV:
         keep_buffers = shadowed(backend, "init_cuda_graph_state", _already_done) if backend is not None else contextlib.nullcontext()
         try:
             with self._stand_in(), keep_buffers:
-                self.graph = build()
+                graph = build()
         except Exception as error:  # noqa: BLE001 - serve eagerly rather than not at all
             self.graph = None
             if self.log:
                 logger.warning(f"dynspec: no KV-only draft-extend CUDA graph ({error!r}); the KV-only extend runs eagerly")
             return
+        if self.mode != DRAFT_KV_GRAPH:  # given up while capturing (_give_up): that graph ran the full forward
+            return
+        self.graph = graph
         if self.log and self.graph is not None:
             logger.info(f"dynspec: KV-only draft-extend CUDA graph captured in {time.perf_counter() - tic:.2f} s")
 
