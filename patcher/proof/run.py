@@ -452,7 +452,11 @@ class Proof:
         ready = [line for line in text.splitlines() if "dynspec:" in line and " ready in " in line]
         if ready and KV_ONLY_WORDS not in ready[-1]:
             problems.append(f"the dynspec server did not run the KV-only draft extend: {ready[-1].strip()[-160:]}")
-        gave_up = [line for line in text.splitlines() if f"{DRAFT_KV_ENV}=kv cannot work here" in line]
+        gave_up = [
+            line
+            for line in text.splitlines()
+            if any(f"{DRAFT_KV_ENV}={mode} cannot work here" in line for mode in KV_ONLY_MODES)
+        ]
         if gave_up:
             problems.append(f"the dynspec server gave the KV-only draft extend up: {gave_up[0].strip()[-160:]}")
 
