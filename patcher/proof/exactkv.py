@@ -103,7 +103,7 @@ def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Recording:
                 (str(rid), int(pos), None if drafts is None else [int(t) for t in drafts[i]])
                 for i, (rid, pos) in enumerate(zip(rids, positions))
             ]
-        except (ValueError, TypeError):
+        except (ValueError, TypeError, KeyError, OverflowError):  # drafts an object; Infinity, which json reads
             rec.bad_lines += 1
             continue
         for rid, pos, row in rows:
