@@ -18,8 +18,9 @@
 # Session 4 (KV-only draft extend while off; exact_kv and mixed_load):
 #   kv-proof V P   carry .gpu/kit-V-b.tar.xz .gpu/patched-V (after kit-a V): equivalence, crossings and
 #                  exact_kv (5 servers) on SGLang V, path P (v1 or v2)
-#   kv-tput V P    (same warm machine; or carry part b and patched-V as for kv-proof) throughput (median
-#                  of 3) and mixed_load (median of 3) on V, path P; v1 adds --no-overlap-base
+#   kv-tput V P [S] (same warm machine; or carry part b and patched-V as for kv-proof) throughput (median
+#                  of 3) and mixed_load (median of 3) on V, path P, shape S (default 8b; 8b-32k: a 32k draft
+#                  vocabulary); v1 adds --no-overlap-base. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
 set -u
 step=$1; shift
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -76,7 +77,8 @@ case $step in
     proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
   kv-tput) need_kit; extra=""; [ "$2" = v1 ] && extra="--no-overlap-base"
     if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
-    proof "proof-$1-$2-tput" --path "$2" --checks throughput,mixed_load --threshold 32 $extra \
+    [ -n "${3:-}" ] && extra="$extra --shape $3"
+    proof "proof-$1-$2-tput${3:+-$3}" --path "$2" --checks throughput,mixed_load --threshold 32 $extra \
       --throughput-levels 1,4,16,32,64,128 ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

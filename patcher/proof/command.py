@@ -149,10 +149,10 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
 )
 @click.option(
     "--shape",
-    type=click.Choice(["auto", "small", "8b"]),
+    type=click.Choice(["auto", "small", "8b", "8b-32k"]),
     default="auto",
     show_default=True,
-    help="Model shape; auto: small for equivalence and crossings, 8b for throughput.",
+    help="Model shape; auto: small for equivalence and crossings, 8b for throughput; 8b-32k: 8b with a 32k draft vocabulary.",
 )
 @click.option(
     "--checks",

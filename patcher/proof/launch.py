@@ -14,7 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 MODELS = Path(__file__).resolve().parent / "models"
-SHAPES = {"small": ("target", "draft"), "8b": ("target8b", "draft8b")}
+# 8b-32k: the 8B pair with a 32k draft vocabulary, as real EAGLE-3 heads for Llama-3.1-8B have
+# (draft8b's 128k lm_head is the pessimistic case for the draft extend's cost)
+SHAPES = {"small": ("target", "draft"), "8b": ("target8b", "draft8b"), "8b-32k": ("target8b", "draft8b-32k")}
 MAX_RUNNING_REQUESTS = 128
 
 BASE_FLAGS = (

@@ -556,8 +556,12 @@ class DraftKV:
         mode = DRAFT_KV_DEFAULT if setting == "auto" else setting
         if mode in (DRAFT_KV_ONLY, DRAFT_KV_GRAPH):
             why_not = kv_only_unsupported(getattr(draft_runner, "model", None))
-            if why_not is not None:
+            if why_not is not None and setting != "auto":
                 raise ValueError(f"{DRAFT_KV_ENV}={mode}: {why_not}")
+            if why_not is not None:  # a default the draft cannot take: today's extend, said once
+                mode = DRAFT_KV_FULL
+                if log:
+                    logger.info(f"dynspec: {why_not}; the fallback runs the full draft extend in every iteration")
         if mode == DRAFT_KV_SKIP and log:
             logger.warning(
                 f"dynspec: {DRAFT_KV_ENV}=skip: no draft extend while speculation is off; the draft KV keeps "
