@@ -46,10 +46,16 @@ def parse(text: str, target: str) -> cst.Module:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError as error:
             raise BadTarget(f"{target} has a syntax error at line {error.raw_line}: {error.message}") from None
+        except RecursionError:
+            raise too_deep(target) from None
         if len(_PARSED) >= _PARSED_KEPT:
             del _PARSED[next(iter(_PARSED))]
         _PARSED[key] = module
     return _PARSED[key]
+
+
+def too_deep(target: str) -> BadTarget:
+    return BadTarget(f"{target} nests expressions too deeply for dynspec's parser; nothing written")
 
 
 def _store(path: Path, value: object) -> None:
@@ -127,8 +133,11 @@ def check_result(
     """
     try:
         compile(after, target, "exec", dont_inherit=True)
-    except SyntaxError as error:
-        raise BadTarget(f"patched {target} does not compile (line {error.lineno}: {error.msg}); nothing written") from None
+    except RecursionError:
+        raise too_deep(target) from None
+    except (SyntaxError, ValueError) as error:  # ValueError: a NUL byte (Python < 3.12)
+        where = f"line {error.lineno}: {error.msg}" if isinstance(error, SyntaxError) else str(error)
+        raise BadTarget(f"patched {target} does not compile ({where}); nothing written") from None
     if before is not None and all(p.INSERT_ONLY for p in patches if p.applies_to(version)):
         line = first_changed_line(before, after)
         if line is not None:
@@ -211,8 +220,10 @@ def plan(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] | N
         if not any(p.applies_to(version) for p in patches):
             continue
         disk = tree.read(target)
-        if target in recorded:
-            entry = recorded[target]
+        entry = recorded.get(target)
+        # A recorded file that is back to its original (e.g. by a revert killed before it could
+        # forget the state) is as good as one dynspec never touched.
+        if entry is not None and txn.sha256(disk) != entry["pre"]:
             if txn.sha256(disk) != entry["post"]:
                 if not force:
                     raise Refused(
@@ -244,9 +255,12 @@ def checked_patch_file(
         return new, [PatchStep(p, Outcome(o)) for p, o in zip(patches, outcomes)]
     except (OSError, ValueError, TypeError):
         pass
-    new, steps, module = patch_file(patches, target, pristine, version)
-    if new is not None and new != pristine:
-        check_result(patches, target, pristine, new, version, module)
+    try:
+        new, steps, module = patch_file(patches, target, pristine, version)
+        if new is not None and new != pristine:
+            check_result(patches, target, pristine, new, version, module)
+    except RecursionError:
+        raise too_deep(target) from None
     _store(remembered, (new, [s.outcome.value for s in steps]))
     return new, steps
 
@@ -317,6 +331,8 @@ def revert_writes(tree: txn.Tree, state: dict[str, Any], force: bool = False) ->
     writes: dict[str, bytes | None] = {}
     for target, entry in state.get("files", {}).items():
         disk = tree.read(target)
+        if txn.sha256(disk) == entry["pre"]:
+            continue  # already the original
         if txn.sha256(disk) != entry["post"] and not force:
             raise Refused(
                 f"{target} changed after dynspec patched it; revert --force restores the original "
@@ -352,10 +368,16 @@ def status(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] |
     report: list[PatchStatus] = []
     for target, patches in targets_in_order(recipe.patches).items():
         disk_bytes = tree.read(target)
-        drifted = target in recorded_files and txn.sha256(disk_bytes) != recorded_files[target]["post"]
+        found = txn.sha256(disk_bytes)
+        original = target in recorded_files and found == recorded_files[target]["pre"]
+        drifted = target in recorded_files and found != recorded_files[target]["post"] and not original
         disk = _decode(disk_bytes, target)
-        for patch in patches:
-            report.append(_status_of(patch, target, disk, version, recorded_patches, drifted))
+        recorded = {} if original else recorded_patches  # back to the original: nothing of ours in it
+        try:
+            for patch in patches:
+                report.append(_status_of(patch, target, disk, version, recorded, drifted))
+        except RecursionError:
+            raise too_deep(target) from None
     return report
 
 

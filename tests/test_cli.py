@@ -225,13 +225,16 @@ def test_disagreeing_version_sources_are_reported(package: Path) -> None:
     assert "version sources disagree" in done.stderr and "0.5.11" in done.stderr
 
 
-def test_internal_error_exit_code(package: Path) -> None:
-    # A state file from a future dynspec is a refusal; a corrupt one is too, never a traceback.
+def test_damaged_state_exit_code(package: Path) -> None:
+    # A corrupt state file is a refusal with its own exit code and a way out, never a traceback.
     state_dir = package / ".dynspec"
     state_dir.mkdir()
     (state_dir / "state.json").write_text("{not json")
     done = run_dynspec("status", "--sglang", str(package))
-    assert done.returncode == 4 and "state.json is not valid JSON" in done.stderr
+    assert done.returncode == 10, done.stderr
+    assert "state.json is damaged: it is not valid JSON" in done.stderr
+    assert "pip install --force-reinstall --no-deps sglang==0.5.12" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_bug_exits_123(package: Path, tmp_path: Path) -> None:
