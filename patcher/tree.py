@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,7 +38,10 @@ def locate(spec: str) -> SGLangTree:
         package_dir = Path(next(iter(found.submodule_search_locations))).resolve()
         root = package_dir
     else:
-        root = Path(spec).expanduser().resolve()
+        try:
+            root = Path(spec).expanduser().resolve()
+        except (OSError, RuntimeError) as error:  # RuntimeError: a link loop (Python < 3.13)
+            raise NotAnSGLangTree(spec, f"cannot resolve it ({error})") from None
         if not root.exists():
             raise NotAnSGLangTree(spec, "no such directory")
         if not root.is_dir():
@@ -49,8 +53,10 @@ def locate(spec: str) -> SGLangTree:
                 spec, "expected python/sglang/srt (checkout), sglang/srt (python/) or srt/ (package dir)"
             )
         package_dir = located
-    if not (package_dir / "srt" / "server_args.py").is_file():
-        raise NotAnSGLangTree(str(package_dir), "srt/server_args.py is missing")
+    server_args = package_dir / "srt" / "server_args.py"
+    if not server_args.is_file():
+        why = "is not a regular file" if os.path.lexists(server_args) else "is missing"
+        raise NotAnSGLangTree(str(package_dir), f"srt/server_args.py {why}")
     sources = read_versions(package_dir)
     return SGLangTree(root=root, package_dir=package_dir, version=pick_version(sources), sources=sources)
 

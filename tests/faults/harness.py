@@ -204,7 +204,7 @@ def picture(root: Path, *, txid: bool = False) -> dict[str, str]:
         elif stat.S_ISREG(st.st_mode):
             data = path.read_bytes()
             if path.name == "state.json" and not txid:
-                with contextlib.suppress(ValueError, AttributeError):
+                with contextlib.suppress(ValueError, AttributeError, RecursionError):
                     record = json.loads(data)
                     record.pop("txid", None)
                     data = json.dumps(record, sort_keys=True).encode()
