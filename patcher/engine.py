@@ -14,12 +14,17 @@ newer revision upgrades in place and revert restores the exact bytes.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import difflib
 import enum
 import functools
 import hashlib
+import io
 import json
 import os
+import tokenize
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,6 +47,7 @@ def parse(text: str, target: str) -> cst.Module:
     """Parse each distinct text once per run (libcst takes ~0.7 s for SGLang's server_args.py)."""
     key = hashlib.sha256(text.encode()).hexdigest()
     if key not in _PARSED:
+        check_nesting(text, target)
         try:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError as error:
@@ -56,6 +62,56 @@ def parse(text: str, target: str) -> cst.Module:
 
 def too_deep(target: str) -> BadTarget:
     return BadTarget(f"{target} nests expressions too deeply for dynspec's parser; nothing written")
+
+
+# libcst's native parser overflows the C stack (a segfault, not an exception) on some text that
+# CPython parses, e.g. 20000 terms joined by `or` or 6000 adjacent string literals: both are flat in
+# CPython's AST and nested in libcst's tree. SGLang's files nest about 30 deep.
+LIBCST_NESTING_LIMIT = 1000
+_LONG_CONSTANT = 4096  # characters: only a constant this long can hold many adjacent literals
+
+
+def check_nesting(text: str, target: str) -> None:
+    """Refuse, before libcst sees it, text whose libcst tree would nest deeper than the limit."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes and the like: SGLang's, not ours to report
+            tree = ast.parse(text, target)
+    except SyntaxError as error:
+        raise BadTarget(f"{target} has a syntax error at line {error.lineno}: {error.msg}") from None
+    except ValueError as error:  # a NUL byte (Python < 3.12)
+        raise BadTarget(f"{target} cannot be parsed: {error}") from None
+    except (RecursionError, MemoryError):
+        raise too_deep(target) from None
+    lines: list[str] | None = None
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        depth += 1
+        if isinstance(node, ast.BoolOp):
+            depth += len(node.values) - 2  # `a or b or c` is one node here, a chain of nodes in libcst
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and hasattr(node, "end_lineno"):
+            span = (node.end_lineno or node.lineno) - node.lineno, (node.end_col_offset or 0) - node.col_offset
+            if span[0] or span[1] > _LONG_CONSTANT:
+                lines = lines if lines is not None else text.splitlines(keepends=True)
+                depth += _literals_in(node, lines) - 1  # "a" "b" "c": one constant here, a chain in libcst
+        if depth > LIBCST_NESTING_LIMIT:
+            raise too_deep(target)
+        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
+
+
+def _literals_in(node: ast.expr, lines: list[str]) -> int:
+    """How many string literals make up one (implicitly concatenated) constant."""
+    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+    span = [line.encode() for line in lines[first : last + 1]]  # AST offsets count UTF-8 bytes
+    span[-1] = span[-1][: node.end_col_offset]
+    span[0] = span[0][node.col_offset :]
+    segment = b"".join(span).decode(errors="replace")
+    count = 0
+    with contextlib.suppress(tokenize.TokenError, SyntaxError):
+        for token in tokenize.generate_tokens(io.StringIO(segment).readline):
+            count += token.type == tokenize.STRING
+    return max(1, count)
 
 
 def _store(path: Path, value: object) -> None:

@@ -29,7 +29,13 @@ from typing import Any
 
 import patcher.cli
 import patcher.render
-import patcher.session  # noqa: F401 - imported here once, so that no forked child imports anything
+import patcher.session
+from patcher.registry import load_recipe
+
+# Imported and read here once, so that no forked child imports anything: a child that dropped root
+# may not be able to read this Python's own library (e.g. a pyenv install under /root).
+load_recipe("default")
+patcher.session.git_facts("/")
 
 FULL = os.environ.get("DYNSPEC_FAULTS") == "full"  # `make fuzz`: every case, not a sample
 KNOWN_EXIT_CODES = {0, 1, 2, 3, 4, 10, 130}  # README's table, less the remote-only 5-9; never 123
