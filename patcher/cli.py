@@ -146,11 +146,24 @@ def diff(sglang: str, recipe: str, sglang_version: str | None, check: bool, forc
 @main.command()
 @tree_options
 @click.option("--force", is_flag=True, help="Restore the originals even over hand edits (the edits are lost).")
-def revert(sglang: str, recipe: str, sglang_version: str | None, force: bool) -> None:
+@click.option(
+    "--from-git",
+    is_flag=True,
+    help="Restore every target as the git checkout's HEAD has it and remove the state dir, whatever it holds "
+    "(the way out of a damaged state dir; hand edits are lost).",
+)
+def revert(sglang: str, recipe: str, sglang_version: str | None, force: bool, from_git: bool) -> None:
     """Restore every file dynspec touched, byte for byte, and remove the state dir."""
     from patcher import render
 
     session = _session(sglang, recipe, True, sglang_version)
+    if from_git:
+        restored = session.revert_from_git()
+        _flush_notes(session)
+        for target in restored:
+            render.say(f"restored {session.display_path(target)} from git")
+        render.say(f"{len(restored)} file(s) restored from git; state dir removed")
+        return
     restored = session.revert(force=force)
     _flush_notes(session)
     if not restored:

@@ -153,6 +153,21 @@ def _git(package_dir: str, *args: str) -> str | None:
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def git_head_file(package_dir: str, rel: str) -> bytes | None:
+    """The bytes of ``rel`` (relative to the package dir) in the checkout's HEAD, None if untracked."""
+    try:
+        done = subprocess.run(
+            safe_git_argv("-C", package_dir, "cat-file", "blob", f"HEAD:./{rel}"),
+            capture_output=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+            env=safe_git_env(),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def git_facts(package_dir: str) -> dict[str, str | None]:
     """The work tree top and ``git describe --tags`` of the checkout holding the package, if any.
 

@@ -12,7 +12,7 @@ from patcher import engine, txn
 from patcher.errors import AnchorNotFound, DamagedState, Interrupted, Refused
 from patcher.patch import _contains
 from patcher.registry import Recipe, load_recipe
-from patcher.remote_applier import damaged_way_out, git_facts
+from patcher.remote_applier import damaged_way_out, git_facts, git_head_file
 from patcher.tree import SGLangTree, choose_version, locate
 
 
@@ -109,6 +109,29 @@ class Session:
             writes = engine.revert_writes(self.files, state, force)
             self._commit(writes, None)
             return sorted(state.get("files", {}))
+
+    def revert_from_git(self) -> list[str]:
+        """Restore every target as the checkout's HEAD has it and drop the state dir, whatever it
+        holds: the way out of a damaged state dir. Returns the targets written."""
+        package_dir = str(self.tree.package_dir)
+        if not self.in_git:
+            raise Refused(f"--from-git: {package_dir} is not in a git checkout")
+        writes: dict[str, bytes | None] = {}
+        with _interrupts("restored"), self.refusals(), self.files.locked():
+            for target in self.targets():
+                head = git_head_file(package_dir, target)
+                disk = self.files.read(target)
+                if head is None and target == "srt/server_args.py":
+                    raise Refused(f"--from-git: the git checkout holding {package_dir} does not track {target}")
+                if head is None:
+                    if disk is not None and disk.startswith(b"# dynspec: "):
+                        writes[target] = None  # a file dynspec added
+                elif disk != head:
+                    writes[target] = head
+            self.files.remove_state_dir()
+            if writes:
+                self._commit(writes, None)
+        return sorted(writes)
 
     def status(self) -> list[engine.PatchStatus]:
         with self.refusals():

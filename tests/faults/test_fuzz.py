@@ -33,7 +33,7 @@ from tests.faults.harness import FULL, KNOWN_EXIT_CODES, Run, difference, pictur
 
 RELEASES = ("0.5.12", "0.5.17", "0.5.23")
 SEEDS = 4
-SAMPLED = 40
+SAMPLED = 120
 ANCHOR_WORDS_LEFT_OUT = {"self", "batch", "import", "if", "else", "calls", "sets", "and", "one", "branch", "calling",
                          "decode", "assigns", "registers", "states", "A", "add_argument", "on_publish", "speculative"}  # fmt: skip
 
@@ -394,6 +394,7 @@ def run_all(chosen: list[Variant], workers: int) -> tuple[list[str], Counter[int
                     found: list[str] = []
                     codes: list[int] = []
                     for variant in part:
+                        Path(scratch, f"current-{i}").write_text(variant.name)  # named if the worker dies
                         problems, got = problems_of(variant, Path(scratch, f"tree-{i}"))
                         found += problems
                         codes += got
@@ -407,7 +408,7 @@ def run_all(chosen: list[Variant], workers: int) -> tuple[list[str], Counter[int
         ran = 0
         for i, pid in enumerate(pids):
             _, status = os.waitpid(pid, 0)
-            assert status == 0, f"fuzz worker {i} crashed"
+            assert status == 0, f"fuzz worker {i} died ({status}) on {Path(scratch, f'current-{i}').read_text()}"
             report = json.loads(Path(scratch, f"report-{i}.json").read_text())
             problems += report["problems"]
             codes.update(report["codes"])

@@ -351,3 +351,41 @@ def test_root_keeps_the_owners_of_a_users_tree(tree: Tree) -> None:
     assert owners == {(65534, 65534)}, "patched files, new files and the state dir belong to the tree's owner"
     assert tree.run("revert").code == 0
     assert picture(tree.package) == before
+
+
+def committed_checkout(release_tree, where: Path) -> Path:
+    import subprocess
+
+    release_tree(VERSION, where=where / "python")
+    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "sglang"]):
+        subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True)
+    return where
+
+
+@pytest.mark.parametrize("damage", ["state.json", "state dir links out"])
+def test_revert_from_git_is_the_way_out_of_a_damaged_state_dir(release_tree, tmp_path: Path, damage: str) -> None:
+    import subprocess
+
+    checkout = committed_checkout(release_tree, tmp_path / "sglang")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    assert forked(cli("apply", "--sglang", str(checkout))).code == 0
+    state_dir = checkout / "python" / "sglang" / ".dynspec"
+    if damage == "state.json":
+        (state_dir / "state.json").write_text("{")
+    else:
+        shutil.rmtree(state_dir)
+        state_dir.symlink_to(outside)
+    refused = forked(cli("apply", "--sglang", str(checkout)))
+    assert refused.code == 10 and "`dynspec revert --from-git`" in refused.err, refused.err
+    done = forked(cli("revert", "--from-git", "--sglang", str(checkout)))
+    assert done.code == 0, done.err
+    assert "restored python/sglang/srt/server_args.py from git" in done.err
+    status = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--ignored"], capture_output=True, text=True)
+    assert status.stdout == "", "every target as committed, dynspec's own files and the state dir gone"
+    assert list(outside.iterdir()) == []
+
+
+def test_revert_from_git_needs_a_checkout(tree: Tree) -> None:
+    done = tree.run("revert", "--from-git")
+    assert done.code == 4 and "is not in a git checkout" in done.err, done.err
