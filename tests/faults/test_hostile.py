@@ -238,7 +238,7 @@ CASES = {
     "server_args.py is a FIFO": Case(replace_target(SERVER_ARGS, fifo), every(2), "server_args.py is not a regular file"),
     "version.py is a FIFO": Case(replace_target("version.py", fifo), every(0), "", {"apply", "revert"}),
     # -- targets whose text dynspec cannot patch
-    "a 5000-term expression": Case(append(SERVER_ARGS, "x = " + " + ".join(["1"] * 5000) + "\n"), every(4, but={"status": 0, "revert": 0}), "nests expressions too deeply"),
+    "a 5000-term expression": Case(append(SERVER_ARGS, "x = " + " + ".join(["1"] * 5000) + "\n"), every(4, but={"revert": 0}), "nests expressions too deeply"),
     "a second class ServerArgs": Case(append(SERVER_ARGS, "\n\nclass ServerArgs:\n    pass\n"), every(0), "", {"apply", "revert"}),
     "a file that runs code when imported": Case(append(SERVER_ARGS, "\nimport os\nos.system('touch MARKER')\n"), every(0), "", {"apply", "revert"}),
 }
