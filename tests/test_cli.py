@@ -252,3 +252,16 @@ def test_bug_exits_123(package: Path, tmp_path: Path) -> None:
     done = subprocess.run([os.sys.executable, str(script)], capture_output=True, text=True)
     assert done.returncode == 123
     assert "KeyError" in done.stderr and "this is a bug in dynspec" in done.stderr
+
+
+def test_every_exit_code_is_in_the_readme_and_in_help() -> None:
+    from patcher.cli import EXIT_CODES
+    from patcher.errors import ExitCode
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("### Exit codes") : readme.index("### Safety")]
+    for code in ExitCode:
+        assert f"\n| {int(code)} |" in table, f"README's exit-code table lacks {int(code)} ({code.name})"
+        in_help = f"  {int(code)} " in EXIT_CODES or int(code) in range(5, 10) and "5-9" in EXIT_CODES
+        assert in_help, f"dynspec --help lacks exit code {int(code)} ({code.name})"
