@@ -133,7 +133,23 @@ def _kind(mode: int) -> str:
         return "a device"
     if stat.S_ISLNK(mode):
         return "a link"
-    return "not a regular file"
+    if stat.S_ISREG(mode):
+        return "a regular file"
+    return "of an unknown kind"
+
+
+def _not_a_directory(dfd: int, name: str, where: str) -> DamagedState:
+    """The refusal for a part of the state dir that is not a real directory, naming what it is."""
+    try:
+        st = os.stat(name, dir_fd=dfd, follow_symlinks=False)
+    except OSError:
+        return DamagedState(f"{where} is not a directory")
+    if stat.S_ISLNK(st.st_mode):
+        return DamagedState(
+            f"{where} is a link to {os.readlink(name, dir_fd=dfd)}; dynspec keeps its state only in a real "
+            "directory inside the tree"
+        )
+    return DamagedState(f"{where} is {_kind(st.st_mode)}, not a directory")
 
 
 # -- signals ----------------------------------------------------------------------------------
@@ -407,21 +423,15 @@ class Tree:
             if st is None:
                 os.mkdir(STATE_DIR, 0o755, dir_fd=root_fd)
                 self._give_away(STATE_DIR, root_fd)
-            elif stat.S_ISLNK(st.st_mode):
-                link = os.readlink(STATE_DIR, dir_fd=root_fd)
-                raise DamagedState(
-                    f"{self.state_dir} is a link to {link}; dynspec keeps its state only in a real directory "
-                    "inside the tree"
-                )
             elif not stat.S_ISDIR(st.st_mode):
-                raise DamagedState(f"{self.state_dir} is {_kind(st.st_mode)}, not dynspec's state dir")
+                raise _not_a_directory(root_fd, STATE_DIR, self.state_dir)
             try:
                 fd = os.open(STATE_DIR, _DIR_FLAGS, dir_fd=root_fd)
             except PermissionError:
                 raise TxnError(f"cannot read {self.state_dir}: permission denied") from None
             except OSError as e:
                 if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise DamagedState(f"{self.state_dir} is not a directory") from None
+                    raise _not_a_directory(root_fd, STATE_DIR, self.state_dir) from None
                 raise
             try:
                 yield fd
@@ -441,7 +451,7 @@ class Tree:
             fd = os.open("blobs", _DIR_FLAGS, dir_fd=state_fd)
         except OSError as e:
             if e.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise DamagedState(f"{self.state_dir}/blobs is not a directory (a link or a file)") from None
+                raise _not_a_directory(state_fd, "blobs", f"{self.state_dir}/blobs") from None
             raise
         try:
             yield fd
@@ -482,9 +492,7 @@ class Tree:
     def has_journal(self) -> bool:
         """Whether an interrupted write is pending (status says so; apply and revert finish it)."""
         with self._state_dir() as fd:
-            if fd is None:
-                return False
-            return self._read_json(fd, "journal.json")[0] is not None
+            return fd is not None and self._load_journal_at(fd) is not None
 
     def blob(self, digest: str) -> bytes:
         where = f"pre-image {str(digest)[:12]}"
