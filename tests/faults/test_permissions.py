@@ -22,8 +22,18 @@ from tests.faults.harness import KNOWN_EXIT_CODES, Run, cli, forked, picture, wo
 
 VERSION = "0.5.12"
 AS_ROOT = os.geteuid() == 0
-NOBODY = pwd.getpwnam("nobody") if AS_ROOT else None
-USER = (NOBODY.pw_uid, NOBODY.pw_gid) if NOBODY else None  # None: run as the (unprivileged) user we are
+
+
+def unprivileged() -> tuple[int, int]:
+    """nobody's uid and gid; the kernel needs no passwd entry, so 65534 serves where there is none."""
+    try:
+        entry = pwd.getpwnam("nobody")
+        return entry.pw_uid, entry.pw_gid
+    except KeyError:
+        return 65534, 65534
+
+
+USER = unprivileged() if AS_ROOT else None  # None: run as the (unprivileged) user we are
 
 
 @pytest.fixture
