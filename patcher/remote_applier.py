@@ -169,11 +169,11 @@ def git_head_file(package_dir: str, rel: str) -> bytes | None:
 
 
 def git_facts(package_dir: str) -> dict[str, str | None]:
-    """The work tree top and ``git describe --tags`` of the checkout holding the package, if any.
+    """The work tree top, whether it tracks the package, and ``git describe --tags``, if any.
 
     A local ``Session`` asks this too, so a tree reads the same from both sides of `dynspec remote`.
     """
-    facts: dict[str, str | None] = {"toplevel": None, "describe": None}
+    facts: dict[str, str | None] = {"toplevel": None, "describe": None, "tracked": None}
     here = package_dir
     while True:
         if os.path.exists(os.path.join(here, ".git")):
@@ -183,7 +183,8 @@ def git_facts(package_dir: str) -> dict[str, str | None]:
             return facts  # not in a git work tree: never run git at all
         here = parent
     facts["toplevel"] = _git(package_dir, "rev-parse", "--show-toplevel")
-    if _git(package_dir, "ls-files", "--", "srt/server_args.py"):
+    facts["tracked"] = _git(package_dir, "ls-files", "--", "srt/server_args.py") or None
+    if facts["tracked"]:
         facts["describe"] = _git(package_dir, "describe", "--tags")
     return facts
 

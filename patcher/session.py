@@ -24,7 +24,7 @@ class Session:
     version: str
     diff_root: Path
     notes: list[str] = field(default_factory=list)
-    in_git: bool = False
+    in_git: bool = False  # the package is tracked by a git checkout
     override: str | None = None  # the note when --sglang-version differs from the tree's own version
 
     @classmethod
@@ -44,7 +44,7 @@ class Session:
         top = Path(git["toplevel"]) if git["toplevel"] else None
         diff_root = top if top is not None and _inside(tree.package_dir, top) else tree.root
         files = txn.Tree(str(tree.package_dir))
-        return cls(tree, files, loaded, version, diff_root, notes, top is not None, chosen.override)
+        return cls(tree, files, loaded, version, diff_root, notes, bool(git["tracked"]), chosen.override)
 
     def display_path(self, target: str) -> str:
         return engine.relative_to_root(self.tree.package_dir, self.diff_root, target)
@@ -73,7 +73,12 @@ class Session:
     def writing(self) -> Iterator[None]:
         """Lock the tree and finish any interrupted write first."""
         with self.refusals(), self.files.locked():
-            recovered = self.files.recover(self.targets())
+            try:
+                recovered = self.files.recover(self.targets())
+            except txn.Interrupted as interrupt:
+                if interrupt.completed:
+                    raise Interrupted("interrupted after finishing an earlier write; nothing else was written") from None
+                raise Interrupted("interrupted: nothing was written") from None
             if recovered:
                 self.notes.append(recovered)
             yield
@@ -115,20 +120,21 @@ class Session:
         holds: the way out of a damaged state dir. Returns the targets written."""
         package_dir = str(self.tree.package_dir)
         if not self.in_git:
-            raise Refused(f"--from-git: {package_dir} is not in a git checkout")
+            raise Refused(f"--from-git: {package_dir} is not tracked by a git checkout")
         writes: dict[str, bytes | None] = {}
         with _interrupts("restored"), self.refusals(), self.files.locked():
             for target in self.targets():
                 head = git_head_file(package_dir, target)
                 disk = self.files.read(target)
-                if head is None and target == "srt/server_args.py":
-                    raise Refused(f"--from-git: the git checkout holding {package_dir} does not track {target}")
                 if head is None:
                     if disk is not None and disk.startswith(b"# dynspec: "):
                         writes[target] = None  # a file dynspec added
                 elif disk != head:
                     writes[target] = head
-            self.files.remove_state_dir()
+            try:
+                self.files.remove_state_dir()
+            except txn.Interrupted:
+                raise Interrupted("interrupted after the state dir was removed, before any file was restored") from None
             if writes:
                 self._commit(writes, None)
         return sorted(writes)

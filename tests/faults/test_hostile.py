@@ -388,4 +388,4 @@ def test_revert_from_git_is_the_way_out_of_a_damaged_state_dir(release_tree, tmp
 
 def test_revert_from_git_needs_a_checkout(tree: Tree) -> None:
     done = tree.run("revert", "--from-git")
-    assert done.code == 4 and "is not in a git checkout" in done.err, done.err
+    assert done.code == 4 and "is not tracked by a git checkout" in done.err, done.err

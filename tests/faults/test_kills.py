@@ -1,5 +1,5 @@
 """A kill before every file-system call of apply and revert, and a second kill during the recovery
-that follows; a Ctrl-C before every such call. The tree always ends all old or all new (nothing of
+that follows, or a Ctrl-C there; a Ctrl-C before every such call. The tree always ends all old or all new (nothing of
 dynspec's left when it is all old), nothing outside it changes, and the command can be run again.
 
 The calls are counted on a real run first (an audit hook logs each change inside the tree), so the
@@ -100,6 +100,14 @@ def test_a_kill_before_any_change_is_recovered_to_all_old_or_all_new(scene: Scen
             assert forked(scene.recover()).code == 0
             scene.check(f"killed before change {k} ({change}), killed again in recovery before {recovery[j]}")
             second_kills += 1
+
+            scene.reset(killed_copy)  # the command run again, with a Ctrl-C in its recovery
+            interrupted = forked(scene.work(), hook=stop_at(j, scene.package, signal.SIGINT))
+            assert interrupted.code == 130, interrupted.err
+            assert interrupted.lines == [
+                "dynspec: error: interrupted after finishing an earlier write; nothing else was written"
+            ], interrupted.err
+            scene.check(f"killed before change {k} ({change}), Ctrl-C in recovery before {recovery[j]}")
 
         redo = forked(scene.work())
         assert redo.code == 0, f"after a kill before {change}: {redo.err}"
