@@ -113,8 +113,7 @@ def test_a_kill_before_any_change_is_recovered_to_all_old_or_all_new(scene: Scen
         assert redo.code == 0, f"after a kill before {change}: {redo.err}"
         assert picture(scene.package) == scene.after, f"{scene.command} again after a kill before {change}"
     assert second_kills > 0, "no recovery had anything to do: the kills never landed mid-write"
-    if FULL:
-        print(f"\n{scene.command}: {len(changes)} first kills, {second_kills} second kills in recovery")
+    print(f"\n{scene.command}: {len(changes)} first kills, {second_kills} second kills and Ctrl-Cs in recovery")
 
 
 def test_ctrl_c_before_any_change_exits_130_all_old_or_all_new(scene: Scene) -> None:
