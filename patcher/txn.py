@@ -661,10 +661,13 @@ class Tree:
                     os.unlink("journal.json", dir_fd=fd)
                 self._undo_blobs(fd, previous)
                 raise
+            # The write is complete: what is left to tidy, the next recovery tidies if this cannot.
             if not revert:
-                self._drop_unused_blobs(fd, self._load_state_at(fd) or {})
+                with contextlib.suppress(OSError):
+                    self._drop_unused_blobs(fd, self._load_state_at(fd) or {})
         if revert:
-            self._remove_state_dir()
+            with contextlib.suppress(OSError):
+                self._remove_state_dir()
 
     def _save_blobs(self, fd: int, contents: Iterable[Optional[bytes]]) -> None:
         if not _exists_at(fd, ".gitignore"):
