@@ -1,13 +1,14 @@
 # make run    set up, then fetch a real SGLang release and run diff / apply / status / revert on it
 # make test   set up, then run the whole test suite (CPU only; downloads SGLang releases, cached)
 # make bench  apply time on 0.5.12, the static round trip over every release, and `dynspec matrix`
+# make fuzz   the whole fault suite (make test runs a sample): every fuzzed variant, every second kill
 # make docs   regenerate README's supported-releases table from matrix.json
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 SGLANG_VERSION ?= 0.5.12
 
-.PHONY: setup run test bench docs clean
+.PHONY: setup run test fuzz bench docs clean
 
 setup: $(VENV)/.installed
 
@@ -23,6 +24,9 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
+
+fuzz: setup
+	DYNSPEC_FAULTS=full $(BIN)/python -m pytest -q -s tests/faults
 
 bench: setup
 	$(BIN)/python benchmarks/bench_apply.py

@@ -178,8 +178,9 @@ def imports_name(name: str) -> Anchor:
 
 
 def replace_class(module: cst.Module, name: str, edit: Callable[[cst.ClassDef], cst.ClassDef]) -> cst.Module:
-    body = [edit(s) if isinstance(s, cst.ClassDef) and s.name.value == name else s for s in module.body]
-    return module.with_changes(body=body)
+    """``module`` with the class ``find_class`` finds (the first of that name) edited."""
+    found = find_class(module, name)
+    return module.with_changes(body=[edit(s) if s is found else s for s in module.body])
 
 
 def replace_method(

@@ -1,4 +1,8 @@
-"""The only module that imports git: what a git checkout says about an SGLang tree."""
+"""The only module that imports GitPython: SGLang's own clones for `dynspec matrix --git`.
+
+What a checkout says about a tree being patched (its top, ``git describe``) is asked by
+``remote_applier.git_facts`` instead, with every program git could run from that tree's config off.
+"""
 
 from __future__ import annotations
 
@@ -9,42 +13,13 @@ from pathlib import Path
 
 import git
 
-
-def _repo(path: Path) -> git.Repo | None:
-    try:
-        return git.Repo(path, search_parent_directories=True)
-    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
-        return None
+from patcher.remote_applier import SAFE_GIT_CONFIG
 
 
-def toplevel(path: Path) -> Path | None:
-    """The work tree root of the git checkout holding ``path``, if any."""
-    repo = _repo(path)
-    return Path(repo.working_tree_dir).resolve() if repo is not None and repo.working_tree_dir else None
-
-
-def describe(package_dir: Path) -> str | None:
-    """``git describe --tags`` for a checkout that tracks the package, else None."""
-    repo = _repo(package_dir)
-    if repo is None or repo.working_tree_dir is None:
-        return None
-    try:
-        rel = package_dir.resolve().relative_to(Path(repo.working_tree_dir).resolve())
-        if not repo.git.ls_files("--", str(rel / "srt" / "server_args.py")):
-            return None  # e.g. site-packages that happens to sit inside some other repository
-        return str(repo.git.describe("--tags"))
-    except (git.GitCommandError, ValueError):
-        return None
-
-
-def version_from_describe(described: str) -> str:
-    """``v0.5.12-3-gabc123`` → ``0.5.12``: the release the checkout is at or after."""
-    return re.sub(r"-\d+-g[0-9a-f]+$", "", described).lstrip("v")
-
-
-def is_dirty(path: Path) -> bool:
-    repo = _repo(path)
-    return bool(repo is not None and repo.is_dirty(untracked_files=True))
+def _safe(repo: git.Repo) -> git.Repo:
+    """The same switches as every other git dynspec runs: nothing the clone's config names is run."""
+    repo.git.set_persistent_git_options(c=list(SAFE_GIT_CONFIG))
+    return repo
 
 
 class GitSourceError(Exception):
@@ -66,11 +41,11 @@ def open_repository(path_or_url: str, cache: Path) -> tuple[str, list[str]]:
         raise GitSourceError(f"--git {path_or_url}: no such directory", usage=True)
     try:
         if not is_url:
-            repo = git.Repo(local, search_parent_directories=False)
+            repo = _safe(git.Repo(local, search_parent_directories=False))
         else:
             clone = cache / "git" / hashlib.sha256(path_or_url.encode()).hexdigest()[:16]
             if clone.exists():
-                repo = git.Repo(clone)
+                repo = _safe(git.Repo(clone))
                 repo.git.fetch("--tags", "--force", "origin")
             else:
                 clone.parent.mkdir(parents=True, exist_ok=True)
@@ -85,7 +60,7 @@ def open_repository(path_or_url: str, cache: Path) -> tuple[str, list[str]]:
 
 def files_at(git_dir: str, revision: str, paths: Iterable[str]) -> dict[str, bytes]:
     """The bytes of each of ``paths`` that exists as a file at ``revision``."""
-    tree = git.Repo(git_dir).commit(revision).tree
+    tree = _safe(git.Repo(git_dir)).commit(revision).tree
     found: dict[str, bytes] = {}
     for path in paths:
         try:
@@ -99,7 +74,7 @@ def files_at(git_dir: str, revision: str, paths: Iterable[str]) -> dict[str, byt
 
 def has_dir(git_dir: str, revision: str, path: str) -> bool:
     try:
-        git.Repo(git_dir).commit(revision).tree / path
+        _safe(git.Repo(git_dir)).commit(revision).tree / path
         return True
     except KeyError:
         return False

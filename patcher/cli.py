@@ -24,10 +24,16 @@ Exit codes:
   2    usage: bad option, or the path is not an SGLang tree
   3    drift: a patch's anchor is missing in this SGLang release; nothing written
   4    refused: hand edits after apply, unsupported version, tree locked,
-       read-only or unparsable target; nothing written
+       read-only, unreadable, unparsable or non-regular target, a link out
+       of the tree; nothing written
   5-9  dynspec remote: ssh authentication (5), host key (6), unreachable (7),
        no python3 >= 3.9 on the server (8), connection lost mid-command (9)
+  10   damaged state: the state dir is a link, not a directory, or holds
+       files dynspec did not write; nothing written (the message says how
+       to start over)
   123  internal error: a bug in dynspec
+  130  interrupted (Ctrl-C): the tree is all old, or all new if the write
+       had finished (the message says which)
 """
 
 
@@ -35,6 +41,12 @@ class DynspecGroup(click.Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
+        except KeyboardInterrupt:
+            # apply and revert say how their write ended; a Ctrl-C anywhere else cannot cut one in half.
+            from patcher import render
+
+            render.error("interrupted; the tree is all old or all new (`dynspec status` tells which)")
+            ctx.exit(int(ExitCode.INTERRUPTED))
         except DynspecError as error:
             from patcher import render
 
@@ -134,11 +146,24 @@ def diff(sglang: str, recipe: str, sglang_version: str | None, check: bool, forc
 @main.command()
 @tree_options
 @click.option("--force", is_flag=True, help="Restore the originals even over hand edits (the edits are lost).")
-def revert(sglang: str, recipe: str, sglang_version: str | None, force: bool) -> None:
+@click.option(
+    "--from-git",
+    is_flag=True,
+    help="Restore every target as the git checkout's HEAD has it and remove the state dir, whatever it holds "
+    "(the way out of a damaged state dir; hand edits are lost).",
+)
+def revert(sglang: str, recipe: str, sglang_version: str | None, force: bool, from_git: bool) -> None:
     """Restore every file dynspec touched, byte for byte, and remove the state dir."""
     from patcher import render
 
     session = _session(sglang, recipe, True, sglang_version)
+    if from_git:
+        restored = session.revert_from_git()
+        _flush_notes(session)
+        for target in restored:
+            render.say(f"restored {session.display_path(target)} from git")
+        render.say(f"{len(restored)} file(s) restored from git; state dir removed")
+        return
     restored = session.revert(force=force)
     _flush_notes(session)
     if not restored:

@@ -14,12 +14,17 @@ newer revision upgrades in place and revert restores the exact bytes.
 
 from __future__ import annotations
 
+import ast
+import contextlib
 import difflib
 import enum
 import functools
 import hashlib
+import io
 import json
 import os
+import tokenize
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,14 +47,71 @@ def parse(text: str, target: str) -> cst.Module:
     """Parse each distinct text once per run (libcst takes ~0.7 s for SGLang's server_args.py)."""
     key = hashlib.sha256(text.encode()).hexdigest()
     if key not in _PARSED:
+        check_nesting(text, target)
         try:
             module = cst.parse_module(text)
         except cst.ParserSyntaxError as error:
             raise BadTarget(f"{target} has a syntax error at line {error.raw_line}: {error.message}") from None
+        except RecursionError:
+            raise too_deep(target) from None
         if len(_PARSED) >= _PARSED_KEPT:
             del _PARSED[next(iter(_PARSED))]
         _PARSED[key] = module
     return _PARSED[key]
+
+
+def too_deep(target: str) -> BadTarget:
+    return BadTarget(f"{target} nests expressions too deeply for dynspec's parser; nothing written")
+
+
+# libcst's native parser overflows the C stack (a segfault, not an exception) on some text that
+# CPython parses, e.g. 20000 terms joined by `or` or 6000 adjacent string literals: both are flat in
+# CPython's AST and nested in libcst's tree. SGLang's files nest about 30 deep.
+LIBCST_NESTING_LIMIT = 1000
+_LONG_CONSTANT = 4096  # characters: only a constant this long can hold many adjacent literals
+
+
+def check_nesting(text: str, target: str) -> None:
+    """Refuse, before libcst sees it, text whose libcst tree would nest deeper than the limit."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # invalid escapes and the like: SGLang's, not ours to report
+            tree = ast.parse(text, target)
+    except SyntaxError as error:
+        raise BadTarget(f"{target} has a syntax error at line {error.lineno}: {error.msg}") from None
+    except ValueError as error:  # a NUL byte (Python < 3.12)
+        raise BadTarget(f"{target} cannot be parsed: {error}") from None
+    except (RecursionError, MemoryError):
+        raise too_deep(target) from None
+    lines: list[str] | None = None
+    stack: list[tuple[ast.AST, int]] = [(tree, 0)]
+    while stack:
+        node, depth = stack.pop()
+        depth += 1
+        if isinstance(node, ast.BoolOp):
+            depth += len(node.values) - 2  # `a or b or c` is one node here, a chain of nodes in libcst
+        elif isinstance(node, ast.Constant) and isinstance(node.value, (str, bytes)) and hasattr(node, "end_lineno"):
+            span = (node.end_lineno or node.lineno) - node.lineno, (node.end_col_offset or 0) - node.col_offset
+            if span[0] or span[1] > _LONG_CONSTANT:
+                lines = lines if lines is not None else text.splitlines(keepends=True)
+                depth += _literals_in(node, lines) - 1  # "a" "b" "c": one constant here, a chain in libcst
+        if depth > LIBCST_NESTING_LIMIT:
+            raise too_deep(target)
+        stack.extend((child, depth) for child in ast.iter_child_nodes(node))
+
+
+def _literals_in(node: ast.expr, lines: list[str]) -> int:
+    """How many string literals make up one (implicitly concatenated) constant."""
+    first, last = node.lineno - 1, (node.end_lineno or node.lineno) - 1
+    span = [line.encode() for line in lines[first : last + 1]]  # AST offsets count UTF-8 bytes
+    span[-1] = span[-1][: node.end_col_offset]
+    span[0] = span[0][node.col_offset :]
+    segment = b"".join(span).decode(errors="replace")
+    count = 0
+    with contextlib.suppress(tokenize.TokenError, SyntaxError):
+        for token in tokenize.generate_tokens(io.StringIO(segment).readline):
+            count += token.type == tokenize.STRING
+    return max(1, count)
 
 
 def _store(path: Path, value: object) -> None:
@@ -127,8 +189,11 @@ def check_result(
     """
     try:
         compile(after, target, "exec", dont_inherit=True)
-    except SyntaxError as error:
-        raise BadTarget(f"patched {target} does not compile (line {error.lineno}: {error.msg}); nothing written") from None
+    except RecursionError:
+        raise too_deep(target) from None
+    except (SyntaxError, ValueError) as error:  # ValueError: a NUL byte (Python < 3.12)
+        where = f"line {error.lineno}: {error.msg}" if isinstance(error, SyntaxError) else str(error)
+        raise BadTarget(f"patched {target} does not compile ({where}); nothing written") from None
     if before is not None and all(p.INSERT_ONLY for p in patches if p.applies_to(version)):
         line = first_changed_line(before, after)
         if line is not None:
@@ -211,8 +276,10 @@ def plan(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] | N
         if not any(p.applies_to(version) for p in patches):
             continue
         disk = tree.read(target)
-        if target in recorded:
-            entry = recorded[target]
+        entry = recorded.get(target)
+        # A recorded file that is back to its original (e.g. by a revert killed before it could
+        # forget the state) is as good as one dynspec never touched.
+        if entry is not None and txn.sha256(disk) != entry["pre"]:
             if txn.sha256(disk) != entry["post"]:
                 if not force:
                     raise Refused(
@@ -244,9 +311,12 @@ def checked_patch_file(
         return new, [PatchStep(p, Outcome(o)) for p, o in zip(patches, outcomes)]
     except (OSError, ValueError, TypeError):
         pass
-    new, steps, module = patch_file(patches, target, pristine, version)
-    if new is not None and new != pristine:
-        check_result(patches, target, pristine, new, version, module)
+    try:
+        new, steps, module = patch_file(patches, target, pristine, version)
+        if new is not None and new != pristine:
+            check_result(patches, target, pristine, new, version, module)
+    except RecursionError:
+        raise too_deep(target) from None
     _store(remembered, (new, [s.outcome.value for s in steps]))
     return new, steps
 
@@ -317,6 +387,8 @@ def revert_writes(tree: txn.Tree, state: dict[str, Any], force: bool = False) ->
     writes: dict[str, bytes | None] = {}
     for target, entry in state.get("files", {}).items():
         disk = tree.read(target)
+        if txn.sha256(disk) == entry["pre"]:
+            continue  # already the original
         if txn.sha256(disk) != entry["post"] and not force:
             raise Refused(
                 f"{target} changed after dynspec patched it; revert --force restores the original "
@@ -352,10 +424,16 @@ def status(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] |
     report: list[PatchStatus] = []
     for target, patches in targets_in_order(recipe.patches).items():
         disk_bytes = tree.read(target)
-        drifted = target in recorded_files and txn.sha256(disk_bytes) != recorded_files[target]["post"]
+        found = txn.sha256(disk_bytes)
+        original = target in recorded_files and found == recorded_files[target]["pre"]
+        drifted = target in recorded_files and found != recorded_files[target]["post"] and not original
         disk = _decode(disk_bytes, target)
-        for patch in patches:
-            report.append(_status_of(patch, target, disk, version, recorded_patches, drifted))
+        recorded = {} if original else recorded_patches  # back to the original: nothing of ours in it
+        try:
+            for patch in patches:
+                report.append(_status_of(patch, target, disk, version, recorded, drifted))
+        except RecursionError:
+            raise too_deep(target) from None
     return report
 
 

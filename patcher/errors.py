@@ -23,6 +23,8 @@ class ExitCode(enum.IntEnum):
     UNREACHABLE = 7  # ssh: no such host, connection refused or timed out
     REMOTE_PYTHON = 8  # the server has no python3 >= 3.9 at --python
     CONNECTION_LOST = 9  # the connection broke mid-command; the tree is all old or all new
+    DAMAGED = 10  # the state dir is not what dynspec wrote (a link, bad JSON, a missing pre-image)
+    INTERRUPTED = 130  # Ctrl-C: the tree is all old, or all new when the write had finished
 
 
 class DynspecError(Exception):
@@ -56,6 +58,24 @@ class AnchorNotFound(DynspecError):
     def __init__(self, patch_id: str, anchor: str, target: str, sglang: str) -> None:
         self.patch_id, self.anchor, self.target, self.sglang = patch_id, anchor, target, sglang
         super().__init__(f"{patch_id}: anchor {anchor!r} not found in {target} (SGLang {sglang})")
+
+    def with_note(self, note: str) -> AnchorNotFound:
+        """The same error with ``note`` added, e.g. that --sglang-version overrode the tree's version."""
+        error = AnchorNotFound(self.patch_id, self.anchor, self.target, self.sglang)
+        error.args = (f"{error}; {note}",)
+        return error
+
+
+class DamagedState(DynspecError):
+    """The state dir cannot be trusted; nothing was written. The message says how to start over."""
+
+    exit_code = ExitCode.DAMAGED
+
+
+class Interrupted(DynspecError):
+    """Ctrl-C; the message says whether the write had finished."""
+
+    exit_code = ExitCode.INTERRUPTED
 
 
 class BadTarget(DynspecError):

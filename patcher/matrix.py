@@ -51,6 +51,12 @@ from patcher.registry import Recipe, all_patches
 SCHEMA = 1
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_BASELINE = REPO_ROOT / "matrix.json"
+
+
+def default_baseline() -> Path | None:
+    """matrix.json of the dynspec checkout this runs from; an installed dynspec has none."""
+    return REPO_ROOT / "matrix.json" if (REPO_ROOT / "pyproject.toml").is_file() else None
+
 README_BEGIN = "<!-- matrix:begin -->"
 README_END = "<!-- matrix:end -->"
 

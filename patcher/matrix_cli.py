@@ -52,7 +52,8 @@ Exit codes:
     "--baseline",
     type=click.Path(dir_okay=False, path_type=Path),
     default=None,
-    help="The recorded matrix to compare with.  [default: matrix.json at the repository root]",
+    help="The recorded matrix to compare with.  [default: matrix.json of the dynspec checkout this runs from; "
+    "an installed dynspec has none]",
 )
 @click.option(
     "--update-baseline",
@@ -126,8 +127,15 @@ def _matrix(
     from patcher.registry import load_recipe
 
     recipe = load_recipe(recipe_name)
-    baseline_path = baseline_path or m.DEFAULT_BASELINE
-    baseline = m.load_baseline(baseline_path)
+    baseline_path = baseline_path or m.default_baseline()
+    if baseline_path is None and update_baseline:
+        raise UsageError("--update-baseline needs --baseline PATH: an installed dynspec has no matrix.json of its own")
+    if baseline_path is None and releases_option is None:
+        raise UsageError(
+            "an installed dynspec has no baseline: pass --baseline PATH (the matrix.json of a dynspec checkout) "
+            "or --releases"
+        )
+    baseline = m.load_baseline(baseline_path) if baseline_path else None
     if update_baseline and baseline and baseline.get("recipe") != recipe.name:
         raise UsageError(f"{baseline_path} records recipe {baseline.get('recipe')!r}, not {recipe.name!r}")
     source = m.open_git(git_source) if git_source else m.PyPISource()
@@ -149,6 +157,7 @@ def _matrix(
     changes = m.compare(result, baseline)
     code = m.exit_code(result, changes)
     if update_baseline:
+        assert baseline_path is not None
         data = m.updated_baseline(result, baseline)
         baseline_path.write_text(m.dump(data), encoding="utf-8")
         render.say(f"recorded {len(result.results)} release(s) in {baseline_path}")
@@ -236,7 +245,7 @@ def _table(result: Matrix, changes: Sequence[Change]) -> None:
 
 
 def _summary(
-    result: Matrix, changes: Sequence[Change], baseline_path: Path, baseline: dict[str, Any] | None, seconds: float
+    result: Matrix, changes: Sequence[Change], baseline_path: Path | None, baseline: dict[str, Any] | None, seconds: float
 ) -> str:
     from patcher import matrix as m
 
@@ -246,8 +255,8 @@ def _summary(
     text = f"{len(result.results)} release(s) × {len(result.patch_ids)} patch(es): {cells}"
     if errors:
         text += f"; {errors} release(s) not checked"
-    if baseline is None:
-        text += f"; no baseline at {baseline_path}"
+    if baseline is None or baseline_path is None:
+        text += f"; no baseline at {baseline_path}" if baseline_path else "; no baseline"
     elif changes:
         text += f"; {len(changes)} change(s) against {baseline_path.name}"
     else:

@@ -25,7 +25,10 @@ PLATFORM = [
 
 
 def cache_dir() -> Path:
-    return Path(os.environ.get("DYNSPEC_CACHE", Path.home() / ".cache" / "dynspec"))
+    """``$DYNSPEC_CACHE``, else ``$XDG_CACHE_HOME/dynspec``, else ``~/.cache/dynspec``."""
+    if os.environ.get("DYNSPEC_CACHE"):
+        return Path(os.environ["DYNSPEC_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dynspec"
 
 
 def wheel(version: str) -> Path:
@@ -40,7 +43,8 @@ def wheel(version: str) -> Path:
         done = subprocess.run(command, capture_output=True, text=True)
         got = list(Path(scratch).glob(f"sglang-{version}-*.whl"))
         if done.returncode != 0 or not got:
-            raise RuntimeError(f"could not download sglang {version} from PyPI: {done.stderr.strip()[-300:]}")
+            why = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "pip found no wheel")
+            raise RuntimeError(f"could not download sglang {version} from PyPI ({why.strip()})")
         target = wheels / got[0].name
         os.replace(got[0], target)
         return target

@@ -34,10 +34,13 @@ from typing import IO, Any
 from patcher import engine, remote_applier, txn
 from patcher.engine import targets_in_order
 from patcher.errors import (
+    AnchorNotFound,
     ConnectionLost,
+    DamagedState,
     DynspecError,
     ExitCode,
     HostUnreachable,
+    Interrupted,
     NotAnSGLangTree,
     Refused,
     RemotePythonMissing,
@@ -47,7 +50,8 @@ from patcher.errors import (
 )
 from patcher.patch import _contains
 from patcher.registry import Recipe
-from patcher.tree import disagreement, pick_version, read_versions
+from patcher.remote_applier import damaged_way_out
+from patcher.tree import choose_version, read_versions
 
 MARK = remote_applier.MARK
 TOO_OLD = 86  # BOOTSTRAP's exit status on a python older than 3.9
@@ -277,6 +281,10 @@ def remote_error(error: dict[str, Any]) -> Exception:
         return UsageError(message)
     if kind in ("refused", "mismatch"):
         return Refused(message)
+    if kind == "damaged":
+        return DamagedState(f"{message}; {damaged_way_out(str(error.get('state_dir', txn.STATE_DIR)), None)}")
+    if kind == "interrupted":
+        return Interrupted(message)
     return RemoteCrash(message)
 
 
@@ -303,6 +311,9 @@ class SnapshotTree(txn.Tree):
 
     @classmethod
     def from_snapshot(cls, snap: dict[str, Any]) -> SnapshotTree:
+        problem = None if snap["state"] is None else txn.state_problem(snap["state"])
+        if problem:
+            raise txn.DamagedState(f"{snap['state_dir']}/state.json is damaged: {problem}")
         files = {rel: _unb64(data) for rel, data in snap["files"].items()}
         blobs = {digest: base64.b64decode(data) for digest, data in snap["blobs"].items()}
         return cls(snap["package_dir"], snap["state_dir"], files, blobs, snap["state"])
@@ -336,6 +347,7 @@ class RemoteTree:
     python: str
     journal: bool
     notes: list[str] = field(default_factory=list)
+    override: str | None = None  # as Session.override
 
     def display_path(self, target: str) -> str:
         return (self.package_dir / target).relative_to(self.diff_root).as_posix()
@@ -360,21 +372,10 @@ def open_snapshot(
     host: str, snap: dict[str, Any], recipe: Recipe, force: bool, sglang_version: str | None
 ) -> RemoteTree:
     """Session.open's rules: version from the files (then git describe), recipe range, diff root."""
-    sources = versions_of(snap)
-    detected = pick_version(sources)
-    notes: list[str] = []
-    git = snap["git"]
-    if git.get("describe"):
-        from patcher.checkout import version_from_describe
-
-        sources["git describe"] = version_from_describe(git["describe"])
-    clash = disagreement(sources)
-    if clash:
-        notes.append(clash)
     package_dir = PurePosixPath(snap["package_dir"])
-    version = sglang_version or detected or sources.get("git describe")
-    if version is None:
-        raise Refused(f"cannot tell the SGLang version of {package_dir}; pass --sglang-version")
+    git = snap["git"]
+    chosen = choose_version(versions_of(snap), sglang_version, git.get("describe"), str(package_dir))
+    version, notes = chosen.version, chosen.notes
     if not _contains(recipe.sglang, version):
         message = f"SGLang {version} is not a release recipe {recipe.name!r} supports ({recipe.sglang})"
         if not force:
@@ -383,9 +384,13 @@ def open_snapshot(
     top = git.get("toplevel")
     inside = top is not None and (package_dir == PurePosixPath(top) or PurePosixPath(top) in package_dir.parents)
     diff_root = PurePosixPath(top) if inside else PurePosixPath(snap["root"])
+    try:
+        files = SnapshotTree.from_snapshot(snap)
+    except txn.DamagedState as error:
+        raise DamagedState(f"{error}; {damaged_way_out(snap['state_dir'], version)}") from None
     return RemoteTree(
         host,
-        SnapshotTree.from_snapshot(snap),
+        files,
         recipe,
         version,
         package_dir,
@@ -393,6 +398,7 @@ def open_snapshot(
         snap["python"],
         snap["journal"],
         notes,
+        chosen.override,
     )
 
 
@@ -463,7 +469,10 @@ def run(
             tree = open_snapshot(host, first["snapshot"], recipe, force or op in ("status", "revert"), sglang_version)
             result.tree = tree
             result.notes.extend(tree.notes)
-            message = _plan(op, tree, result, force)
+            try:
+                message = _plan(op, tree, result, force)
+            except AnchorNotFound as error:
+                raise error.with_note(tree.override) if tree.override else error from None
         result.timings["plan"] = time.perf_counter() - planned
         if op in ("apply", "revert"):
             written = time.perf_counter()

@@ -24,11 +24,9 @@ import base64
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from typing import IO, Any
 
 if __package__ == "patcher":
@@ -42,7 +40,7 @@ VERSION_FILES = ("_version.py", "version.py")
 METADATA_HEAD = 16384  # the Version: header is near the top of METADATA; the rest is the README
 
 # Exit codes, the same numbers as patcher/errors.py's ExitCode (the bundle has no patcher).
-EXIT_OK, EXIT_CHANGES, EXIT_USAGE, EXIT_REFUSED, EXIT_PYTHON = 0, 1, 2, 4, 8
+EXIT_OK, EXIT_CHANGES, EXIT_USAGE, EXIT_REFUSED, EXIT_PYTHON, EXIT_DAMAGED, EXIT_INTERRUPTED = 0, 1, 2, 4, 8, 10, 130
 INTERRUPTED_NOTE = "an interrupted dynspec write is pending; the next apply or revert finishes it"
 
 
@@ -59,6 +57,8 @@ class Failure(Exception):
 
     @property
     def exit_code(self) -> int:
+        if self.kind == "damaged":
+            return EXIT_DAMAGED
         return EXIT_USAGE if self.kind in ("usage", "not_a_tree") else EXIT_REFUSED
 
 
@@ -110,19 +110,70 @@ def _unb64(text: str | None) -> bytes | None:
     return None if text is None else base64.b64decode(text)
 
 
+# git runs programs that a repository's own config names (core.fsmonitor on any command that reads
+# the index, hooks, pagers, diff drivers). The tree being patched is not trusted, so each of those is
+# switched off on the command line, which outranks every config file, and read-only commands are
+# kept from rewriting the index. git's own safe.directory check still refuses a repository owned by
+# someone else; then dynspec simply has no git facts.
+SAFE_GIT_CONFIG = (
+    "core.fsmonitor=false",
+    "core.hooksPath=/dev/null",
+    "core.pager=cat",
+    "core.untrackedCache=false",
+    "diff.external=",
+)
+_GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_EXTERNAL_DIFF", "GIT_CONFIG_PARAMETERS")
+
+
+def safe_git_argv(*args: str) -> list[str]:
+    argv = ["git"]
+    for setting in SAFE_GIT_CONFIG:
+        argv += ["-c", setting]
+    return [*argv, *args]
+
+
+def safe_git_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_DROPPED}
+    env.update(GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", PAGER="cat")
+    return env
+
+
 def _git(package_dir: str, *args: str) -> str | None:
     try:
         done = subprocess.run(
-            ["git", "-C", package_dir, *args], capture_output=True, text=True, timeout=20, stdin=subprocess.DEVNULL
+            safe_git_argv("-C", package_dir, *args),
+            capture_output=True,
+            text=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+            env=safe_git_env(),
         )
     except (OSError, subprocess.SubprocessError):
         return None
     return done.stdout.strip() if done.returncode == 0 else None
 
 
+def git_head_file(package_dir: str, rel: str) -> bytes | None:
+    """The bytes of ``rel`` (relative to the package dir) in the checkout's HEAD, None if untracked."""
+    try:
+        done = subprocess.run(
+            safe_git_argv("-C", package_dir, "cat-file", "blob", f"HEAD:./{rel}"),
+            capture_output=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+            env=safe_git_env(),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
 def git_facts(package_dir: str) -> dict[str, str | None]:
-    """What patcher/checkout.py would ask GitPython: the work tree top and ``git describe --tags``."""
-    facts: dict[str, str | None] = {"toplevel": None, "describe": None}
+    """The work tree top, whether it tracks the package, and ``git describe --tags``, if any.
+
+    A local ``Session`` asks this too, so a tree reads the same from both sides of `dynspec remote`.
+    """
+    facts: dict[str, str | None] = {"toplevel": None, "describe": None, "tracked": None}
     here = package_dir
     while True:
         if os.path.exists(os.path.join(here, ".git")):
@@ -132,7 +183,8 @@ def git_facts(package_dir: str) -> dict[str, str | None]:
             return facts  # not in a git work tree: never run git at all
         here = parent
     facts["toplevel"] = _git(package_dir, "rev-parse", "--show-toplevel")
-    if _git(package_dir, "ls-files", "--", "srt/server_args.py"):
+    facts["tracked"] = _git(package_dir, "ls-files", "--", "srt/server_args.py") or None
+    if facts["tracked"]:
         facts["describe"] = _git(package_dir, "describe", "--tags")
     return facts
 
@@ -154,11 +206,10 @@ def snapshot(root: str, package_dir: str, targets: list[str], tree: Any) -> dict
     wanted = list(dict.fromkeys([*targets, *recorded]))
     blobs: dict[str, str] = {}
     for entry in recorded.values():
-        digest = entry.get("pre")
+        digest = entry["pre"]
         if digest and digest not in blobs:
-            data = txn.read_bytes(os.path.join(tree.state_dir, "blobs", digest))
-            if data is not None:
-                blobs[digest] = _b64(data) or ""
+            with contextlib.suppress(txn.DamagedState):  # the local engine names the missing one
+                blobs[digest] = _b64(tree.blob(digest)) or ""
     return {
         "root": root,
         "package_dir": package_dir,
@@ -169,28 +220,13 @@ def snapshot(root: str, package_dir: str, targets: list[str], tree: Any) -> dict
         "files": {rel: _b64(tree.read(rel)) for rel in wanted},
         "state": state,
         "blobs": blobs,
-        "journal": os.path.exists(os.path.join(tree.state_dir, "journal.json")),
+        "journal": tree.has_journal(),
         "python": sys.version.split()[0],
         "pid": os.getpid(),
     }
 
 
 # -- the write ---------------------------------------------------------------------------------
-
-_HELD_BACK = [getattr(signal, name) for name in ("SIGHUP", "SIGINT", "SIGTERM", "SIGPIPE") if hasattr(signal, name)]
-
-
-@contextlib.contextmanager
-def signals_held() -> Iterator[None]:
-    """Defer hang-up, interrupt and terminate until the commit is over (SIGKILL cannot be)."""
-    if not hasattr(signal, "pthread_sigmask"):  # pragma: no cover - every POSIX python has it
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, _HELD_BACK)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
 
 def check_pre_images(tree: Any, expect: dict[str, str | None], why: str) -> None:
@@ -210,20 +246,13 @@ def check_pre_images(tree: Any, expect: dict[str, str | None], why: str) -> None
 def commit(
     tree: Any, writes: dict[str, bytes | None], state: dict[str, Any] | None, pause: dict[str, Any] | None = None
 ) -> None:
-    """``Tree.commit`` with signals held back; an OSError (full disk, ...) is a clean refusal."""
+    """``Tree.commit`` (which holds hang-ups and Ctrl-C back); an OSError (full disk, ...) is a clean refusal."""
     if pause:
         _pause_after_puts(tree, pause)
-    with signals_held():
-        try:
-            tree.commit(writes, state)
-        except OSError as error:
-            # Tree.commit rolled the files back; a failure while it was still saving pre-images
-            # can leave them behind in a state dir that records nothing: drop them too.
-            if not os.path.exists(os.path.join(tree.state_dir, "journal.json")):
-                tree._remove_state_dir_if_only_blobs()
-            raise Failure(
-                "refused", f"writing failed ({error.strerror or error}); every file was left as it was"
-            ) from None
+    try:
+        tree.commit(writes, state)
+    except OSError as error:
+        raise Failure("refused", f"writing failed ({error.strerror or error}); every file was left as it was") from None
 
 
 def _pause_after_puts(tree: Any, pause: dict[str, Any]) -> None:
@@ -234,12 +263,13 @@ def _pause_after_puts(tree: Any, pause: dict[str, Any]) -> None:
     """
     real_put, count = tree._put, [0]
 
-    def put(rel: str, data: bytes | None, mode: int | None) -> None:
-        real_put(rel, data, mode)
+    def put(rel: str, data: bytes | None) -> None:
+        real_put(rel, data)
         count[0] += 1
         if count[0] == pause["after"]:
-            with open(pause["file"] + ".paused", "w") as f:
+            with open(pause["file"] + ".paused-", "w") as f:
                 f.write(str(os.getpid()))
+            os.replace(pause["file"] + ".paused-", pause["file"] + ".paused")  # a reader never sees it empty
             while not os.path.exists(pause["file"] + ".go"):
                 time.sleep(0.01)
 
@@ -280,14 +310,16 @@ def serve(reader: IO[bytes] | None = None, writer: IO[bytes] | None = None) -> i
     if request.get("protocol") != PROTOCOL:
         pipe.send({"error": {"kind": "internal", "message": f"protocol {request.get('protocol')} != {PROTOCOL}"}})
         return 0
+    state_dir = txn.STATE_DIR
     try:
         root, package_dir = locate(request["sglang"])
         tree = txn.Tree(package_dir)
+        state_dir = tree.state_dir
         if not request.get("write"):
             pipe.send({"snapshot": snapshot(root, package_dir, request["targets"], tree)})
             return 0
         with tree.locked():
-            recovered = tree.recover()
+            recovered = tree.recover(request["targets"])
             pipe.send({"snapshot": snapshot(root, package_dir, request["targets"], tree), "recovered": recovered})
             plan = pipe.receive()
             if plan is None or plan.get("writes") is None:
@@ -298,11 +330,31 @@ def serve(reader: IO[bytes] | None = None, writer: IO[bytes] | None = None) -> i
             pipe.send({"done": sorted(writes)})
     except Failure as failure:
         pipe.send({"error": failure.as_message()})
+    except txn.DamagedState as error:
+        pipe.send({"error": {"kind": "damaged", "message": str(error), "state_dir": state_dir}})
     except txn.TxnError as error:
         pipe.send({"error": {"kind": "refused", "message": str(error)}})
     except OSError as error:  # e.g. a file the ssh user may not read
         pipe.send({"error": {"kind": "refused", "message": _os_error(error)}})
+    except KeyboardInterrupt as interrupt:
+        done = isinstance(interrupt, txn.Interrupted) and interrupt.completed
+        pipe.send({"error": {"kind": "interrupted", "message": _interrupted(done)}})
     return 0
+
+
+def damaged_way_out(state_dir: str, version: str | None) -> str:
+    """What to do about a damaged state dir, for the end of its one-line refusal."""
+    release = version or "<its version>"
+    return (
+        f"nothing was written; to start over, restore SGLang's original files (git checkout, or "
+        f"pip install --force-reinstall --no-deps sglang=={release}) and delete {state_dir}"
+    )
+
+
+def _interrupted(completed: bool) -> str:
+    if completed:
+        return "interrupted after the write had finished: every file is new"
+    return "interrupted: nothing was written"
 
 
 def _os_error(error: OSError) -> str:
@@ -350,7 +402,8 @@ class Bundle:
         for rel, planned in self.plan["files"].items():
             found = txn.sha256(self.tree.read(rel))
             if rel in recorded:
-                if found != recorded[rel]["post"] and not force:
+                back_to_original = found == recorded[rel]["pre"]  # e.g. a revert killed before it forgot the state
+                if found != recorded[rel]["post"] and not back_to_original and not force:
                     raise Failure(
                         "refused",
                         f"{rel} changed after dynspec patched it; apply --force rebuilds it from the original "
@@ -381,7 +434,7 @@ class Bundle:
 
     def apply(self, force: bool) -> int:
         with self.tree.locked():
-            recovered = self.tree.recover()
+            recovered = self.tree.recover(self.plan["files"])
             if recovered:
                 _say(f"note: {recovered}")
             state = self.tree.load_state()
@@ -397,7 +450,7 @@ class Bundle:
 
     def revert(self, force: bool) -> int:
         with self.tree.locked():
-            recovered = self.tree.recover()
+            recovered = self.tree.recover(self.plan["files"])
             if recovered:
                 _say(f"note: {recovered}")
             state = self.tree.load_state()
@@ -406,7 +459,10 @@ class Bundle:
                 return EXIT_OK
             writes: dict[str, bytes | None] = {}
             for rel, entry in state.get("files", {}).items():
-                if txn.sha256(self.tree.read(rel)) != entry["post"] and not force:
+                found = txn.sha256(self.tree.read(rel))
+                if found == entry["pre"]:
+                    continue  # already the original
+                if found != entry["post"] and not force:
                     raise Failure(
                         "refused",
                         f"{rel} changed after dynspec patched it; revert --force restores the original and discards those edits",
@@ -465,7 +521,7 @@ class Bundle:
         return rows
 
     def status(self, as_json: bool, check: bool) -> int:
-        if os.path.exists(os.path.join(self.tree.state_dir, "journal.json")):
+        if self.tree.has_journal():
             _say(f"note: {INTERRUPTED_NOTE}")
         rows = self.status_rows()
         if as_json:
@@ -528,8 +584,9 @@ def bundle_main(argv: list[str] | None = None, plan: dict[str, Any] | None = Non
             f"{', '.join(plan['files']) or 'no files'}. Needs only python3 >= 3.9."
         ),
         epilog="exit codes: 0 done, 1 --check found work, 2 usage or not an SGLang tree, "
-        "4 refused (not the files this plan is for, hand edits, locked, read-only), 8 python < 3.9; "
-        "nothing is written unless the exit code is 0",
+        "4 refused (not the files this plan is for, hand edits, locked, read-only, a link out of the tree), "
+        "8 python < 3.9, 10 the state dir is damaged, 130 interrupted; "
+        "nothing is written unless the exit code is 0 (or 130 after a finished write)",
     )
     parser.add_argument("command", choices=["apply", "status", "revert", "diff"])
     parser.add_argument(
@@ -542,6 +599,7 @@ def bundle_main(argv: list[str] | None = None, plan: dict[str, Any] | None = Non
     parser.add_argument("--json", action="store_true", help="status: machine-readable")
     parser.add_argument("--check", action="store_true", help="status/diff: exit 1 unless nothing is left to do")
     args = parser.parse_args(argv)
+    bundle = None
     try:
         bundle = Bundle(plan, args.sglang)
         if args.command == "apply":
@@ -554,9 +612,16 @@ def bundle_main(argv: list[str] | None = None, plan: dict[str, Any] | None = Non
     except Failure as failure:
         _say(f"dynspec: error: {failure}")
         return failure.exit_code
+    except txn.DamagedState as error:
+        state_dir = bundle.tree.state_dir if bundle else txn.STATE_DIR
+        _say(f"dynspec: error: {error}; {damaged_way_out(state_dir, plan['sglang_version'])}")
+        return EXIT_DAMAGED
     except txn.TxnError as error:
         _say(f"dynspec: error: {error}")
         return EXIT_REFUSED
     except OSError as error:
         _say(f"dynspec: error: {_os_error(error)}")
         return EXIT_REFUSED
+    except KeyboardInterrupt as interrupt:
+        _say(f"dynspec: error: {_interrupted(isinstance(interrupt, txn.Interrupted) and interrupt.completed)}")
+        return EXIT_INTERRUPTED

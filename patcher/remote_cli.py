@@ -27,7 +27,10 @@ Exit codes (with several hosts: the first failing host's, in the order given):
   7    the server cannot be reached (unknown name, refused, timed out)
   8    no python3 >= 3.9 at --python on the server
   9    the connection broke mid-command: the tree is all old or all new
+  10   damaged state dir on the server (a link, bad JSON, a missing
+       pre-image); nothing written
   123  internal error: a bug in dynspec
+  130  interrupted (Ctrl-C)
 """
 
 BUNDLE_EPILOG = """\b
@@ -35,7 +38,8 @@ On the server (needs only python3 >= 3.9):
   scp dynspec-plan.pyz HOST: && ssh HOST python3 dynspec-plan.pyz apply --sglang /root/sglang
   python3 dynspec-plan.pyz status|revert|diff --sglang /root/sglang
 It refuses, naming the file and the expected sha256, when the server's files are not the ones
-the plan was made for. Exit codes there: 0 done, 1 --check, 2 usage, 4 refused, 8 python < 3.9.
+the plan was made for. Exit codes there: 0 done, 1 --check, 2 usage, 4 refused, 8 python < 3.9,
+10 damaged state dir, 130 interrupted.
 """
 
 

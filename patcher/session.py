@@ -9,10 +9,11 @@ from pathlib import Path
 from typing import Any
 
 from patcher import engine, txn
-from patcher.errors import Refused
+from patcher.errors import AnchorNotFound, DamagedState, Interrupted, Refused
 from patcher.patch import _contains
 from patcher.registry import Recipe, load_recipe
-from patcher.tree import SGLangTree, disagreement, locate
+from patcher.remote_applier import damaged_way_out, git_facts, git_head_file
+from patcher.tree import SGLangTree, choose_version, locate
 
 
 @dataclass
@@ -23,68 +24,81 @@ class Session:
     version: str
     diff_root: Path
     notes: list[str] = field(default_factory=list)
+    in_git: bool = False  # the package is tracked by a git checkout
+    override: str | None = None  # the note when --sglang-version differs from the tree's own version
 
     @classmethod
     def open(
         cls, sglang: str, recipe: str | Recipe = "default", force: bool = False, sglang_version: str | None = None
     ) -> Session:
         tree = locate(sglang)
-        notes: list[str] = []
-        sources = dict(tree.sources)
-        in_git = _in_git_work_tree(tree.package_dir)
-        if in_git:
-            from patcher import checkout  # GitPython costs 0.1 s to import; most trees are not checkouts
-        described = checkout.describe(tree.package_dir) if in_git else None
-        if described:
-            sources["git describe"] = checkout.version_from_describe(described)
-        clash = disagreement(sources)
-        if clash:
-            notes.append(clash)
-        version = sglang_version or tree.version or sources.get("git describe")
-        if version is None:
-            raise Refused(f"cannot tell the SGLang version of {tree.package_dir}; pass --sglang-version")
+        git = git_facts(str(tree.package_dir))
+        chosen = choose_version(tree.sources, sglang_version, git["describe"], str(tree.package_dir))
+        version, notes = chosen.version, chosen.notes
         loaded = load_recipe(recipe) if isinstance(recipe, str) else recipe
         if not _contains(loaded.sglang, version):
             message = f"SGLang {version} is not a release recipe {loaded.name!r} supports ({loaded.sglang})"
             if not force:
                 raise Refused(f"{message}; --force tries anyway")
             notes.append(f"{message}; going ahead because of --force")
-        top = checkout.toplevel(tree.package_dir) if in_git else None
+        top = Path(git["toplevel"]) if git["toplevel"] else None
         diff_root = top if top is not None and _inside(tree.package_dir, top) else tree.root
-        return cls(tree, txn.Tree(str(tree.package_dir)), loaded, version, diff_root, notes)
+        files = txn.Tree(str(tree.package_dir))
+        return cls(tree, files, loaded, version, diff_root, notes, bool(git["tracked"]), chosen.override)
 
     def display_path(self, target: str) -> str:
         return engine.relative_to_root(self.tree.package_dir, self.diff_root, target)
 
     @contextlib.contextmanager
-    def writing(self) -> Iterator[None]:
-        """Lock the tree and finish any interrupted write first. Txn errors become refusals."""
+    def refusals(self) -> Iterator[None]:
+        """What the tree and its state dir refuse, as the user's errors (exit 4, or 10 for the state dir)."""
         try:
-            with self.files.locked():
-                recovered = self.files.recover()
-                if recovered:
-                    self.notes.append(recovered)
-                yield
+            yield
+        except txn.DamagedState as error:
+            raise DamagedState(f"{error}; {self.way_out()}") from None
         except txn.TxnError as error:
             raise Refused(str(error)) from None
+        except AnchorNotFound as error:
+            raise error.with_note(self.override) if self.override else error from None
+
+    def way_out(self) -> str:
+        if self.in_git:
+            return (
+                f"nothing was written; `dynspec revert --from-git` restores the targets from git and removes "
+                f"{self.files.state_dir}"
+            )
+        return damaged_way_out(self.files.state_dir, self.version)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[None]:
+        """Lock the tree and finish any interrupted write first."""
+        with self.refusals(), self.files.locked():
+            try:
+                recovered = self.files.recover(self.targets())
+            except txn.Interrupted as interrupt:
+                if interrupt.completed:
+                    raise Interrupted("interrupted after finishing an earlier write; nothing else was written") from None
+                raise Interrupted("interrupted: nothing was written") from None
+            if recovered:
+                self.notes.append(recovered)
+            yield
+
+    def targets(self) -> list[str]:
+        return list(engine.targets_in_order(self.recipe.patches))
 
     def state(self) -> dict[str, Any] | None:
-        try:
+        with self.refusals():
             return self.files.load_state()
-        except txn.TxnError as error:
-            raise Refused(str(error)) from None
 
     def plan(self, force: bool = False) -> engine.Plan:
-        try:
+        with self.refusals():
             return engine.plan(self.files, self.recipe, self.version, self.state(), force)
-        except txn.TxnError as error:  # a damaged state dir, e.g. a missing pre-image
-            raise Refused(str(error)) from None
 
     def diff(self, plan: engine.Plan) -> str:
         return "".join(engine.unified_diff(self.display_path(f.target), f.disk, f.new) for f in plan.pending)
 
     def apply(self, force: bool = False) -> engine.Plan:
-        with self.writing():
+        with _interrupts("patched"), self.writing():
             state = self.state()
             plan = engine.plan(self.files, self.recipe, self.version, state, force)
             if plan.pending:
@@ -93,31 +107,62 @@ class Session:
 
     def revert(self, force: bool = False) -> list[str]:
         """Restore every touched file byte for byte; returns the targets written."""
-        with self.writing():
+        with _interrupts("restored"), self.writing():
             state = self.state()
             if state is None:
                 return []
             writes = engine.revert_writes(self.files, state, force)
             self._commit(writes, None)
-            return sorted(writes)
+            return sorted(state.get("files", {}))
+
+    def revert_from_git(self) -> list[str]:
+        """Restore every target as the checkout's HEAD has it and drop the state dir, whatever it
+        holds: the way out of a damaged state dir. Returns the targets written."""
+        package_dir = str(self.tree.package_dir)
+        if not self.in_git:
+            raise Refused(f"--from-git: {package_dir} is not tracked by a git checkout")
+        writes: dict[str, bytes | None] = {}
+        with _interrupts("restored"), self.refusals(), self.files.locked():
+            for target in self.targets():
+                head = git_head_file(package_dir, target)
+                disk = self.files.read(target)
+                if head is None:
+                    if disk is not None and disk.startswith(b"# dynspec: "):
+                        writes[target] = None  # a file dynspec added
+                elif disk != head:
+                    writes[target] = head
+            try:
+                self.files.remove_state_dir()
+            except txn.Interrupted:
+                raise Interrupted("interrupted after the state dir was removed, before any file was restored") from None
+            if writes:
+                self._commit(writes, None)
+        return sorted(writes)
 
     def status(self) -> list[engine.PatchStatus]:
-        if Path(self.files.state_dir, "journal.json").exists():
-            self.notes.append("an interrupted dynspec write is pending; the next apply or revert finishes it")
-        return engine.status(self.files, self.recipe, self.version, self.state())
+        with self.refusals():
+            if self.files.has_journal():
+                self.notes.append("an interrupted dynspec write is pending; the next apply or revert finishes it")
+            return engine.status(self.files, self.recipe, self.version, self.state())
 
     def _commit(self, writes: dict[str, bytes | None], state: dict[str, Any] | None) -> None:
         try:
             self.files.commit(writes, state)
-        except txn.TxnError:
-            raise
         except OSError as error:
             raise Refused(f"writing failed ({error.strerror or error}); every file was left as it was") from None
 
 
-def _in_git_work_tree(path: Path) -> bool:
-    """Cheap pre-check so that trees outside git never pay for importing GitPython."""
-    return any((parent / ".git").exists() for parent in (path, *path.parents))
+@contextlib.contextmanager
+def _interrupts(done: str) -> Iterator[None]:
+    """Ctrl-C as a one-line error that says whether the write had finished (txn held it back till then)."""
+    try:
+        yield
+    except txn.Interrupted as interrupt:
+        if interrupt.completed:
+            raise Interrupted(f"interrupted after the write had finished: every file is {done}") from None
+        raise Interrupted("interrupted: nothing was written") from None
+    except KeyboardInterrupt:
+        raise Interrupted("interrupted; the tree is all old or all new (`dynspec status` tells which)") from None
 
 
 def _inside(path: Path, root: Path) -> bool:
@@ -126,5 +171,3 @@ def _inside(path: Path, root: Path) -> bool:
         return True
     except ValueError:
         return False
-
-

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from patcher.errors import NotAnSGLangTree, UsageError
+from patcher import txn
+from patcher.errors import NotAnSGLangTree, Refused, UsageError
 
 
 @dataclass(frozen=True)
@@ -36,7 +38,10 @@ def locate(spec: str) -> SGLangTree:
         package_dir = Path(next(iter(found.submodule_search_locations))).resolve()
         root = package_dir
     else:
-        root = Path(spec).expanduser().resolve()
+        try:
+            root = Path(spec).expanduser().resolve()
+        except (OSError, RuntimeError) as error:  # RuntimeError: a link loop (Python < 3.13)
+            raise NotAnSGLangTree(spec, f"cannot resolve it ({error})") from None
         if not root.exists():
             raise NotAnSGLangTree(spec, "no such directory")
         if not root.is_dir():
@@ -48,8 +53,10 @@ def locate(spec: str) -> SGLangTree:
                 spec, "expected python/sglang/srt (checkout), sglang/srt (python/) or srt/ (package dir)"
             )
         package_dir = located
-    if not (package_dir / "srt" / "server_args.py").is_file():
-        raise NotAnSGLangTree(str(package_dir), "srt/server_args.py is missing")
+    server_args = package_dir / "srt" / "server_args.py"
+    if not server_args.is_file():
+        why = "is not a regular file" if os.path.lexists(server_args) else "is missing"
+        raise NotAnSGLangTree(str(package_dir), f"srt/server_args.py {why}")
     sources = read_versions(package_dir)
     return SGLangTree(root=root, package_dir=package_dir, version=pick_version(sources), sources=sources)
 
@@ -58,9 +65,10 @@ _VERSION_ASSIGN = re.compile(r"^__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"
 
 
 def _version_from_file(path: Path) -> str | None:
+    data = txn.read_bytes(str(path), limit=1 << 20)  # never blocks on a FIFO, never reads a huge file
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = "" if data is None else data.decode("utf-8")
+    except UnicodeDecodeError:
         return None
     match = _VERSION_ASSIGN.search(text)
     if match:
@@ -73,7 +81,7 @@ def _version_from_file(path: Path) -> str | None:
                 and any(isinstance(t, ast.Name) and t.id == "__version__" for t in node.targets)
             ):
                 return str(node.value.value)
-    except SyntaxError:
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
         return None
     return None
 
@@ -86,9 +94,9 @@ def read_versions(package_dir: Path) -> dict[str, str]:
         if found:
             sources[name] = found
     for dist_info in sorted(package_dir.parent.glob("sglang-*.dist-info")):
-        metadata = dist_info / "METADATA"
-        if metadata.is_file():
-            match = re.search(r"^Version:\s*(\S+)", metadata.read_text(encoding="utf-8", errors="replace"), re.M)
+        metadata = txn.read_bytes(str(dist_info / "METADATA"))
+        if metadata is not None:
+            match = re.search(r"^Version:\s*(\S+)", metadata.decode("utf-8", errors="replace"), re.M)
             if match:
                 sources[dist_info.name] = match.group(1)
     return sources
@@ -110,3 +118,35 @@ def disagreement(sources: dict[str, str]) -> str | None:
     if len(set(sources.values())) <= 1:
         return None
     return "version sources disagree: " + ", ".join(f"{k} says {v}" for k, v in sources.items())
+
+
+def version_from_describe(described: str) -> str:
+    """``v0.5.12-3-gabc123`` → ``0.5.12``: the release the checkout is at or after."""
+    return re.sub(r"-\d+-g[0-9a-f]+$", "", described).lstrip("v")
+
+
+@dataclass
+class Chosen:
+    version: str
+    notes: list[str]  # version sources that disagree; an override
+    override: str | None  # the note when --sglang-version is not what the tree says it is
+
+
+def choose_version(sources: dict[str, str], given: str | None, described: str | None, where: str) -> Chosen:
+    """The version to plan for: ``--sglang-version``, else the tree's files, else ``git describe``."""
+    sources = dict(sources)
+    if described:
+        sources["git describe"] = version_from_describe(described)
+    notes = []
+    clash = disagreement(sources)
+    if clash:
+        notes.append(clash)
+    detected = pick_version(sources) or sources.get("git describe")
+    version = given or detected
+    if version is None:
+        raise Refused(f"cannot tell the SGLang version of {where}; pass --sglang-version")
+    override = None
+    if given and detected and given != detected:
+        override = f"the tree says it is SGLang {detected}; --sglang-version {given} overrides that"
+        notes.append(override)
+    return Chosen(version, notes, override)

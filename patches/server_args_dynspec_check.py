@@ -12,7 +12,7 @@ import libcst as cst
 
 from patcher.anchors import (
     body_of,
-    find_method,
+    find_class,
     imports_name,
     is_docstring,
     method,
@@ -102,12 +102,12 @@ class ServerArgsDynspecCheck(CstPatch):
             at = 1 if body and is_docstring(body[0]) else 0
             return with_body(check, [*body[:at], *call, *body[at:]])
 
+        # The class the anchor found: a second ``class ServerArgs`` later in the file is left alone.
+        server_args = find_class(module, "ServerArgs")
         body: list[cst.BaseStatement] = []
         for statement in module.body:
-            if isinstance(statement, cst.ClassDef) and statement.name.value == "ServerArgs":
-                assert find_method(statement, "check_server_args") is not None
-                statement = replace_method(statement, "check_server_args", add_call)
-                body.append(statement)
+            if statement is server_args:
+                body.append(replace_method(statement, "check_server_args", add_call))
                 body.extend(function)
             else:
                 body.append(statement)

@@ -36,7 +36,10 @@ def main() -> None:
     targets = sorted({p.TARGET for p in all_patches().values()})
     with tempfile.TemporaryDirectory(prefix="dynspec-demo-") as scratch:
         print(f"fetching SGLang {version} from PyPI (cached in {releases.cache_dir()}) ...", flush=True)
-        package = releases.copy_tree(version, targets, Path(scratch) / "site-packages")
+        try:
+            package = releases.copy_tree(version, targets, Path(scratch) / "site-packages")
+        except RuntimeError as error:  # no such release, or PyPI unreachable
+            sys.exit(f"make run: {error}")
         before = digest(package)
         dynspec("diff", "--sglang", str(package))
         dynspec("apply", "--sglang", str(package))

@@ -225,13 +225,16 @@ def test_disagreeing_version_sources_are_reported(package: Path) -> None:
     assert "version sources disagree" in done.stderr and "0.5.11" in done.stderr
 
 
-def test_internal_error_exit_code(package: Path) -> None:
-    # A state file from a future dynspec is a refusal; a corrupt one is too, never a traceback.
+def test_damaged_state_exit_code(package: Path) -> None:
+    # A corrupt state file is a refusal with its own exit code and a way out, never a traceback.
     state_dir = package / ".dynspec"
     state_dir.mkdir()
     (state_dir / "state.json").write_text("{not json")
     done = run_dynspec("status", "--sglang", str(package))
-    assert done.returncode == 4 and "state.json is not valid JSON" in done.stderr
+    assert done.returncode == 10, done.stderr
+    assert "state.json is damaged: it is not valid JSON" in done.stderr
+    assert "pip install --force-reinstall --no-deps sglang==0.5.12" in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
 
 
 def test_bug_exits_123(package: Path, tmp_path: Path) -> None:
@@ -249,3 +252,16 @@ def test_bug_exits_123(package: Path, tmp_path: Path) -> None:
     done = subprocess.run([os.sys.executable, str(script)], capture_output=True, text=True)
     assert done.returncode == 123
     assert "KeyError" in done.stderr and "this is a bug in dynspec" in done.stderr
+
+
+def test_every_exit_code_is_in_the_readme_and_in_help() -> None:
+    from patcher.cli import EXIT_CODES
+    from patcher.errors import ExitCode
+    from tests.conftest import ROOT
+
+    readme = (ROOT / "README.md").read_text()
+    table = readme[readme.index("### Exit codes") : readme.index("### Safety")]
+    for code in ExitCode:
+        assert f"\n| {int(code)} |" in table, f"README's exit-code table lacks {int(code)} ({code.name})"
+        in_help = f"  {int(code)} " in EXIT_CODES or int(code) in range(5, 10) and "5-9" in EXIT_CODES
+        assert in_help, f"dynspec --help lacks exit code {int(code)} ({code.name})"

@@ -459,3 +459,31 @@ def test_make_docs_rewrites_a_stale_table(tmp_path: Path) -> None:
     assert "stale" not in text and text.endswith(f"{m.README_END}\n\nafter\n")
     assert "| SGLang |" in text
     assert subprocess.run([*entry, "--check"], capture_output=True, text=True, cwd=ROOT).returncode == 0
+
+
+def test_an_installed_dynspec_asks_for_the_baseline_instead_of_looking_in_site_packages(tmp_path: Path) -> None:
+    """`pip install .` puts no matrix.json anywhere: the command says what to pass, writes nothing."""
+    site = tmp_path / "site"
+    subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(ROOT)],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    shutil.rmtree(ROOT / "build", ignore_errors=True)
+    env = {**os.environ, "PYTHONPATH": str(site), "NO_COLOR": "1"}
+    entry = [sys.executable, "-c", "from patcher.matrix_cli import matrix; matrix(prog_name='dynspec matrix')"]
+    for args, message in (
+        ((), "an installed dynspec has no baseline: pass --baseline PATH"),
+        (("--releases", "0.5.12", "--update-baseline"), "--update-baseline needs --baseline PATH"),
+    ):
+        done = subprocess.run([*entry, *args], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120)
+        assert done.returncode == 2, done.stderr
+        assert message in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert not list(site.glob("matrix.json")) and not (site / "README.md").exists()
+    with_baseline = subprocess.run(
+        [*entry, "--baseline", str(ROOT / "matrix.json"), "--releases", "0.5.12", "--json"],
+        capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300,
+    )  # fmt: skip
+    assert with_baseline.returncode == 0, with_baseline.stderr
+    assert json.loads(with_baseline.stdout)["baseline"]["path"] == str(ROOT / "matrix.json")

@@ -70,3 +70,15 @@ def test_git_checkout_is_clean_after_revert(version: str, release_tree, tmp_path
     Session.open(str(checkout)).revert()
     assert not repo.is_dirty(untracked_files=True)
     shutil.rmtree(checkout)
+
+
+def test_the_cache_is_dynspec_cache_else_under_xdg_cache_home(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from patcher import releases
+
+    monkeypatch.delenv("DYNSPEC_CACHE", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
+    assert releases.cache_dir() == Path.home() / ".cache" / "dynspec"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert releases.cache_dir() == tmp_path / "xdg" / "dynspec"
+    monkeypatch.setenv("DYNSPEC_CACHE", str(tmp_path / "mine"))
+    assert releases.cache_dir() == tmp_path / "mine"

@@ -701,3 +701,60 @@ def test_too_old_python_on_the_server_is_one_clear_line(
     assert bundled.returncode == ExitCode.REMOTE_PYTHON
     assert bundled.stderr.strip().endswith("this plan needs python3 >= 3.9")
     assert snapshot(tree) == before
+
+
+# -- hostile trees on the server (issue 14) ------------------------------------------------------
+
+
+def test_the_servers_git_config_never_runs(server: Server, release_tree, tmp_path: Path) -> None:
+    """The applier asks git about the server's checkout with every program git could run switched off."""
+    from tests.faults.test_git_config import armed_repo, git
+
+    marker = tmp_path / "MARKER"
+    checkout = tmp_path / "sglang"
+    release_tree(VERSION, where=checkout / "python")
+    armed_repo(checkout, marker)
+    git(checkout, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "filter.trap.clean=cat", "add", "-A")
+    git(checkout, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "commit", "-q", "-m", "sglang")
+    assert server.ssh("good", f"git -C {checkout} ls-files >/dev/null").returncode == 0
+    assert marker.exists(), "the trap is armed: plain git on the server runs core.fsmonitor"
+    marker.unlink()
+    for command in ("status", "diff", "apply", "revert"):
+        done = server.remote(command, "good", "--sglang", str(checkout))
+        assert done.returncode == 0, done.stderr
+        assert not marker.exists(), f"dynspec remote {command} ran {marker.read_text()}"
+
+
+def test_a_damaged_state_on_the_server_is_exit_10(server: Server, tree: Path) -> None:
+    assert server.remote("apply", "good", "--sglang", str(tree)).returncode == 0
+    (tree / ".dynspec" / "state.json").write_text('{"format": 1, "files": []}')
+    before = snapshot(tree)
+    for command in ("status", "apply", "revert"):
+        done = server.remote(command, "good", "--sglang", str(tree))
+        assert done.returncode == 10, done.stderr
+        assert "state.json is damaged" in one_line_error(done.stderr)
+    assert snapshot(tree) == before
+
+
+def test_a_state_dir_linking_out_is_refused_on_the_server(server: Server, tree: Path, tmp_path: Path) -> None:
+    outside = tmp_path / "outside-state"
+    outside.mkdir()
+    (tree / ".dynspec").symlink_to(outside)
+    done = server.remote("apply", "good", "--sglang", str(tree))
+    assert done.returncode == 10, done.stderr
+    assert "is a link to" in one_line_error(done.stderr)
+    assert list(outside.iterdir()) == []
+
+
+def test_a_bundle_refuses_a_target_linking_out(tree: Path, tmp_path: Path) -> None:
+    plan_pyz = tmp_path / "plan.pyz"
+    bundle.build(plan_pyz, VERSION)
+    target = tree / "srt" / "server_args.py"
+    outside = tmp_path / "server_args.py"
+    target.rename(outside)
+    target.symlink_to(outside)
+    kept = outside.read_bytes()
+    done = subprocess.run([sys.executable, str(plan_pyz), "apply", "--sglang", str(tree)], capture_output=True, text=True)
+    assert done.returncode == 4, done.stderr
+    assert "is a link to" in one_line_error(done.stderr)
+    assert outside.read_bytes() == kept
