@@ -9,7 +9,9 @@ computes K/V from (token, position, target hidden state) and calls its ``RadixAt
 calls the attention backend; the backend first writes the K/V with the pool's ``set_kv_buffer``,
 then runs "attention"; the layer then runs "mlp", the model "lm_head". Every stage is logged,
 so a test sees how far a forward got. A replayed graph computes everything, but never through
-the model's Python ``forward`` (as a CUDA graph does).
+the model's Python ``forward`` (as a CUDA graph does). ``EAGLEDraftExtendCudaGraphRunner(worker)``
+is made as the release's is: it captures by calling ``model.forward`` once, and a replay runs only
+the stages that capture ran (a capture through ``DraftKV``'s stand-in: up to the KV write).
 
 No torch: tensors are ``Rows`` (a list with ``shape`` and ``device``). ``install_fake_torch``
 puts the two modules ``DraftKV.placeholder`` imports into ``sys.modules``.
@@ -181,6 +183,13 @@ class TritonAttnBackend:
         self.token_to_kv_pool = pool
         self.pool_from = pool_from
         self.log = log
+        self.cuda_graph_buffers: object | None = None
+        self.cuda_graph_state_inits = 0
+
+    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int) -> None:
+        """A graph runner calls it when it is built: a new set of the buffers its graphs read their metadata from."""
+        self.cuda_graph_buffers = object()
+        self.cuda_graph_state_inits += 1
 
     def forward(
         self, q: list[int], k: list[int], v: list[int], layer: Any, forward_batch: Any, save_kv_cache: bool = True
@@ -360,6 +369,65 @@ class DraftStack:
 
 
 EXTEND = Extend(tokens=[11, 12, 13], positions=[40, 41, 57], slots=[900, 901, 902])
+CAPTURE = Extend(tokens=[0, 0, 0], positions=[0, 0, 0], slots=[0, 0, 0])  # a capture's static batch: padding slot 0
+
+
+class EAGLEDraftExtendCudaGraphRunner:
+    """The release's draft-extend graph runner, made as ``EAGLEDraftExtendCudaGraphRunner(worker)``.
+
+    Its constructor takes the worker's ``draft_extend_attn_backend`` (the draft runner's backend
+    where the worker has none) and has it allocate its CUDA-graph buffers (``init_cuda_graph_state``);
+    then it captures: it calls the draft model's ``forward`` on a static batch (``CAPTURE``), as the
+    release's ``run_once`` calls ``self.model_runner.model.forward``, and keeps the stages that ran as
+    the graph's kernels and the output as its output buffers. A replay reads the backend's buffers it
+    was captured on (it fails if the backend holds others: nobody refills them), runs the kernels on
+    the replayed batch (the K/V write straight into the pool's memory, as a kernel does) and returns
+    the captured buffers, without calling ``forward``. Captured for one batch shape: ``CAPTURE``'s
+    (3 tokens). 0.5.11+ keep the backend on the runner (``draft_extend_attn_backend``), earlier
+    releases only use the worker's (``KEEPS_BACKEND``). What the constructor saw of the worker
+    (steps, backend) is kept for the tests.
+    """
+
+    name = "draft extend graph"
+    KEEPS_BACKEND = True
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self.model_runner = worker.draft_runner
+        self.log: list[str] = worker.log
+        self.backend = getattr(worker, "draft_extend_attn_backend", None) or self.model_runner.attn_backend
+        if self.KEEPS_BACKEND:
+            self.draft_extend_attn_backend = self.backend
+        self.runner_backend = self.model_runner.attn_backend
+        self.steps = getattr(worker, "speculative_num_steps", None)
+        self.backend.init_cuda_graph_state(len(CAPTURE.tokens), len(CAPTURE.tokens))
+        self.buffers = self.backend.cuda_graph_buffers
+        static = worker.forward_batch(CAPTURE)
+        start = len(self.log)
+        self.output = self.model_runner.model.forward(static.input_ids, static.positions, static)
+        self.kernels = self.log[start:]
+
+    def can_run(self, forward_batch: Any) -> bool:
+        return bool(forward_batch.input_ids.shape[0] == len(CAPTURE.tokens))
+
+    def replay(self, forward_batch: Any) -> Any:
+        assert self.backend.cuda_graph_buffers is self.buffers, f"{self.name} replays on buffers nobody refills"
+        self.log.append(f"{self.name} replay")
+        self.log.extend(self.kernels)
+        if "set_kv_buffer" in self.kernels:
+            assert len(self.model_runner.model.layers) == 1, "the fake replays one-layer drafts"
+            inputs = zip(
+                forward_batch.input_ids.values, forward_batch.positions.values, forward_batch.spec_info.hidden_states
+            )
+            for slot, (t, p, h) in zip(forward_batch.out_cache_loc.values, inputs):
+                forward_batch.token_to_kv_pool.kv[(0, slot)] = kv_of(t, p, h)
+        return self.output
+
+
+class EAGLEDraftExtendCudaGraphRunnerUpTo0510(EAGLEDraftExtendCudaGraphRunner):
+    """0.4.10 - 0.5.10's: the backend is the worker's, not kept on the runner."""
+
+    KEEPS_BACKEND = False
 
 
 def draft_stack(

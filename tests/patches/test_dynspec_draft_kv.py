@@ -1,16 +1,21 @@
-"""The draft side of a fallback iteration (runtime r4, v2 module r7): ``DraftKV``, ``RESUME``, the recorder.
+"""The draft side of a fallback iteration: ``DraftKV`` (kv, kv-graph, full, skip), ``RESUME``, the recorder.
 
-A fallback iteration's draft extend writes only the draft model's KV; the iteration that switches
-speculation back on runs the full one. These tests drive ``DraftKV.kv_only`` through a fake draft
-stack with SGLang's call structure (``fake_draft``), so what they check is what a real extend would
-do: which stages ran, what the KV pool holds, what is left on the objects afterwards. What only a
-GPU shows (the drafts after a fallback span equal a full extend's) is ``dynspec proof``'s
-``exact_kv``; the names the runtime and that check share are pinned here.
+With ``DYNSPEC_DRAFT_KV=kv`` or ``kv-graph`` a fallback iteration's draft extend writes only the
+draft model's KV (eagerly, or replayed from a second draft-extend graph captured through the
+stand-in forward); the iteration that switches speculation back on runs the full one. ``auto`` is
+``DRAFT_KV_DEFAULT``, the full extend. These tests drive ``DraftKV.kv_only`` and
+``DraftKV.capture_graph`` through a fake draft stack with SGLang's call structure (``fake_draft``),
+so what they check is what a real extend would do: which stages ran, what the KV pool holds, what
+is left on the objects afterwards. What only a GPU shows (the drafts after a fallback span equal a
+full extend's) is ``dynspec proof``'s ``exact_kv``; the names the runtime and that check share are
+pinned here.
 """
 
 from __future__ import annotations
 
 import ast
+import contextlib
+import enum
 import json
 import logging
 import random
@@ -24,6 +29,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 from patcher import releases
 from patcher.proof import exactkv
@@ -34,6 +40,7 @@ from tests.conftest import RELEASES
 from tests.patches import test_speculative_dynspec_runtime as runtime_tests
 from tests.patches import test_speculative_dynspec_v2 as v2_tests
 from tests.patches.fake_draft import (
+    CAPTURE,
     DEVICE,
     EXTEND,
     GRAPH_ATTRIBUTES,
@@ -41,19 +48,23 @@ from tests.patches.fake_draft import (
     SPEC_HIDDEN,
     VOCAB,
     DraftStack,
+    EAGLEDraftExtendCudaGraphRunner,
+    EAGLEDraftExtendCudaGraphRunnerUpTo0510,
     Extend,
     LlamaForCausalLMEagle,
     LlamaForCausalLMEagle3,
     RadixAttention,
     Rows,
+    TritonAttnBackend,
     Zeros,
     draft_stack,
     full_forward_kv,
     graph_attributes,
     install_fake_torch,
+    kv_of,
 )
 
-KV, FULL, SKIP = runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_FULL, runtime.DRAFT_KV_SKIP
+KV, GRAPH, FULL, SKIP = runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_FULL, runtime.DRAFT_KV_SKIP
 PLACEHOLDER_LOGITS = Zeros((3, 1), "torch.float32", DEVICE)
 
 
@@ -157,7 +168,7 @@ def test_graph_attributes_a_release_does_not_have_are_not_created() -> None:
 
 def test_a_graph_left_in_place_would_bypass_the_stand_in(monkeypatch: pytest.MonkeyPatch) -> None:
     """Why the graphs are set aside: a replay never calls the model's Python forward."""
-    monkeypatch.setattr(runtime, "_WORKER_GRAPHS", ())
+    monkeypatch.setattr(runtime, "_WORKER_GRAPH", "a_graph_runner_no_release_has")  # the worker's is left alone
     stack = draft_stack()
     with draft_kv_for(stack).kv_only(stack.worker):
         stack.extend()
@@ -268,28 +279,66 @@ def test_skip_mode_writes_no_kv_and_returns_the_placeholder() -> None:
 # -- choosing the mode at start-up ---------------------------------------------------------------
 
 
-def test_auto_is_kv_for_a_one_layer_eagle3_draft_and_says_nothing(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.INFO, logger=runtime.__name__):
-        assert runtime.DraftKV.build(draft_stack().runner).mode == KV
-    assert caplog.records == []
+def test_auto_is_the_default_which_is_the_full_extend() -> None:
+    """Measured on the H200 (0.5.17): the eager KV-only extend is exact but not faster end to end."""
+    assert runtime.DRAFT_KV_DEFAULT == FULL
+    assert runtime.DraftKV.build(draft_stack().runner).mode == FULL
 
 
-def test_auto_with_a_draft_class_it_does_not_know_runs_the_full_extend_and_says_so_once(
+@pytest.mark.parametrize("default", [KV, GRAPH])
+def test_auto_follows_draft_kv_default(default: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "DRAFT_KV_DEFAULT", default)
+    assert runtime.DraftKV.build(draft_stack().runner, log=False).mode == default
+
+
+@pytest.mark.parametrize("default", [KV, GRAPH])
+@pytest.mark.parametrize(
+    ("stack_options", "why"),
+    [
+        ({"model_class": LlamaForCausalLMEagle}, "does not know the draft model class LlamaForCausalLMEagle"),
+        ({"layers": 2}, "needs a one-layer draft; LlamaForCausalLMEagle3 has 2 attention layers"),
+    ],
+    ids=["unknown-class", "two-layers"],
+)
+def test_a_kv_only_default_meets_a_draft_it_cannot_serve_with_the_full_extend_said_once(
+    default: str,
+    stack_options: dict[str, Any],
+    why: str,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    """Only ``auto`` falls back so; an explicit kv or kv-graph refuses (above)."""
+    monkeypatch.setattr(runtime, "DRAFT_KV_DEFAULT", default)
     with caplog.at_level(logging.INFO, logger=runtime.__name__):
-        draft_kv = runtime.DraftKV.build(draft_stack(model_class=LlamaForCausalLMEagle).runner)
-        runtime.DraftKV.build(draft_stack(model_class=LlamaForCausalLMEagle).runner, log=False)  # rank > 0
-    assert draft_kv.mode == FULL
+        draft_kv = runtime.DraftKV.build(draft_stack(**stack_options).runner)
+        quiet = runtime.DraftKV.build(draft_stack(**stack_options).runner, log=False)  # rank > 0
+    assert draft_kv.mode == quiet.mode == FULL
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (
             logging.INFO,
-            "dynspec: the KV-only draft extend does not know the draft model class LlamaForCausalLMEagle; "
-            "the fallback runs the full draft extend in every iteration",
+            f"dynspec: the KV-only draft extend {why}; the fallback runs the full draft extend in every iteration",
         )
     ]
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, default)
+    with pytest.raises(ValueError, match=re.escape(f"DYNSPEC_DRAFT_KV={default}: the KV-only draft extend {why}")):
+        runtime.DraftKV.build(draft_stack(**stack_options).runner)
 
 
+@pytest.mark.parametrize(
+    "stack_options",
+    [{}, {"model_class": LlamaForCausalLMEagle}, {"layers": 2}],
+    ids=["eagle3", "unknown-class", "two-layers"],
+)
+def test_auto_is_full_for_any_draft_and_says_nothing(
+    stack_options: dict[str, Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        draft_kv = runtime.DraftKV.build(draft_stack(**stack_options).runner)
+    assert draft_kv.mode == FULL and draft_kv.graph is None
+    assert caplog.records == []
+
+
+@pytest.mark.parametrize("mode", [KV, GRAPH])
 @pytest.mark.parametrize(
     ("stack_options", "named"),
     [
@@ -299,26 +348,33 @@ def test_auto_with_a_draft_class_it_does_not_know_runs_the_full_extend_and_says_
     ids=["unknown-class", "two-layers"],
 )
 def test_kv_asked_for_where_it_cannot_work_is_refused(
-    monkeypatch: pytest.MonkeyPatch, stack_options: dict[str, Any], named: str
+    monkeypatch: pytest.MonkeyPatch, mode: str, stack_options: dict[str, Any], named: str
 ) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, "kv")
-    with pytest.raises(ValueError, match=re.escape(f"DYNSPEC_DRAFT_KV=kv: the KV-only draft extend {named}")):
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, mode)
+    with pytest.raises(ValueError, match=re.escape(f"DYNSPEC_DRAFT_KV={mode}: the KV-only draft extend {named}")):
         runtime.DraftKV.build(draft_stack(**stack_options).runner)
 
 
-def test_the_draft_pool_is_read_when_a_window_needs_it_not_at_start_up() -> None:
+@pytest.mark.parametrize("mode", [KV, GRAPH])
+def test_the_draft_pool_is_read_when_a_window_needs_it_not_at_start_up(
+    mode: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """0.5.14+ allocate the draft KV pool after the worker (and so the fallback) is built."""
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, mode)
     stack = draft_stack()
     pool, stack.runner.token_to_kv_pool = stack.runner.token_to_kv_pool, None
     draft_kv = runtime.DraftKV.build(stack.runner)
-    assert draft_kv.mode == KV and runtime.kv_only_unsupported(stack.model) is None
+    assert draft_kv.mode == mode and runtime.kv_only_unsupported(stack.model) is None
     stack.runner.token_to_kv_pool = pool
     with draft_kv.kv_only(stack.worker):
         stack.extend()
     assert stack.log == ["embed", "qkv 0", "set_kv_buffer", "topk"] and stack.pool.kv == full_forward_kv()
 
 
-@pytest.mark.parametrize(("setting", "mode"), [("", KV), ("auto", KV), (" KV ", KV), ("full", FULL), ("Skip", SKIP)])
+@pytest.mark.parametrize(
+    ("setting", "mode"),
+    [("", FULL), ("auto", FULL), (" AUTO ", FULL), (" KV ", KV), ("Kv-Graph", GRAPH), ("full", FULL), ("Skip", SKIP)],
+)
 def test_the_setting_is_read_case_and_space_insensitively(
     monkeypatch: pytest.MonkeyPatch, setting: str, mode: str
 ) -> None:
@@ -327,14 +383,17 @@ def test_the_setting_is_read_case_and_space_insensitively(
 
 
 def test_full_and_skip_need_nothing_of_the_draft(monkeypatch: pytest.MonkeyPatch) -> None:
-    for setting in (FULL, SKIP):
+    for setting, mode in (("auto", FULL), (FULL, FULL), (SKIP, SKIP)):
         monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
-        assert runtime.DraftKV.build(draft_stack(layers=2).runner, log=False).mode == setting
+        assert runtime.DraftKV.build(draft_stack(layers=2).runner, log=False).mode == mode
 
 
-def test_a_bad_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, "fast")
-    with pytest.raises(ValueError, match=re.escape("DYNSPEC_DRAFT_KV must be one of auto, kv, full, skip, not 'fast'")):
+@pytest.mark.parametrize("setting", ["fast", "graph", "kv_graph", "kvgraph"])
+def test_a_bad_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
+    with pytest.raises(
+        ValueError, match=re.escape(f"DYNSPEC_DRAFT_KV must be one of auto, full, kv, kv-graph, skip, not {setting!r}")
+    ):
         runtime.DraftKV.build(draft_stack().runner)
 
 
@@ -478,6 +537,365 @@ def test_a_kv_write_outside_the_stand_in_never_raises(backend: str) -> None:
     assert stack.log == ["embed", "qkv 0", "set_kv_buffer", "topk"] and draft_kv.mode == KV
 
 
+# -- kv-graph: the KV-only extend replayed from a graph captured through the stand-in ----------------
+
+KV_ONLY_KERNELS = ["embed", "qkv 0", "set_kv_buffer"]
+FULL_KERNELS = ["embed", "qkv 0", "set_kv_buffer", "attention", "mlp 0", "lm_head"]
+TWO_TOKENS = Extend(tokens=[11, 12], positions=[40, 41], slots=[900, 901])  # a shape the graph was not captured for
+
+
+class _Captured:
+    """Matches the info line of a capture, whatever it took."""
+
+    def __eq__(self, other: object) -> bool:
+        return (
+            isinstance(other, str)
+            and re.fullmatch(r"dynspec: KV-only draft-extend CUDA graph captured in \d+\.\d\d s", other) is not None
+        )
+
+    def __repr__(self) -> str:
+        return "'dynspec: KV-only draft-extend CUDA graph captured in <t> s'"
+
+
+ANY_CAPTURED = _Captured()
+
+
+def captured(stack: DraftStack, log: bool = True) -> runtime.DraftKV:
+    """A kv-graph DraftKV whose graph is a new instance of the release's draft-extend graph runner class,
+    built on the backend whose CUDA-graph buffers the stock runner allocated (made here)."""
+    stack.backend.init_cuda_graph_state(len(CAPTURE.tokens), len(CAPTURE.tokens))  # the stock runner's, at start-up
+    draft_kv = draft_kv_for(stack, GRAPH, log=log)
+    draft_kv.capture_graph(lambda: EAGLEDraftExtendCudaGraphRunner(stack.worker), stack.backend)
+    return draft_kv
+
+
+def outside_capture(pool: Any) -> dict[tuple[int, int], tuple[int, int]]:
+    """The pool's K/V without the padding slot a capture writes into."""
+    return {key: kv for key, kv in pool.kv.items() if key[1] != CAPTURE.slots[0]}
+
+
+def test_capture_graph_builds_the_runner_under_the_stand_in(caplog: pytest.LogCaptureFixture) -> None:
+    stack = draft_stack()
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        draft_kv = captured(stack)
+    graph = draft_kv.graph
+    assert isinstance(graph, EAGLEDraftExtendCudaGraphRunner) and draft_kv.mode == GRAPH
+    # the capture's forward wrote the static batch's K/V and stopped there; the runner got the placeholder
+    assert graph.kernels == KV_ONLY_KERNELS
+    assert stack.pool.kv == {(0, CAPTURE.slots[0]): kv_of(0, 0, 0)}
+    assert graph.output.next_token_logits == PLACEHOLDER_LOGITS
+    assert graph.output.hidden_states == Zeros((3, SPEC_HIDDEN), "torch.bfloat16", DEVICE)
+    # nothing left shadowed, the stock graph where it was
+    assert "forward" not in vars(stack.model) and "set_kv_buffer" not in vars(stack.pool)
+    assert (draft_kv._active, draft_kv._real_forward) == (False, None)
+    assert stack.worker.cuda_graph_runner_for_draft_extend is not graph
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [(logging.INFO, ANY_CAPTURED)]
+    assert (
+        runtime.describe_draft_kv(draft_kv)
+        == "draft KV only while off (from a CUDA graph), full draft extend at resume"
+    )
+
+
+def test_the_same_runner_class_built_outside_the_stand_in_captures_the_full_forward() -> None:
+    """The control for the test above: what made the capture KV-only is the stand-in."""
+    stack = draft_stack()
+    graph = EAGLEDraftExtendCudaGraphRunner(stack.worker)
+    assert graph.kernels == FULL_KERNELS and graph.output.next_token_logits == ("logits", 3, VOCAB)
+
+
+def test_the_twin_captures_on_the_buffers_the_stock_runner_allocated() -> None:
+    stack = draft_stack()
+    stock = EAGLEDraftExtendCudaGraphRunner(stack.worker)  # at start-up: allocates the backend's graph buffers
+    buffers = stack.backend.cuda_graph_buffers
+    draft_kv = draft_kv_for(stack, GRAPH)
+    draft_kv.capture_graph(lambda: EAGLEDraftExtendCudaGraphRunner(stack.worker), stack.backend)
+    assert draft_kv.graph is not None and draft_kv.graph.buffers is buffers
+    assert stack.backend.cuda_graph_buffers is buffers and stack.backend.cuda_graph_state_inits == 1
+    assert "init_cuda_graph_state" not in vars(stack.backend)
+    stack.worker.cuda_graph_runner_for_draft_extend = stock
+    stack.clear()
+    stack.extend()  # the stock graph still reads the buffers the backend refills
+    assert stack.log == ["draft extend graph replay", *FULL_KERNELS, "topk"]
+
+
+def test_a_second_runner_built_plainly_would_leave_the_stock_graph_on_stale_buffers() -> None:
+    """The control for the test above: why capture_graph keeps the backend's buffers while the twin is built."""
+    stack = draft_stack()
+    stack.worker.cuda_graph_runner_for_draft_extend = EAGLEDraftExtendCudaGraphRunner(stack.worker)
+    EAGLEDraftExtendCudaGraphRunner(stack.worker)
+    assert stack.backend.cuda_graph_state_inits == 2
+    with pytest.raises(AssertionError, match="replays on buffers nobody refills"):
+        stack.extend()
+
+
+def test_the_backends_buffers_are_its_own_again_when_the_build_fails() -> None:
+    stack = draft_stack()
+    draft_kv = draft_kv_for(stack, GRAPH, log=False)
+
+    def build() -> None:
+        assert "init_cuda_graph_state" in vars(stack.backend)  # kept while the twin is built
+        stack.backend.init_cuda_graph_state(3, 3)
+        raise RuntimeError("capture failed")
+
+    draft_kv.capture_graph(build, stack.backend)
+    assert draft_kv.graph is None and "init_cuda_graph_state" not in vars(stack.backend)
+    assert stack.backend.cuda_graph_state_inits == 0
+    stack.backend.init_cuda_graph_state(3, 3)
+    assert stack.backend.cuda_graph_state_inits == 1
+
+
+def test_without_a_backend_the_twin_allocates_its_own_buffers() -> None:
+    """A release whose stock runner and worker name no draft-extend backend: nothing to keep."""
+    stack = draft_stack()
+    draft_kv = draft_kv_for(stack, GRAPH)
+    draft_kv.capture_graph(lambda: EAGLEDraftExtendCudaGraphRunner(stack.worker), None)
+    assert draft_kv.graph is not None and draft_kv.graph.kernels == KV_ONLY_KERNELS
+    assert stack.backend.cuda_graph_state_inits == 1
+
+
+def test_kv_graph_replays_the_captured_graph_in_the_window_and_puts_the_stock_one_back() -> None:
+    stack = draft_stack(runner_graphs=("prefill_cuda_graph_runner", "piecewise_cuda_graph_runner"))
+    draft_kv = captured(stack)
+    before = graph_attributes(stack.worker)
+    stack.clear()
+    with draft_kv.kv_only(stack.worker):
+        out = stack.extend()
+    assert stack.worker.seen_inside == [
+        {
+            "cuda_graph_runner_for_draft_extend": draft_kv.graph,
+            "runner.prefill_cuda_graph_runner": None,
+            "runner.piecewise_cuda_graph_runner": None,
+        }
+    ]
+    # the replay wrote the K/V of a full forward and ran nothing after the write; the model's forward was not called
+    assert stack.log == ["draft extend graph replay", *KV_ONLY_KERNELS, "topk"]
+    assert outside_capture(stack.pool) == full_forward_kv()
+    assert out.next_token_logits == PLACEHOLDER_LOGITS and not draft_kv._called
+    after = graph_attributes(stack.worker)
+    assert all(after[name] is before[name] for name in GRAPH_ATTRIBUTES)
+    assert "forward" not in vars(stack.model) and draft_kv.mode == GRAPH
+
+
+def test_the_graph_is_put_back_when_the_window_raises() -> None:
+    stack = draft_stack(runner_graphs=("prefill_cuda_graph_runner", "piecewise_cuda_graph_runner"))
+    draft_kv = captured(stack)
+    before = graph_attributes(stack.worker)
+    with pytest.raises(RuntimeError, match="boom"), draft_kv.kv_only(stack.worker):
+        assert stack.worker.cuda_graph_runner_for_draft_extend is draft_kv.graph
+        raise RuntimeError("boom")
+    after = graph_attributes(stack.worker)
+    assert all(after[name] is before[name] for name in GRAPH_ATTRIBUTES)
+    assert "forward" not in vars(stack.model) and draft_kv.graph is not None
+
+
+def test_a_batch_the_graph_cannot_run_goes_eagerly_through_the_stand_in() -> None:
+    stack = draft_stack()
+    draft_kv = captured(stack)
+    stack.clear()
+    with draft_kv.kv_only(stack.worker):
+        out = stack.extend(TWO_TOKENS)
+    assert stack.log == [*KV_ONLY_KERNELS, "topk"] and draft_kv._called
+    assert outside_capture(stack.pool) == full_forward_kv(TWO_TOKENS)
+    assert out.next_token_logits == Zeros((2, 1), "torch.float32", DEVICE) and draft_kv.mode == GRAPH
+
+
+@pytest.mark.parametrize("mode", [KV, FULL, SKIP])
+def test_capture_graph_builds_nothing_outside_kv_graph(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    stack = draft_stack()
+    draft_kv = draft_kv_for(stack, mode)
+    built: list[Any] = []
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        draft_kv.capture_graph(lambda: built.append(EAGLEDraftExtendCudaGraphRunner(stack.worker)), stack.backend)
+    assert built == [] and draft_kv.graph is None and stack.log == [] and caplog.records == []
+    assert "init_cuda_graph_state" not in vars(stack.backend)
+    assert draft_kv.mode == mode
+
+
+def test_kv_never_replays_a_graph() -> None:
+    """kv is the eager KV-only extend: the worker's graph is set aside even if one were captured."""
+    stack = draft_stack()
+    draft_kv = captured(stack)
+    draft_kv.mode = KV
+    stack.clear()
+    with draft_kv.kv_only(stack.worker):
+        stack.extend()
+    assert stack.worker.seen_inside[0]["cuda_graph_runner_for_draft_extend"] is None
+    assert stack.log == [*KV_ONLY_KERNELS, "topk"]
+
+
+def test_a_capture_that_fails_leaves_kv_graph_eager_with_a_warning(caplog: pytest.LogCaptureFixture) -> None:
+    stack = draft_stack()
+    break_in(stack, "the layer, before the write")
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        draft_kv = captured(stack)
+    assert draft_kv.graph is None and draft_kv.mode == GRAPH
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.WARNING,
+            "dynspec: no KV-only draft-extend CUDA graph (RuntimeError('boom in the layer, before the write')); "
+            "the KV-only extend runs eagerly",
+        )
+    ]
+    assert "forward" not in vars(stack.model) and "set_kv_buffer" not in vars(stack.pool)
+    assert (draft_kv._active, draft_kv._real_forward) == (False, None)
+    assert runtime.describe_draft_kv(draft_kv) == "draft KV only while off (eagerly), full draft extend at resume"
+    del stack.backend.write  # mend the fault: the windows run the KV-only extend eagerly
+    stack.clear()
+    with draft_kv.kv_only(stack.worker):
+        stack.extend()
+    assert stack.worker.seen_inside[0]["cuda_graph_runner_for_draft_extend"] is None
+    assert stack.log == [*KV_ONLY_KERNELS, "topk"] and stack.pool.kv == full_forward_kv()
+
+
+def test_a_build_that_returns_no_runner_leaves_kv_graph_eager_silently(caplog: pytest.LogCaptureFixture) -> None:
+    stack = draft_stack()
+    draft_kv = draft_kv_for(stack, GRAPH)
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        draft_kv.capture_graph(lambda: None, stack.backend)
+    assert draft_kv.graph is None and draft_kv.mode == GRAPH and caplog.records == []
+
+
+def test_a_rank_that_does_not_log_captures_and_fails_silently(caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        assert captured(draft_stack(), log=False).graph is not None
+        broken = draft_stack()
+        break_in(broken, "the write")
+        assert captured(broken, log=False).graph is None
+    assert caplog.records == []
+
+
+def test_a_capture_that_gives_kv_graph_up_keeps_no_graph(caplog: pytest.LogCaptureFixture) -> None:
+    """A backend that writes the KV its own way: the capture ran the full forward; that graph saves nothing."""
+    stack = draft_stack(backend="fused")
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        draft_kv = captured(stack)
+    assert draft_kv.mode == FULL and draft_kv.graph is None
+    assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
+        (
+            logging.WARNING,
+            "dynspec: DYNSPEC_DRAFT_KV=kv-graph cannot work here (MHATokenToKVPool.set_kv_buffer was not called by "
+            "the draft layer); running the full draft extend",
+        )
+    ]
+    assert runtime.describe_draft_kv(draft_kv) == "full draft extend in every fallback iteration"
+    stack.clear()
+    with draft_kv.kv_only(stack.worker):  # the stock path, its graph included
+        stack.extend()
+    assert stack.log[0] == "draft extend graph replay" and what_ran(stack.log) == "full"
+
+
+def test_giving_kv_graph_up_later_drops_the_graph(caplog: pytest.LogCaptureFixture) -> None:
+    stack = draft_stack()
+    draft_kv = captured(stack)
+    stack.runner.token_to_kv_pool = SlottedPool(stack.log)
+    stack.clear()
+    with caplog.at_level(logging.WARNING, logger=runtime.__name__), draft_kv.kv_only(stack.worker):
+        out = stack.extend(TWO_TOKENS)  # eager: through the stand-in, which cannot watch this pool
+    assert out.next_token_logits == ("logits", 2, VOCAB) and what_ran(stack.log) == "full"
+    assert draft_kv.mode == FULL and draft_kv.graph is None
+    assert warnings_in(caplog) == [
+        "dynspec: DYNSPEC_DRAFT_KV=kv-graph cannot work here (the draft KV pool (SlottedPool) cannot be watched for "
+        "its KV write); running the full draft extend"
+    ]
+    stack.clear()
+    with draft_kv.kv_only(stack.worker):
+        stack.extend()
+    assert (
+        stack.worker.seen_inside[-1]["cuda_graph_runner_for_draft_extend"]
+        is stack.worker.cuda_graph_runner_for_draft_extend
+    )
+    assert stack.log[0] == "draft extend graph replay" and what_ran(stack.log) == "full"
+
+
+def test_replayed_windows_do_not_count_towards_the_64_window_verdict(caplog: pytest.LogCaptureFixture) -> None:
+    """A replayed KV-only graph never calls the stand-in; that is no sign of a path that bypasses it."""
+    stack = draft_stack()
+    draft_kv = captured(stack)
+    with caplog.at_level(logging.WARNING, logger=runtime.__name__):
+        for window in range(300):
+            with draft_kv.kv_only(stack.worker):
+                if window % 2:
+                    stack.extend()
+    assert draft_kv.mode == GRAPH and draft_kv.graph is not None and not draft_kv._called
+    assert draft_kv._windows == 0 and warnings_in(caplog) == []
+
+
+def test_eager_kv_graph_windows_count_towards_the_verdict(caplog: pytest.LogCaptureFixture) -> None:
+    """The control: kv-graph without a graph (the capture failed) is eager, and its windows count."""
+    stack = draft_stack()
+    draft_kv = draft_kv_for(stack, GRAPH)
+    with caplog.at_level(logging.WARNING, logger=runtime.__name__):
+        for _ in range(63):
+            with draft_kv.kv_only(stack.worker):
+                pass
+        assert draft_kv.mode == GRAPH
+        with draft_kv.kv_only(stack.worker):
+            pass
+    assert draft_kv.mode == FULL
+    assert warnings_in(caplog) == [
+        "dynspec: DYNSPEC_DRAFT_KV=kv-graph cannot work here (the draft model's forward was not called in 64 "
+        "fallback iterations); running the full draft extend"
+    ]
+
+
+# -- placeholder rows: per request for v1's DRAFT_EXTEND, per token otherwise ------------------------
+
+
+class ForwardMode(enum.IntEnum):
+    """0.4.10 - 0.5.13's, as far as ``placeholder_rows`` asks: ``is_draft_extend()`` is v1's mode only."""
+
+    DRAFT_EXTEND = 1
+    DRAFT_EXTEND_V2 = 2
+
+    def is_draft_extend(self, include_v2: bool = False) -> bool:
+        return self == ForwardMode.DRAFT_EXTEND or (include_v2 and self == ForwardMode.DRAFT_EXTEND_V2)
+
+
+class ForwardModeV2Only(enum.IntEnum):
+    """0.5.14+'s: no v1 worker, no ``is_draft_extend``."""
+
+    DRAFT_EXTEND_V2 = 2
+
+    def is_draft_extend_v2(self) -> bool:
+        return self == ForwardModeV2Only.DRAFT_EXTEND_V2
+
+
+SIX_TOKENS = Extend(tokens=[11, 12, 13, 21, 22, 23], positions=[40, 41, 42, 70, 71, 72], slots=list(range(900, 906)))
+
+
+@pytest.mark.parametrize(
+    ("forward_mode", "rows"),
+    [
+        (ForwardMode.DRAFT_EXTEND, 2),
+        (ForwardMode.DRAFT_EXTEND_V2, 6),
+        (ForwardModeV2Only.DRAFT_EXTEND_V2, 6),
+        ("DRAFT_EXTEND", 6),  # a mode with no is_draft_extend at all
+    ],
+    ids=["v1", "v2", "v2-without-is-draft-extend", "plain"],
+)
+def test_placeholder_rows(forward_mode: Any, rows: int) -> None:
+    input_ids = Rows(list(SIX_TOKENS.tokens))
+    assert runtime.placeholder_rows(input_ids, SimpleNamespace(forward_mode=forward_mode, batch_size=2)) == rows
+    assert runtime.placeholder_rows(input_ids, SimpleNamespace(batch_size=2)) == 6  # no mode: per token
+
+
+@pytest.mark.parametrize(
+    ("forward_mode", "rows"),
+    [(ForwardMode.DRAFT_EXTEND, 2), (ForwardMode.DRAFT_EXTEND_V2, 6), (ForwardModeV2Only.DRAFT_EXTEND_V2, 6)],
+    ids=["v1", "v2", "v2-without-is-draft-extend"],
+)
+def test_the_stand_in_returns_the_rows_the_stock_forward_would(forward_mode: Any, rows: int) -> None:
+    """Two requests of three tokens each: v1's draft extend keeps each request's last token, v2 every token."""
+    stack = draft_stack()
+    forward_batch = stack.worker.forward_batch(SIX_TOKENS)
+    forward_batch.forward_mode, forward_batch.batch_size = forward_mode, 2
+    with draft_kv_for(stack).kv_only(stack.worker):
+        out = stack.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+    assert out.next_token_logits == Zeros((rows, 1), "torch.float32", DEVICE)
+    assert out.hidden_states == Zeros((rows, SPEC_HIDDEN), "torch.bfloat16", DEVICE)
+    assert stack.pool.kv == full_forward_kv(SIX_TOKENS) and stack.log == KV_ONLY_KERNELS
+
+
 # -- the controller's resume ---------------------------------------------------------------------
 
 
@@ -608,7 +1026,10 @@ def zero_step_worker(stack: DraftStack, **flags: Any) -> v2_tests.FakeAdaptiveWo
     return worker
 
 
-def test_the_zero_step_policy_runs_the_draft_extend_under_kv_only_only_at_fall_back_with_zero_steps() -> None:
+def test_the_zero_step_policy_runs_the_draft_extend_under_kv_only_only_at_fall_back_with_zero_steps(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, KV)
     stack = draft_stack()
     worker = zero_step_worker(stack)
     policy = v2.attach_zero_step_policy(worker)
@@ -625,7 +1046,10 @@ def test_the_zero_step_policy_runs_the_draft_extend_under_kv_only_only_at_fall_b
     assert ran == EXPECTED
 
 
-def test_at_fall_back_without_a_zero_step_state_the_draft_extend_stays_full(caplog: pytest.LogCaptureFixture) -> None:
+def test_at_fall_back_without_a_zero_step_state_the_draft_extend_stays_full(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, KV)
     stack = draft_stack()
     worker = zero_step_worker(stack)
     policy = v2.attach_zero_step_policy(worker)  # init_states never runs: no zero-step state
@@ -637,8 +1061,11 @@ def test_at_fall_back_without_a_zero_step_state_the_draft_extend_stays_full(capl
     assert what_ran(stack.log) == "full"
 
 
-def test_the_zero_step_policy_leaves_the_draft_extend_alone_in_full_mode(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, "full")
+@pytest.mark.parametrize("setting", ["full", "auto", ""])
+def test_the_zero_step_policy_leaves_the_draft_extend_alone_in_full_mode(
+    monkeypatch: pytest.MonkeyPatch, setting: str
+) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
     stack = draft_stack()
     policy = v2.attach_zero_step_policy(zero_step_worker(stack))
     assert policy is not None and policy.draft_kv.mode == FULL
@@ -661,6 +1088,286 @@ def test_the_zero_step_policy_records_the_zero_step_iterations(tmp_path: Path, m
     assert [json.loads(line)["step"] for line in record.read_text().splitlines()] == [
         s for s in STEPS if s != runtime.SPECULATE
     ]
+
+
+# -- kv-graph at start-up: v1's attach and the zero-step policy capture the twin -----------------------
+
+
+def v1_worker(stack: DraftStack, runner_class: type = EAGLEDraftExtendCudaGraphRunner) -> Any:
+    """The stack's worker as v1's ``EAGLEWorker`` at the end of its ``__init__``: the server args, a target,
+    its draft-extend backend, and the stock draft-extend graph its ``init_cuda_graphs`` captured."""
+    template = runtime_tests.worker_with(speculative_disable_batch_size=4, speculative_switch_min_steps=1)
+    worker: Any = stack.worker
+    worker.server_args, worker.tp_rank, worker.target_worker = template.server_args, 0, template.target_worker
+    worker.speculative_num_steps, worker.speculative_num_draft_tokens = 3, 4
+    worker.draft_extend_attn_backend = stack.backend
+    worker.cuda_graph_runner_for_draft_extend = runner_class(worker)
+    stack.clear()
+    stack.pool.kv.clear()
+    return worker
+
+
+@pytest.mark.parametrize(
+    "runner_class",
+    [EAGLEDraftExtendCudaGraphRunner, EAGLEDraftExtendCudaGraphRunnerUpTo0510],
+    ids=["backend-on-the-runner", "backend-on-the-worker"],
+)
+def test_v1_attach_captures_a_kv_only_twin_of_the_stock_draft_extend_graph(
+    runner_class: type, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
+    stack = draft_stack()
+    worker = v1_worker(stack, runner_class)
+    stock = worker.cuda_graph_runner_for_draft_extend
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        fallback = runtime.attach_dynspec(worker)
+    assert fallback is not None
+    graph = fallback.draft_kv.graph
+    assert type(graph) is type(stock) and graph is not stock and graph.worker is worker  # type(stock_graph)(worker)
+    assert graph.kernels == KV_ONLY_KERNELS and stock.kernels == FULL_KERNELS
+    assert worker.cuda_graph_runner_for_draft_extend is stock and "forward" not in vars(stack.model)
+    # on the stock runner's buffers, which the backend keeps
+    assert graph.buffers is stock.buffers is stack.backend.cuda_graph_buffers
+    assert stack.backend.cuda_graph_state_inits == 1 and "init_cuda_graph_state" not in vars(stack.backend)
+    assert ANY_CAPTURED in [r.getMessage() for r in caplog.records]
+    assert "draft KV only while off (from a CUDA graph), full draft extend at resume" in caplog.text
+
+
+@pytest.mark.parametrize("setting", ["", "auto", FULL, KV, SKIP])
+def test_v1_attach_captures_nothing_outside_kv_graph(setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
+    stack = draft_stack()
+    fallback = runtime.attach_dynspec(v1_worker(stack))
+    assert fallback is not None and fallback.draft_kv.graph is None and stack.log == []
+
+
+def test_v1_attach_without_a_stock_draft_extend_graph_is_eager(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """CUDA graphs disabled (or a backend without a draft-extend graph): nothing to make a twin of."""
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
+    stack = draft_stack()
+    worker = v1_worker(stack)
+    worker.cuda_graph_runner_for_draft_extend = None
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        fallback = runtime.attach_dynspec(worker)
+    assert fallback is not None and fallback.draft_kv.graph is None and stack.log == []
+    assert "draft KV only while off (eagerly), full draft extend at resume" in caplog.text
+
+
+def test_v1_with_kv_graph_replays_the_twin_at_fall_back_and_the_stock_graph_otherwise(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
+    stack = draft_stack()
+    worker = v1_worker(stack)
+    stock = worker.cuda_graph_runner_for_draft_extend
+    attached = runtime.attach_dynspec(worker)
+    assert attached is not None and attached.draft_kv.graph is not None
+    twin = attached.draft_kv.graph
+    recorder = StepRecorder()
+    controller = runtime.SwitchController(4, min_steps=1, log=False)
+    fallback = runtime.DynspecFallback(controller, TargetStub(), attached.draft_kv, recorder)  # type: ignore[arg-type]
+
+    def decode_branch(batch: Any) -> Any:
+        if fallback.should_fall_back(batch):
+            return fallback.fall_back(worker, batch, decode_branch)
+        return stack.extend()
+
+    ran = []
+    for size in SIZES:
+        stack.clear()
+        decode_branch(v1_batch(size))
+        ran.append(what_ran(stack.log))
+    assert ran == EXPECTED
+    replayed = [seen["cuda_graph_runner_for_draft_extend"] for seen in stack.worker.seen_inside]
+    assert replayed == [stock, twin, twin, stock, stock, twin]
+    assert outside_capture(stack.pool) == full_forward_kv()
+    assert worker.cuda_graph_runner_for_draft_extend is stock and attached.draft_kv.mode == GRAPH
+
+
+class OverridingWorker(v2_tests.FakeAdaptiveWorker):
+    """0.5.14+'s ``EAGLEWorkerV2`` as the zero-step policy's capture sees it.
+
+    ``_override_worker_state`` sets the step counts, records its enter and exit, and puts back the
+    attributes it backed up (the draft-extend backend, the draft runner's backend, the draft-extend
+    graph), as the release's does; ``build_adaptive_runtime_state`` makes, under it, the state's own
+    draft-extend backend and graph runner; ``apply_runtime_state`` puts a state's draft side on the
+    draft worker; ``init_cuda_graphs`` registers the worker's own state with its graph.
+    """
+
+    def __init__(self, stack: DraftStack, **flags: Any) -> None:
+        super().__init__(speculative_disable_batch_size=4, speculative_switch_min_steps=1, **flags)
+        self.stack = stack
+        draft_worker: Any = stack.worker
+        self.draft_worker = draft_worker
+        draft_worker.speculative_num_steps, draft_worker.speculative_num_draft_tokens = 3, 4
+        draft_worker.draft_extend_attn_backend = stack.backend
+        self.own_state = SimpleNamespace(
+            speculative_num_steps=3,
+            speculative_num_draft_tokens=4,
+            draft_extend_attn_backend=stack.backend,
+            cuda_graph_runner_for_draft_extend=draft_worker.cuda_graph_runner_for_draft_extend,
+        )
+        self.overrides: list[tuple[Any, ...]] = []
+
+    def own(self) -> tuple[Any, ...]:
+        """What ``_override_worker_state`` backs up."""
+        dw: Any = self.draft_worker
+        return (
+            self.speculative_num_steps,
+            self.speculative_num_draft_tokens,
+            dw.speculative_num_steps,
+            dw.speculative_num_draft_tokens,
+            dw.draft_extend_attn_backend,
+            dw.draft_runner.attn_backend,
+            dw.cuda_graph_runner_for_draft_extend,
+        )
+
+    @contextlib.contextmanager
+    def _override_worker_state(
+        self, speculative_num_steps: int, speculative_num_draft_tokens: int, cuda_graph_bs: Any = None
+    ) -> Iterator[None]:
+        dw: Any = self.draft_worker
+        backup = self.own()
+        self.overrides.append(("enter", speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs))
+        self.speculative_num_steps = dw.speculative_num_steps = speculative_num_steps
+        self.speculative_num_draft_tokens = dw.speculative_num_draft_tokens = speculative_num_draft_tokens
+        try:
+            yield
+        finally:
+            (
+                self.speculative_num_steps,
+                self.speculative_num_draft_tokens,
+                dw.speculative_num_steps,
+                dw.speculative_num_draft_tokens,
+                dw.draft_extend_attn_backend,
+                dw.draft_runner.attn_backend,
+                dw.cuda_graph_runner_for_draft_extend,
+            ) = backup
+            self.overrides.append(("exit",))
+
+    def build_adaptive_runtime_state(
+        self, speculative_num_steps: int, speculative_num_draft_tokens: int, cuda_graph_bs: Any = None
+    ) -> Any:
+        state = super().build_adaptive_runtime_state(speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs)
+        dw: Any = self.draft_worker
+        with self._override_worker_state(
+            speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs=cuda_graph_bs
+        ):
+            # init_attention_backend, then _capture_cuda_graphs
+            dw.draft_extend_attn_backend = dw.draft_runner.attn_backend = TritonAttnBackend(
+                self.stack.pool, self.stack.log
+            )
+            dw.cuda_graph_runner_for_draft_extend = EAGLEDraftExtendCudaGraphRunner(dw)
+            state.speculative_num_draft_tokens = speculative_num_draft_tokens
+            state.draft_extend_attn_backend = dw.draft_extend_attn_backend
+            state.cuda_graph_runner_for_draft_extend = dw.cuda_graph_runner_for_draft_extend
+        return state
+
+    def apply_runtime_state(self, state: Any) -> None:
+        super().apply_runtime_state(state)
+        dw: Any = self.draft_worker
+        dw.speculative_num_steps = state.speculative_num_steps
+        dw.draft_extend_attn_backend = state.draft_extend_attn_backend
+        dw.draft_runner.attn_backend = state.draft_extend_attn_backend
+        dw.cuda_graph_runner_for_draft_extend = state.cuda_graph_runner_for_draft_extend
+
+    def init_cuda_graphs(self, cuda_graph_bs: Any) -> None:
+        if self.adaptive_controller is not None:
+            self.adaptive_controller.register(self.own_state)
+            self.adaptive_controller.init_states(cuda_graph_bs=cuda_graph_bs)
+
+
+CAPTURE_BS = runtime.fallback_capture_sizes(v2_tests.GRAPH_SIZES, 4)
+
+
+def test_graph_like_builds_under_the_override_with_the_states_backend_and_puts_the_workers_own_back() -> None:
+    stack = draft_stack()
+    worker = OverridingWorker(stack)
+    own = worker.own()
+    state = worker.build_adaptive_runtime_state(0, 1, cuda_graph_bs=CAPTURE_BS)
+    assert worker.own() == own and state.draft_extend_attn_backend is not stack.backend
+    policy = v2.ZeroStepPolicy(worker, runtime.SwitchController(4, log=False), draft_kv_for(stack, GRAPH), log=False)
+    worker.overrides.clear()
+    stock = state.cuda_graph_runner_for_draft_extend
+    graph = policy._graph_like(state, stock, CAPTURE_BS)
+    assert type(graph) is type(stock) and graph is not stock and graph.worker is stack.worker
+    assert worker.overrides == [("enter", 0, 1, CAPTURE_BS), ("exit",)]
+    # built as the state built its own: zero steps, the state's draft-extend backend on the worker and its runner
+    assert graph.steps == 0
+    assert graph.backend is state.draft_extend_attn_backend
+    assert graph.runner_backend is state.draft_extend_attn_backend
+    assert worker.own() == own
+
+
+class FailingRunner:
+    def __init__(self, worker: Any) -> None:
+        raise RuntimeError("capture failed")
+
+
+def test_graph_like_puts_the_workers_own_back_when_the_build_fails() -> None:
+    stack = draft_stack()
+    worker = OverridingWorker(stack)
+    own = worker.own()
+    state = worker.build_adaptive_runtime_state(0, 1, cuda_graph_bs=CAPTURE_BS)
+    policy = v2.ZeroStepPolicy(worker, runtime.SwitchController(4, log=False), draft_kv_for(stack, GRAPH), log=False)
+    worker.overrides.clear()
+    with pytest.raises(RuntimeError, match="capture failed"):
+        policy._graph_like(state, object.__new__(FailingRunner), CAPTURE_BS)
+    assert worker.overrides == [("enter", 0, 1, CAPTURE_BS), ("exit",)] and worker.own() == own
+
+
+def test_the_zero_step_policy_captures_the_kv_only_twin_of_the_zero_step_states_graph(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
+    stack = draft_stack()
+    worker = OverridingWorker(stack)
+    own = worker.own()
+    policy = v2.attach_zero_step_policy(worker)
+    assert policy is not None
+    with caplog.at_level(logging.INFO):
+        worker.init_cuda_graphs(v2_tests.GRAPH_SIZES)
+    zero = policy._states[0]
+    twin = policy.draft_kv.graph
+    assert worker.overrides == [("enter", 0, 1, CAPTURE_BS), ("exit",)] * 2  # the state's build, then the twin's
+    assert (
+        type(twin) is type(zero.cuda_graph_runner_for_draft_extend)
+        and twin is not zero.cuda_graph_runner_for_draft_extend
+    )
+    assert twin.kernels == KV_ONLY_KERNELS and zero.cuda_graph_runner_for_draft_extend.kernels == FULL_KERNELS
+    assert twin.steps == 0 and twin.backend is twin.runner_backend is zero.draft_extend_attn_backend
+    assert worker.own() == own and "forward" not in vars(stack.model)
+    assert ANY_CAPTURED in [r.getMessage() for r in caplog.records]
+    assert "draft KV only while off (from a CUDA graph), full draft extend at resume" in caplog.text
+    backend = zero.draft_extend_attn_backend
+    assert twin.buffers is zero.cuda_graph_runner_for_draft_extend.buffers is backend.cuda_graph_buffers
+    assert backend.cuda_graph_state_inits == 1 and "init_cuda_graph_state" not in vars(backend)
+    # the decode loop: the twin at fall back, the zero-step state's own graph at resume, the worker's while speculating
+    stack.pool.kv.clear()
+    ran = []
+    for size in SIZES:
+        stack.clear()
+        policy.activate_step_by_batch(size)
+        stack.worker._draft_extend_for_decode(EXTEND)
+        ran.append(what_ran(stack.log))
+    assert ran == EXPECTED
+    stock, zero_graph = worker.own_state.cuda_graph_runner_for_draft_extend, zero.cuda_graph_runner_for_draft_extend
+    replayed = [seen["cuda_graph_runner_for_draft_extend"] for seen in stack.worker.seen_inside]
+    assert replayed == [stock, twin, twin, zero_graph, stock, twin]
+    assert stack.pool.kv == full_forward_kv()
+
+
+@pytest.mark.parametrize("mode", [KV, FULL])
+def test_the_zero_step_policy_captures_nothing_outside_kv_graph(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, mode)
+    stack = draft_stack()
+    worker = OverridingWorker(stack)
+    policy = v2.attach_zero_step_policy(worker)
+    assert policy is not None
+    worker.init_cuda_graphs(v2_tests.GRAPH_SIZES)
+    assert policy.draft_kv.graph is None and worker.overrides == [("enter", 0, 1, CAPTURE_BS), ("exit",)]
 
 
 # -- recording the drafts ------------------------------------------------------------------------
@@ -814,58 +1521,125 @@ def test_the_runtime_and_the_proof_harness_use_the_same_names() -> None:
     assert set(proof_run.DRAFT_KV_VARIANTS) == {FULL, SKIP} and set(proof_run.DRAFT_KV_VARIANTS) < set(
         runtime.DRAFT_KV_SETTINGS
     )
+    assert set(proof_run.KV_ONLY_MODES) == {KV, GRAPH} and proof_run.KV_ONLY_MODE == GRAPH
+    assert set(proof_run.KV_ONLY_MODES) < set(runtime.DRAFT_KV_SETTINGS)
     assert exactkv.Load(1, 1, 1, 1, 1, 1).waves()[0][0].rid.startswith(runtime.RECORD_RID_PREFIX)
 
 
 def test_the_kv_only_words_are_in_the_start_up_line_exactly_when_kv_is_on() -> None:
-    for mode in (KV, FULL, SKIP):
-        described = runtime.describe_draft_kv(runtime.DraftKV(mode, None))
-        assert (proof_run.KV_ONLY_WORDS in described) == (mode == KV), described
+    for mode in (KV, GRAPH, FULL, SKIP):
+        for graph in (None, object()):
+            draft_kv = runtime.DraftKV(mode, None)
+            draft_kv.graph = graph
+            described = runtime.describe_draft_kv(draft_kv)
+            assert (proof_run.KV_ONLY_WORDS in described) == (mode in (KV, GRAPH)), described
+
+
+@pytest.mark.parametrize(
+    ("mode", "graph", "words"),
+    [
+        (FULL, False, "full draft extend in every fallback iteration"),
+        (SKIP, False, "no draft extend while off (negative control)"),
+        (KV, False, "draft KV only while off (eagerly), full draft extend at resume"),
+        (GRAPH, False, "draft KV only while off (eagerly), full draft extend at resume"),
+        (GRAPH, True, "draft KV only while off (from a CUDA graph), full draft extend at resume"),
+    ],
+)
+def test_the_start_up_words_of_each_mode(mode: str, graph: bool, words: str) -> None:
+    stack = draft_stack()
+    draft_kv = captured(stack) if graph else draft_kv_for(stack, mode)
+    assert runtime.describe_draft_kv(draft_kv) == words
+
+
+ATTACH_PATHS = ["v1", "v1-graph", "v2", "zero-step", "zero-step-graph"]  # -graph: a stock draft-extend graph to twin
 
 
 def start_up_lines(attach: str, caplog: pytest.LogCaptureFixture) -> list[str]:
-    """The INFO/WARNING lines one of the three attach paths logs at start-up."""
+    """The INFO/WARNING lines one of the attach paths logs at start-up."""
     caplog.clear()
     with caplog.at_level(logging.INFO):
         if attach == "v1":
             assert runtime.attach_dynspec(runtime_tests.worker_with(speculative_disable_batch_size=8)) is not None
+        elif attach == "v1-graph":
+            assert runtime.attach_dynspec(v1_worker(draft_stack())) is not None
         elif attach == "v2":
             assert v2.attach_fallback(v2_tests.worker_with(speculative_disable_batch_size=8)) is not None
         else:
-            worker = v2_tests.FakeAdaptiveWorker(speculative_disable_batch_size=8)
+            worker = (
+                OverridingWorker(draft_stack())
+                if attach == "zero-step-graph"
+                else v2_tests.FakeAdaptiveWorker(speculative_disable_batch_size=8)
+            )
             assert v2.attach_zero_step_policy(worker) is not None
             worker.init_cuda_graphs(v2_tests.GRAPH_SIZES)
     return [f"[2026-12-01 10:00:00 TP0] {r.getMessage()}" for r in caplog.records]
 
 
-@pytest.mark.parametrize("attach", ["v1", "v2", "zero-step"])
+@pytest.mark.parametrize("mode", [KV, GRAPH])
+@pytest.mark.parametrize("attach", ATTACH_PATHS)
 def test_the_proof_reads_the_runtimes_own_start_up_line(
-    attach: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    attach: str, mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     proof = proof_run.Proof(proof_run.ProofOptions(out=tmp_path), progress=lambda message: None)
     log = tmp_path / "dynspec.log"
-    log.write_text("\n".join(start_up_lines(attach, caplog)) + "\n")
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, mode)
+    lines = start_up_lines(attach, caplog)
+    how = "from a CUDA graph" if mode == GRAPH and attach.endswith("-graph") else "eagerly"
+    assert [line for line in lines if " ready in " in line][-1].endswith(
+        f"draft KV only while off ({how}), full draft extend at resume"
+    )
+    log.write_text("\n".join(lines) + "\n")
     problems: list[str] = []
     proof.check_kv_only_path(log, problems)
     assert problems == []
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, "full")  # the control: a server that runs the full extend
-    log.write_text("\n".join(start_up_lines(attach, caplog)) + "\n")
-    proof.check_kv_only_path(log, problems)
-    assert len(problems) == 1 and problems[0].startswith("the dynspec server did not run the KV-only draft extend")
+    for control in ("full", "auto", ""):  # a server that runs the full extend: asked to, or by default
+        monkeypatch.setenv(runtime.DRAFT_KV_ENV, control)
+        log.write_text("\n".join(start_up_lines(attach, caplog)) + "\n")
+        proof.check_kv_only_path(log, problems)
+        assert len(problems) == 1 and problems[0].startswith("the dynspec server did not run the KV-only draft extend")
+        problems.clear()
 
 
-def test_the_proof_reads_the_runtimes_own_give_up_warning(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+@pytest.mark.parametrize("mode", [KV, GRAPH])
+def test_the_proof_reads_the_runtimes_own_give_up_warning(
+    mode: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, mode)
     lines = start_up_lines("v1", caplog)
     stack = draft_stack(backend="fused")
-    with caplog.at_level(logging.WARNING, logger=runtime.__name__), draft_kv_for(stack).kv_only(stack.worker):
+    with caplog.at_level(logging.WARNING, logger=runtime.__name__), draft_kv_for(stack, mode).kv_only(stack.worker):
         stack.extend()
+    gave_up = warnings_in(caplog)
+    assert len(gave_up) == 1 and gave_up[0].startswith(f"dynspec: DYNSPEC_DRAFT_KV={mode} cannot work here")
     log = tmp_path / "dynspec.log"
-    log.write_text("\n".join([*lines, *(f"[TP0] {m}" for m in warnings_in(caplog))]) + "\n")
+    log.write_text("\n".join([*lines, *(f"[TP0] {m}" for m in gave_up)]) + "\n")
     problems: list[str] = []
     proof_run.Proof(proof_run.ProofOptions(out=tmp_path), progress=lambda message: None).check_kv_only_path(
         log, problems
     )
     assert len(problems) == 1 and problems[0].startswith("the dynspec server gave the KV-only draft extend up")
+
+
+def test_the_proof_reads_a_give_up_at_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """kv-graph given up while its twin is captured: the start-up line already says full."""
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
+    stack = draft_stack(backend="fused")
+    caplog.clear()
+    with caplog.at_level(logging.INFO):
+        assert runtime.attach_dynspec(v1_worker(stack)) is not None
+    lines = [f"[TP0] {r.getMessage()}" for r in caplog.records]
+    log = tmp_path / "dynspec.log"
+    log.write_text("\n".join(lines) + "\n")
+    problems: list[str] = []
+    proof_run.Proof(proof_run.ProofOptions(out=tmp_path), progress=lambda message: None).check_kv_only_path(
+        log, problems
+    )
+    assert [p.split(":")[0] for p in problems] == [
+        "the dynspec server did not run the KV-only draft extend",
+        "the dynspec server gave the KV-only draft extend up",
+    ]
 
 
 # -- what the KV-only extend relies on, in every release -------------------------------------
@@ -922,4 +1696,210 @@ def test_the_draft_side_kv_only_relies_on_is_the_releases(version: str) -> None:
     runner_graphs = {a for a in assigned_attributes(runner) if "graph_runner" in a}
     assert runner_graphs - DECODE_GRAPHS <= set(runtime._RUNNER_GRAPHS), runner_graphs
     worker_graphs = {a for s in workers for a in assigned_attributes(s) if "graph_runner" in a}
-    assert worker_graphs - DECODE_GRAPHS == set(runtime._WORKER_GRAPHS), worker_graphs
+    assert worker_graphs - DECODE_GRAPHS == {runtime._WORKER_GRAPH}, worker_graphs
+
+
+# -- what kv-graph's twin runner relies on, in every release ----------------------------------------
+
+ZERO_STEP = [v for v in RELEASES if Version(v) >= Version("0.5.14")]
+V2_WORKER = "srt/speculative/eagle_worker_v2.py"
+V1_WORKER = "srt/speculative/eagle_worker.py"
+EXTEND_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
+
+
+FORWARD_BATCH_INFO = "srt/model_executor/forward_batch_info.py"
+RUNTIME_STATE = "srt/speculative/adaptive_runtime_state.py"
+KV_GRAPH_MEMBERS = [V1_WORKER, V2_WORKER, EXTEND_RUNNER, FORWARD_BATCH_INFO, RUNTIME_STATE]
+
+
+def unpacked_source(version: str, member: str) -> str | None:
+    """A member of the release, from one cached tree holding all of ``KV_GRAPH_MEMBERS``; None where it has none."""
+    path = releases.unpacked(version, KV_GRAPH_MEMBERS) / "sglang" / member
+    return path.read_text() if path.exists() else None
+
+
+def class_def(source: str, name: str) -> ast.ClassDef | None:
+    return next((n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == name), None)
+
+
+def method_def(classdef: ast.ClassDef, name: str) -> ast.FunctionDef:
+    found = [n for n in classdef.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    assert found, f"{classdef.name}.{name}"
+    return found[0]
+
+
+def calls_to(node: ast.AST, func: str) -> list[ast.Call]:
+    return [n for n in ast.walk(node) if isinstance(n, ast.Call) and ast.unparse(n.func) == func]
+
+
+def graph_runner_constructions(classdef: ast.ClassDef) -> list[ast.Call]:
+    """The calls assigned to ``self.cuda_graph_runner_for_draft_extend`` in a class."""
+    return [
+        n.value
+        for n in ast.walk(classdef)
+        if isinstance(n, ast.Assign)
+        and isinstance(n.value, ast.Call)
+        and any(ast.unparse(t) == f"self.{runtime._WORKER_GRAPH}" for t in n.targets)
+    ]
+
+
+def only_the_worker(call: ast.Call) -> bool:
+    return [ast.unparse(a) for a in call.args] == ["self"] and call.keywords == []
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP)
+def test_graph_like_relies_on_the_releases_override_and_runtime_state(version: str) -> None:
+    """``_graph_like``: ``_override_worker_state(steps, tokens, cuda_graph_bs=...)`` puts back the draft-extend
+    backends it sets; the state carries them and the graph; the draft worker builds its runner from itself."""
+    source = unpacked_source(version, V2_WORKER)
+    assert source is not None
+    worker = class_def(source, "EAGLEWorkerV2")
+    assert worker is not None
+    override = method_def(worker, "_override_worker_state")
+    assert [ast.unparse(d) for d in override.decorator_list] == ["contextlib.contextmanager"]
+    arguments = override.args
+    assert [a.arg for a in arguments.args] == [
+        "self",
+        "speculative_num_steps",
+        "speculative_num_draft_tokens",
+        "cuda_graph_bs",
+    ]
+    assert len(arguments.defaults) == 1 and not arguments.kwonlyargs  # cuda_graph_bs has a default; as a keyword too
+    draft_worker = {
+        t.id
+        for n in ast.walk(override)
+        if isinstance(n, ast.Assign) and ast.unparse(n.value) in ("self._draft_worker", "self.draft_worker")
+        for t in n.targets
+        if isinstance(t, ast.Name)
+    }
+    restored = {
+        ast.unparse(e)
+        for t in ast.walk(override)
+        if isinstance(t, ast.Try)
+        for statement in t.finalbody
+        for n in ast.walk(statement)
+        if isinstance(n, ast.Assign)
+        for target in n.targets
+        for e in (target.elts if isinstance(target, ast.Tuple) else [target])
+    }
+    for name in draft_worker:
+        restored |= {r.replace(f"{name}.", "draft_worker.", 1) for r in restored if r.startswith(f"{name}.")}
+    assert {
+        "draft_worker.draft_extend_attn_backend",
+        "draft_worker.draft_runner.attn_backend",
+        f"draft_worker.{runtime._WORKER_GRAPH}",
+    } <= restored, sorted(restored)
+    build = method_def(worker, "build_adaptive_runtime_state")
+    assert [(len(c.args), [k.arg for k in c.keywords]) for c in calls_to(build, "self._override_worker_state")] == [
+        (2, ["cuda_graph_bs"])
+    ]
+    made = calls_to(build, "SpecRuntimeState")
+    assert made and all(
+        {"speculative_num_steps", "speculative_num_draft_tokens", "draft_extend_attn_backend", runtime._WORKER_GRAPH}
+        <= {k.arg for k in c.keywords}
+        for c in made
+    )
+    state_source = unpacked_source(version, RUNTIME_STATE)
+    assert state_source is not None
+    state = class_def(state_source, "SpecRuntimeState")
+    assert state is not None
+    fields = {n.target.id for n in state.body if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)}
+    assert {
+        "speculative_num_steps",
+        "speculative_num_draft_tokens",
+        "draft_extend_attn_backend",
+        runtime._WORKER_GRAPH,
+    } <= fields
+    draft = class_def(source, "EagleDraftWorker")
+    assert draft is not None
+    constructions = graph_runner_constructions(draft)
+    assert constructions and all(only_the_worker(c) for c in constructions), [ast.unparse(c) for c in constructions]
+    assert {"draft_extend_attn_backend", "draft_runner"} <= assigned_attributes(ast.unparse(draft))
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", RELEASES)
+def test_v1_builds_its_draft_extend_graph_runner_from_the_worker_alone(version: str) -> None:
+    """``type(stock_graph)(worker)`` makes the runner as the v1 worker's ``init_cuda_graphs`` does."""
+    source = unpacked_source(version, V1_WORKER)
+    worker = class_def(source, "EAGLEWorker") if source else None
+    if worker is None:
+        assert Version(version) >= Version("0.5.13")  # no v1 worker since; nothing to check
+        return
+    constructions = graph_runner_constructions(worker)
+    assert constructions, version
+    assert all(
+        ast.unparse(c.func) == "EAGLEDraftExtendCudaGraphRunner" and only_the_worker(c) for c in constructions
+    ), [ast.unparse(c) for c in constructions]
+    # the model DraftKV shadows (worker.draft_model_runner's) is the one the runner captures
+    runner_property = method_def(worker, "draft_model_runner")
+    assert [ast.unparse(n.value) for n in ast.walk(runner_property) if isinstance(n, ast.Return)] == [
+        "self.model_runner"
+    ]
+    assert "draft_extend_attn_backend" in assigned_attributes(source or "")
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", RELEASES)
+def test_the_draft_extend_graph_runner_captures_through_what_kv_graph_shadows(version: str) -> None:
+    """The runner class takes the worker as its one positional argument, captures by calling the draft
+    model's ``forward`` (the stand-in, inside ``capture_graph``) and allocates its graph buffers with
+    ``init_cuda_graph_state`` on the draft-extend backend that ``capture_graph`` is given."""
+    source = unpacked_source(version, EXTEND_RUNNER)
+    assert source is not None
+    runner = class_def(source, "EAGLEDraftExtendCudaGraphRunner")
+    assert runner is not None
+    init = method_def(runner, "__init__")
+    positional = [a.arg for a in init.args.args]
+    assert positional[1:] and len(positional) - len(init.args.defaults) == 2, positional  # self, the worker
+    forwards = {
+        ast.unparse(n.func)
+        for n in ast.walk(runner)
+        if isinstance(n, ast.Call) and ast.unparse(n.func).endswith(".model.forward")
+    }
+    assert forwards and forwards <= {
+        "self.model_runner.model.forward",
+        "self.eagle_worker.draft_model_runner.model.forward",
+    }
+    backends = {
+        ast.unparse(n.func.value)
+        for n in ast.walk(init)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and n.func.attr == "init_cuda_graph_state"
+    }
+    assert len(backends) == 1 and backends <= {
+        "self.eagle_worker.draft_extend_attn_backend",
+        "self.draft_extend_attn_backend",
+    }
+    if backends == {"self.draft_extend_attn_backend"}:  # 0.5.11+: kept on the runner, the worker's unless given
+        kept = [
+            ast.unparse(n.value)
+            for n in ast.walk(init)
+            if isinstance(n, ast.Assign) and any(ast.unparse(t) == "self.draft_extend_attn_backend" for t in n.targets)
+        ]
+        assert kept == ["draft_extend_attn_backend or eagle_worker.draft_extend_attn_backend"], kept
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", RELEASES)
+def test_is_draft_extend_means_v1s_draft_extend_where_there_is_one(version: str) -> None:
+    """``placeholder_rows`` calls ``is_draft_extend()``: true for v1's DRAFT_EXTEND only (v2's rows are per
+    token); a release without it has no v1 worker."""
+    source = unpacked_source(version, FORWARD_BATCH_INFO)
+    assert source is not None
+    mode = class_def(source, "ForwardMode")
+    assert mode is not None
+    found = [n for n in mode.body if isinstance(n, ast.FunctionDef) and n.name == "is_draft_extend"]
+    if not found:
+        v1 = unpacked_source(version, V1_WORKER)
+        assert v1 is None or class_def(v1, "EAGLEWorker") is None
+        return
+    arguments = found[0].args
+    assert len(arguments.args) - len(arguments.defaults) == 1  # self alone is required
+    # run the release's method on an enum of the release's members
+    members = [t.id for n in mode.body if isinstance(n, ast.Assign) for t in n.targets if isinstance(t, ast.Name)]
+    namespace: dict[str, Any] = {"ForwardMode": enum.Enum("ForwardMode", members)}
+    exec(compile(ast.Module(body=[found[0]], type_ignores=[]), version, "exec"), namespace)
+    is_draft_extend = namespace["is_draft_extend"]
+    forward_mode = namespace["ForwardMode"]
+    assert {m.name for m in forward_mode if is_draft_extend(m)} == {"DRAFT_EXTEND"}

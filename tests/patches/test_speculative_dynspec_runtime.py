@@ -379,9 +379,11 @@ def test_attach_builds_the_controller_from_the_flags(caplog: pytest.LogCaptureFi
     assert controller.metrics is None
     assert fallback.target.capture_bs == [32, 64]
     assert "dynspec: fallback ready" in caplog.text
-    # a one-layer EAGLE-3 draft: the KV-only draft extend, said so at start-up; nothing recorded unless asked
-    assert fallback.draft_kv.mode == runtime.DRAFT_KV_ONLY and fallback.recorder is None
-    assert "draft KV only while off, full draft extend at resume" in caplog.text
+    # DYNSPEC_DRAFT_KV unset: auto, which is the full draft extend (DRAFT_KV_DEFAULT), said so at start-up;
+    # nothing recorded unless asked
+    assert fallback.draft_kv.mode == runtime.DRAFT_KV_DEFAULT == runtime.DRAFT_KV_FULL and fallback.recorder is None
+    assert fallback.draft_kv.graph is None
+    assert "full draft extend in every fallback iteration" in caplog.text
 
 
 # -- the trivial verify input against every release ----------------------------------------------
