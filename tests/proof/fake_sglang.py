@@ -14,12 +14,14 @@ Faults, for the tests that must see the harness fail (``FAKE_SGLANG_FAULT``, com
 ``short`` (one token too few), ``noswitch`` (never logs a switch), ``wrongside`` (switch OFF
 logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` answers 400),
 ``adaptiveoff`` (with ``--speculative-adaptive``, log SGLang's warning that it turned it off),
-``kvdrift`` (the default dynspec server's drafts after a fallback span differ from
+``kvdrift`` (a KV-only dynspec server's drafts after a fallback span differ from
 ``DYNSPEC_DRAFT_KV=full``'s), ``nocontrol`` (``DYNSPEC_DRAFT_KV=skip`` drafts what full does),
-``kvoff`` (the default dynspec server's start-up line says it runs the full draft extend).
+``kvoff`` (a KV-only dynspec server's start-up line says it runs the full draft extend).
 
 Playing dynspec, it logs the runtime's start-up line (``dynspec: v2 fallback ready in ...``, with
-the words of ``describe_draft_kv`` for ``DYNSPEC_DRAFT_KV``). With ``DYNSPEC_RECORD_DRAFTS`` set,
+the words of ``describe_draft_kv`` for ``DYNSPEC_DRAFT_KV`` as the runtime resolves it: unset or
+``auto`` is the full extend, ``kv`` and ``kv-graph`` the KV-only one, ``kv-graph`` from a captured
+CUDA graph). A KV-only server is one with ``kv`` or ``kv-graph``. With ``DYNSPEC_RECORD_DRAFTS`` set,
 a request whose rid (from the ``/generate`` body) starts with ``RECORD_RID_PREFIX`` decodes one
 token per ``FAKE_SGLANG_STEP_DELAY`` seconds, deciding at each step like dynspec, and appends one
 line per step in the runtime's format: ``fall back`` while off, ``resume`` at the first step back
@@ -49,11 +51,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 RECORD_RID_PREFIX = "dynspec-record-"  # dynspec_runtime.RECORD_RID_PREFIX
-DRAFT_KV_WORDS = {  # dynspec_runtime.describe_draft_kv
-    "kv": "draft KV only while off, full draft extend at resume",
+DRAFT_KV_WORDS = {  # dynspec_runtime.describe_draft_kv; kv-graph with its graph captured
     "full": "full draft extend in every fallback iteration",
+    "kv": "draft KV only while off (eagerly), full draft extend at resume",
+    "kv-graph": "draft KV only while off (from a CUDA graph), full draft extend at resume",
     "skip": "no draft extend while off (negative control)",
 }
+KV_ONLY_MODES = ("kv", "kv-graph")
 DRAFTS_PER_STEP = 3
 
 
@@ -85,9 +89,9 @@ def drafts(input_ids: list[int], position: int) -> list[int]:
 
 
 def draft_kv_mode(setting: str | None) -> str:
-    """``DYNSPEC_DRAFT_KV`` as the runtime resolves it for a one-layer EAGLE-3 draft."""
+    """``DYNSPEC_DRAFT_KV`` as the runtime resolves it: ``auto`` is its ``DRAFT_KV_DEFAULT``, the full extend."""
     setting = (setting or "auto").strip().lower() or "auto"
-    return "kv" if setting == "auto" else setting
+    return "full" if setting == "auto" else setting
 
 
 class State:
@@ -142,7 +146,10 @@ class State:
 
     def decode_recorded(self, rid: str, input_ids: list[int], n: int) -> None:
         """Decode ``n`` tokens one step at a time, recording each step as DraftRecorder does."""
-        stale = {"skip": "nocontrol" not in self.faults, "kv": "kvdrift" in self.faults}.get(self.draft_kv, False)
+        if self.draft_kv == "skip":
+            stale = "nocontrol" not in self.faults
+        else:
+            stale = self.draft_kv in KV_ONLY_MODES and "kvdrift" in self.faults
         was_off = had_off = False
         for k in range(n):
             time.sleep(self.step_delay)
@@ -165,6 +172,11 @@ class State:
     def leave(self) -> None:
         with self.lock:
             self.inflight -= 1
+
+    def draft_kv_words(self) -> str:
+        """The start-up line's words for the draft extend while off (``kvoff``: a KV-only server's say full)."""
+        kv_only = self.draft_kv in KV_ONLY_MODES
+        return DRAFT_KV_WORDS["full" if kv_only and "kvoff" in self.faults else self.draft_kv]
 
 
 def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
@@ -275,11 +287,10 @@ def main(argv: list[str]) -> None:
         faults,
     )
     if state.disable is not None:
-        mode = "full" if "kvoff" in faults and state.draft_kv == "kv" else state.draft_kv
         log(
             f"dynspec: v2 fallback ready in 0.01 s: speculation off above {state.disable} requests, on at or "
             f"below {state.enable}, at least 8 iterations between switches; one-token target CUDA graphs for "
-            f"batch sizes none (eager); draft extend eager while off, {DRAFT_KV_WORDS[mode]}"
+            f"batch sizes none (eager); draft extend eager while off, {state.draft_kv_words()}"
         )
     if args.speculative_adaptive:
         state.delay = float(os.environ.get("FAKE_SGLANG_ADAPTIVE_DELAY", state.delay))

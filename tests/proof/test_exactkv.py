@@ -11,7 +11,7 @@ import pytest
 from patcher.proof import exactkv
 from patcher.proof import report as reports
 from patcher.proof.exactkv import RID_PREFIX, Recording, compare, judge, parse
-from patcher.proof.run import KV_ONLY_WORDS, run_proof
+from patcher.proof.run import DRAFT_KV_ENV, KV_ONLY_MODE, KV_ONLY_MODES, KV_ONLY_WORDS, Proof, ProofOptions, run_proof
 
 from . import fake_sglang
 from .test_run import options
@@ -75,6 +75,56 @@ def test_a_bad_line_is_counted_and_the_rest_still_read(bad: str) -> None:
     rec = parse([spec([A], [3], [[1]]), bad, off([A], [4])])
     assert (rec.lines, rec.bad_lines) == (3, 1)
     assert rec.drafts == {A: {3: [1]}} and rec.first_off == {A: 4}
+
+
+def entry(step: str, rids: Any, positions: Any, drafts: Any = None) -> str:
+    fields: dict[str, Any] = {"step": step, "rid": rids, "pos": positions}
+    if drafts is not None:
+        fields["draft"] = drafts
+    return json.dumps(fields)
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        entry(exactkv.SPECULATE, [A], [1], [5]),  # a draft row that is not a list
+        entry(exactkv.SPECULATE, [A], [1], [["x"]]),
+        entry(exactkv.SPECULATE, [A], [1], [[[1]]]),
+        entry(exactkv.SPECULATE, [A], [1], [None]),
+        entry(exactkv.SPECULATE, [A], [1], {"0": [1]}),  # drafts that are not a list of rows
+        entry(exactkv.SPECULATE, [A, B], [1, 2], [[7], ["x"]]),  # one bad row spoils the line
+        entry(exactkv.FALL_BACK, [A], ["x"]),
+        entry(exactkv.FALL_BACK, [A], [None]),
+        entry(exactkv.FALL_BACK, [A], [[1]]),
+        '{"step": "fall back", "rid": ["' + A + '"], "pos": [Infinity]}',  # Python's json reads it, int() cannot
+        '{"step": "speculate", "rid": ["' + A + '"], "pos": [1], "draft": [[Infinity]]}',
+        '{"step": "speculate", "rid": ["' + A + '"], "pos": [1], "draft": [[NaN]]}',
+        "[1, 2]",  # not an object
+        '"fall back"',
+        "7",
+    ],
+    ids=[
+        "draft-row-int",
+        "draft-row-str",
+        "draft-row-nested",
+        "draft-row-null",
+        "drafts-object",
+        "one-bad-row",
+        "pos-str",
+        "pos-null",
+        "pos-list",
+        "pos-infinity",
+        "draft-infinity",
+        "draft-nan",
+        "array",
+        "string",
+        "number",
+    ],
+)
+def test_a_line_with_wrong_typed_values_is_a_bad_line_not_an_error(bad: str) -> None:
+    rec = parse([spec([A], [3], [[1]]), bad, off([A], [4])])
+    assert (rec.lines, rec.bad_lines) == (3, 1)
+    assert rec.drafts == {A: {3: [1]}} and rec.first_off == {A: 4}  # nothing of the bad line, not even its good rows
 
 
 def test_reading_a_missing_recording_is_an_empty_one(tmp_path: Path) -> None:
@@ -198,10 +248,12 @@ def test_exact_kv_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> None
     assert result["passed"] and kv["passed"], reports.summary(result)
     servers = {s["name"]: s for s in result["servers"]}
     assert list(servers) == ["dynspec", "dynspec-full", "dynspec-skip"]
-    for name, setting in (("dynspec", None), ("dynspec-full", "full"), ("dynspec-skip", "skip")):
+    # the server proved runs the KV-only extend from its graph (KV_ONLY_MODE): the caller did not say otherwise
+    for name, setting in (("dynspec", "kv-graph"), ("dynspec-full", "full"), ("dynspec-skip", "skip")):
         assert servers[name]["env"]["DYNSPEC_RECORD_DRAFTS"] == str(out / f"drafts-{name}.jsonl")
         assert servers[name]["env"].get("DYNSPEC_DRAFT_KV") == setting
     assert KV_ONLY_WORDS in Path(servers["dynspec"]["log"]).read_text()
+    assert fake_sglang.DRAFT_KV_WORDS["kv-graph"] in Path(servers["dynspec"]["log"]).read_text()
     # long requests of both waves and the joiners of the second went through a span and back
     assert kv["compared_requests"] >= 8 and kv["compared_steps"] >= 20 and kv["mismatches"] == 0
     assert kv["control_differs"] and kv["control_mismatches"] > 0
@@ -241,6 +293,102 @@ def test_a_dynspec_server_without_the_kv_only_extend_fails_exact_kv(site: Any, t
 def test_the_fakes_start_up_words_are_the_runtimes() -> None:
     from patches.runtime import dynspec_runtime as runtime
 
+    assert set(fake_sglang.DRAFT_KV_WORDS) == set(runtime.DRAFT_KV_SETTINGS) - {"auto"}
     for mode, words in fake_sglang.DRAFT_KV_WORDS.items():
-        assert runtime.describe_draft_kv(runtime.DraftKV(mode, None)) == words
+        draft_kv = runtime.DraftKV(mode, None)
+        if mode == runtime.DRAFT_KV_GRAPH:
+            draft_kv.graph = object()  # the fake plays a server whose twin graph was captured
+        assert runtime.describe_draft_kv(draft_kv) == words
+    assert fake_sglang.draft_kv_mode(None) == fake_sglang.draft_kv_mode(" Auto ") == runtime.DRAFT_KV_DEFAULT
+    assert set(fake_sglang.KV_ONLY_MODES) == set(KV_ONLY_MODES) == {runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH}
     assert fake_sglang.RECORD_RID_PREFIX == runtime.RECORD_RID_PREFIX
+
+
+@pytest.mark.parametrize(
+    ("setting", "faults", "says"),
+    [
+        (None, "", "full"),
+        ("", "", "full"),
+        ("auto", "", "full"),
+        ("full", "", "full"),
+        ("kv", "", "kv"),
+        (" KV-Graph ", "", "kv-graph"),
+        ("skip", "", "skip"),
+        ("kv", "kvoff", "full"),
+        ("kv-graph", "kvoff", "full"),
+        ("skip", "kvoff", "skip"),
+        (None, "kvoff", "full"),
+    ],
+)
+def test_the_fake_says_what_the_runtime_would(
+    setting: str | None, faults: str, says: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if setting is None:
+        monkeypatch.delenv(DRAFT_KV_ENV, raising=False)
+    else:
+        monkeypatch.setenv(DRAFT_KV_ENV, setting)
+    words = fake_sglang.State(8, None, True, set(filter(None, faults.split(",")))).draft_kv_words()
+    assert words == fake_sglang.DRAFT_KV_WORDS[says]
+    assert (KV_ONLY_WORDS in words) == (says in KV_ONLY_MODES)
+
+
+# -- which KV-only mode exact_kv proves ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("setting", "mode", "refused"),
+    [
+        (None, "kv-graph", False),
+        ("", "kv-graph", False),
+        ("  ", "kv-graph", False),
+        ("kv", "kv", False),
+        (" KV-Graph ", "kv-graph", False),
+        ("full", "full", True),
+        ("auto", "auto", True),  # auto is the full extend
+        ("skip", "skip", True),
+    ],
+)
+def test_exact_kv_proves_kv_graph_unless_the_caller_names_another_kv_only_mode(
+    setting: str | None, mode: str, refused: bool, tmp_path: Path
+) -> None:
+    env = {} if setting is None else {DRAFT_KV_ENV: setting}
+    proof = Proof(ProofOptions(out=tmp_path, env=env), progress=lambda message: None)
+    problems: list[str] = []
+    assert proof.kv_mode(problems) == mode
+    assert KV_ONLY_MODE == "kv-graph" and KV_ONLY_MODES == ("kv-graph", "kv")
+    assert problems == (
+        [
+            "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-graph, kv, "
+            f"not {mode!r}"
+        ]
+        if refused
+        else []
+    )
+
+
+def test_exact_kv_proves_the_eager_kv_only_extend_when_the_caller_asks(site: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    opts = exact_kv_options(site(), out)
+    opts.env = {**opts.env, DRAFT_KV_ENV: "kv"}
+    result = run_proof(opts, lambda m: None)
+    kv = result["exact_kv"]
+    assert result["passed"] and kv["passed"], reports.summary(result)
+    servers = {s["name"]: s for s in result["servers"]}
+    assert [servers[n]["env"].get(DRAFT_KV_ENV) for n in ("dynspec", "dynspec-full", "dynspec-skip")] == [
+        "kv",
+        "full",
+        "skip",
+    ]
+    assert fake_sglang.DRAFT_KV_WORDS["kv"] in Path(servers["dynspec"]["log"]).read_text()
+
+
+def test_exact_kv_asked_to_prove_the_full_extend_fails(site: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    opts = exact_kv_options(site(), out)
+    opts.env = {**opts.env, DRAFT_KV_ENV: "full"}
+    kv = run_proof(opts, lambda m: None)["exact_kv"]
+    assert not kv["passed"]
+    assert kv["problems"][0] == (
+        "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-graph, kv, not 'full'"
+    )
+    assert kv["problems"][1].startswith("the dynspec server did not run the KV-only draft extend: ")
