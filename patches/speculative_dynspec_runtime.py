@@ -15,10 +15,10 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecRuntime(NewFilePatch):
-    REVISION = 4
+    REVISION = 5
     TARGET = "srt/speculative/dynspec_runtime.py"
     SGLANG = ">=0.4.10.post2"
-    SUMMARY = "dynspec runtime module: switch controller, metrics, one-token fallback state"
+    SUMMARY = "dynspec runtime module: switch controller, metrics, one-token fallback state, KV-only draft extend"
 
     def content(self) -> str:
         return (resources.files("patches") / "runtime" / "dynspec_runtime.py").read_text(encoding="utf-8")

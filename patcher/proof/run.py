@@ -369,6 +369,7 @@ class Proof:
         kv_problems: list[str] = []
         recordings: dict[str, exactkv.Recording] = {}
         kv_digests: dict[str, list[str]] = {}
+        kv_path: str | None = None
         cr: dict[str, Any] = {"passed": False, "count": 0, "off": 0, "on": 0, "errors": [], "problems": []}
         for mode, variant in servers:
             name = DRAFT_KV_VARIANTS[variant] if variant else SERVER_NAMES[mode]
@@ -411,7 +412,7 @@ class Proof:
                 if exact_kv and mode == "dynspec":
                     recordings[variant or "kv"] = exactkv.read(record)
                     if not variant:
-                        self.check_kv_only_path(Path(info.get("log", "")), kv_problems)
+                        kv_path = self.check_kv_only_path(Path(info.get("log", "")), kv_problems)
         if equivalence:
             self.report["equivalence"] = self.judge_equivalence(runs, modes, shape, eq_problems)
         if crossings:
@@ -419,7 +420,8 @@ class Proof:
             self.report["crossings"] = cr
         if exact_kv:
             entry = exactkv.judge(recordings, kv_digests, opts.exact_kv_min_steps, kv_problems)
-            entry.update(load=opts.exact_kv_load.describe(), shape=shape, threshold=opts.threshold)
+            # which KV-only extend was proven, as the server's start-up line says it ran it
+            entry.update(load=opts.exact_kv_load.describe(), shape=shape, threshold=opts.threshold, kv_only_extend=kv_path)
             self.report["exact_kv"] = entry
 
     def kv_mode(self, problems: list[str]) -> str:
@@ -443,15 +445,20 @@ class Proof:
         self.progress(f"  {name}: exact_kv load, {len(digests)} waves, digests {' '.join(digests)}")
         return digests
 
-    def check_kv_only_path(self, log: Path, problems: list[str]) -> None:
-        """exact_kv is about the KV-only draft extend: the dynspec server must have run it."""
+    def check_kv_only_path(self, log: Path, problems: list[str]) -> str | None:
+        """exact_kv is about the KV-only draft extend: the dynspec server must have run it.
+        Returns how the server said it runs it (e.g. "from a CUDA graph", "eagerly"), if it did."""
         try:
             text = log.read_text(errors="replace")
         except OSError:
-            return
+            return None
         ready = [line for line in text.splitlines() if "dynspec:" in line and " ready in " in line]
+        how = None
         if ready and KV_ONLY_WORDS not in ready[-1]:
             problems.append(f"the dynspec server did not run the KV-only draft extend: {ready[-1].strip()[-160:]}")
+        elif ready:
+            after = ready[-1].split(KV_ONLY_WORDS, 1)[1]
+            how = after[after.find("(") + 1 : after.find(")")] if "(" in after else None
         gave_up = [
             line
             for line in text.splitlines()
@@ -459,6 +466,7 @@ class Proof:
         ]
         if gave_up:
             problems.append(f"the dynspec server gave the KV-only draft extend up: {gave_up[0].strip()[-160:]}")
+        return how
 
     def crossings(self, server: Server, cr: dict[str, Any]) -> None:
         opts = self.opts

@@ -254,6 +254,7 @@ def test_exact_kv_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> None
         assert servers[name]["env"].get("DYNSPEC_DRAFT_KV") == setting
     assert KV_ONLY_WORDS in Path(servers["dynspec"]["log"]).read_text()
     assert fake_sglang.DRAFT_KV_WORDS["kv-graph"] in Path(servers["dynspec"]["log"]).read_text()
+    assert kv["kv_only_extend"] == "from a CUDA graph"  # the report says which KV-only extend was proven
     # long requests of both waves and the joiners of the second went through a span and back
     assert kv["compared_requests"] >= 8 and kv["compared_steps"] >= 20 and kv["mismatches"] == 0
     assert kv["control_differs"] and kv["control_mismatches"] > 0
@@ -380,6 +381,7 @@ def test_exact_kv_proves_the_eager_kv_only_extend_when_the_caller_asks(site: Any
         "skip",
     ]
     assert fake_sglang.DRAFT_KV_WORDS["kv"] in Path(servers["dynspec"]["log"]).read_text()
+    assert kv["kv_only_extend"] == "eagerly"
 
 
 def test_exact_kv_asked_to_prove_the_full_extend_fails(site: Any, tmp_path: Path) -> None:
