@@ -38,7 +38,7 @@ import signal
 import stat
 import threading
 import uuid
-from typing import Any, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, Iterator, List, Mapping, Optional, Tuple
 
 STATE_DIR = ".dynspec"
 STATE_FORMAT = 1
@@ -470,24 +470,23 @@ class Tree:
             return self._load_state_at(fd)
 
     def _load_state_at(self, fd: int) -> Optional[Dict[str, Any]]:
-        data, where = self._read_json(fd, "state.json")
-        if data is None:
-            return None
-        state, problem = _parse_json(data)
-        problem = problem or state_problem(state)
-        if problem:
-            raise DamagedState(f"{where} is damaged: {problem}")
-        return dict(state)
+        return self._load_checked_at(fd, "state.json", state_problem)
 
     def _load_journal_at(self, fd: int) -> Optional[Dict[str, Any]]:
-        data, where = self._read_json(fd, "journal.json")
+        return self._load_checked_at(fd, "journal.json", journal_problem)
+
+    def _load_checked_at(
+        self, fd: int, name: str, problem_of: Callable[[Any], Optional[str]]
+    ) -> Optional[Dict[str, Any]]:
+        """The state dir's ``name``, parsed and checked by ``problem_of``; None when absent."""
+        data, where = self._read_json(fd, name)
         if data is None:
             return None
-        journal, problem = _parse_json(data)
-        problem = problem or journal_problem(journal)
+        value, problem = _parse_json(data)
+        problem = problem or problem_of(value)
         if problem:
             raise DamagedState(f"{where} is damaged: {problem}")
-        return dict(journal)
+        return dict(value)
 
     def has_journal(self) -> bool:
         """Whether an interrupted write is pending (status says so; apply and revert finish it)."""
