@@ -60,6 +60,11 @@ class SwitchController:
     draft model's full extend, so speculation starts at the iteration after it.
     """
 
+    # The steps, reachable from a controller without an import in the decode loop.
+    SPECULATE = SPECULATE
+    FALL_BACK = FALL_BACK
+    RESUME = RESUME
+
     def __init__(
         self,
         disable_above: int,

@@ -198,14 +198,14 @@ class V2Fallback:
     """Per-worker dynspec state for 0.5.4-0.5.13, reached from the hooks in ``eagle_worker_v2.py``."""
 
     def __init__(self, controller: Any, target: Any, draft_kv: Any, recorder: Any = None) -> None:
-        from sglang.srt.speculative.dynspec_runtime import SPECULATE, TreeIndices
+        from sglang.srt.speculative.dynspec_runtime import TreeIndices
 
         self.controller = controller
         self.target = target  # dynspec_runtime.SingleTokenTarget
         self.draft_kv = draft_kv  # dynspec_runtime.DraftKV
         self.recorder = recorder  # dynspec_runtime.DraftRecorder, or None
         self.in_fallback = False
-        self._step = SPECULATE
+        self._step = controller.SPECULATE
         self._tree_indices = TreeIndices()
         self._batch: Any = None
         self._early_fence = early_fence_enabled()  # read once: a bad value refuses at start-up
@@ -217,12 +217,10 @@ class V2Fallback:
         Idle batches (data-parallel attention, refused at start-up) and batches without a draft
         input keep the stock path and are not counted.
         """
-        from sglang.srt.speculative.dynspec_runtime import SPECULATE
-
         if self.in_fallback or batch.forward_mode.is_idle() or batch.spec_info is None:
             return False
         self._step = self.controller.step(batch_size_of(batch))
-        if self._step == SPECULATE:
+        if self._step == self.controller.SPECULATE:
             return False
         self._batch = batch  # for fall_back, which the hook calls next
         return True
@@ -232,8 +230,6 @@ class V2Fallback:
 
         Its draft extend writes only the draft KV, except at ``RESUME``, where it is the stock one.
         """
-        from sglang.srt.speculative.dynspec_runtime import FALL_BACK
-
         stride = worker.speculative_num_draft_tokens
         batch, self._batch = self._batch, None
         if self.recorder is not None and batch is not None:
@@ -241,7 +237,8 @@ class V2Fallback:
         fence = early_fence(batch) if batch is not None and self._early_fence else None
         saved = _SavedSteps(worker, worker.draft_worker)
         previous = self.target.swap_in()
-        draft_kv_only = self.draft_kv.kv_only(worker.draft_worker) if self._step == FALL_BACK else contextlib.nullcontext()
+        kv_only = self._step == self.controller.FALL_BACK
+        draft_kv_only = self.draft_kv.kv_only(worker.draft_worker) if kv_only else contextlib.nullcontext()
         try:
             saved.one_token()
             self.in_fallback = True
@@ -477,15 +474,13 @@ class ZeroStepPolicy:
     """
 
     def __init__(self, worker: Any, controller: Any, draft_kv: Any, recorder: Any = None, log: bool = True) -> None:
-        from sglang.srt.speculative.dynspec_runtime import SPECULATE
-
         self.worker = worker
         self.controller = controller  # dynspec_runtime.SwitchController
         self.draft_kv = draft_kv  # dynspec_runtime.DraftKV
         self.recorder = recorder  # dynspec_runtime.DraftRecorder, or None
         self.log = log
         self.speculative_num_steps = worker.speculative_num_steps
-        self._step = SPECULATE
+        self._step = controller.SPECULATE
         self._states: dict = {}
         self._warned_missing = False
         self._early_publish = early_fence_enabled()  # read once, at start-up
@@ -536,12 +531,10 @@ class ZeroStepPolicy:
             return type(stock_graph)(draft_worker)
 
     def activate_step_by_batch(self, batch_size: int) -> None:
-        from sglang.srt.speculative.dynspec_runtime import SPECULATE
-
         if batch_size <= 0:  # an idle batch: keep the current state, count nothing
             return
         self._step = self.controller.step(batch_size)
-        steps = self.speculative_num_steps if self._step == SPECULATE else 0
+        steps = self.speculative_num_steps if self._step == self.controller.SPECULATE else 0
         if steps == self.worker.speculative_num_steps:
             return
         state = self._states.get(steps)
@@ -576,12 +569,10 @@ class ZeroStepPolicy:
     def watch_draft_extend(self, draft_worker: Any) -> None:
         """Shadow the draft worker's ``_draft_extend_for_decode``: at zero steps, except at
         ``RESUME``, it runs under ``DraftKV.kv_only`` and writes only the draft KV."""
-        from sglang.srt.speculative.dynspec_runtime import FALL_BACK
-
         stock = draft_worker._draft_extend_for_decode
 
         def draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
-            if self._step != FALL_BACK or self.worker.speculative_num_steps != 0:
+            if self._step != self.controller.FALL_BACK or self.worker.speculative_num_steps != 0:
                 return stock(*args, **kwargs)
             with self.draft_kv.kv_only(draft_worker):
                 return stock(*args, **kwargs)
