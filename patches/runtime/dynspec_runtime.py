@@ -219,7 +219,7 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
     rank0 = getattr(worker, "tp_rank", 0) == 0
 
     tic = time.perf_counter()
-    draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0)
+    draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0, proven=False)  # v1: exact_kv not yet run
     stock_graph = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
     if stock_graph is not None:  # the fallback's full extend replays it with one token per request
         backend = getattr(stock_graph, "draft_extend_attn_backend", None) or getattr(worker, "draft_extend_attn_backend", None)
@@ -496,10 +496,10 @@ DRAFT_KV_ONLY = "kv"  # write the draft KV, skip the rest of the draft step (eag
 DRAFT_KV_GRAPH = "kv-graph"  # the same, replayed from a CUDA graph where the release's runner allows it
 DRAFT_KV_SKIP = "skip"  # no draft extend at all: a negative control that leaves holes in the KV
 DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_FULL, DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_SKIP)
-# What ``auto`` means. On the H200 (0.5.17) the eager KV-only extend kept the draft KV exact but
-# was not faster end to end than the stock extend replayed from its graph: full until kv-graph
-# has been measured.
-DRAFT_KV_DEFAULT = DRAFT_KV_FULL
+# What ``auto`` means where exact_kv has run on the H200 (v2: 0.5.17 from a graph, 0.5.12 eagerly):
+# the KV-only extend, per decode step 0.96 / 0.97 of plain decode at 64 / 128 requests on 0.5.17
+# against the stock extend's 0.86 / 0.87. Elsewhere (v1, not yet proven exact) ``auto`` is ``full``.
+DRAFT_KV_DEFAULT = DRAFT_KV_GRAPH
 
 # Draft model classes whose K/V at a position depend only on that position's inputs: the token's
 # embedding and the target's hidden states there, through ``fc``, the two input norms, the K/V
@@ -533,8 +533,8 @@ class DraftKV:
     of the release's own draft-extend graph runner captured through the stand-in (``capture_graph``):
     the same shapes as the stock graph, without the kernels after the KV write.
 
-    Modes (``DYNSPEC_DRAFT_KV``): ``auto`` (default) is ``DRAFT_KV_DEFAULT``; ``full`` is the stock
-    extend every iteration; ``kv`` and ``kv-graph`` need a draft class in ``KV_ONLY_DRAFTS`` with
+    Modes (``DYNSPEC_DRAFT_KV``): ``auto`` (default) is ``DRAFT_KV_DEFAULT`` on v2 and ``full`` on
+    v1; ``full`` is the stock extend every iteration; ``kv`` and ``kv-graph`` need a draft class in ``KV_ONLY_DRAFTS`` with
     one attention layer (else start-up refuses them); ``skip`` runs no draft extend while off,
     which leaves the draft KV with holes: a negative control for ``dynspec proof``, never for
     serving. A backend that writes the KV without ``set_kv_buffer`` (a fused kernel), or eager
@@ -553,12 +553,16 @@ class DraftKV:
         self._windows_called = 0
 
     @classmethod
-    def build(cls, draft_runner: Any, *, log: bool = True) -> "DraftKV":
-        """The mode from ``DYNSPEC_DRAFT_KV`` and the draft model; a bad setting raises ValueError."""
+    def build(cls, draft_runner: Any, *, log: bool = True, proven: bool = True) -> "DraftKV":
+        """The mode from ``DYNSPEC_DRAFT_KV`` and the draft model; a bad setting raises ValueError.
+        ``auto`` is ``DRAFT_KV_DEFAULT`` on a path where exact_kv has run (``proven``), else ``full``."""
         setting = os.environ.get(DRAFT_KV_ENV, "auto").strip().lower() or "auto"
         if setting not in DRAFT_KV_SETTINGS:
             raise ValueError(f"{DRAFT_KV_ENV} must be one of {', '.join(DRAFT_KV_SETTINGS)}, not {setting!r}")
-        mode = DRAFT_KV_DEFAULT if setting == "auto" else setting
+        if setting == "auto":
+            mode = DRAFT_KV_DEFAULT if proven else DRAFT_KV_FULL
+        else:
+            mode = setting
         if mode in (DRAFT_KV_ONLY, DRAFT_KV_GRAPH):
             why_not = kv_only_unsupported(getattr(draft_runner, "model", None))
             if why_not is not None and setting != "auto":

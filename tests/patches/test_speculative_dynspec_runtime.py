@@ -379,9 +379,9 @@ def test_attach_builds_the_controller_from_the_flags(caplog: pytest.LogCaptureFi
     assert controller.metrics is None
     assert fallback.target.capture_bs == [32, 64]
     assert "dynspec: fallback ready" in caplog.text
-    # DYNSPEC_DRAFT_KV unset: auto, which is the full draft extend (DRAFT_KV_DEFAULT), said so at start-up;
-    # nothing recorded unless asked
-    assert fallback.draft_kv.mode == runtime.DRAFT_KV_DEFAULT == runtime.DRAFT_KV_FULL and fallback.recorder is None
+    # DYNSPEC_DRAFT_KV unset: auto, which on v1 (exact_kv not yet run there) is the full draft extend,
+    # said so at start-up; nothing recorded unless asked
+    assert fallback.draft_kv.mode == runtime.DRAFT_KV_FULL != runtime.DRAFT_KV_DEFAULT and fallback.recorder is None
     assert fallback.draft_kv.graph is None
     assert "full draft extend in every fallback iteration" in caplog.text
 
@@ -640,7 +640,7 @@ def test_the_decode_view_matches_each_releases_backend_api(version: str) -> None
 
 def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     new, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, None, "0.5.12")
-    marker = "# dynspec: speculative_dynspec_runtime r5\n"
+    marker = "# dynspec: speculative_dynspec_runtime r6\n"
     assert new == marker + Path(runtime.__file__).read_text(encoding="utf-8")
     assert steps[0].outcome.value == "patched"
     shipped = types.ModuleType("sglang.srt.speculative.dynspec_runtime")

@@ -19,9 +19,9 @@ logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` an
 ``kvoff`` (a KV-only dynspec server's start-up line says it runs the full draft extend).
 
 Playing dynspec, it logs the runtime's start-up line (``dynspec: v2 fallback ready in ...``, with
-the words of ``describe_draft_kv`` for ``DYNSPEC_DRAFT_KV`` as the runtime resolves it: unset or
-``auto`` is the full extend, ``kv`` and ``kv-graph`` the KV-only one, ``kv-graph`` from a captured
-CUDA graph). A KV-only server is one with ``kv`` or ``kv-graph``. With ``DYNSPEC_RECORD_DRAFTS`` set,
+the words of ``describe_draft_kv`` for ``DYNSPEC_DRAFT_KV`` as the runtime resolves it on v2: unset
+or ``auto`` is kv-graph, ``kv`` and ``kv-graph`` the KV-only one, ``kv-graph`` from a captured CUDA
+graph). A KV-only server is one with ``kv`` or ``kv-graph``. With ``DYNSPEC_RECORD_DRAFTS`` set,
 a request whose rid (from the ``/generate`` body) starts with ``RECORD_RID_PREFIX`` decodes one
 token per ``FAKE_SGLANG_STEP_DELAY`` seconds, deciding at each step like dynspec, and appends one
 line per step in the runtime's format: ``fall back`` while off, ``resume`` at the first step back
@@ -89,9 +89,9 @@ def drafts(input_ids: list[int], position: int) -> list[int]:
 
 
 def draft_kv_mode(setting: str | None) -> str:
-    """``DYNSPEC_DRAFT_KV`` as the runtime resolves it: ``auto`` is its ``DRAFT_KV_DEFAULT``, the full extend."""
+    """``DYNSPEC_DRAFT_KV`` as the runtime resolves it on v2: ``auto`` is its ``DRAFT_KV_DEFAULT``, kv-graph."""
     setting = (setting or "auto").strip().lower() or "auto"
-    return "full" if setting == "auto" else setting
+    return "kv-graph" if setting == "auto" else setting
 
 
 class State:

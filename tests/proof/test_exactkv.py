@@ -308,9 +308,9 @@ def test_the_fakes_start_up_words_are_the_runtimes() -> None:
 @pytest.mark.parametrize(
     ("setting", "faults", "says"),
     [
-        (None, "", "full"),
-        ("", "", "full"),
-        ("auto", "", "full"),
+        (None, "", "kv-graph"),
+        ("", "", "kv-graph"),
+        ("auto", "", "kv-graph"),
         ("full", "", "full"),
         ("kv", "", "kv"),
         (" KV-Graph ", "", "kv-graph"),
@@ -345,7 +345,7 @@ def test_the_fake_says_what_the_runtime_would(
         ("kv", "kv", False),
         (" KV-Graph ", "kv-graph", False),
         ("full", "full", True),
-        ("auto", "auto", True),  # auto is the full extend
+        ("auto", "auto", True),  # auto names no mode (kv-graph on v2, full on v1): exact_kv proves a named one
         ("skip", "skip", True),
     ],
 )

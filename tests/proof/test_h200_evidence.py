@@ -1,4 +1,4 @@
-"""The session-4 H200 numbers in docs/proof, recomputed from the recordings and logs committed there.
+"""The session-4 and session-5 H200 numbers in docs/proof, recomputed from the recordings and logs committed there.
 
 If the comparison or the per-step analysis changes, these say whether the published numbers still
 follow from the evidence.
@@ -10,6 +10,8 @@ import io
 import json
 import tarfile
 from pathlib import Path
+
+import pytest
 
 from patcher.proof import exactkv, steps
 
@@ -30,7 +32,9 @@ def members(archive: Path, *names: str) -> dict[str, str]:
 
 
 def recordings() -> dict[str, exactkv.Recording]:
-    files = members(KV / "logs.tar.gz", "drafts-dynspec.jsonl", "drafts-dynspec-full.jsonl", "drafts-dynspec-skip.jsonl")
+    files = members(
+        KV / "logs.tar.gz", "drafts-dynspec.jsonl", "drafts-dynspec-full.jsonl", "drafts-dynspec-skip.jsonl"
+    )
     return {
         "kv": exactkv.parse(files["drafts-dynspec.jsonl"].splitlines()),
         "full": exactkv.parse(files["drafts-dynspec-full.jsonl"].splitlines()),
@@ -65,3 +69,52 @@ def test_the_per_step_ratios_of_both_extends() -> None:
     ratios = steps.per_step({"base": base, "full": full, "kv": kv}, "base", [64, 128])
     assert {c: r["median"] for c, r in ratios["full"].items()} == {"64": 0.863, "128": 0.867}
     assert {c: r["median"] for c, r in ratios["kv"].items()} == {"64": 0.91, "128": 0.97}
+
+
+# -- session 5 (runtime r5 / v2 module r8 at 3f71e57): the KV-only extend from a CUDA graph -------
+
+S5 = {  # evidence dir: (compared requests, steps, control steps, control mismatches)
+    "0.5.17-v2-s5-kv-graph": (16, 1050, 1050, 32),  # kv-graph, the twin graph captured
+    "0.5.12-v2-s5-kv": (16, 1074, 1076, 27),  # v2 0.5.4 - 0.5.13 have no one-token graph: eager
+}
+
+
+@pytest.mark.parametrize("evidence", sorted(S5))
+def test_session_5_kv_only_extends_drafted_what_the_full_extend_drafted(evidence: str) -> None:
+    files = members(
+        PROOF / evidence / "logs.tar.gz", *(f"drafts-{s}.jsonl" for s in ("dynspec", "dynspec-full", "dynspec-skip"))
+    )
+    recs = {
+        name: exactkv.parse(files[f"drafts-{server}.jsonl"].splitlines())
+        for name, server in (("kv", "dynspec"), ("full", "dynspec-full"), ("skip", "dynspec-skip"))
+    }
+    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
+    requests, compared, control_compared, control_mismatches = S5[evidence]
+    assert entry["passed"] and (entry["compared_requests"], entry["compared_steps"], entry["mismatches"]) == (
+        requests,
+        compared,
+        0,
+    )
+    assert (entry["control_compared_steps"], entry["control_mismatches"]) == (control_compared, control_mismatches)
+    published = json.loads((PROOF / evidence / "report.json").read_text())["exact_kv"]
+    assert {k: published[k] for k in ("passed", "compared_requests", "compared_steps", "control_differs")} == {
+        k: entry[k] for k in ("passed", "compared_requests", "compared_steps", "control_differs")
+    }
+    # Negative control: skip's recording in the candidate's place fails the same judge.
+    assert not exactkv.judge({"kv": recs["skip"], "full": recs["full"], "skip": recs["skip"]}, {}, 100, [])["passed"]
+
+
+def test_session_5_the_graph_was_what_ran() -> None:
+    report = json.loads((PROOF / "0.5.17-v2-s5-kv-graph" / "report.json").read_text())
+    assert report["exact_kv"]["kv_only_extend"] == "from a CUDA graph"
+    tput = members(PROOF / "0.5.17-v2-s5-kv-graph-throughput" / "logs.tar.gz", "dynspec-sim.log")["dynspec-sim.log"]
+    assert "dynspec: KV-only draft-extend CUDA graph captured" in tput
+
+
+def test_session_5_per_step_ratio_of_the_kv_only_graph() -> None:
+    logs = members(PROOF / "0.5.17-v2-s5-kv-graph-throughput" / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-sim.log"], "graph": logs["dynspec-sim.log"]}, "base", [64, 128])
+    assert {c: r["median"] for c, r in ratios["graph"].items()} == {"64": 0.961, "128": 0.973}
+    published = json.loads((PROOF / "0.5.17-v2-s5-kv-graph-throughput" / "report.json").read_text())["mixed_load"]
+    assert (published["passed"], published["dynspec_over_oracle"]) == (False, 1.0422)
+    assert published["seconds"]["dynspec"] < min(published["seconds"]["base"], published["seconds"]["always_on"])
