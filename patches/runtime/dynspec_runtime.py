@@ -248,7 +248,10 @@ def describe_draft_kv(draft_kv: "DraftKV") -> str:
         return "full draft extend in every fallback iteration"
     if draft_kv.mode == DRAFT_KV_SKIP:
         return "no draft extend while off (negative control)"
-    how = "from a CUDA graph" if draft_kv.graph is not None else "eagerly"
+    if draft_kv.graph is None:
+        how = "eagerly"
+    else:
+        how = "from a CUDA graph, replayed directly" if draft_kv.direct else "from a CUDA graph"
     return f"draft KV only while off ({how}), full draft extend at resume"
 
 
@@ -494,8 +497,11 @@ DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
 DRAFT_KV_FULL = "full"  # the stock draft extend every iteration
 DRAFT_KV_ONLY = "kv"  # write the draft KV, skip the rest of the draft step (eager)
 DRAFT_KV_GRAPH = "kv-graph"  # the same, replayed from a CUDA graph where the release's runner allows it
+DRAFT_KV_DIRECT = "kv-direct"  # kv-graph; on 0.5.14+ the graph fed straight from the verify (dynspec_v2.DirectKVWrite)
 DRAFT_KV_SKIP = "skip"  # no draft extend at all: a negative control that leaves holes in the KV
-DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_FULL, DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_SKIP)
+DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_FULL, DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT, DRAFT_KV_SKIP)
+_KV_ONLY_MODES = (DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # the stand-in stops the forward at the KV write
+_GRAPH_MODES = (DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # a KV-only twin graph is captured at start-up
 # What ``auto`` means where exact_kv has run on the H200 (v2: 0.5.17 from a graph, 0.5.12 eagerly):
 # the KV-only extend, per decode step 0.96 / 0.97 of plain decode at 64 / 128 requests on 0.5.17
 # against the stock extend's 0.86 / 0.87. Elsewhere (v1, not yet proven exact) ``auto`` is ``full``.
@@ -531,7 +537,9 @@ class DraftKV:
 
     The extend then runs eagerly, or (``kv-graph``) replays a CUDA graph that a second instance
     of the release's own draft-extend graph runner captured through the stand-in (``capture_graph``):
-    the same shapes as the stock graph, without the kernels after the KV write.
+    the same shapes as the stock graph, without the kernels after the KV write. ``kv-direct`` is
+    ``kv-graph`` where the zero-step state (0.5.14+) lets dynspec feed that graph's four inputs
+    itself instead of through the stock extend's preparation (``dynspec_v2.DirectKVWrite``).
 
     Modes (``DYNSPEC_DRAFT_KV``): ``auto`` (default) is ``DRAFT_KV_DEFAULT`` on v2 and ``full`` on
     v1; ``full`` is the stock extend every iteration; ``kv`` and ``kv-graph`` need a draft class in ``KV_ONLY_DRAFTS`` with
@@ -546,6 +554,7 @@ class DraftKV:
         self.runner = draft_runner
         self.log = log
         self.graph: Any = None  # the KV-only draft-extend graph runner (kv-graph), once captured
+        self.direct = False  # kv-direct: the zero-step policy feeds ``graph`` itself (dynspec_v2.DirectKVWrite)
         self._active = False  # True while the stand-in forward runs the real one
         self._real_forward: Optional[Callable[..., Any]] = None  # the model's own, while shadowed
         self._called = False  # the stand-in ran in the current kv_only window
@@ -563,7 +572,7 @@ class DraftKV:
             mode = DRAFT_KV_DEFAULT if proven else DRAFT_KV_FULL
         else:
             mode = setting
-        if mode in (DRAFT_KV_ONLY, DRAFT_KV_GRAPH):
+        if mode in _KV_ONLY_MODES:
             why_not = kv_only_unsupported(getattr(draft_runner, "model", None))
             if why_not is not None and setting != "auto":
                 raise ValueError(f"{DRAFT_KV_ENV}={mode}: {why_not}")
@@ -592,7 +601,7 @@ class DraftKV:
         the backend's CUDA-graph buffers when it is built, and the stock graph was captured on
         the ones there now: the twin must capture on those too (same sizes), not replace them.
         """
-        if self.mode != DRAFT_KV_GRAPH:
+        if self.mode not in _GRAPH_MODES:
             return
         tic = time.perf_counter()
         keep_buffers = shadowed(backend, "init_cuda_graph_state", _already_done) if backend is not None else contextlib.nullcontext()
@@ -604,7 +613,7 @@ class DraftKV:
             if self.log:
                 logger.warning(f"dynspec: no KV-only draft-extend CUDA graph ({error!r}); the KV-only extend runs eagerly")
             return
-        if self.mode != DRAFT_KV_GRAPH:  # given up while capturing (_give_up): that graph ran the full forward
+        if self.mode not in _GRAPH_MODES:  # given up while capturing (_give_up): that graph ran the full forward
             return
         self.graph = graph
         if self.log and self.graph is not None:
@@ -616,7 +625,7 @@ class DraftKV:
         if not self.saves_work:
             yield
             return
-        graph = self.graph if self.mode == DRAFT_KV_GRAPH else None
+        graph = self.graph if self.mode in _GRAPH_MODES else None
         swaps = [(worker, _WORKER_GRAPH, graph)] if hasattr(worker, _WORKER_GRAPH) else []
         # A prefill graph of the draft runner would replay the full forward instead of the stand-in.
         swaps += [(self.runner, name, None) for name in _RUNNER_GRAPHS if getattr(self.runner, name, None) is not None]
@@ -652,7 +661,7 @@ class DraftKV:
         """Stands in for the draft model's ``forward`` inside ``kv_only`` and ``capture_graph``."""
         self._called = True
         assert self._real_forward is not None
-        if self.mode in (DRAFT_KV_ONLY, DRAFT_KV_GRAPH):
+        if self.mode in _KV_ONLY_MODES:
             # Read here, not at start-up: 0.5.14+ allocate the draft pool after the worker is built.
             pool = self.runner.token_to_kv_pool
             if not hasattr(pool, "__dict__") or not callable(getattr(pool, "set_kv_buffer", None)):
@@ -696,6 +705,7 @@ class DraftKV:
                 logger.warning(f"dynspec: {DRAFT_KV_ENV}={self.mode} cannot work here ({why}); running the full draft extend")
             self.mode = DRAFT_KV_FULL
             self.graph = None
+            self.direct = False
 
 
 def _already_done(*args: Any, **kwargs: Any) -> None:

@@ -324,6 +324,7 @@ class V2Fallback:
             length = int(batch.seq_lens.sum().item()) + bs
         return torch.ones(length, dtype=torch.bool, device=batch.seq_lens.device)
 
+
 EARLY_FENCE_ENV = "DYNSPEC_EARLY_FENCE"
 
 
@@ -484,6 +485,7 @@ class ZeroStepPolicy:
         self._states: dict = {}
         self._warned_missing = False
         self._early_publish = early_fence_enabled()  # read once, at start-up
+        self._direct: Optional[DirectKVWrite] = None  # kv-direct, once the twin graph is captured
 
     @property
     def candidate_steps(self) -> List[int]:
@@ -508,6 +510,7 @@ class ZeroStepPolicy:
             if stock_graph is not None:
                 build = lambda: self._graph_like(zero, stock_graph, capture_bs)  # noqa: E731
                 self.draft_kv.capture_graph(build, zero.draft_extend_attn_backend)
+            self._build_direct()
         if self.log:
             from sglang.srt.speculative.dynspec_runtime import describe_draft_kv
 
@@ -518,6 +521,20 @@ class ZeroStepPolicy:
                 f"at least {self.controller.min_steps} iterations between switches; one-token target CUDA graphs "
                 f"for batch sizes {list(graphs) if graphs else 'none (eager)'}; {describe_draft_kv(self.draft_kv)}"
             )
+
+    def _build_direct(self) -> None:
+        """``kv-direct``: feed the captured twin straight from the verify, where it allows it."""
+        from sglang.srt.speculative.dynspec_runtime import DRAFT_KV_DIRECT
+
+        if self.draft_kv.mode != DRAFT_KV_DIRECT or self.draft_kv.graph is None:
+            return
+        direct, why_not = DirectKVWrite.build(self.draft_kv.graph, self.worker)
+        if direct is None:
+            if self.log:
+                logger.info(f"dynspec: {why_not}; kv-direct replays the KV-only graph through the stock extend")
+            return
+        self._direct = direct
+        self.draft_kv.direct = True
 
     def _graph_like(self, state: Any, stock_graph: Any, capture_bs: Optional[List[int]]) -> Any:
         """A new instance of ``stock_graph``'s runner class, made as the zero-step state made its
@@ -574,7 +591,116 @@ class ZeroStepPolicy:
         def draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
             if self._step != self.controller.FALL_BACK or self.worker.speculative_num_steps != 0:
                 return stock(*args, **kwargs)
+            # The release calls it as (batch, batch_output).
+            if self._direct is not None and self.draft_kv.direct and len(args) == 2 and self._direct.write(*args):
+                # Its outputs are never read while off (RESUME runs the full extend): the stubs
+                # that upstream's skip switch leaves in their place.
+                self.worker._stub_skipped_draft_extend(*args)
+                return None
             with self.draft_kv.kv_only(draft_worker):
                 return stock(*args, **kwargs)
 
         draft_worker._draft_extend_for_decode = draft_extend_for_decode
+
+
+class DirectKVWrite:
+    """``kv-direct`` on 0.5.14+: the KV-only twin graph fed straight from the verify's tensors.
+
+    The stock draft extend builds a forward batch, attention metadata and top-k around the graph.
+    The KV-only twin reads none of that: only four inputs, one row per request at zero steps: the
+    verified next tokens, their positions (the pre-verify ``seq_lens``, as ``prepare_for_draft_extend``
+    makes them), their cache slots (the verify's ``out_cache_loc``) and the target's hidden states.
+    ``write`` copies those into the twin's input buffers, pads to a captured size (padding rows
+    write slot 0, the pool's reserved slot, as the stock replay pads) and replays the graph.
+
+    It also publishes the read-done event the scheduler's WAR barrier waits on, which the stock
+    graph runner publishes once its inputs are copied; without it the barrier waits for the whole
+    forward. ``write`` returns False for a batch it cannot take (idle, above the largest captured
+    size, other shapes); the caller then runs the stock extend under ``DraftKV.kv_only``.
+    """
+
+    INPUTS = ("input_ids", "positions", "out_cache_loc", "hidden_states")
+    # Pools whose KV write goes to ``out_cache_loc`` as given. SWA and unified pools translate the
+    # slots when the attention metadata is built, which the direct write does not rebuild.
+    POOLS = ("MHATokenToKVPool",)
+    # Graph backends whose replay is the captured graph alone; a breakable graph runs eager pieces
+    # between its parts, a piecewise one compiles: neither is only its buffers and a replay.
+    GRAPH_BACKENDS = ("FullCudaGraphBackend",)
+    # The draft runner's read-done mailbox: named so in 0.5.18+, and before that.
+    READ_DONE_EVENTS = ("shared_read_done_event", "war_fastpath_read_done_event")
+
+    def __init__(self, twin: Any, read_done: Optional[str]) -> None:
+        self.twin = twin
+        self.buffers = twin.buffers
+        self.backend = twin.backend  # its replay(key, batch) replays that key's graph, batch unread
+        self.sizes = sorted(twin.capture_bs)
+        self.runner = twin.model_runner
+        self.read_done = read_done  # the runner's read-done attribute, or None: the coarse barrier
+        self.new_event = twin.device_module.Event if read_done is not None else None
+
+    @classmethod
+    def build(cls, twin: Any, worker: Any) -> Tuple[Optional["DirectKVWrite"], str]:
+        """The writer, or None and why not: the twin must hold plain CUDA graphs, one per batch size,
+        fed from the four buffers, on a pool that writes where ``out_cache_loc`` says."""
+        name = type(twin).__name__
+        buffers = getattr(twin, "buffers", None)
+        missing = [n for n in cls.INPUTS if getattr(buffers, n, None) is None]
+        if missing:
+            return None, f"{name} has no {missing[0]} buffer"
+        backend = getattr(twin, "backend", None)
+        if type(backend).__name__ not in cls.GRAPH_BACKENDS:
+            return None, f"{name} replays through {type(backend).__name__}, not a plain CUDA graph per batch size"
+        graphs = getattr(backend, "_graphs", None)
+        sizes = getattr(twin, "capture_bs", None)
+        if not isinstance(graphs, dict) or not sizes or not hasattr(twin, "_make_graph_key"):
+            return None, f"{name} keeps no plain CUDA graph per batch size"
+        if any(twin._make_graph_key(size) not in graphs for size in sizes):
+            return None, f"{name} has not captured a graph for every batch size it lists"
+        if getattr(twin, "captured_req_width", 1) != 1:
+            return None, f"{name} holds {twin.captured_req_width} tokens per request, not one"
+        if getattr(twin, "require_mlp_tp_gather", False) or getattr(twin, "require_gathered_buffer", False):
+            return None, f"{name} gathers across data-parallel ranks"
+        if not callable(getattr(worker, "_stub_skipped_draft_extend", None)):
+            return None, "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"
+        runner = getattr(twin, "model_runner", None)
+        pool = type(getattr(runner, "token_to_kv_pool", None)).__name__
+        if pool not in cls.POOLS:
+            return None, f"the draft KV pool {pool} may translate its cache slots with the attention metadata"
+        if getattr(getattr(twin, "draft_extend_attn_backend", None), "_translate_kv_loc", None) is not None:
+            return None, "the draft-extend backend translates its cache slots with the attention metadata"
+        read_done = next((a for a in cls.READ_DONE_EVENTS if hasattr(runner, a)), None)
+        if not callable(getattr(getattr(twin, "device_module", None), "Event", None)):
+            read_done = None
+        return cls(twin, read_done), ""
+
+    def write(self, batch: Any, batch_result: Any) -> bool:
+        """Write the draft KV of one fallback iteration; False if this batch is not one it can take."""
+        mode = getattr(batch, "forward_mode", None)
+        if mode is None or mode.is_idle():
+            return False
+        rows = int(batch.seq_lens.shape[0])
+        padded = next((size for size in self.sizes if size >= rows), None)
+        hidden = getattr(batch_result.logits_output, "hidden_states", None)
+        b = self.buffers
+        if (
+            padded is None
+            or rows == 0
+            or hidden is None
+            or tuple(hidden.shape) != (rows, b.hidden_states.shape[1])
+            or batch_result.next_token_ids.shape[0] != rows
+            or batch.out_cache_loc.shape[0] != rows
+        ):
+            return False
+        b.input_ids[:rows].copy_(batch_result.next_token_ids)
+        b.positions[:rows].copy_(batch.seq_lens)
+        b.out_cache_loc[:rows].copy_(batch.out_cache_loc)
+        b.hidden_states[:rows].copy_(hidden)
+        if padded > rows:
+            for name in ("input_ids", "positions", "out_cache_loc"):
+                getattr(b, name)[rows:padded].zero_()
+        if self.new_event is not None:
+            event = self.new_event()
+            event.record()
+            setattr(self.runner, self.read_done, event)
+        self.backend.replay(self.twin._make_graph_key(padded), None)
+        return True

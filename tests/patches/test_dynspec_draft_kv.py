@@ -394,7 +394,7 @@ def test_full_and_skip_need_nothing_of_the_draft(monkeypatch: pytest.MonkeyPatch
 def test_a_bad_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
     with pytest.raises(
-        ValueError, match=re.escape(f"DYNSPEC_DRAFT_KV must be one of auto, full, kv, kv-graph, skip, not {setting!r}")
+        ValueError, match=re.escape(f"DYNSPEC_DRAFT_KV must be one of auto, full, kv, kv-graph, kv-direct, skip, not {setting!r}")
     ):
         runtime.DraftKV.build(draft_stack().runner)
 

@@ -20,8 +20,8 @@ logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` an
 
 Playing dynspec, it logs the runtime's start-up line (``dynspec: v2 fallback ready in ...``, with
 the words of ``describe_draft_kv`` for ``DYNSPEC_DRAFT_KV`` as the runtime resolves it on v2: unset
-or ``auto`` is kv-graph, ``kv`` and ``kv-graph`` the KV-only one, ``kv-graph`` from a captured CUDA
-graph). A KV-only server is one with ``kv`` or ``kv-graph``. With ``DYNSPEC_RECORD_DRAFTS`` set,
+or ``auto`` is kv-graph, ``kv``, ``kv-graph`` and ``kv-direct`` the KV-only one, the last two from a
+captured CUDA graph). A KV-only server is one with any of those three. With ``DYNSPEC_RECORD_DRAFTS`` set,
 a request whose rid (from the ``/generate`` body) starts with ``RECORD_RID_PREFIX`` decodes one
 token per ``FAKE_SGLANG_STEP_DELAY`` seconds, deciding at each step like dynspec, and appends one
 line per step in the runtime's format: ``fall back`` while off, ``resume`` at the first step back
@@ -55,9 +55,10 @@ DRAFT_KV_WORDS = {  # dynspec_runtime.describe_draft_kv; kv-graph with its graph
     "full": "full draft extend in every fallback iteration",
     "kv": "draft KV only while off (eagerly), full draft extend at resume",
     "kv-graph": "draft KV only while off (from a CUDA graph), full draft extend at resume",
+    "kv-direct": "draft KV only while off (from a CUDA graph, replayed directly), full draft extend at resume",
     "skip": "no draft extend while off (negative control)",
 }
-KV_ONLY_MODES = ("kv", "kv-graph")
+KV_ONLY_MODES = ("kv", "kv-graph", "kv-direct")
 DRAFTS_PER_STEP = 3
 
 

@@ -297,11 +297,12 @@ def test_the_fakes_start_up_words_are_the_runtimes() -> None:
     assert set(fake_sglang.DRAFT_KV_WORDS) == set(runtime.DRAFT_KV_SETTINGS) - {"auto"}
     for mode, words in fake_sglang.DRAFT_KV_WORDS.items():
         draft_kv = runtime.DraftKV(mode, None)
-        if mode == runtime.DRAFT_KV_GRAPH:
+        if mode in (runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_DIRECT):
             draft_kv.graph = object()  # the fake plays a server whose twin graph was captured
+            draft_kv.direct = mode == runtime.DRAFT_KV_DIRECT  # and, for kv-direct, fed directly
         assert runtime.describe_draft_kv(draft_kv) == words
     assert fake_sglang.draft_kv_mode(None) == fake_sglang.draft_kv_mode(" Auto ") == runtime.DRAFT_KV_DEFAULT
-    assert set(fake_sglang.KV_ONLY_MODES) == set(KV_ONLY_MODES) == {runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH}
+    assert set(fake_sglang.KV_ONLY_MODES) == set(KV_ONLY_MODES) == {runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_DIRECT}
     assert fake_sglang.RECORD_RID_PREFIX == runtime.RECORD_RID_PREFIX
 
 
@@ -356,10 +357,10 @@ def test_exact_kv_proves_kv_graph_unless_the_caller_names_another_kv_only_mode(
     proof = Proof(ProofOptions(out=tmp_path, env=env), progress=lambda message: None)
     problems: list[str] = []
     assert proof.kv_mode(problems) == mode
-    assert KV_ONLY_MODE == "kv-graph" and KV_ONLY_MODES == ("kv-graph", "kv")
+    assert KV_ONLY_MODE == "kv-graph" and KV_ONLY_MODES == ("kv-graph", "kv", "kv-direct")
     assert problems == (
         [
-            "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-graph, kv, "
+            "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-graph, kv, kv-direct, "
             f"not {mode!r}"
         ]
         if refused
@@ -391,6 +392,6 @@ def test_exact_kv_asked_to_prove_the_full_extend_fails(site: Any, tmp_path: Path
     kv = run_proof(opts, lambda m: None)["exact_kv"]
     assert not kv["passed"]
     assert kv["problems"][0] == (
-        "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-graph, kv, not 'full'"
+        "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-graph, kv, kv-direct, not 'full'"
     )
     assert kv["problems"][1].startswith("the dynspec server did not run the KV-only draft extend: ")

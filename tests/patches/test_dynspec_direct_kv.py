@@ -1,0 +1,546 @@
+"""``kv-direct`` on 0.5.14+: the KV-only twin graph fed straight from the verify (``DirectKVWrite``).
+
+The fakes here have the layout of 0.5.14+'s ``EAGLEDraftExtendCudaGraphRunner``: input buffers
+that a replay reads in place (views that ``copy_`` and ``zero_`` write through), one graph per
+captured batch size in a ``FullCudaGraphBackend``'s ``_graphs``, the draft runner's read-done
+mailbox. A replay writes, for every row up to the captured size, the K/V a full forward would
+write for that row's token, position and hidden state into the slot the row names, as the KV-only
+graph's kernels do. What only a GPU shows (the drafts after a fallback span equal a full
+extend's) is ``dynspec proof``'s ``exact_kv``; the release facts the writer relies on are pinned
+at the end, against every 0.5.14+ release.
+"""
+
+from __future__ import annotations
+
+import ast
+import logging
+import re
+import sys
+import types
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from packaging.version import Version
+
+from patcher import releases
+from patches.runtime import dynspec_runtime as runtime
+from patches.runtime import dynspec_v2 as v2
+from tests.conftest import RELEASES
+from tests.patches.fake_draft import EXTEND, Extend, MHATokenToKVPool, full_forward_kv, kv_of
+
+SIZES = [2, 4, 8]  # the twin's captured batch sizes
+HIDDEN_WIDTH = 24  # the target's hidden states per row (EAGLE-3: three layers')
+
+
+class Buffer:
+    """A view of a static buffer: slicing is a view, ``copy_`` and ``zero_`` write through it."""
+
+    def __init__(self, store: list[Any], start: int = 0, stop: int | None = None, width: int | None = None) -> None:
+        self.store, self.start, self.stop, self.width = store, start, len(store) if stop is None else stop, width
+
+    @classmethod
+    def of(cls, size: int, width: int | None = None) -> Buffer:
+        return cls([None] * size, width=width)
+
+    def __getitem__(self, key: slice) -> Buffer:
+        assert isinstance(key, slice) and key.step is None
+        start, stop, _ = key.indices(self.stop - self.start)
+        return Buffer(self.store, self.start + start, self.start + stop, self.width)
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        rows = self.stop - self.start
+        return (rows,) if self.width is None else (rows, self.width)
+
+    def copy_(self, source: Tensor) -> None:
+        assert len(source.values) == self.stop - self.start, "copy_ of a different row count"
+        self.store[self.start : self.stop] = list(source.values)
+
+    def zero_(self) -> None:
+        self.store[self.start : self.stop] = [0] * (self.stop - self.start)
+
+
+@dataclass
+class Tensor:
+    """A tensor the verify hands over: its rows, and for 2-D ones the width."""
+
+    values: list[Any]
+    width: int | None = None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (len(self.values),) if self.width is None else (len(self.values), self.width)
+
+
+class Graph:
+    """One captured KV-only graph: embedding, fc, norms, QKV, rope and the KV write, for ``size`` rows."""
+
+    def __init__(self, twin: ZeroStepTwin, size: int) -> None:
+        self.twin, self.size = twin, size
+
+    def replay(self) -> None:
+        b, twin = self.twin.buffers, self.twin
+        twin.log.append(f"replay {self.size}")
+        for row in range(self.size):
+            token, position, hidden = b.input_ids.store[row], b.positions.store[row], b.hidden_states.store[row]
+            twin.pool.kv[(0, b.out_cache_loc.store[row])] = kv_of(token or 0, position or 0, hidden or 0)
+
+
+class FullCudaGraphBackend:
+    def __init__(self) -> None:
+        self._graphs: dict[Any, Graph] = {}
+
+    def replay(self, shape_key: Any, static_forward_batch: Any) -> None:
+        assert static_forward_batch is None, "the direct write hands no forward batch"
+        self._graphs[shape_key].replay()
+
+
+class BreakableCudaGraphBackend(FullCudaGraphBackend):
+    """Has ``_graphs`` too, but its replay runs eager pieces between them."""
+
+
+class Event:
+    def __init__(self) -> None:
+        self.recorded = False
+
+    def record(self) -> None:
+        self.recorded = True
+
+
+class EAGLEDraftExtendCudaGraphRunner:
+    """0.5.14+'s, as the direct write reads it."""
+
+    def __init__(self, pool: Any, log: list[str], mailbox: str = "war_fastpath_read_done_event") -> None:
+        self.pool, self.log = pool, log
+        self.model_runner = SimpleNamespace(token_to_kv_pool=pool, **{mailbox: None})
+        self.device_module = SimpleNamespace(Event=Event)
+        self.capture_bs = list(SIZES)
+        self.captured_req_width = 1
+        self.require_mlp_tp_gather = self.require_gathered_buffer = False
+        self.draft_extend_attn_backend = SimpleNamespace(_translate_kv_loc=None)
+        top = max(SIZES)
+        self.buffers = SimpleNamespace(
+            input_ids=Buffer.of(top),
+            positions=Buffer.of(top),
+            out_cache_loc=Buffer.of(top),
+            hidden_states=Buffer.of(top, HIDDEN_WIDTH),
+        )
+        self.backend = FullCudaGraphBackend()
+        for size in SIZES:
+            self.backend._graphs[self._make_graph_key(size)] = Graph(self, size)
+
+    def _make_graph_key(self, size: int) -> tuple[str, int]:
+        return ("ShapeKey", size)
+
+
+ZeroStepTwin = EAGLEDraftExtendCudaGraphRunner
+
+
+class Mode:
+    def __init__(self, idle: bool = False) -> None:
+        self.idle = idle
+
+    def is_idle(self) -> bool:
+        return self.idle
+
+
+def batch_of(extend: Extend = EXTEND, idle: bool = False) -> tuple[Any, Any]:
+    """A zero-step iteration's ``(batch, batch_output)`` as ``_draft_extend_for_decode`` gets them:
+    the verified next token per request, its position (the pre-verify ``seq_lens``), its slot."""
+    batch = SimpleNamespace(
+        forward_mode=Mode(idle), seq_lens=Tensor(list(extend.positions)), out_cache_loc=Tensor(list(extend.slots))
+    )
+    output = SimpleNamespace(
+        next_token_ids=Tensor(list(extend.tokens)),
+        logits_output=SimpleNamespace(hidden_states=Tensor(list(extend.hidden), HIDDEN_WIDTH)),
+    )
+    return batch, output
+
+
+class Worker:
+    """EAGLEWorkerV2 as far as the direct write needs it: the stubs upstream's skip switch leaves."""
+
+    def __init__(self) -> None:
+        self.stubbed: list[int] = []
+
+    def _stub_skipped_draft_extend(self, batch: Any, batch_output: Any) -> None:
+        self.stubbed.append(batch.seq_lens.shape[0])
+
+
+def stack(**twin_options: Any) -> tuple[ZeroStepTwin, MHATokenToKVPool, v2.DirectKVWrite]:
+    pool = MHATokenToKVPool([])
+    twin = ZeroStepTwin(pool, [], **twin_options)
+    direct, why_not = v2.DirectKVWrite.build(twin, Worker())
+    assert direct is not None, why_not
+    return twin, pool, direct
+
+
+def without_padding(pool: MHATokenToKVPool) -> dict[tuple[int, int], tuple[int, int]]:
+    return {key: kv for key, kv in pool.kv.items() if key[1] != 0}
+
+
+# -- the write ----------------------------------------------------------------------------------
+
+
+def test_the_direct_write_puts_the_kv_of_a_full_forward_in_the_slots_the_verify_used() -> None:
+    twin, pool, direct = stack()
+    assert direct.write(*batch_of())
+    assert without_padding(pool) == full_forward_kv(EXTEND)
+    # three rows ran in the graph captured for four; the fourth wrote the reserved slot 0
+    assert twin.log == ["replay 4"] and (0, 0) in pool.kv
+    assert twin.buffers.out_cache_loc.store[3] == 0 and twin.buffers.input_ids.store[3] == 0
+
+
+def test_the_kv_comparison_sees_a_write_at_the_wrong_positions() -> None:
+    """The control for the test above: one position off, and the K/V are not a full forward's."""
+    twin, pool, direct = stack()
+    moved = Extend(EXTEND.tokens, [p + 1 for p in EXTEND.positions], EXTEND.slots, EXTEND.hidden)
+    assert direct.write(*batch_of(moved))
+    assert without_padding(pool) != full_forward_kv(EXTEND)
+
+
+FOUR = Extend(tokens=[21, 22, 23, 24], positions=[60, 61, 62, 63], slots=[700, 701, 702, 703])
+REUSED = Extend(tokens=[31], positions=[5], slots=[703])  # slot 703, freed, now another request's
+
+
+def test_padding_rows_are_zeroed_so_a_stale_row_cannot_write_a_slot_now_someone_elses() -> None:
+    twin, pool, direct = stack()
+    for extend in (FOUR, REUSED, EXTEND):  # the last: three rows in the graph for four
+        assert direct.write(*batch_of(extend))
+    assert pool.kv[(0, 703)] == full_forward_kv(REUSED)[(0, 703)]
+    assert twin.log == ["replay 4", "replay 2", "replay 4"]
+
+
+def test_without_zeroing_the_padding_a_stale_row_overwrites_that_slot(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The control for the test above: why ``write`` zeroes the padding rows."""
+    monkeypatch.setattr(Buffer, "zero_", lambda self: None)
+    twin, pool, direct = stack()
+    for extend in (FOUR, REUSED, EXTEND):
+        direct.write(*batch_of(extend))
+    assert pool.kv[(0, 703)] == full_forward_kv(FOUR)[(0, 703)] != full_forward_kv(REUSED)[(0, 703)]
+
+
+@pytest.mark.parametrize("mailbox", v2.DirectKVWrite.READ_DONE_EVENTS)
+def test_the_write_publishes_the_read_done_event_the_scheduler_waits_on(mailbox: str) -> None:
+    twin, _, direct = stack(mailbox=mailbox)
+    assert getattr(twin.model_runner, mailbox) is None
+    direct.write(*batch_of())
+    event = getattr(twin.model_runner, mailbox)
+    assert isinstance(event, Event) and event.recorded
+
+
+def test_a_runner_without_a_mailbox_gets_no_event() -> None:
+    twin, _, direct = stack(mailbox="some_other_name")
+    assert direct.read_done is None and direct.write(*batch_of())
+    assert twin.model_runner.some_other_name is None
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["idle", "too-many-rows", "hidden-width", "two-tokens-per-request", "no-hidden", "no-rows"],
+)
+def test_a_batch_it_cannot_take_is_left_to_the_stock_extend(case: str) -> None:
+    twin, pool, direct = stack()
+    batch, output = batch_of(idle=case == "idle")
+    if case == "too-many-rows":
+        n = max(SIZES) + 1
+        batch, output = batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(100, 100 + n))))
+    elif case == "hidden-width":
+        output.logits_output.hidden_states.width = HIDDEN_WIDTH // 3
+    elif case == "two-tokens-per-request":
+        output.next_token_ids.values *= 2
+    elif case == "no-hidden":
+        output.logits_output.hidden_states = None
+    elif case == "no-rows":
+        batch, output = batch_of(Extend([], [], []))
+    assert not direct.write(batch, output)
+    assert twin.log == [] and pool.kv == {} and all(v is None for v in twin.buffers.input_ids.store)
+
+
+# -- what build refuses ---------------------------------------------------------------------------
+
+
+def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
+    if case == "no-hidden-buffer":
+        twin.buffers.hidden_states = None
+    elif case == "breakable-backend":
+        graphs = twin.backend._graphs
+        twin.backend = BreakableCudaGraphBackend()
+        twin.backend._graphs = graphs
+    elif case == "a-size-not-captured":
+        del twin.backend._graphs[twin._make_graph_key(SIZES[-1])]
+    elif case == "two-tokens-per-request":
+        twin.captured_req_width = 2
+    elif case == "dp-gather":
+        twin.require_gathered_buffer = True
+    elif case == "no-stub":
+        worker._stub_skipped_draft_extend = None  # type: ignore[assignment]
+    elif case == "swa-pool":
+        twin.model_runner.token_to_kv_pool = type("SWAKVPool", (), {})()
+    elif case == "translated-slots":
+        twin.draft_extend_attn_backend._translate_kv_loc = lambda loc: loc
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        ("no-hidden-buffer", "EAGLEDraftExtendCudaGraphRunner has no hidden_states buffer"),
+        ("breakable-backend", "replays through BreakableCudaGraphBackend, not a plain CUDA graph per batch size"),
+        ("a-size-not-captured", "has not captured a graph for every batch size it lists"),
+        ("two-tokens-per-request", "holds 2 tokens per request, not one"),
+        ("dp-gather", "gathers across data-parallel ranks"),
+        ("no-stub", "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"),
+        ("swa-pool", "the draft KV pool SWAKVPool may translate its cache slots with the attention metadata"),
+        ("translated-slots", "the draft-extend backend translates its cache slots with the attention metadata"),
+    ],
+)
+def test_build_refuses_a_twin_it_cannot_feed_and_says_why(case: str, why: str) -> None:
+    twin, worker = ZeroStepTwin(MHATokenToKVPool([]), []), Worker()
+    assert v2.DirectKVWrite.build(twin, worker)[0] is not None  # the control: undamaged, it builds
+    damage(case, twin, worker)
+    direct, why_not = v2.DirectKVWrite.build(twin, worker)
+    assert direct is None and why in why_not
+
+
+# -- the zero-step policy: direct at fall back, the stock extend everywhere else -----------------------
+
+
+@pytest.fixture
+def sglang_side(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (runtime.DRAFT_KV_ENV, runtime.RECORD_ENV):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv(v2.EARLY_FENCE_ENV, "0")
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        package = types.ModuleType(name)
+        package.__path__ = []
+        monkeypatch.setitem(sys.modules, name, package)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
+
+
+class DraftWorker:
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def _draft_extend_for_decode(self, batch: Any, batch_output: Any) -> str:
+        self.log.append("stock extend")
+        return "stock"
+
+
+def policy_with(mode: str, twin: ZeroStepTwin | None) -> tuple[v2.ZeroStepPolicy, DraftWorker, Worker]:
+    worker = Worker()
+    worker_ns: Any = SimpleNamespace(
+        speculative_num_steps=3, _stub_skipped_draft_extend=worker._stub_skipped_draft_extend
+    )
+    draft_kv = runtime.DraftKV(mode, SimpleNamespace(model=None), log=False)
+    draft_kv.graph = twin
+    policy = v2.ZeroStepPolicy(worker_ns, runtime.SwitchController(4, min_steps=1, log=False), draft_kv, log=False)
+    draft_worker = DraftWorker(twin.log if twin is not None else [])
+    policy.watch_draft_extend(draft_worker)
+    return policy, draft_worker, worker
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_the_policy_writes_directly_only_at_fall_back_and_resume_runs_the_stock_extend(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    twin = ZeroStepTwin(MHATokenToKVPool([]), [])
+    policy, draft_worker, worker = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    policy._build_direct()
+    assert policy.draft_kv.direct
+    assert runtime.describe_draft_kv(policy.draft_kv).endswith(
+        "(from a CUDA graph, replayed directly), full draft extend at resume"
+    )
+    ran = []
+    for size in (2, 9, 9, 3, 2):  # speculate, fall back twice, resume, speculate
+        twin.log.clear()
+        policy._step = policy.controller.step(size)
+        policy.worker.speculative_num_steps = 0 if policy._step != runtime.SPECULATE else 3
+        out = draft_worker._draft_extend_for_decode(*batch_of())
+        ran.append((policy._step, out, list(twin.log)))
+    assert ran == [
+        (runtime.SPECULATE, "stock", ["stock extend"]),
+        (runtime.FALL_BACK, None, ["replay 4"]),
+        (runtime.FALL_BACK, None, ["replay 4"]),
+        (runtime.RESUME, "stock", ["stock extend"]),
+        (runtime.SPECULATE, "stock", ["stock extend"]),
+    ]
+    assert worker.stubbed == [3, 3]  # the stubs stand in for the extend's outputs at each direct write
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_a_batch_the_direct_write_refuses_goes_through_the_stock_kv_only_extend() -> None:
+    twin = ZeroStepTwin(MHATokenToKVPool([]), [])
+    policy, draft_worker, worker = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    policy._build_direct()
+    policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
+    n = max(SIZES) + 1
+    kv_only = []
+    policy.draft_kv.kv_only = lambda owner: (kv_only.append(owner), contextlib_null())[1]  # type: ignore[method-assign]
+    out = draft_worker._draft_extend_for_decode(
+        *batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(n))))
+    )
+    assert out == "stock" and twin.log == ["stock extend"] and kv_only == [draft_worker] and worker.stubbed == []
+
+
+def contextlib_null() -> Any:
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
+@pytest.mark.usefixtures("sglang_side")
+@pytest.mark.parametrize("mode", [runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_ONLY])
+def test_only_kv_direct_builds_the_direct_write(mode: str) -> None:
+    twin = ZeroStepTwin(MHATokenToKVPool([]), [])
+    policy, draft_worker, _ = policy_with(mode, twin)
+    policy._build_direct()
+    assert policy._direct is None and not policy.draft_kv.direct
+    policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
+    policy.draft_kv.kv_only = lambda owner: contextlib_null()  # type: ignore[method-assign]
+    assert draft_worker._draft_extend_for_decode(*batch_of()) == "stock"
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_kv_direct_without_a_feedable_twin_says_why_once_and_stays_kv_graph(caplog: pytest.LogCaptureFixture) -> None:
+    twin = ZeroStepTwin(MHATokenToKVPool([]), [])
+    twin.captured_req_width = 2
+    policy, _, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    policy.log = True
+    with caplog.at_level(logging.INFO, logger=v2.__name__):
+        policy._build_direct()
+    assert policy._direct is None and not policy.draft_kv.direct
+    assert [r.getMessage() for r in caplog.records] == [
+        "dynspec: EAGLEDraftExtendCudaGraphRunner holds 2 tokens per request, not one; kv-direct replays the "
+        "KV-only graph through the stock extend"
+    ]
+    assert runtime.describe_draft_kv(policy.draft_kv).endswith("(from a CUDA graph), full draft extend at resume")
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_a_give_up_turns_the_direct_write_off() -> None:
+    twin = ZeroStepTwin(MHATokenToKVPool([]), [])
+    policy, draft_worker, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    policy._build_direct()
+    policy.draft_kv._give_up("a test")
+    assert policy.draft_kv.mode == runtime.DRAFT_KV_FULL and not policy.draft_kv.direct
+    policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
+    assert draft_worker._draft_extend_for_decode(*batch_of()) == "stock"
+
+
+# -- what the direct write relies on, in every 0.5.14+ release ------------------------------------
+
+ZERO_STEP = [v for v in RELEASES if Version(v) >= Version("0.5.14")]
+EXTEND_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
+FULL_BACKEND = "srt/model_executor/runner_backend/full_cuda_graph_backend.py"
+V2_WORKER = "srt/speculative/eagle_worker_v2.py"
+COMMON = "srt/speculative/eagle_worker_common.py"
+MODEL_RUNNER = "srt/model_executor/model_runner.py"
+BASE_WORKER = "srt/speculative/base_spec_worker.py"
+MEMBERS = [EXTEND_RUNNER, FULL_BACKEND, V2_WORKER, COMMON, MODEL_RUNNER, BASE_WORKER]
+
+
+def has_member(version: str, member: str) -> bool:
+    return (releases.unpacked(version, MEMBERS) / "sglang" / member).exists()
+
+
+def source_of(version: str, member: str) -> str:
+    path = releases.unpacked(version, MEMBERS) / "sglang" / member
+    assert path.exists(), f"{version} has no {member}"
+    return path.read_text()
+
+
+def class_named(source: str, name: str) -> ast.ClassDef:
+    found = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == name]
+    assert found, name
+    return found[0]
+
+
+def self_assigned(node: ast.AST) -> set[str]:
+    return {
+        ast.unparse(t)[len("self.") :]
+        for n in ast.walk(node)
+        if isinstance(n, (ast.Assign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+        for t in (t.elts if isinstance(t, ast.Tuple) else [t])
+        if ast.unparse(t).startswith("self.")
+    }
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP)
+def test_the_draft_extend_runner_keeps_what_the_direct_write_reads(version: str) -> None:
+    source = source_of(version, EXTEND_RUNNER)
+    runner = class_named(source, "EAGLEDraftExtendCudaGraphRunner")
+    assigned = self_assigned(runner)
+    assert {"buffers", "model_runner", "device_module", "capture_bs", "backend"} <= assigned, sorted(assigned)
+    assert "_make_graph_key" in {n.name for n in runner.body if isinstance(n, ast.FunctionDef)}
+    buffers = class_named(source, "EagleDraftExtendInputBuffers")
+    fields = {ast.unparse(n.target) for n in buffers.body if isinstance(n, ast.AnnAssign)}
+    assert set(v2.DirectKVWrite.INPUTS) <= fields, sorted(fields)
+    # the graph reads them as captured: sliced from the start, one row per request
+    for name in v2.DirectKVWrite.INPUTS:
+        assert re.search(rf"buffers\.{name}\[:num_tokens\]", source), name
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP)
+def test_the_full_backends_replay_replays_its_graph_and_never_reads_the_forward_batch(version: str) -> None:
+    backend = class_named(source_of(version, FULL_BACKEND), v2.DirectKVWrite.GRAPH_BACKENDS[0])
+    assert "_graphs" in self_assigned(backend)
+    replay = next(n for n in backend.body if isinstance(n, ast.FunctionDef) and n.name == "replay")
+    batch = replay.args.args[2].arg
+    assert [a.arg for a in replay.args.args[:2]] == ["self", "shape_key"] and batch == "static_forward_batch"
+    assert batch not in {n.id for n in ast.walk(replay) if isinstance(n, ast.Name)}
+    assert "self._graphs[shape_key].replay()" in ast.unparse(replay)
+
+
+def nested_in(tree: ast.AST, target: ast.AST) -> list[ast.AST]:
+    """The nodes from ``tree`` down to ``target``."""
+    for child in ast.iter_child_nodes(tree):
+        if child is target:
+            return [tree]
+        path = nested_in(child, target)
+        if path:
+            return [tree, *path]
+    return []
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP)
+def test_the_stock_extend_takes_the_four_inputs_from_where_the_direct_write_does(version: str) -> None:
+    """``prepare_for_draft_extend``: the tokens are the verify's next tokens, the positions follow the
+    prefix lengths (``seq_lens``, one token per request), the slots are ``batch.out_cache_loc`` as the
+    verify left it (only the widened window, off by default, sets others)."""
+    worker = source_of(version, V2_WORKER)
+    assert "def _stub_skipped_draft_extend(" in worker
+    extend = next(
+        n
+        for n in ast.walk(ast.parse(worker))
+        if isinstance(n, ast.FunctionDef) and n.name == "_draft_extend_for_decode"
+    )
+    text = ast.unparse(extend)
+    assert "hidden_states=batch_result.logits_output.hidden_states" in text
+    assert "next_token_ids = batch_result.next_token_ids.to(torch.int64)" in text
+    homes = [source_of(version, m) for m in (V2_WORKER, COMMON, BASE_WORKER) if has_member(version, m)]
+    prepare = [
+        n
+        for home in homes
+        for n in ast.walk(ast.parse(home))
+        if isinstance(n, ast.FunctionDef) and n.name == "prepare_for_draft_extend"
+    ]
+    assert len(prepare) == 1, len(prepare)
+    body = ast.unparse(prepare[0])
+    assert "batch.input_ids = predict" in body
+    assert re.search(r"batch\.prefix_lens = .*seq_lens", body)
+    slot_writes = [
+        n
+        for n in ast.walk(prepare[0])
+        if isinstance(n, ast.Assign) and any(ast.unparse(t) == "batch.out_cache_loc" for t in n.targets)
+    ]
+    for write in slot_writes:
+        guards = [ast.unparse(n.test) for n in nested_in(prepare[0], write) if isinstance(n, ast.If)]
+        assert guards == ["widen"], guards
+    runner = source_of(version, MODEL_RUNNER)
+    assert any(f"self.{name}" in runner for name in v2.DirectKVWrite.READ_DONE_EVENTS), "no read-done mailbox"
