@@ -1523,18 +1523,19 @@ def test_the_runtime_and_the_proof_harness_use_the_same_names() -> None:
     assert set(proof_run.DRAFT_KV_VARIANTS) == {FULL, SKIP} and set(proof_run.DRAFT_KV_VARIANTS) < set(
         runtime.DRAFT_KV_SETTINGS
     )
-    assert set(proof_run.KV_ONLY_MODES) == {KV, GRAPH} and proof_run.KV_ONLY_MODE == GRAPH
+    assert set(proof_run.KV_ONLY_MODES) == {KV, GRAPH, runtime.DRAFT_KV_DIRECT} and proof_run.KV_ONLY_MODE == GRAPH
     assert set(proof_run.KV_ONLY_MODES) < set(runtime.DRAFT_KV_SETTINGS)
     assert exactkv.Load(1, 1, 1, 1, 1, 1).waves()[0][0].rid.startswith(runtime.RECORD_RID_PREFIX)
 
 
 def test_the_kv_only_words_are_in_the_start_up_line_exactly_when_kv_is_on() -> None:
-    for mode in (KV, GRAPH, FULL, SKIP):
+    for mode in (KV, GRAPH, runtime.DRAFT_KV_DIRECT, FULL, SKIP):
         for graph in (None, object()):
             draft_kv = runtime.DraftKV(mode, None)
             draft_kv.graph = graph
+            draft_kv.direct = graph is not None and mode == runtime.DRAFT_KV_DIRECT
             described = runtime.describe_draft_kv(draft_kv)
-            assert (proof_run.KV_ONLY_WORDS in described) == (mode in (KV, GRAPH)), described
+            assert (proof_run.KV_ONLY_WORDS in described) == (mode in (KV, GRAPH, runtime.DRAFT_KV_DIRECT)), described
 
 
 @pytest.mark.parametrize(
