@@ -662,6 +662,11 @@ class DirectKVWrite:
             return None, f"{name} gathers across data-parallel ranks"
         if not callable(getattr(worker, "_stub_skipped_draft_extend", None)):
             return None, "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"
+        # Outputs of the extend that the stubs do not stand in for.
+        if getattr(getattr(worker, "draft_worker", None), "seed_dsa_topk_from_draft_extend", False):
+            return None, "the draft extend seeds the DSA indexer's top-k"
+        if read_setting(worker, "speculative_use_rejection_sampling", False):
+            return None, "rejection sampling keeps the draft extend's probabilities"
         runner = getattr(twin, "model_runner", None)
         pool = type(getattr(runner, "token_to_kv_pool", None)).__name__
         if pool not in cls.POOLS:

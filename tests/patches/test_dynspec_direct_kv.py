@@ -164,6 +164,7 @@ class Worker:
 
     def __init__(self) -> None:
         self.stubbed: list[int] = []
+        self.server_args = SimpleNamespace()  # read_setting's home before 0.5.17
 
     def _stub_skipped_draft_extend(self, batch: Any, batch_output: Any) -> None:
         self.stubbed.append(batch.seq_lens.shape[0])
@@ -277,6 +278,10 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         twin.require_gathered_buffer = True
     elif case == "no-stub":
         worker._stub_skipped_draft_extend = None  # type: ignore[assignment]
+    elif case == "dsa-seed":
+        worker.draft_worker = SimpleNamespace(seed_dsa_topk_from_draft_extend=True)  # type: ignore[attr-defined]
+    elif case == "rejection-sampling":
+        worker.server_args = SimpleNamespace(speculative_use_rejection_sampling=True)
     elif case == "swa-pool":
         twin.model_runner.token_to_kv_pool = type("SWAKVPool", (), {})()
     elif case == "translated-slots":
@@ -292,6 +297,8 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         ("two-tokens-per-request", "holds 2 tokens per request, not one"),
         ("dp-gather", "gathers across data-parallel ranks"),
         ("no-stub", "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"),
+        ("dsa-seed", "the draft extend seeds the DSA indexer's top-k"),
+        ("rejection-sampling", "rejection sampling keeps the draft extend's probabilities"),
         ("swa-pool", "the draft KV pool SWAKVPool may translate its cache slots with the attention metadata"),
         ("translated-slots", "the draft-extend backend translates its cache slots with the attention metadata"),
     ],
@@ -331,7 +338,9 @@ class DraftWorker:
 def policy_with(mode: str, twin: ZeroStepTwin | None) -> tuple[v2.ZeroStepPolicy, DraftWorker, Worker]:
     worker = Worker()
     worker_ns: Any = SimpleNamespace(
-        speculative_num_steps=3, _stub_skipped_draft_extend=worker._stub_skipped_draft_extend
+        speculative_num_steps=3,
+        server_args=worker.server_args,
+        _stub_skipped_draft_extend=worker._stub_skipped_draft_extend,
     )
     draft_kv = runtime.DraftKV(mode, SimpleNamespace(model=None), log=False)
     draft_kv.graph = twin
@@ -438,7 +447,9 @@ V2_WORKER = "srt/speculative/eagle_worker_v2.py"
 COMMON = "srt/speculative/eagle_worker_common.py"
 MODEL_RUNNER = "srt/model_executor/model_runner.py"
 BASE_WORKER = "srt/speculative/base_spec_worker.py"
-MEMBERS = [EXTEND_RUNNER, FULL_BACKEND, V2_WORKER, COMMON, MODEL_RUNNER, BASE_WORKER]
+SERVER_ARGS = "srt/server_args.py"
+SPEC_FIELDS = "srt/arg_groups/fields/spec.py"  # 0.5.20+: the speculative settings' own namespace
+MEMBERS = [EXTEND_RUNNER, FULL_BACKEND, V2_WORKER, COMMON, MODEL_RUNNER, BASE_WORKER, SERVER_ARGS, SPEC_FIELDS]
 
 
 def has_member(version: str, member: str) -> bool:
@@ -544,3 +555,21 @@ def test_the_stock_extend_takes_the_four_inputs_from_where_the_direct_write_does
         assert guards == ["widen"], guards
     runner = source_of(version, MODEL_RUNNER)
     assert any(f"self.{name}" in runner for name in v2.DirectKVWrite.READ_DONE_EVENTS), "no read-done mailbox"
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP)
+def test_the_extend_outputs_the_stubs_miss_are_named_as_build_reads_them(version: str) -> None:
+    """``build`` refuses a DSA-seeding draft extend and rejection sampling by these names; a rename
+    would turn the refusal silently off."""
+    worker = source_of(version, V2_WORKER)
+    draft = next(
+        n
+        for n in ast.walk(ast.parse(worker))
+        if isinstance(n, ast.ClassDef)
+        and any(isinstance(f, ast.FunctionDef) and f.name == "_draft_extend_for_decode" for f in n.body)
+    )
+    if "dsa_topk" in ast.unparse(draft):
+        assert "seed_dsa_topk_from_draft_extend" in self_assigned(draft)
+    homes = [source_of(version, m) for m in (SERVER_ARGS, SPEC_FIELDS) if has_member(version, m)]
+    assert any(re.search(r"^\s+speculative_use_rejection_sampling\s*:", home, re.M) for home in homes)
