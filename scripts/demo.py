@@ -41,12 +41,15 @@ def diff_stat(diff: str) -> tuple[list[tuple[str, int, int]], int]:
     """Per file (path, lines added, lines removed), as `git diff --stat` counts them; and the hunks."""
     files: list[tuple[str, int, int]] = []
     hunks = 0
+    in_hunk = False  # a "+++ " line is a header only before a file's first hunk
     for line in diff.splitlines():
         if line.startswith("diff --git "):
             files.append((line.split(" b/", 1)[1], 0, 0))
+            in_hunk = False
         elif line.startswith("@@ "):
             hunks += 1
-        elif hunks and files and line[:1] in "+-" and not line.startswith(("+++ ", "--- ")):
+            in_hunk = True
+        elif in_hunk and line[:1] in ("+", "-"):
             path, added, removed = files[-1]
             files[-1] = (path, added + (line[0] == "+"), removed + (line[0] == "-"))
     return files, hunks

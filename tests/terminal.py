@@ -111,7 +111,7 @@ class Tmux:
 
     def tmux(self, *args: str) -> str:
         return subprocess.run(
-            ["tmux", "-S", str(self.socket), "-f", "/dev/null", *args],
+            ["tmux", "-u", "-S", str(self.socket), "-f", "/dev/null", *args],
             capture_output=True,
             text=True,
             check=True,
