@@ -254,3 +254,9 @@ def test_diff_screen_is_the_first_page_of_less(tmux_80_160: Tmux, fixed_tree: tu
     assert not (tmux_80_160.dir / "rc").exists(), "dynspec waits for its pager"
     tmux_80_160.keys("q")
     assert tmux_80_160.wait_exit() == 0
+
+
+def test_the_readme_shows_the_status_screen_as_captured() -> None:
+    readme = (ROOT / "README.md").read_text()
+    shown = readme.split("<!-- screen:status-80 -->\n```\n", 1)[1].split("```", 1)[0]
+    assert re.sub(r"\br[0-9]\b", "r#", shown) == (SCREENS / "status-80.txt").read_text()
