@@ -1,4 +1,5 @@
 # make run    set up, then fetch a real SGLang release and run diff / apply / status / revert on it
+#             (of the diff: its stat and first hunk; make run FULL_DIFF=1 prints all of it)
 # make test   set up, then run the whole test suite (CPU only; downloads SGLang releases, cached)
 # make bench  apply time on 0.5.12, the static round trip over every release, and `dynspec matrix`
 # make fuzz   the whole fault suite (make test runs a sample): every fuzzed variant, every second kill
@@ -13,12 +14,13 @@ SGLANG_VERSION ?= 0.5.12
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
-	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
-	touch $@
+	@echo "setting up $(VENV): pip install -e '.[test]' (once; about 30 s)"
+	@$(PYTHON) -m venv $(VENV)
+	@$(BIN)/python -m pip install -q --disable-pip-version-check -e '.[test]'
+	@touch $@
 
-run: setup
-	$(BIN)/python scripts/demo.py $(SGLANG_VERSION)
+run: setup   # FULL_DIFF=1: the whole diff, not its stat and first hunk
+	@$(BIN)/python scripts/demo.py $(SGLANG_VERSION) $(if $(FULL_DIFF),--full-diff)
 
 test: setup
 	$(BIN)/ruff check .

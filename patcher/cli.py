@@ -16,6 +16,7 @@ import click
 
 from patcher import __version__
 from patcher.errors import DynspecError, ExitCode
+from patcher.options import diff_options
 
 EXIT_CODES = """\b
 Exit codes:
@@ -86,6 +87,7 @@ def _session(sglang: str, recipe: str, force: bool, sglang_version: str | None) 
     from patcher import render
     from patcher.session import Session
 
+    render.show_progress()
     session = Session.open(sglang, recipe, force=force, sglang_version=sglang_version)
     for message in session.notes:
         render.note(message)
@@ -106,13 +108,16 @@ def _flush_notes(session: Any) -> None:
 @click.option("--dry-run", is_flag=True, help="Print the diff instead of writing (same as `dynspec diff`).")
 @click.option("--check", is_flag=True, help="With --dry-run: exit 1 if changes are pending.")
 @click.option("--force", is_flag=True, help="Allow an unsupported version; rebuild hand-edited targets from the original.")
-def apply(sglang: str, recipe: str, sglang_version: str | None, dry_run: bool, check: bool, force: bool) -> None:
+@diff_options
+def apply(
+    sglang: str, recipe: str, sglang_version: str | None, dry_run: bool, check: bool, force: bool, color: str, no_pager: bool
+) -> None:
     """Patch the tree (idempotent; upgrades older revisions in place)."""
     from patcher import render
 
     session = _session(sglang, recipe, force, sglang_version)
     if dry_run or check:
-        _print_diff(session, check, force)
+        _print_diff(session, check, force, color, not no_pager)
         return
     plan = session.apply(force=force)
     _flush_notes(session)
@@ -124,12 +129,12 @@ def apply(sglang: str, recipe: str, sglang_version: str | None, dry_run: bool, c
     render.say(f"{len(plan.pending)} file(s) patched for SGLang {session.version}; state in {session.files.state_dir}")
 
 
-def _print_diff(session: Any, check: bool, force: bool) -> None:
+def _print_diff(session: Any, check: bool, force: bool, color: str, pager: bool) -> None:
     from patcher import render
 
     plan = session.plan(force=force)
     _flush_notes(session)
-    render.diff(session.diff(plan))
+    render.diff(session.diff(plan), color, pager)
     if check and plan.pending:
         sys.exit(int(ExitCode.CHANGES))
 
@@ -138,9 +143,12 @@ def _print_diff(session: Any, check: bool, force: bool) -> None:
 @tree_options
 @click.option("--check", is_flag=True, help="Exit 1 if changes are pending.")
 @click.option("--force", is_flag=True, help="Allow an unsupported version; diff hand-edited targets against the original.")
-def diff(sglang: str, recipe: str, sglang_version: str | None, check: bool, force: bool) -> None:
+@diff_options
+def diff(
+    sglang: str, recipe: str, sglang_version: str | None, check: bool, force: bool, color: str, no_pager: bool
+) -> None:
     """Print what `apply` would change, as a diff `git apply` accepts. Nothing else on stdout."""
-    _print_diff(_session(sglang, recipe, force, sglang_version), check, force)
+    _print_diff(_session(sglang, recipe, force, sglang_version), check, force, color, not no_pager)
 
 
 @main.command()
@@ -204,7 +212,7 @@ def status(sglang: str, recipe: str, sglang_version: str | None, as_json: bool, 
             }
         )
     else:
-        rows = [[s.patch.id, f"r{s.patch.REVISION}", s.status.value, s.detail] for s in report]
+        rows = [[s.patch.id, f"r{s.patch.REVISION}", render.state(s.status.value), s.detail] for s in report]
         render.table(f"SGLang {session.version} at {session.tree.package_dir}", ["patch", "rev", "state", "detail"], rows)
     wanted = {Status.APPLIED}
     if check and any(s.status not in wanted | {Status.NOT_APPLICABLE, Status.UPSTREAM} for s in report):
@@ -238,6 +246,7 @@ def list_(as_json: bool) -> None:
         "patches",
         ["patch", "rev", "SGLang", "target", "what it does"],
         [[p.id, f"r{p.REVISION}", p.SGLANG, p.TARGET, p.SUMMARY] for p in patches.values()],
+        fold=(2, 3, 4),
     )
     render.table(
         "recipes",

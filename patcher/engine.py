@@ -32,7 +32,7 @@ from typing import Any
 
 import libcst as cst
 
-from patcher import __version__, releases, txn
+from patcher import __version__, progress, releases, txn
 from patcher.errors import AnchorNotFound, BadTarget, Refused
 from patcher.patch import CstPatch, NewFilePatch, Patch
 from patcher.registry import Recipe
@@ -290,7 +290,8 @@ def plan(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] | N
             pristine = _decode(None if entry["pre"] is None else tree.blob(entry["pre"]), target)
         else:
             pristine = _decode(disk, target)
-        new, steps = checked_patch_file(patches, target, pristine, version)
+        with progress.step(f"checking {target}"):
+            new, steps = checked_patch_file(patches, target, pristine, version)
         result.files.append(FilePlan(target, pristine, _decode(disk, target), new, steps))
     return result
 
@@ -430,8 +431,9 @@ def status(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] |
         disk = _decode(disk_bytes, target)
         recorded = {} if original else recorded_patches  # back to the original: nothing of ours in it
         try:
-            for patch in patches:
-                report.append(_status_of(patch, target, disk, version, recorded, drifted))
+            with progress.step(f"reading {target}"):
+                for patch in patches:
+                    report.append(_status_of(patch, target, disk, version, recorded, drifted))
         except RecursionError:
             raise too_deep(target) from None
     return report

@@ -31,12 +31,18 @@ def cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "dynspec"
 
 
+def cached_wheel(version: str) -> Path | None:
+    """The release's wheel if it is in the cache already."""
+    found = sorted((cache_dir() / "wheels").glob(f"sglang-{version}-*.whl"))
+    return found[0] if found else None
+
+
 def wheel(version: str) -> Path:
     """The release's wheel, downloaded with pip into the cache the first time."""
+    found = cached_wheel(version)
+    if found is not None:
+        return found
     wheels = cache_dir() / "wheels"
-    found = sorted(wheels.glob(f"sglang-{version}-*.whl"))
-    if found:
-        return found[0]
     wheels.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=wheels) as scratch:
         command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", *PLATFORM, "-d", scratch, f"sglang=={version}"]

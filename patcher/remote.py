@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from patcher import engine, remote_applier, txn
+from patcher import engine, progress, remote_applier, txn
 from patcher.engine import targets_in_order
 from patcher.errors import (
     AnchorNotFound,
@@ -451,16 +451,17 @@ def run(
     conn = Connection(ssh, host)
     try:
         targets = sorted(targets_in_order(recipe.patches))
-        conn.send(
-            {
-                "protocol": remote_applier.PROTOCOL,
-                "sglang": sglang,
-                "targets": targets,
-                "write": op in ("apply", "revert"),
-                "pause": _pause,
-            }
-        )
-        first = conn.receive()
+        with progress.step("connecting over ssh, reading the tree"):
+            conn.send(
+                {
+                    "protocol": remote_applier.PROTOCOL,
+                    "sglang": sglang,
+                    "targets": targets,
+                    "write": op in ("apply", "revert"),
+                    "pause": _pause,
+                }
+            )
+            first = conn.receive()
         result.timings["connect and read"] = time.perf_counter() - start
         if first.get("recovered"):
             result.notes.append(first["recovered"])
@@ -478,9 +479,11 @@ def run(
             written = time.perf_counter()
             if _hook:
                 _hook("snapshot", conn)
-            conn.send(message, midway=(lambda: _hook("midway", conn)) if _hook else None)
+            with progress.step("writing over ssh"):
+                conn.send(message, midway=(lambda: _hook("midway", conn)) if _hook else None)
+                if message["writes"] is not None:
+                    conn.receive()
             if message["writes"] is not None:
-                conn.receive()
                 _report_written(op, tree, result)
             result.timings["write"] = time.perf_counter() - written
     except txn.TxnError as error:
@@ -551,7 +554,8 @@ def run_many(
 
     def one(host: str) -> HostResult:
         try:
-            return run(op, host, ssh, sglang, recipe, **options)
+            with progress.step(host):
+                return run(op, host, ssh, sglang, recipe, **options)
         except Exception as error:  # noqa: BLE001 - reported per host; bugs keep their traceback
             return HostResult(host, op, error=error)
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import click
 
+from patcher.options import diff_options
+
 REMOTE_EXIT_CODES = """\b
 Exit codes (with several hosts: the first failing host's, in the order given):
   0    done, or nothing to do
@@ -97,7 +99,10 @@ def remote() -> None:
 
 def _run(op: str, options: dict[str, Any], **extra: Any) -> list[Any]:
     from patcher import remote as remote_
+    from patcher import render
     from patcher.registry import load_recipe
+
+    render.show_progress()
 
     ssh = remote_.Ssh(
         python=options["python"],
@@ -163,10 +168,17 @@ def _finish(
     ]
     if len(results) > 1:
         rows = [
-            [r.host, r.version or "?", outcome(r) if r.error is None else f"error: {r.error}", str(code)]
+            [
+                r.host,
+                r.version or "?",
+                render.Styled(outcome(r), "green" if code == 0 else "yellow")
+                if r.error is None
+                else render.Styled(f"error: {r.error}", "bold red"),
+                str(code),
+            ]
             for r, code in zip(results, codes)
         ]
-        render.summary("hosts", ["host", "SGLang", "result", "exit"], rows)
+        render.summary("hosts", ["host", "SGLang", "result", "exit"], rows, fold=(2,))
     failed = [c for c in codes if c not in (0, int(ExitCode.CHANGES))]
     if failed:
         sys.exit(failed[0])
@@ -181,10 +193,11 @@ def _finish(
 @click.option(
     "--force", is_flag=True, help="Allow an unsupported version; rebuild hand-edited targets from the original."
 )
-def apply(dry_run: bool, check: bool, force: bool, verbose: bool, **options: Any) -> None:
+@diff_options
+def apply(dry_run: bool, check: bool, force: bool, verbose: bool, color: str, no_pager: bool, **options: Any) -> None:
     """Patch the SGLang tree on each HOST (idempotent; all or nothing per host)."""
     if dry_run or check:
-        _diff(check, force, verbose, options)
+        _diff(check, force, verbose, color, not no_pager, options)
         return
     results = _run("apply", options, force=force)
     _narrate(results, verbose)
@@ -207,21 +220,23 @@ def revert(force: bool, verbose: bool, **options: Any) -> None:
 @click.option(
     "--force", is_flag=True, help="Allow an unsupported version; diff hand-edited targets against the original."
 )
-def diff(check: bool, force: bool, verbose: bool, **options: Any) -> None:
+@diff_options
+def diff(check: bool, force: bool, verbose: bool, color: str, no_pager: bool, **options: Any) -> None:
     """Print what `remote apply` would change on each HOST, as a diff `git apply` accepts."""
-    _diff(check, force, verbose, options)
+    _diff(check, force, verbose, color, not no_pager, options)
 
 
-def _diff(check: bool, force: bool, verbose: bool, options: dict[str, Any]) -> None:
+def _diff(check: bool, force: bool, verbose: bool, color: str, pager: bool, options: dict[str, Any]) -> None:
     from patcher import render
 
     results = _run("diff", options, force=force)
     _narrate(results, verbose)
-    for r in results:
-        if r.error is None and r.diff:
-            if len(results) > 1:
-                render.heading(f"{r.host}: {r.tree.package_dir}")
-            render.diff(r.diff)
+    several = len(results) > 1
+    render.diffs(
+        [(f"{r.host}: {r.tree.package_dir}" if several else None, r.diff) for r in results if r.error is None],
+        color,
+        pager,
+    )
     _finish(results, lambda r: "changes pending" if r.pending else "nothing to do", lambda r: check and r.pending)
 
 
@@ -264,7 +279,7 @@ def status(as_json: bool, check: bool, verbose: bool, **options: Any) -> None:
             continue
         if len(results) > 1:
             render.heading(f"{r.host}: SGLang {tree.version} at {tree.package_dir}")
-        rows = [[s.patch.id, f"r{s.patch.REVISION}", s.status.value, s.detail] for s in r.report]
+        rows = [[s.patch.id, f"r{s.patch.REVISION}", render.state(s.status.value), s.detail] for s in r.report]
         render.table(f"SGLang {tree.version} at {r.host}:{tree.package_dir}", ["patch", "rev", "state", "detail"], rows)
     if as_json and len(results) > 1:
         render.as_json(reports)

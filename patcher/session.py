@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patcher import engine, txn
+from patcher import engine, progress, txn
 from patcher.errors import AnchorNotFound, DamagedState, Interrupted, Refused
 from patcher.patch import _contains
 from patcher.registry import Recipe, load_recipe
@@ -91,14 +91,18 @@ class Session:
             return self.files.load_state()
 
     def plan(self, force: bool = False) -> engine.Plan:
-        with self.refusals():
+        with self.refusals(), self.step():
             return engine.plan(self.files, self.recipe, self.version, self.state(), force)
 
     def diff(self, plan: engine.Plan) -> str:
         return "".join(engine.unified_diff(self.display_path(f.target), f.disk, f.new) for f in plan.pending)
 
+    def step(self) -> contextlib.AbstractContextManager[None]:
+        """This command's work on the tree, as one step for the spinner; the engine's steps go inside."""
+        return progress.step(f"SGLang {self.version}")
+
     def apply(self, force: bool = False) -> engine.Plan:
-        with _interrupts("patched"), self.writing():
+        with _interrupts("patched"), self.step(), self.writing():
             state = self.state()
             plan = engine.plan(self.files, self.recipe, self.version, state, force)
             if plan.pending:
@@ -107,7 +111,7 @@ class Session:
 
     def revert(self, force: bool = False) -> list[str]:
         """Restore every touched file byte for byte; returns the targets written."""
-        with _interrupts("restored"), self.writing():
+        with _interrupts("restored"), self.step(), self.writing():
             state = self.state()
             if state is None:
                 return []
@@ -122,7 +126,7 @@ class Session:
         if not self.in_git:
             raise Refused(f"--from-git: {package_dir} is not tracked by a git checkout")
         writes: dict[str, bytes | None] = {}
-        with _interrupts("restored"), self.refusals(), self.files.locked():
+        with _interrupts("restored"), self.step(), self.refusals(), self.files.locked():
             for target in self.targets():
                 head = git_head_file(package_dir, target)
                 disk = self.files.read(target)
@@ -140,14 +144,15 @@ class Session:
         return sorted(writes)
 
     def status(self) -> list[engine.PatchStatus]:
-        with self.refusals():
+        with self.refusals(), self.step():
             if self.files.has_journal():
                 self.notes.append("an interrupted dynspec write is pending; the next apply or revert finishes it")
             return engine.status(self.files, self.recipe, self.version, self.state())
 
     def _commit(self, writes: dict[str, bytes | None], state: dict[str, Any] | None) -> None:
         try:
-            self.files.commit(writes, state)
+            with progress.step(f"writing {len(writes)} file(s)"):
+                self.files.commit(writes, state)
         except OSError as error:
             raise Refused(f"writing failed ({error.strerror or error}); every file was left as it was") from None
 

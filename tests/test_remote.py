@@ -31,6 +31,8 @@ from patcher import bundle, remote, txn
 from patcher.errors import ConnectionLost, ExitCode, Refused, RemotePythonMissing
 from patcher.registry import load_recipe
 from tests.conftest import ROOT, snapshot, targets
+from tests.terminal import Tmux, fixed_length_dir, needs_tmux, same_place
+from tests.test_terminal import check_screen
 
 VERSION = "0.5.23"  # two targets: srt/server_args.py and srt/arg_groups/fields/spec.py
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
@@ -758,3 +760,25 @@ def test_a_bundle_refuses_a_target_linking_out(tree: Path, tmp_path: Path) -> No
     assert done.returncode == 4, done.stderr
     assert "is a link to" in one_line_error(done.stderr)
     assert outside.read_bytes() == kept
+
+
+# -- on a terminal: the summary as a person sees it (tests/terminal.py) ------------------------
+
+
+@needs_tmux
+@pytest.mark.parametrize("columns", [80, 160])
+def test_summary_screen(server: Server, release_tree, columns: int) -> None:
+    where = fixed_length_dir()
+    tmux = Tmux(columns, 40)
+    try:
+        tree = release_tree(VERSION, where=where / "site-packages")
+        hosts = ["good", "unknown-hostkey", "changed-hostkey"]  # messages that name no user or port
+        command = ["-c", CLI, "remote", "apply", *hosts, "--sglang", str(tree), "-F", str(server.config)]
+        tmux.start(*command, env={"DYNSPEC_SPINNER_DELAY": "0"}, program=[sys.executable])
+        assert tmux.wait_exit() == ExitCode.HOST_KEY
+        screen = same_place(tmux.screen(), where).replace(str(server.dir), "SSHD")
+        check_screen(f"remote-summary-{columns}", screen)
+        assert "\x1b[32mpatched 5 file(s)" in tmux.colours()
+    finally:
+        tmux.close()
+        shutil.rmtree(where, ignore_errors=True)
