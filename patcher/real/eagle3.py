@@ -249,7 +249,7 @@ class Eagle3Head(nn.Module):
         self.heads = int(config["num_attention_heads"])
         self.kv_heads = int(config["num_key_value_heads"])
         self.head_dim = int(config.get("head_dim", hidden // self.heads))
-        self.theta = float(config["rope_theta"])
+        self.theta = rope_theta(config)
         eps = float(config["rms_norm_eps"])
         aux = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
         draft_vocab = int(config["draft_vocab_size"])
@@ -314,15 +314,22 @@ class Eagle3Head(nn.Module):
         return out
 
 
+def rope_theta(config: dict[str, Any]) -> float:
+    """``rope_theta``, or transformers 5's ``rope_parameters.rope_theta``."""
+    theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+    return float(theta)
+
+
 def head_config(target_config: dict[str, Any], recipe: Recipe, aux_layers: Sequence[int]) -> dict[str, Any]:
     keep = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
-            "max_position_embeddings", "rms_norm_eps", "rope_theta", "bos_token_id", "eos_token_id")  # fmt: skip
+            "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id")  # fmt: skip
     return {
         "architectures": ["LlamaForCausalLMEagle3"],
         "model_type": "llama",
         **{k: target_config[k] for k in keep if k in target_config},
         "intermediate_size": recipe.intermediate,
         "num_hidden_layers": 1,
+        "rope_theta": rope_theta(target_config),
         "draft_vocab_size": recipe.draft_vocab,
         "hidden_act": "silu",
         "tie_word_embeddings": False,
