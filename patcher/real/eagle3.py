@@ -547,6 +547,31 @@ def pick_eval(held_out: Sequence[Any], count: int) -> list[Any]:
     return out
 
 
+def cached_samples(
+    target: Target, target_dir: Path, chosen: Sequence[Any], new_tokens: int, recipe: Recipe, log: Callable[[str], None]
+) -> list[Sample]:
+    """``generate``'s samples, kept in ``<cache>/real/samples`` under a digest of the target's weights,
+    the prompts and the length: generation is most of a build's time on a CPU."""
+    import hashlib
+
+    from patcher.real.fetch import sha256
+    from patcher.releases import cache_dir
+
+    weights = sha256(target_dir / "model.safetensors")
+    key = hashlib.sha256(json.dumps([weights, [[p.id, p.text] for p in chosen], new_tokens]).encode()).hexdigest()[:16]
+    path = cache_dir() / "real" / "samples" / f"{key}.pt"
+    if path.is_file():
+        log(f"  {len(chosen)} continuations from {path}")
+        rows = torch.load(path, weights_only=True)
+        return [Sample(r["id"], r["tokens"], int(r["prompt_len"]), r["aux"], r["labels"]) for r in rows]
+    samples = generate(target, tokenized(target_dir, chosen), new_tokens, recipe.gen_batch, log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": s.id, "tokens": s.tokens, "prompt_len": s.prompt_len, "aux": s.aux, "labels": s.labels} for s in samples]
+    torch.save(rows, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return samples
+
+
 def build(target_dir: Path, out: Path, recipe: Recipe, log: Callable[[str], None]) -> Build:
     """Prompts -> continuations -> head -> acceptance on held-out prompts; writes the head to ``out``."""
     from patcher.real import fetch, prompts
@@ -566,9 +591,9 @@ def build(target_dir: Path, out: Path, recipe: Recipe, log: Callable[[str], None
     target = load_target(target_dir)
     timings["load"] = time.perf_counter() - clock
     log(f"{len(train_prompts)} training prompts, {len(eval_prompts)} held out of {len(held_out)}")
-    train_samples = generate(target, tokenized(target_dir, train_prompts), recipe.new_tokens, recipe.gen_batch, log)
+    train_samples = cached_samples(target, target_dir, train_prompts, recipe.new_tokens, recipe, log)
     timings["generate_train"] = time.perf_counter() - clock - sum(timings.values())
-    eval_samples = generate(target, tokenized(target_dir, eval_prompts), recipe.eval_new_tokens, recipe.gen_batch, log)
+    eval_samples = cached_samples(target, target_dir, eval_prompts, recipe.eval_new_tokens, recipe, log)
     timings["generate_eval"] = time.perf_counter() - clock - sum(timings.values())
     head, config, training = train(target, train_samples, recipe, log)
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
