@@ -389,6 +389,16 @@ def shifted(x: torch.Tensor, by: int, fill: int) -> torch.Tensor:
     return out
 
 
+def step_inputs(tokens: torch.Tensor, k: int) -> torch.Tensor:
+    """Step k at position i reads token i + 1 + k (teacher forcing; the chain feeds its own draft there)."""
+    return shifted(tokens, k + 1, 0)
+
+
+def step_labels(labels: torch.Tensor, k: int) -> torch.Tensor:
+    """What step k at i must predict: the token after its input, the target's argmax at i + 1 + k."""
+    return shifted(labels, k + 1, -1)
+
+
 def train(
     target: Target, samples: Sequence[Sample], recipe: Recipe, log: Callable[[str], None]
 ) -> tuple[Eagle3Head, dict[str, Any], dict[str, Any]]:
@@ -417,12 +427,12 @@ def train(
             tokens, aux, labels, valid = collate([samples[i] for i in batches[b]])
 
             def embeds(k: int, _previous: torch.Tensor | None, tokens: torch.Tensor = tokens) -> torch.Tensor:
-                return target.embed(shifted(tokens, k + 1, 0))  # teacher forcing: the token k + 1 places on
+                return target.embed(step_inputs(tokens, k))
 
             logits = head.unroll(embeds, aux, valid, STEPS)
             loss = torch.zeros(())
             for k, lk in enumerate(logits):
-                want = shifted(labels, k, -1)  # the target's next token k places on
+                want = step_labels(labels, k)
                 want = torch.where(want >= 0, to_draft[want.clamp(min=0)], want)
                 mask = want >= 0
                 if not mask.any():

@@ -101,6 +101,22 @@ def test_the_chain_walk_advances_by_accepted_plus_one() -> None:
     assert eagle3.accept_walk(tokens, drafts, 2) == (3 + 4, 2)  # 2 -> 5 -> 9; then 9 + 3 >= 12 stops
 
 
+def test_each_step_predicts_the_token_after_its_input() -> None:
+    """On a continuation (the target's argmax at j is token j + 1), step k at i reads token i + 1 + k
+    and is trained towards token i + 2 + k, never towards its own input (what a label shifted one
+    place too few teaches: to copy, which scores well in training and accepts nothing)."""
+    torch = pytest.importorskip("torch", reason="the [real] extra")
+    from patcher.real import eagle3
+
+    tokens = torch.arange(10, 22)[None]  # a continuation: 10, 11, ..., 21
+    labels = torch.cat([tokens[:, 1:], torch.tensor([[-1]])], 1)  # argmax at j = token j + 1
+    for k in range(eagle3.STEPS):
+        inputs, want = eagle3.step_inputs(tokens, k), eagle3.step_labels(labels, k)
+        for i in range(12 - 2 - k):
+            assert int(inputs[0, i]) == int(tokens[0, i + 1 + k]) and int(want[0, i]) == int(tokens[0, i + 2 + k])
+        assert int(want[0, 12 - 2 - k]) == -1  # past the end: not trained
+
+
 def test_training_is_deterministic_and_learns_a_tiny_target(tmp_path: Path) -> None:
     """A tiny random llama target whose 'continuations' are its own greedy tokens: two runs of the
     recipe give the same head; it beats an untrained head; the saved head passes check_head."""
