@@ -149,3 +149,63 @@ def test_training_is_deterministic_and_learns_a_tiny_target(tmp_path: Path) -> N
     assert written["d2t"].dtype == np.int64 and written["t2d"].dtype == np.bool_ and int(written["t2d"].sum()) == 64
     hot = written["d2t"] + np.arange(64)  # SGLang's hot_token_id
     assert np.array_equal(np.flatnonzero(written["t2d"]), np.sort(hot))
+
+
+def test_the_parallel_unroll_is_the_chain_decoded_step_by_step() -> None:
+    """The chain as SGLang runs it, one query at a time over a KV cache: the extend's keys up to i
+    (target features), then step 1 at position i + 1 and step 2 at i + 2, each attending to the
+    extend's keys and the chain's own; its logits equal the parallel unroll's at row i."""
+    torch = pytest.importorskip("torch", reason="the [real] extra")
+    import math
+
+    from patcher.real import eagle3
+
+    torch.manual_seed(3)
+    config = {**head_config(draft_vocab_size=300), "rope_theta": 10000.0, "rms_norm_eps": 1e-5}
+    head = eagle3.Eagle3Head(config, 300)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.2)
+    head.d2t.zero_()  # the draft vocabulary is the target's
+    embed = torch.nn.Embedding(300, 64)
+    n = 10
+    tokens = torch.randint(0, 300, (1, n))
+    aux = torch.randn(1, n, 3 * 64)
+
+    def chain(k: int, previous: torch.Tensor | None) -> torch.Tensor:
+        if k == 0:
+            return embed(eagle3.step_inputs(tokens, 0))
+        assert previous is not None
+        return embed(previous.argmax(-1))
+
+    with torch.no_grad():
+        parallel = head.unroll(chain, aux, torch.ones(1, n, dtype=torch.bool), eagle3.STEPS)
+        layer, attn = head.midlayer, head.midlayer.self_attn
+        group = head.heads // head.kv_heads
+
+        def qkv(e: torch.Tensor, h: torch.Tensor, pos: int) -> tuple[torch.Tensor, ...]:
+            x = torch.cat([layer.input_layernorm(e), layer.hidden_norm(h)], -1)
+            q = attn.q_proj(x).view(1, head.heads, 1, head.head_dim)
+            k = attn.k_proj(x).view(1, head.kv_heads, 1, head.head_dim)
+            v = attn.v_proj(x).view(1, head.kv_heads, 1, head.head_dim)
+            at = torch.tensor([pos])
+            return eagle3.rope(q, at, head.theta), eagle3.rope(k, at, head.theta).repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+
+        for i in range(n - eagle3.STEPS):
+            keys, values = [], []
+            for j in range(i + 1):  # the extend: token j + 1 with the target's features at j
+                _, k, v = qkv(embed(tokens[:, j + 1]), head.fc(aux[:, j]), j)
+                keys.append(k)
+                values.append(v)
+            e, h = embed(tokens[:, i + 1]), head.fc(aux[:, i])
+            for step in range(eagle3.STEPS):
+                q, k, v = qkv(e, h, i + step)
+                if step:  # the extend wrote position i itself; later steps add their own
+                    keys.append(k)
+                    values.append(v)
+                scores = torch.cat([q @ kk.transpose(-1, -2) for kk in keys], -1) / math.sqrt(head.head_dim)
+                mixed = torch.softmax(scores, -1) @ torch.cat(values, 2)
+                residual = attn.o_proj(mixed.transpose(1, 2).reshape(1, -1)) + h
+                h = layer.mlp(layer.post_attention_layernorm(residual)) + residual
+                logits = head.lm_head(head.norm(h))
+                assert torch.allclose(logits, parallel[step][:, i], atol=1e-4), (i, step)
+                e = embed(logits.argmax(-1))
