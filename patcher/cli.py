@@ -32,6 +32,9 @@ Exit codes:
   10   damaged state: the state dir is a link, not a directory, or holds
        files dynspec did not write; nothing written (the message says how
        to start over)
+  11   dynspec real: a model file or directory is missing or unreadable
+  12   dynspec real: a model file is damaged or not the model expected
+       (format, architecture, tensor names or shapes, digest)
   123  internal error: a bug in dynspec
   130  interrupted (Ctrl-C): the tree is all old, or all new if the write
        had finished (the message says which)
@@ -260,6 +263,9 @@ def _register_commands() -> None:
     from patcher.proof.command import proof
 
     main.add_command(proof)
+    from patcher.real.command import real
+
+    main.add_command(real)
     try:
         from patcher.matrix_cli import matrix
     except ImportError:  # pragma: no cover - as below

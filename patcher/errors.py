@@ -24,6 +24,9 @@ class ExitCode(enum.IntEnum):
     REMOTE_PYTHON = 8  # the server has no python3 >= 3.9 at --python
     CONNECTION_LOST = 9  # the connection broke mid-command; the tree is all old or all new
     DAMAGED = 10  # the state dir is not what dynspec wrote (a link, bad JSON, a missing pre-image)
+    # `dynspec real`: the real-weights tools (convert, train, accept).
+    MODEL_MISSING = 11  # a model file or dir that should be there is not (or cannot be read)
+    MODEL_INVALID = 12  # a model file that is not what was expected: format, architecture, shapes, digest
     INTERRUPTED = 130  # Ctrl-C: the tree is all old, or all new when the write had finished
 
 
@@ -70,6 +73,18 @@ class DamagedState(DynspecError):
     """The state dir cannot be trusted; nothing was written. The message says how to start over."""
 
     exit_code = ExitCode.DAMAGED
+
+
+class ModelMissing(DynspecError):
+    """``dynspec real``: a model file or directory is missing or unreadable."""
+
+    exit_code = ExitCode.MODEL_MISSING
+
+
+class ModelInvalid(DynspecError):
+    """``dynspec real``: a model file is damaged or not the model expected (names, shapes, digest)."""
+
+    exit_code = ExitCode.MODEL_INVALID
 
 
 class Interrupted(DynspecError):

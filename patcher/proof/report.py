@@ -7,7 +7,8 @@ Keys other tools may rely on (kept stable): ``sglang_version``, ``path`` ("v1" o
 ``base``, ``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``, and
 ``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} (``steps``),
 ``mixed_load`` {``passed``, ``seconds`` {``base``, ``always_on``, ``dynspec``},
-``oracle_seconds``, ``phases``}. A check that was not run is absent and named in ``skipped``
+``oracle_seconds``, ``phases``}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
+``skip_resumed``, ``requests``}, and ``model`` (``dummy``, or the real model's name). A check that was not run is absent and named in ``skipped``
 with the reason; without dynspec applied, ``throughput.dynspec`` and
 ``throughput.envelope_ratio`` are null.
 """
@@ -22,7 +23,7 @@ from typing import Any
 
 from patcher.proof.steps import describe
 
-CHECKS = ("equivalence", "crossings", "exact_kv", "throughput", "mixed_load")
+CHECKS = ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load")
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "summary.txt"
 PLOT_NAME = "throughput.png"

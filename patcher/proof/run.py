@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from patcher.proof import detect, exactkv, launch, logscan, mixed, steps
+from patcher.proof import acceptance, detect, exactkv, launch, logscan, mixed, steps
 from patcher.proof import report as reports
 from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, measure_level, run_level, run_requests
 from patcher.proof.errors import ProofUsageError, ServerStartError
@@ -40,6 +40,8 @@ SERVER_NAMES = {
 }
 # exact_kv's reference and control: dynspec servers with another DYNSPEC_DRAFT_KV
 DRAFT_KV_VARIANTS = {"full": "dynspec-full", "skip": "dynspec-skip"}
+# acceptance's always-on reference: a dynspec server that never turns speculation off, so its drafts are recorded
+NEVER_OFF_NAME = "always-on-recorded"
 DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
 RECORD_ENV = "DYNSPEC_RECORD_DRAFTS"
 KV_ONLY_WORDS = "draft KV only while off"  # the runtime's start-up line when the KV-only extend is on
@@ -88,6 +90,9 @@ class ProofOptions:
     mixed_new_tokens: int = 128
     mixed_repeats: int = 3  # timed passes per server; the median counts
     max_mixed_ratio: float = 1.03  # dynspec's total / the per-phase oracle's, at most
+    acceptance_min_verifies: int = 50  # verifies after a switch back on, at least
+    model: str = "dummy"  # "dummy" (config-only dirs of this package) or "real" (model_dir)
+    model_dir: Path | None = None  # dynspec real prepare's output: target/, draft/, prompts.json, model.json
     tp: int | None = None
     port: int = 30000
     start_timeout: float = 600.0
@@ -141,12 +146,18 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
     checks = [c for c in reports.CHECKS if c in opts.checks]
     skipped: dict[str, str] = {c: "not asked for" for c in reports.CHECKS if c not in checks}
     if not sglang.dynspec_applied:
-        for check in ("crossings", "exact_kv", "mixed_load"):
+        for check in ("crossings", "exact_kv", "acceptance", "mixed_load"):
             if check in checks:
                 checks.remove(check)
                 skipped[check] = f"dynspec is not applied to {sglang.package} (no --speculative-disable-batch-size)"
     if not checks:
-        raise ProofUsageError("nothing to check: crossings, exact_kv and mixed_load need an SGLang with dynspec applied")
+        raise ProofUsageError(
+            "nothing to check: crossings, exact_kv, acceptance and mixed_load need an SGLang with dynspec applied"
+        )
+    if opts.model not in ("dummy", "real"):
+        raise ProofUsageError(f"--model {opts.model!r}: choose dummy or real")
+    if (opts.model == "real") != (opts.model_dir is not None):
+        raise ProofUsageError("--model real needs --model-dir (the output of `dynspec real prepare`), and only it")
     for name, values in (("--levels", opts.levels), ("--throughput-levels", opts.throughput_levels)):
         if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
             raise ProofUsageError(f"{name} needs distinct positive integers, got {values}")
@@ -204,6 +215,10 @@ class Proof:
         self.sglang: detect.SGLang | None = None
         self.server_info: dict[str, Any] = {}  # the report entry of the server started last
         self.ramp_final_state = "ON"
+        self.prompts: list[list[int]] = []  # real tokenized prompts; none: the synthetic ids of client.prompt
+        self.model_name = "dummy"
+        if opts.model_dir is not None:
+            self.model_name, self.prompts = load_real(opts.model_dir)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -213,6 +228,7 @@ class Proof:
         checks, skipped = plan(opts, sglang)
         opts.out.mkdir(parents=True, exist_ok=True)
         self.report = {
+            "model": self.model_name,
             "sglang_version": sglang.version,
             "sglang_dir": str(sglang.package),
             "path": opts.path,
@@ -238,8 +254,10 @@ class Proof:
             self.progress(f"dynspec is not applied to {sglang.package}: checking speculation off vs always on only")
         self._save()
         try:
-            if {"equivalence", "crossings", "exact_kv"} & set(checks):
-                self.correctness("equivalence" in checks, "crossings" in checks, "exact_kv" in checks)
+            if {"equivalence", "crossings", "exact_kv", "acceptance"} & set(checks):
+                self.correctness(
+                    "equivalence" in checks, "crossings" in checks, "exact_kv" in checks, "acceptance" in checks
+                )
             simulated = [c for c in ("throughput", "mixed_load") if c in checks]
             if simulated:
                 if self.aborted:
@@ -267,6 +285,7 @@ class Proof:
         *,
         name: str | None = None,
         env: Mapping[str, str] | None = None,
+        dynspec: launch.Dynspec | None = None,
     ) -> Iterator[Server]:
         """Start one server, wait for it, send the warm-up request; stop it on leaving.
 
@@ -283,10 +302,11 @@ class Proof:
             shape=shape,
             port=port,
             path=opts.path,
-            dynspec=opts.dynspec,
+            dynspec=dynspec or opts.dynspec,
             tp=opts.tp,
             extra=opts.extra_args,
             adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
+            real=opts.model_dir,
         )
         argv = launch.server_argv(opts.python, args)
         changes = launch.env_changes(simulate_acc_len=simulate, pythonpath=self.sglang.pythonpath, base=self.env)
@@ -325,7 +345,7 @@ class Proof:
             self._save()
 
     def client(self, server: Server) -> Client:
-        return Client("127.0.0.1", server.spec.port, timeout=self.opts.request_timeout)
+        return Client("127.0.0.1", server.spec.port, timeout=self.opts.request_timeout, prompts=self.prompts)
 
     def levels(
         self, server: Server, levels: Sequence[int], new_tokens: int, label: str, *, warmup: bool = False, repeats: int = 1
@@ -352,15 +372,18 @@ class Proof:
 
     # -- equivalence and crossings -----------------------------------------------------------
 
-    def correctness(self, equivalence: bool, crossings: bool, exact_kv: bool = False) -> None:
+    def correctness(self, equivalence: bool, crossings: bool, exact_kv: bool = False, accept: bool = False) -> None:
         opts = self.opts
         assert self.sglang is not None
         applied = self.sglang.dynspec_applied
         shape = opts.shape_for("equivalence")
         # (mode, DYNSPEC_DRAFT_KV variant or None); the dynspec server with the caller's own setting first
         servers: list[tuple[str, str | None]] = [("dynspec", None)] if applied else []
-        if exact_kv:
+        recorded = exact_kv or accept  # both read the drafts recorded under exact_kv's load
+        if recorded:
             servers += [("dynspec", variant) for variant in DRAFT_KV_VARIANTS]
+        if accept:
+            servers.append(("dynspec", acceptance.NEVER_OFF))
         if equivalence:
             servers += [("always_on", None), ("base", None)]
         modes = [mode for mode, variant in servers if variant is None]
@@ -370,18 +393,24 @@ class Proof:
         recordings: dict[str, exactkv.Recording] = {}
         kv_digests: dict[str, list[str]] = {}
         kv_path: str | None = None
+        acc_problems: list[str] = []
+        traces: dict[str, acceptance.Trace] = {}
         cr: dict[str, Any] = {"passed": False, "count": 0, "off": 0, "on": 0, "errors": [], "problems": []}
         for mode, variant in servers:
-            name = DRAFT_KV_VARIANTS[variant] if variant else SERVER_NAMES[mode]
+            never_off = variant == acceptance.NEVER_OFF
+            name = NEVER_OFF_NAME if never_off else DRAFT_KV_VARIANTS[variant] if variant else SERVER_NAMES[mode]
             env: dict[str, str] = {}
             record = opts.out / f"drafts-{name}.jsonl"
-            if exact_kv and mode == "dynspec":
+            if recorded and mode == "dynspec":
                 record.unlink(missing_ok=True)
                 env[RECORD_ENV] = str(record)
-                env[DRAFT_KV_ENV] = variant or self.kv_mode(kv_problems)
+                if not never_off:
+                    env[DRAFT_KV_ENV] = variant or self.kv_mode(kv_problems if exact_kv else [])
+            # above anything the load reaches, below --max-running-requests: speculation never turns off
+            flags = launch.Dynspec(launch.MAX_RUNNING_REQUESTS - 1) if never_off else None
             try:
-                with self.serve(mode, shape, None, name=name, env=env) as server:
-                    if exact_kv and mode == "dynspec":
+                with self.serve(mode, shape, None, name=name, env=env, dynspec=flags) as server:
+                    if recorded and mode == "dynspec":
                         kv_digests[variant or "kv"] = self.exact_kv_load(server, name, kv_problems)
                     if variant:
                         continue
@@ -396,7 +425,7 @@ class Proof:
             except ServerStartError as error:
                 self.aborted = f"the {name} server did not start"
                 first = str(error).splitlines()[0]
-                for problems in (eq_problems, cr["problems"], kv_problems):
+                for problems in (eq_problems, cr["problems"], kv_problems, acc_problems):
                     problems.append(first)
                 self.progress(f"ERROR: {error}")
                 break
@@ -409,16 +438,25 @@ class Proof:
                     if mode == "dynspec" and not variant:
                         cr["errors"].extend(errors)
                         kv_problems.append(note)
-                if exact_kv and mode == "dynspec":
-                    recordings[variant or "kv"] = exactkv.read(record)
-                    if not variant:
+                if recorded and mode == "dynspec":
+                    if not never_off:
+                        recordings[variant or "kv"] = exactkv.read(record)
+                    traces[variant or "kv"] = acceptance.read(record)
+                    if not variant and exact_kv:
                         kv_path = self.check_kv_only_path(Path(info.get("log", "")), kv_problems)
         if equivalence:
             self.report["equivalence"] = self.judge_equivalence(runs, modes, shape, eq_problems)
         if crossings:
             self.judge_crossings(cr)
             self.report["crossings"] = cr
+        if accept:
+            if len({tuple(d) for d in kv_digests.values()}) > 1:
+                acc_problems.append(f"greedy outputs of the load differ between the servers: {dict(kv_digests)}")
+            entry = acceptance.judge(traces, opts.acceptance_min_verifies, acc_problems)
+            entry.update(load=opts.exact_kv_load.describe(), shape=shape if opts.model_dir is None else "real")
+            self.report["acceptance"] = entry
         if exact_kv:
+            kv_digests.pop(acceptance.NEVER_OFF, None)
             entry = exactkv.judge(recordings, kv_digests, opts.exact_kv_min_steps, kv_problems)
             # which KV-only extend was proven, as the server's start-up line says it ran it
             entry.update(load=opts.exact_kv_load.describe(), shape=shape, threshold=opts.threshold, kv_only_extend=kv_path)
@@ -783,6 +821,21 @@ class Proof:
             at = ", ".join(f"C={c} ({'-' if r is None else f'{r:.2f}'})" for c, r in failed)
             problems.append(f"dynspec / upstream adaptive below {opts.min_upstream_ratio:g} at {at}")
         tp["detail"] += f"; dynspec >= {opts.min_upstream_ratio:g}x upstream adaptive at C > {opts.threshold}"
+
+
+def load_real(model_dir: Path) -> tuple[str, list[list[int]]]:
+    """(the model's name, its tokenized prompts) from a ``dynspec real prepare`` dir; raises ProofUsageError."""
+    try:
+        info = json.loads((model_dir / launch.REAL_INFO).read_text())
+        prompts = json.loads((model_dir / launch.REAL_PROMPTS).read_text())["prompts"]
+        ids = [[int(t) for t in p["input_ids"]] for p in prompts]
+        name = str(info["name"])
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ProofUsageError(f"--model-dir {model_dir}: not made by `dynspec real prepare` ({error})") from error
+    missing = [str(d) for d in launch.real_dirs(model_dir) if not (d / "config.json").is_file()]
+    if missing or not ids or not all(ids):
+        raise ProofUsageError(f"--model-dir {model_dir}: no config.json in {', '.join(missing)}" if missing else f"--model-dir {model_dir}: no prompts")
+    return name, ids
 
 
 def run_proof(opts: ProofOptions, progress: Progress = stderr_progress) -> dict[str, Any]:

@@ -18,6 +18,10 @@ logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` an
 ``DYNSPEC_DRAFT_KV=full``'s), ``nocontrol`` (``DYNSPEC_DRAFT_KV=skip`` drafts what full does),
 ``kvoff`` (a KV-only dynspec server's start-up line says it runs the full draft extend).
 
+With ``FAKE_SGLANG_ACCEPT=A`` a recorded request's speculative step advances A tokens (accepted + 1)
+while its draft KV is exact and one token once it is stale (after an off span under ``skip``, or
+under ``kvdrift``), so the ``acceptance`` check sees a control that drops; unset, every step is one token.
+
 Playing dynspec, it logs the runtime's start-up line (``dynspec: v2 fallback ready in ...``, with
 the words of ``describe_draft_kv`` for ``DYNSPEC_DRAFT_KV`` as the runtime resolves it on v2: unset
 or ``auto`` is kv-graph, ``kv``, ``kv-graph`` and ``kv-direct`` the KV-only one, the last two from a
@@ -115,6 +119,7 @@ class State:
         self.record_path = os.environ.get("DYNSPEC_RECORD_DRAFTS", "").strip() if disable is not None else ""
         self.step_delay = float(os.environ.get("FAKE_SGLANG_STEP_DELAY", "0.002"))
         self.record_lock = threading.Lock()
+        self.accept = max(1, int(os.environ.get("FAKE_SGLANG_ACCEPT", "1")))
 
     def arrive(self, rid: str | None = None) -> tuple[int, bool]:
         """Count a request in; switch like dynspec. Returns (its number, speculation on)."""
@@ -152,10 +157,12 @@ class State:
         else:
             stale = self.draft_kv in KV_ONLY_MODES and "kvdrift" in self.faults
         was_off = had_off = False
-        for k in range(n):
+        k = 0
+        while k < n:
             time.sleep(self.step_delay)
             on = self.decide()
             position = len(input_ids) + k
+            k += 1 if not on or was_off or (stale and had_off) else self.accept
             record: dict[str, Any] = {"step": "speculate", "rid": [rid], "pos": [position]}
             if not on:
                 record["step"] = "fall back"

@@ -245,7 +245,11 @@ def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
         "always_on",
         "dynspec",
     }
-    assert report.CHECKS == ("equivalence", "crossings", "exact_kv", "throughput", "mixed_load")
+    assert report.CHECKS == ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load")
+    from patcher.proof import acceptance
+
+    entry = acceptance.judge({k: acceptance.Trace() for k in ("kv", "full", "skip", acceptance.NEVER_OFF)}, 1, [])
+    assert {"passed", "always_on", "dynspec_resumed", "skip_resumed", "requests"} <= set(entry)
 
 
 def test_the_summary_shows_the_new_checks_and_the_mixed_load_table():

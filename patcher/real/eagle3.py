@@ -1,0 +1,616 @@
+"""An EAGLE-3 head for a Llama target: data, training, SGLang's checkpoint format, offline acceptance.
+
+The head is SGLang's ``LlamaForCausalLMEagle3`` (models/llama_eagle3.py) re-written in plain torch,
+with the same names, so its state dict is the checkpoint SGLang loads:
+
+* ``fc`` maps the target's hidden states after layers ``AUX_LAYERS`` (concatenated, 3 x hidden)
+  to hidden; SGLang captures ``layers_to_capture = [l + 1 for l in ids]``, the residual stream
+  before layer l + 1, which is ``output_hidden_states[l + 1]`` in transformers;
+* ``midlayer`` is one decoder layer whose attention reads ``cat(input_layernorm(embed),
+  hidden_norm(hidden))`` (2 x hidden); the residual is the un-normed hidden;
+* ``norm`` then ``lm_head`` over a draft vocabulary of the ``draft_vocab`` most frequent target
+  tokens; ``d2t[i]`` = target id - i (SGLang's ``hot_token_id = d2t + arange``), ``t2d`` a mask;
+* the hidden handed to the next draft step is the pre-norm residual (``norm_output`` false).
+
+Training data are the target's own greedy continuations of real prompts (``patcher.real.prompts``),
+with the target's hidden states recorded while it generates. Training unrolls the chain as at
+inference ("training-time test"): step k at position i reads the hidden of step k - 1 and the token
+k places on, and attends to the step-0 keys up to i and the keys of steps 1..k at i, as the chain's
+query at position i + k attends to the extend's KV and the chain's own.
+
+``acceptance`` plays SGLang's chain (topk 1, ``STEPS`` drafts, greedy verify) on held-out
+continuations: from each round's position the drafts are accepted while they equal the target's
+tokens, and the round advances by accepted + 1; the acceptance length is tokens / rounds.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from patcher.errors import ModelMissing
+from patcher.real.heads import check_head
+
+STEPS = 3  # --speculative-num-steps; drafts per round with topk 1
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Everything that decides the head; its JSON goes into the head's config as ``dynspec_recipe``."""
+
+    seed: int = 15
+    new_tokens: int = 96  # greedy continuation per training prompt
+    eval_new_tokens: int = 128
+    eval_prompts: int = 48  # held-out prompts measured (half code, half writing, where there are enough)
+    draft_vocab: int = 4096
+    intermediate: int = 1024
+    epochs: int = 8
+    lr: float = 2e-3
+    batch_tokens: int = 1024  # sequences per optimizer step are packed up to this many positions
+    step_weight: float = 0.8  # loss weight of unrolled step k: step_weight ** k
+    max_prompts: int = 320  # 0: every training prompt (594); else N of them, alternating sets (2 CPU cores: ~15 min to generate)
+    threads: int = 2
+    gen_batch: int = 32
+
+    def describe(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class Sample:
+    """One prompt and its greedy continuation: tokens, target features, target argmax per position."""
+
+    id: str
+    tokens: torch.Tensor  # [n] int64: prompt + continuation
+    prompt_len: int
+    aux: torch.Tensor  # [n, 3 * hidden] float16: features of every position
+    labels: torch.Tensor  # [n] int64: the target's argmax at each position (its next token)
+
+
+@dataclass
+class Target:
+    """The target as transformers loads it, with what the head needs from it."""
+
+    model: Any
+    config: dict[str, Any]
+    aux_layers: tuple[int, ...]
+
+    @property
+    def hidden(self) -> int:
+        return int(self.config["hidden_size"])
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.model.get_input_embeddings()(ids)
+        return out
+
+
+def default_aux_layers(layers: int) -> tuple[int, ...]:
+    """SGLang's default capture [2, L // 2, L - 3], as the layer ids its eagle_config names (minus one)."""
+    return (1, layers // 2 - 1, layers - 4)
+
+
+def load_target(path: Path) -> Target:
+    from transformers import AutoModelForCausalLM
+
+    from patcher.real.convert import check_checkpoint
+
+    config = check_checkpoint(path)
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    model.train(False)
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return Target(model, config, default_aux_layers(int(config["num_hidden_layers"])))
+
+
+def tokenizer(path: Path) -> Any:
+    from tokenizers import Tokenizer
+
+    file = path / "tokenizer.json"
+    if not file.is_file():
+        raise ModelMissing(f"{file}: no such file")
+    return Tokenizer.from_file(str(file))
+
+
+def generate(
+    target: Target, prompts: Sequence[tuple[str, list[int]]], new_tokens: int, batch: int, log: Callable[[str], None]
+) -> list[Sample]:
+    """Greedy continuations (EOS ignored, as the proof's requests do) with the features of every position."""
+    with torch.no_grad():
+        return _generate(target, prompts, new_tokens, batch, log)
+
+
+def _generate(
+    target: Target, prompts: Sequence[tuple[str, list[int]]], new_tokens: int, batch: int, log: Callable[[str], None]
+) -> list[Sample]:
+    eos = target.config.get("eos_token_id")
+    suppress = [int(eos)] if isinstance(eos, int) else []
+    order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i][1]), i))  # similar lengths pad less
+    out: dict[int, Sample] = {}
+    start = time.perf_counter()
+    for b in range(0, len(order), batch):
+        chunk = order[b : b + batch]
+        width = max(len(prompts[i][1]) for i in chunk)
+        pad = int(target.config.get("pad_token_id") or 0)
+        ids = torch.full((len(chunk), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(chunk), width), dtype=torch.long)
+        for row, i in enumerate(chunk):  # left padding: every prompt ends where generation starts
+            ids_i = prompts[i][1]
+            ids[row, width - len(ids_i) :] = torch.tensor(ids_i)
+            mask[row, width - len(ids_i) :] = 1
+        result = target.model.generate(
+            input_ids=ids,
+            attention_mask=mask,
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            suppress_tokens=suppress or None,
+            output_hidden_states=True,
+            return_dict_in_generate=True,
+            pad_token_id=pad,
+        )
+        # hidden_states: one tuple per generated token; the first covers the whole prompt
+        steps = result.hidden_states
+        aux = torch.cat(
+            [torch.cat([step[layer + 1] for layer in target.aux_layers], dim=-1) for step in steps], dim=1
+        )  # [B, width + new_tokens - 1, 3H]
+        final = torch.cat([step[-1] for step in steps], dim=1)  # normed last hidden
+        labels = target.model.get_output_embeddings()(final).argmax(-1)
+        sequences = result.sequences
+        for row, i in enumerate(chunk):
+            p = len(prompts[i][1])
+            lo = width - p
+            tokens = sequences[row, lo:]
+            out[i] = Sample(
+                prompts[i][0],
+                tokens.clone(),
+                p,
+                F.pad(aux[row, lo:], (0, 0, 0, 1)).to(torch.float16),  # the last token's features are never needed
+                torch.cat([labels[row, lo:], torch.tensor([-1])]).clone(),  # the last token's successor is unknown
+            )
+        log(f"  generated {min(b + batch, len(order))}/{len(order)} ({time.perf_counter() - start:.0f} s)")
+    return [out[i] for i in range(len(prompts))]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, size: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        var = x.float().pow(2).mean(-1, keepdim=True)
+        return self.weight * (x.float() * torch.rsqrt(var + self.eps)).to(x.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, hidden: int, heads: int, kv_heads: int, head_dim: int) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.q_proj = nn.Linear(2 * hidden, heads * head_dim, bias=False)
+        self.k_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=False)
+        self.v_proj = nn.Linear(2 * hidden, kv_heads * head_dim, bias=False)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=False)
+
+
+class MLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out: torch.Tensor = self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return out
+
+
+class MidLayer(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, heads: int, kv_heads: int, head_dim: int, eps: float) -> None:
+        super().__init__()
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.hidden_norm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim)
+        self.mlp = MLP(hidden, intermediate)
+
+
+def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
+    """Llama's rotate-half RoPE; x [B, heads, N, D], positions [N] or [B, N]."""
+    dim = x.shape[-1]
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    angles = positions.to(torch.float32)[..., None] * inv  # [..., N, D/2]
+    if angles.dim() == 3:
+        angles = angles[:, None]
+    cos, sin = torch.cat([angles, angles], -1).cos(), torch.cat([angles, angles], -1).sin()
+    half = dim // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], -1)
+    return (x.float() * cos + rotated.float() * sin).to(x.dtype)
+
+
+class Eagle3Head(nn.Module):
+    """State dict names are the checkpoint's: fc, midlayer.*, norm, lm_head (plus buffers d2t, t2d)."""
+
+    d2t: torch.Tensor
+    t2d: torch.Tensor
+
+    def __init__(self, config: dict[str, Any], target_vocab: int) -> None:
+        super().__init__()
+        hidden = int(config["hidden_size"])
+        self.hidden = hidden
+        self.heads = int(config["num_attention_heads"])
+        self.kv_heads = int(config["num_key_value_heads"])
+        self.head_dim = int(config.get("head_dim", hidden // self.heads))
+        self.theta = rope_theta(config)
+        eps = float(config["rms_norm_eps"])
+        aux = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
+        draft_vocab = int(config["draft_vocab_size"])
+        self.fc = nn.Linear(aux * hidden, hidden, bias=False)
+        self.midlayer = MidLayer(hidden, int(config["intermediate_size"]), self.heads, self.kv_heads, self.head_dim, eps)
+        self.norm = RMSNorm(hidden, eps)
+        self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
+        self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
+        self.register_buffer("t2d", torch.zeros(target_vocab, dtype=torch.bool))
+
+    def draft_to_target(self, ids: torch.Tensor) -> torch.Tensor:
+        return ids + self.d2t[ids]
+
+    def target_to_draft(self) -> torch.Tensor:
+        """[target vocab] -> draft id, -1 where the draft vocabulary lacks the token."""
+        table = torch.full((self.t2d.shape[0],), -1, dtype=torch.long)
+        hot = torch.arange(self.lm_head.out_features) + self.d2t
+        table[hot] = torch.arange(self.lm_head.out_features)
+        return table
+
+    def unroll(
+        self, embeds: Callable[[int, torch.Tensor | None], torch.Tensor], aux: torch.Tensor, valid: torch.Tensor, steps: int
+    ) -> list[torch.Tensor]:
+        """The draft logits of ``steps`` chained steps at every position at once.
+
+        ``embeds(k, previous_logits)`` gives step k's input embeddings [B, N, H]; ``aux`` [B, N, 3H]
+        the target features; ``valid`` [B, N] marks real positions (right padding).
+        """
+        layer, attn = self.midlayer, self.midlayer.self_attn
+        batch, n, _ = aux.shape
+        positions = torch.arange(n)
+        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & valid[:, None, None, :]
+        hidden = self.fc(aux)
+        group = self.heads // self.kv_heads
+        keys: list[torch.Tensor] = []
+        values: list[torch.Tensor] = []
+        out: list[torch.Tensor] = []
+        logits: torch.Tensor | None = None
+        for k in range(steps):
+            residual = hidden
+            x = torch.cat([layer.input_layernorm(embeds(k, logits)), layer.hidden_norm(hidden)], -1)
+            q = attn.q_proj(x).view(batch, n, self.heads, self.head_dim).transpose(1, 2)
+            key = attn.k_proj(x).view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            value = attn.v_proj(x).view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2)
+            q, key = rope(q, positions + k, self.theta), rope(key, positions + k, self.theta)
+            keys.append(key.repeat_interleave(group, 1))
+            values.append(value.repeat_interleave(group, 1))
+            scale = 1.0 / math.sqrt(self.head_dim)
+            first = (q @ keys[0].transpose(-1, -2)) * scale  # step 0's keys, causal
+            first = first.masked_fill(~causal, float("-inf"))
+            diag = [(q * kk).sum(-1, keepdim=True) * scale for kk in keys[1:]]  # steps 1..k at the same position
+            probs = torch.softmax(torch.cat([first, *diag], -1), -1)
+            mixed = probs[..., :n] @ values[0]
+            for m, vv in enumerate(values[1:]):
+                mixed = mixed + probs[..., n + m : n + m + 1] * vv
+            o = attn.o_proj(mixed.transpose(1, 2).reshape(batch, n, -1))
+            residual = o + residual
+            h = layer.mlp(layer.post_attention_layernorm(residual))
+            hidden = h + residual
+            logits = self.lm_head(self.norm(hidden))
+            out.append(logits)
+        return out
+
+
+def rope_theta(config: dict[str, Any]) -> float:
+    """``rope_theta``, or transformers 5's ``rope_parameters.rope_theta``."""
+    theta = config.get("rope_theta") or (config.get("rope_parameters") or {}).get("rope_theta") or 10000.0
+    return float(theta)
+
+
+def head_config(target_config: dict[str, Any], recipe: Recipe, aux_layers: Sequence[int]) -> dict[str, Any]:
+    keep = ("hidden_size", "num_attention_heads", "num_key_value_heads", "head_dim", "vocab_size",
+            "max_position_embeddings", "rms_norm_eps", "bos_token_id", "eos_token_id")  # fmt: skip
+    return {
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "model_type": "llama",
+        **{k: target_config[k] for k in keep if k in target_config},
+        "intermediate_size": recipe.intermediate,
+        "num_hidden_layers": 1,
+        "rope_theta": rope_theta(target_config),
+        "draft_vocab_size": recipe.draft_vocab,
+        "hidden_act": "silu",
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "eagle_config": {"eagle_aux_hidden_state_layer_ids": list(aux_layers)},
+        "dynspec_recipe": recipe.describe(),
+    }
+
+
+def draft_vocabulary(samples: Sequence[Sample], size: int, vocab: int) -> torch.Tensor:
+    """The ``size`` target tokens the target predicts most often (ties by id), sorted by id."""
+    counts = torch.zeros(vocab, dtype=torch.long)
+    for s in samples:
+        labels = s.labels[s.labels >= 0]
+        counts += torch.bincount(labels, minlength=vocab)
+    # stable: a count sorted descending, ties by ascending id
+    order = sorted(range(vocab), key=lambda t: (-int(counts[t]), t))[:size]
+    return torch.tensor(sorted(order), dtype=torch.long)
+
+
+def pack(samples: Sequence[Sample], budget: int) -> list[list[int]]:
+    """Batches of sample indices, in order, each up to ``budget`` padded positions."""
+    batches: list[list[int]] = []
+    current: list[int] = []
+    width = 0
+    for i, s in enumerate(samples):
+        n = int(s.tokens.shape[0])
+        if current and max(width, n) * (len(current) + 1) > budget:
+            batches.append(current)
+            current, width = [], 0
+        current.append(i)
+        width = max(width, n)
+    if current:
+        batches.append(current)
+    return batches
+
+
+def collate(samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens [B, N] padded with 0, aux [B, N, 3H] float32, labels [B, N] with -1, valid [B, N])."""
+    n = max(int(s.tokens.shape[0]) for s in samples)
+    width = samples[0].aux.shape[-1]
+    tokens = torch.zeros(len(samples), n, dtype=torch.long)
+    aux = torch.zeros(len(samples), n, width)
+    labels = torch.full((len(samples), n), -1, dtype=torch.long)
+    valid = torch.zeros(len(samples), n, dtype=torch.bool)
+    for row, s in enumerate(samples):
+        m = int(s.tokens.shape[0])
+        tokens[row, :m], aux[row, :m], labels[row, :m], valid[row, :m] = s.tokens, s.aux.float(), s.labels, True
+    return tokens, aux, labels, valid
+
+
+def shifted(x: torch.Tensor, by: int, fill: int) -> torch.Tensor:
+    """x[:, i + by] at i (``fill`` past the end)."""
+    out = torch.full_like(x, fill)
+    if by < x.shape[1]:
+        out[:, : x.shape[1] - by] = x[:, by:]
+    return out
+
+
+def step_inputs(tokens: torch.Tensor, k: int) -> torch.Tensor:
+    """Step k at position i reads token i + 1 + k (teacher forcing; the chain feeds its own draft there)."""
+    return shifted(tokens, k + 1, 0)
+
+
+def step_labels(labels: torch.Tensor, k: int) -> torch.Tensor:
+    """What step k at i must predict: the token after its input, the target's argmax at i + 1 + k."""
+    return shifted(labels, k + 1, -1)
+
+
+def train(
+    target: Target, samples: Sequence[Sample], recipe: Recipe, log: Callable[[str], None]
+) -> tuple[Eagle3Head, dict[str, Any], dict[str, Any]]:
+    """Train a head on ``samples``; returns it, its config, and the loss / accuracy per epoch."""
+    torch.manual_seed(recipe.seed)
+    config = head_config(target.config, recipe, target.aux_layers)
+    vocab = int(target.config["vocab_size"])
+    head = Eagle3Head(config, vocab)
+    hot = draft_vocabulary(samples, recipe.draft_vocab, vocab)
+    head.d2t.copy_(hot - torch.arange(recipe.draft_vocab))
+    head.t2d.zero_()
+    head.t2d[hot] = True
+    to_draft = head.target_to_draft()
+    batches = pack(samples, recipe.batch_tokens)
+    total = recipe.epochs * len(batches)
+    opt = torch.optim.AdamW(head.parameters(), lr=recipe.lr, betas=(0.9, 0.95), weight_decay=0.0)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * min(s, total) / total))
+    )
+    history: list[dict[str, Any]] = []
+    generator = torch.Generator().manual_seed(recipe.seed)
+    start = time.perf_counter()
+    for epoch in range(recipe.epochs):
+        losses, right, seen = [0.0] * STEPS, [0] * STEPS, [0] * STEPS
+        for b in torch.randperm(len(batches), generator=generator).tolist():
+            tokens, aux, labels, valid = collate([samples[i] for i in batches[b]])
+
+            def embeds(k: int, _previous: torch.Tensor | None, tokens: torch.Tensor = tokens) -> torch.Tensor:
+                return target.embed(step_inputs(tokens, k))
+
+            logits = head.unroll(embeds, aux, valid, STEPS)
+            loss = torch.zeros(())
+            for k, lk in enumerate(logits):
+                want = step_labels(labels, k)
+                want = torch.where(want >= 0, to_draft[want.clamp(min=0)], want)
+                mask = want >= 0
+                if not mask.any():
+                    continue
+                step_loss = F.cross_entropy(lk[mask], want[mask])
+                loss = loss + recipe.step_weight**k * step_loss
+                losses[k] += float(step_loss.detach()) * int(mask.sum())
+                right[k] += int((lk[mask].argmax(-1) == want[mask]).sum())
+                seen[k] += int(mask.sum())
+            opt.zero_grad(set_to_none=True)
+            torch.autograd.backward(loss)
+            torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
+            opt.step()
+            sched.step()
+        row = {
+            "epoch": epoch + 1,
+            "loss": [round(losses[k] / max(1, seen[k]), 4) for k in range(STEPS)],
+            "accuracy": [round(right[k] / max(1, seen[k]), 4) for k in range(STEPS)],
+            "seconds": round(time.perf_counter() - start, 1),
+        }
+        history.append(row)
+        log(f"  epoch {row['epoch']}: loss {row['loss']} accuracy {row['accuracy']} ({row['seconds']} s)")
+    return head, config, {"epochs": history, "batches": len(batches), "positions": sum(int(s.tokens.shape[0]) for s in samples)}
+
+
+def chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> list[torch.Tensor]:
+    """[n, STEPS] target-vocabulary drafts of the round whose extend ends at each position."""
+    with torch.no_grad():
+        return _chain_drafts(head, target, samples)
+
+
+def _chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> list[torch.Tensor]:
+    out = []
+    for s in samples:
+        tokens, aux, _, valid = collate([s])
+
+        def embeds(k: int, previous: torch.Tensor | None, tokens: torch.Tensor = tokens) -> torch.Tensor:
+            if k == 0:
+                return target.embed(shifted(tokens, 1, 0))
+            assert previous is not None
+            return target.embed(head.draft_to_target(previous.argmax(-1)))  # the chain feeds its own draft
+
+        logits = head.unroll(embeds, aux, valid, STEPS)
+        out.append(torch.stack([head.draft_to_target(lk.argmax(-1))[0] for lk in logits], -1))
+    return out
+
+
+def accept_walk(tokens: torch.Tensor, drafts: torch.Tensor, prompt_len: int) -> tuple[int, int]:
+    """(tokens advanced, verify rounds) of greedy chain speculation over the continuation."""
+    n = int(tokens.shape[0])
+    t, advanced, rounds = prompt_len, 0, 0  # tokens[prompt_len] came from the prefill
+    while t + STEPS < n:
+        row = drafts[t - 1]
+        accepted = 0
+        while accepted < STEPS and int(row[accepted]) == int(tokens[t + 1 + accepted]):
+            accepted += 1
+        advanced += accepted + 1
+        rounds += 1
+        t += accepted + 1
+    return advanced, rounds
+
+
+def acceptance(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> dict[str, Any]:
+    per: dict[str, list[int]] = {}
+    drafts = chain_drafts(head, target, samples)
+    for s, d in zip(samples, drafts):
+        advanced, rounds = accept_walk(s.tokens, d, s.prompt_len)
+        kind = s.id.split("/", 1)[0]
+        acc = per.setdefault(kind, [0, 0])
+        acc[0] += advanced
+        acc[1] += rounds
+    total = [sum(v[0] for v in per.values()), sum(v[1] for v in per.values())]
+    return {
+        "accept_length": round(total[0] / max(1, total[1]), 3),
+        "by_set": {k: round(v[0] / max(1, v[1]), 3) for k, v in sorted(per.items())},
+        "rounds": total[1],
+        "prompts": len(samples),
+        "steps": STEPS,
+        "topk": 1,
+    }
+
+
+def save(head: Eagle3Head, config: dict[str, Any], out: Path, extra: dict[str, Any] | None = None) -> None:
+    """config.json + model.safetensors in SGLang's EAGLE-3 layout (bf16 weights, int64 d2t, bool t2d)."""
+    from patcher.real import tensorfile
+
+    out.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for name, value in head.state_dict().items():
+        dtype = "I64" if name == "d2t" else "BOOL" if name == "t2d" else "BF16"
+        tensors[name] = (value.detach().float().numpy() if dtype == "BF16" else value.numpy(), dtype)
+    tensorfile.write(out / "model.safetensors", tensors)
+    (out / "config.json").write_text(json.dumps({**config, **(extra or {})}, indent=1) + "\n")
+
+
+@dataclass
+class Build:
+    """What ``build`` made and measured."""
+
+    head: Path
+    acceptance: dict[str, Any]
+    training: dict[str, Any]
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def tokenized(target_dir: Path, prompts: Sequence[Any]) -> list[tuple[str, list[int]]]:
+    tok = tokenizer(target_dir)
+    return [(p.id, list(tok.encode(p.text, add_special_tokens=False).ids)) for p in prompts]
+
+
+def pick_eval(held_out: Sequence[Any], count: int) -> list[Any]:
+    """Up to ``count`` held-out prompts, alternating between the sets, in id order within each."""
+    by_set: dict[str, list[Any]] = {}
+    for p in sorted(held_out, key=lambda p: p.id):
+        by_set.setdefault(p.id.split("/", 1)[0], []).append(p)
+    out: list[Any] = []
+    queues = [list(v) for _, v in sorted(by_set.items())]
+    while len(out) < count and any(queues):
+        for q in queues:
+            if q and len(out) < count:
+                out.append(q.pop(0))
+    return out
+
+
+def cached_samples(
+    target: Target, target_dir: Path, chosen: Sequence[Any], new_tokens: int, recipe: Recipe, log: Callable[[str], None]
+) -> list[Sample]:
+    """``generate``'s samples, kept in ``<cache>/real/samples`` under a digest of the target's weights,
+    the prompts and the length: generation is most of a build's time on a CPU."""
+    import hashlib
+
+    from patcher.real.fetch import sha256
+    from patcher.releases import cache_dir
+
+    weights = sha256(target_dir / "model.safetensors")
+    key = hashlib.sha256(json.dumps([weights, [[p.id, p.text] for p in chosen], new_tokens]).encode()).hexdigest()[:16]
+    path = cache_dir() / "real" / "samples" / f"{key}.pt"
+    if path.is_file():
+        log(f"  {len(chosen)} continuations from {path}")
+        rows = torch.load(path, weights_only=True)
+        return [Sample(r["id"], r["tokens"], int(r["prompt_len"]), r["aux"], r["labels"]) for r in rows]
+    samples = generate(target, tokenized(target_dir, chosen), new_tokens, recipe.gen_batch, log)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = [{"id": s.id, "tokens": s.tokens, "prompt_len": s.prompt_len, "aux": s.aux, "labels": s.labels} for s in samples]
+    torch.save(rows, path.with_suffix(".tmp"))
+    path.with_suffix(".tmp").replace(path)
+    return samples
+
+
+def build(target_dir: Path, out: Path, recipe: Recipe, log: Callable[[str], None]) -> Build:
+    """Prompts -> continuations -> head -> acceptance on held-out prompts; writes the head to ``out``."""
+    from patcher.real import fetch, prompts
+
+    timings: dict[str, float] = {}
+    clock = time.perf_counter()
+    torch.set_num_threads(recipe.threads)
+    torch.manual_seed(recipe.seed)
+    torch.use_deterministic_algorithms(True)
+    everything = prompts.humaneval(fetch.extracted(fetch.HUMANEVAL)) + prompts.writingbench(
+        fetch.extracted(fetch.WRITINGBENCH)
+    )
+    train_prompts, held_out = prompts.split(everything)
+    if recipe.max_prompts:
+        train_prompts = pick_eval(train_prompts, recipe.max_prompts)
+    eval_prompts = pick_eval(held_out, recipe.eval_prompts)
+    target = load_target(target_dir)
+    timings["load"] = time.perf_counter() - clock
+    log(f"{len(train_prompts)} training prompts, {len(eval_prompts)} held out of {len(held_out)}")
+    train_samples = cached_samples(target, target_dir, train_prompts, recipe.new_tokens, recipe, log)
+    timings["generate_train"] = time.perf_counter() - clock - sum(timings.values())
+    eval_samples = cached_samples(target, target_dir, eval_prompts, recipe.eval_new_tokens, recipe, log)
+    timings["generate_eval"] = time.perf_counter() - clock - sum(timings.values())
+    head, config, training = train(target, train_samples, recipe, log)
+    timings["train"] = time.perf_counter() - clock - sum(timings.values())
+    measured = acceptance(head, target, eval_samples)
+    measured["train_accept_length"] = acceptance(head, target, train_samples[: len(eval_samples)])["accept_length"]
+    timings["measure"] = time.perf_counter() - clock - sum(timings.values())
+    extra = {"dynspec_acceptance": measured, "dynspec_training": training}
+    save(head, config, out, extra)
+    check_head(out, target.config)
+    return Build(out, measured, training, {k: round(v, 1) for k, v in timings.items()})

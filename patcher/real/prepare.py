@@ -1,0 +1,67 @@
+"""The model dir ``dynspec proof --model real`` serves: the converted target, the head, real prompts.
+
+``OUT/target`` (``convert``), ``OUT/draft`` (the head, checked against the target before it is
+copied), ``OUT/prompts.json`` (the held-out prompts, tokenized with the target's tokenizer) and
+``OUT/model.json`` (the name the report shows, the sources and their digests).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+from patcher.errors import ModelInvalid, ModelMissing
+from patcher.real import convert, fetch, heads, prompts
+
+
+def write_prompts(target: Path, out: Path) -> int:
+    """The held-out prompts of both sets, tokenized with ``target``'s tokenizer.json."""
+    from tokenizers import Tokenizer
+
+    file = target / "tokenizer.json"
+    if not file.is_file():
+        raise ModelMissing(f"{file}: no such file")
+    tok = Tokenizer.from_file(str(file))
+    everything = prompts.humaneval(fetch.extracted(fetch.HUMANEVAL)) + prompts.writingbench(
+        fetch.extracted(fetch.WRITINGBENCH)
+    )
+    _, held_out = prompts.split(everything)
+    rows = [{"id": p.id, "input_ids": tok.encode(p.text, add_special_tokens=False).ids} for p in held_out]
+    out.write_text(json.dumps({"tokenizer": str(file), "held_out_of": len(everything), "prompts": rows}) + "\n")
+    return len(rows)
+
+
+def prepare(out: Path, gguf_file: Path, head: Path, prompts_file: Path | None) -> dict[str, Any]:
+    out.mkdir(parents=True, exist_ok=True)
+    converted = convert.convert(gguf_file, out / "target")
+    target_config = convert.check_checkpoint(out / "target")
+    head_config = heads.check_head(head, target_config)
+    if (out / "draft").exists():
+        shutil.rmtree(out / "draft")
+    shutil.copytree(head, out / "draft")
+    if prompts_file is None:
+        write_prompts(out / "target", out / "prompts.json")
+    else:
+        try:
+            data = json.loads(prompts_file.read_text())
+            count = len(data["prompts"])
+        except FileNotFoundError as error:
+            raise ModelMissing(f"{prompts_file}: no such file") from error
+        except (ValueError, KeyError, TypeError) as error:
+            raise ModelInvalid(f"{prompts_file}: not a prompts.json of `dynspec real prompts` ({error})") from error
+        if not count:
+            raise ModelInvalid(f"{prompts_file}: no prompts")
+        shutil.copyfile(prompts_file, out / "prompts.json")
+    info = {
+        "name": f"SmolLM2-135M-Instruct ({gguf_file.name}) + dynspec EAGLE-3 head",
+        "gguf": gguf_file.name,
+        "gguf_sha256": fetch.sha256(gguf_file),
+        "target": converted.describe(),
+        "head_acceptance_offline": head_config.get("dynspec_acceptance"),
+        "head_recipe": head_config.get("dynspec_recipe"),
+        "head_sha256": fetch.sha256(head / "model.safetensors"),
+    }
+    (out / "model.json").write_text(json.dumps(info, indent=1) + "\n")
+    return {k: info[k] for k in ("name", "gguf_sha256", "head_sha256")}

