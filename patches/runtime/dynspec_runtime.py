@@ -251,7 +251,7 @@ def describe_draft_kv(draft_kv: "DraftKV") -> str:
     if draft_kv.graph is None:
         how = "eagerly"
     else:
-        how = "from a CUDA graph, replayed directly" if draft_kv.direct else "from a CUDA graph"
+        how = "from a CUDA graph, replayed directly" if draft_kv.direct is not None else "from a CUDA graph"
     return f"draft KV only while off ({how}), full draft extend at resume"
 
 
@@ -542,8 +542,8 @@ class DraftKV:
     itself instead of through the stock extend's preparation (``dynspec_v2.DirectKVWrite``).
 
     Modes (``DYNSPEC_DRAFT_KV``): ``auto`` (default) is ``DRAFT_KV_DEFAULT`` on v2 and ``full`` on
-    v1; ``full`` is the stock extend every iteration; ``kv`` and ``kv-graph`` need a draft class in ``KV_ONLY_DRAFTS`` with
-    one attention layer (else start-up refuses them); ``skip`` runs no draft extend while off,
+    v1; ``full`` is the stock extend every iteration; ``kv``, ``kv-graph`` and ``kv-direct`` need a
+    draft class in ``KV_ONLY_DRAFTS`` with one attention layer (else start-up refuses them); ``skip`` runs no draft extend while off,
     which leaves the draft KV with holes: a negative control for ``dynspec proof``, never for
     serving. A backend that writes the KV without ``set_kv_buffer`` (a fused kernel), or eager
     windows that never reach the stand-in, turn the saving modes into ``full``, with a warning.
@@ -554,7 +554,7 @@ class DraftKV:
         self.runner = draft_runner
         self.log = log
         self.graph: Any = None  # the KV-only draft-extend graph runner (kv-graph), once captured
-        self.direct = False  # kv-direct: the zero-step policy feeds ``graph`` itself (dynspec_v2.DirectKVWrite)
+        self.direct: Any = None  # kv-direct: the writer that feeds ``graph`` itself (dynspec_v2.DirectKVWrite)
         self._active = False  # True while the stand-in forward runs the real one
         self._real_forward: Optional[Callable[..., Any]] = None  # the model's own, while shadowed
         self._called = False  # the stand-in ran in the current kv_only window
@@ -705,7 +705,7 @@ class DraftKV:
                 logger.warning(f"dynspec: {DRAFT_KV_ENV}={self.mode} cannot work here ({why}); running the full draft extend")
             self.mode = DRAFT_KV_FULL
             self.graph = None
-            self.direct = False
+            self.direct = None
 
 
 def _already_done(*args: Any, **kwargs: Any) -> None:

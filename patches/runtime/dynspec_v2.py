@@ -32,6 +32,7 @@ functions: everything else runs anywhere.
 
 from __future__ import annotations
 
+import bisect
 import contextlib
 import logging
 import os
@@ -485,7 +486,6 @@ class ZeroStepPolicy:
         self._states: dict = {}
         self._warned_missing = False
         self._early_publish = early_fence_enabled()  # read once, at start-up
-        self._direct: Optional[DirectKVWrite] = None  # kv-direct, once the twin graph is captured
 
     @property
     def candidate_steps(self) -> List[int]:
@@ -533,8 +533,7 @@ class ZeroStepPolicy:
             if self.log:
                 logger.info(f"dynspec: {why_not}; kv-direct replays the KV-only graph through the stock extend")
             return
-        self._direct = direct
-        self.draft_kv.direct = True
+        self.draft_kv.direct = direct
 
     def _graph_like(self, state: Any, stock_graph: Any, capture_bs: Optional[List[int]]) -> Any:
         """A new instance of ``stock_graph``'s runner class, made as the zero-step state made its
@@ -592,7 +591,8 @@ class ZeroStepPolicy:
             if self._step != self.controller.FALL_BACK or self.worker.speculative_num_steps != 0:
                 return stock(*args, **kwargs)
             # The release calls it as (batch, batch_output).
-            if self._direct is not None and self.draft_kv.direct and len(args) == 2 and self._direct.write(*args):
+            direct = self.draft_kv.direct  # None unless kv-direct was built, and once given up
+            if direct is not None and len(args) == 2 and direct.write(*args):
                 # Its outputs are never read while off (RESUME runs the full extend): the stubs
                 # that upstream's skip switch leaves in their place.
                 self.worker._stub_skipped_draft_extend(*args)
@@ -684,7 +684,8 @@ class DirectKVWrite:
         if mode is None or mode.is_idle():
             return False
         rows = int(batch.seq_lens.shape[0])
-        padded = next((size for size in self.sizes if size >= rows), None)
+        at = bisect.bisect_left(self.sizes, rows)  # the smallest captured size that holds them
+        padded = self.sizes[at] if at < len(self.sizes) else None
         hidden = getattr(batch_result.logits_output, "hidden_states", None)
         b = self.buffers
         if (

@@ -357,7 +357,7 @@ def test_the_policy_writes_directly_only_at_fall_back_and_resume_runs_the_stock_
     twin = ZeroStepTwin(MHATokenToKVPool([]), [])
     policy, draft_worker, worker = policy_with(runtime.DRAFT_KV_DIRECT, twin)
     policy._build_direct()
-    assert policy.draft_kv.direct
+    assert isinstance(policy.draft_kv.direct, v2.DirectKVWrite)
     assert runtime.describe_draft_kv(policy.draft_kv).endswith(
         "(from a CUDA graph, replayed directly), full draft extend at resume"
     )
@@ -405,7 +405,7 @@ def test_only_kv_direct_builds_the_direct_write(mode: str) -> None:
     twin = ZeroStepTwin(MHATokenToKVPool([]), [])
     policy, draft_worker, _ = policy_with(mode, twin)
     policy._build_direct()
-    assert policy._direct is None and not policy.draft_kv.direct
+    assert policy.draft_kv.direct is None
     policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
     policy.draft_kv.kv_only = lambda owner: contextlib_null()  # type: ignore[method-assign]
     assert draft_worker._draft_extend_for_decode(*batch_of()) == "stock"
@@ -419,7 +419,7 @@ def test_kv_direct_without_a_feedable_twin_says_why_once_and_stays_kv_graph(capl
     policy.log = True
     with caplog.at_level(logging.INFO, logger=v2.__name__):
         policy._build_direct()
-    assert policy._direct is None and not policy.draft_kv.direct
+    assert policy.draft_kv.direct is None
     assert [r.getMessage() for r in caplog.records] == [
         "dynspec: EAGLEDraftExtendCudaGraphRunner holds 2 tokens per request, not one; kv-direct replays the "
         "KV-only graph through the stock extend"
@@ -433,7 +433,7 @@ def test_a_give_up_turns_the_direct_write_off() -> None:
     policy, draft_worker, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
     policy._build_direct()
     policy.draft_kv._give_up("a test")
-    assert policy.draft_kv.mode == runtime.DRAFT_KV_FULL and not policy.draft_kv.direct
+    assert policy.draft_kv.mode == runtime.DRAFT_KV_FULL and policy.draft_kv.direct is None
     policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
     assert draft_worker._draft_extend_for_decode(*batch_of()) == "stock"
 

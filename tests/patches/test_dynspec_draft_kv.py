@@ -1533,7 +1533,7 @@ def test_the_kv_only_words_are_in_the_start_up_line_exactly_when_kv_is_on() -> N
         for graph in (None, object()):
             draft_kv = runtime.DraftKV(mode, None)
             draft_kv.graph = graph
-            draft_kv.direct = graph is not None and mode == runtime.DRAFT_KV_DIRECT
+            draft_kv.direct = object() if graph is not None and mode == runtime.DRAFT_KV_DIRECT else None
             described = runtime.describe_draft_kv(draft_kv)
             assert (proof_run.KV_ONLY_WORDS in described) == (mode in (KV, GRAPH, runtime.DRAFT_KV_DIRECT)), described
 

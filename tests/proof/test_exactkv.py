@@ -299,7 +299,7 @@ def test_the_fakes_start_up_words_are_the_runtimes() -> None:
         draft_kv = runtime.DraftKV(mode, None)
         if mode in (runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_DIRECT):
             draft_kv.graph = object()  # the fake plays a server whose twin graph was captured
-            draft_kv.direct = mode == runtime.DRAFT_KV_DIRECT  # and, for kv-direct, fed directly
+            draft_kv.direct = object() if mode == runtime.DRAFT_KV_DIRECT else None  # and, for kv-direct, fed directly
         assert runtime.describe_draft_kv(draft_kv) == words
     assert fake_sglang.draft_kv_mode(None) == fake_sglang.draft_kv_mode(" Auto ") == runtime.DRAFT_KV_DEFAULT
     assert set(fake_sglang.KV_ONLY_MODES) == set(KV_ONLY_MODES) == {runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_DIRECT}
