@@ -59,13 +59,17 @@ def wheel(version: str) -> Path:
 def unpacked(version: str, members: Iterable[str]) -> Path:
     """A cached tree of ``version`` holding ``members`` (paths under ``sglang/``); returns its root.
 
-    The root holds ``sglang/``, like a site-packages dir.
+    The root holds ``sglang/``, like a site-packages dir. A tree only grows: asking for members it
+    lacks extracts them together with those it holds, so callers asking for different sets do not
+    take turns replacing each other's tree.
     """
     root = cache_dir() / "trees" / version
     wanted = {*BASE_MEMBERS, *(f"sglang/{m}" for m in members)}
     done_marker = root / ".members"
-    if done_marker.exists() and wanted <= set(done_marker.read_text().split()):
+    held = set(done_marker.read_text().split()) if done_marker.exists() else set()
+    if wanted <= held:
         return root
+    wanted |= held
     root.parent.mkdir(parents=True, exist_ok=True)
     with zipfile.ZipFile(wheel(version)) as archive:
         names = set(archive.namelist())

@@ -82,3 +82,24 @@ def test_the_cache_is_dynspec_cache_else_under_xdg_cache_home(monkeypatch: pytes
     assert releases.cache_dir() == tmp_path / "xdg" / "dynspec"
     monkeypatch.setenv("DYNSPEC_CACHE", str(tmp_path / "mine"))
     assert releases.cache_dir() == tmp_path / "mine"
+
+
+def test_an_unpacked_tree_grows_and_keeps_what_it_held(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Two callers asking for different members: the second extraction keeps the first's files,
+    and asking again for either extracts nothing (the tree, marker included, is left as it is)."""
+    from patcher import releases
+
+    wheel = releases.wheel("0.5.12")  # the shared cache's; the trees here are this test's own
+    monkeypatch.setenv("DYNSPEC_CACHE", str(tmp_path))
+    (tmp_path / "wheels").mkdir()
+    (tmp_path / "wheels" / wheel.name).symlink_to(wheel)
+    first, second = "srt/server_args.py", "srt/speculative/eagle_worker.py"
+    root = releases.unpacked("0.5.12", [first])
+    assert (root / "sglang" / first).exists() and not (root / "sglang" / second).exists()
+    root = releases.unpacked("0.5.12", [second])
+    assert (root / "sglang" / first).exists() and (root / "sglang" / second).exists()
+    marker = root / ".members"
+    before = (marker.stat().st_mtime_ns, (root / "sglang" / second).stat().st_ino)
+    for members in ([first], [second], [first, second]):
+        assert releases.unpacked("0.5.12", members) == root
+    assert (marker.stat().st_mtime_ns, (root / "sglang" / second).stat().st_ino) == before
