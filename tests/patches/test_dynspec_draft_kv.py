@@ -287,6 +287,16 @@ def test_auto_is_kv_graph_where_exact_kv_ran_and_full_where_it_did_not() -> None
     assert runtime.DraftKV.build(draft_stack().runner, log=False, proven=False).mode == FULL
 
 
+# Drafts the KV-only extend cannot serve, and the words that say why.
+UNSERVABLE_DRAFTS: dict[str, Any] = {
+    "argvalues": [
+        ({"model_class": LlamaForCausalLMEagle}, "does not know the draft model class LlamaForCausalLMEagle"),
+        ({"layers": 2}, "needs a one-layer draft; LlamaForCausalLMEagle3 has 2 attention layers"),
+    ],
+    "ids": ["unknown-class", "two-layers"],
+}
+
+
 @pytest.mark.parametrize("default", [KV, GRAPH])
 def test_auto_follows_draft_kv_default(default: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime, "DRAFT_KV_DEFAULT", default)
@@ -294,14 +304,7 @@ def test_auto_follows_draft_kv_default(default: str, monkeypatch: pytest.MonkeyP
 
 
 @pytest.mark.parametrize("default", [KV, GRAPH])
-@pytest.mark.parametrize(
-    ("stack_options", "why"),
-    [
-        ({"model_class": LlamaForCausalLMEagle}, "does not know the draft model class LlamaForCausalLMEagle"),
-        ({"layers": 2}, "needs a one-layer draft; LlamaForCausalLMEagle3 has 2 attention layers"),
-    ],
-    ids=["unknown-class", "two-layers"],
-)
+@pytest.mark.parametrize(("stack_options", "why"), **UNSERVABLE_DRAFTS)
 def test_a_kv_only_default_meets_a_draft_it_cannot_serve_with_the_full_extend_said_once(
     default: str,
     stack_options: dict[str, Any],
@@ -340,15 +343,8 @@ def test_unproven_auto_is_full_for_any_draft_and_says_nothing(
     assert caplog.records == []
 
 
-@pytest.mark.parametrize("mode", [KV, GRAPH])
-@pytest.mark.parametrize(
-    ("stack_options", "named"),
-    [
-        ({"model_class": LlamaForCausalLMEagle}, "does not know the draft model class LlamaForCausalLMEagle"),
-        ({"layers": 2}, "needs a one-layer draft; LlamaForCausalLMEagle3 has 2 attention layers"),
-    ],
-    ids=["unknown-class", "two-layers"],
-)
+@pytest.mark.parametrize("mode", [KV, GRAPH, runtime.DRAFT_KV_DIRECT])
+@pytest.mark.parametrize(("stack_options", "named"), **UNSERVABLE_DRAFTS)
 def test_kv_asked_for_where_it_cannot_work_is_refused(
     monkeypatch: pytest.MonkeyPatch, mode: str, stack_options: dict[str, Any], named: str
 ) -> None:
