@@ -22,13 +22,19 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
-from packaging.version import Version
 
 from patcher import releases
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
-from tests.conftest import RELEASES
 from tests.patches.fake_draft import EXTEND, Extend, MHATokenToKVPool, full_forward_kv, kv_of
+from tests.patches.test_dynspec_draft_kv import (
+    EXTEND_RUNNER,
+    KV_GRAPH_MEMBERS,
+    V2_WORKER,
+    ZERO_STEP,
+    class_def,
+    method_def,
+)
 
 SIZES = [2, 4, 8]  # the twin's captured batch sizes
 HIDDEN_WIDTH = 24  # the target's hidden states per row (EAGLE-3: three layers')
@@ -440,16 +446,14 @@ def test_a_give_up_turns_the_direct_write_off() -> None:
 
 # -- what the direct write relies on, in every 0.5.14+ release ------------------------------------
 
-ZERO_STEP = [v for v in RELEASES if Version(v) >= Version("0.5.14")]
-EXTEND_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
 FULL_BACKEND = "srt/model_executor/runner_backend/full_cuda_graph_backend.py"
-V2_WORKER = "srt/speculative/eagle_worker_v2.py"
 COMMON = "srt/speculative/eagle_worker_common.py"
 MODEL_RUNNER = "srt/model_executor/model_runner.py"
 BASE_WORKER = "srt/speculative/base_spec_worker.py"
 SERVER_ARGS = "srt/server_args.py"
 SPEC_FIELDS = "srt/arg_groups/fields/spec.py"  # 0.5.20+: the speculative settings' own namespace
-MEMBERS = [EXTEND_RUNNER, FULL_BACKEND, V2_WORKER, COMMON, MODEL_RUNNER, BASE_WORKER, SERVER_ARGS, SPEC_FIELDS]
+# kv-graph's members too: one cached tree per release serves both files' release tests.
+MEMBERS = [*KV_GRAPH_MEMBERS, FULL_BACKEND, COMMON, MODEL_RUNNER, BASE_WORKER, SERVER_ARGS, SPEC_FIELDS]
 
 
 def has_member(version: str, member: str) -> bool:
@@ -463,9 +467,9 @@ def source_of(version: str, member: str) -> str:
 
 
 def class_named(source: str, name: str) -> ast.ClassDef:
-    found = [n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.ClassDef) and n.name == name]
-    assert found, name
-    return found[0]
+    found = class_def(source, name)
+    assert found is not None, name
+    return found
 
 
 def self_assigned(node: ast.AST) -> set[str]:
@@ -500,7 +504,7 @@ def test_the_draft_extend_runner_keeps_what_the_direct_write_reads(version: str)
 def test_the_full_backends_replay_replays_its_graph_and_never_reads_the_forward_batch(version: str) -> None:
     backend = class_named(source_of(version, FULL_BACKEND), v2.DirectKVWrite.GRAPH_BACKENDS[0])
     assert "_graphs" in self_assigned(backend)
-    replay = next(n for n in backend.body if isinstance(n, ast.FunctionDef) and n.name == "replay")
+    replay = method_def(backend, "replay")
     batch = replay.args.args[2].arg
     assert [a.arg for a in replay.args.args[:2]] == ["self", "shape_key"] and batch == "static_forward_batch"
     assert batch not in {n.id for n in ast.walk(replay) if isinstance(n, ast.Name)}
