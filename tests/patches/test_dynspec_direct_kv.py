@@ -13,6 +13,7 @@ at the end, against every 0.5.14+ release.
 from __future__ import annotations
 
 import ast
+import contextlib
 import logging
 import re
 import sys
@@ -392,17 +393,11 @@ def test_a_batch_the_direct_write_refuses_goes_through_the_stock_kv_only_extend(
     policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
     n = max(SIZES) + 1
     kv_only = []
-    policy.draft_kv.kv_only = lambda owner: (kv_only.append(owner), contextlib_null())[1]  # type: ignore[method-assign]
+    policy.draft_kv.kv_only = lambda owner: (kv_only.append(owner), contextlib.nullcontext())[1]  # type: ignore[method-assign]
     out = draft_worker._draft_extend_for_decode(
         *batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(n))))
     )
     assert out == "stock" and twin.log == ["stock extend"] and kv_only == [draft_worker] and worker.stubbed == []
-
-
-def contextlib_null() -> Any:
-    import contextlib
-
-    return contextlib.nullcontext()
 
 
 @pytest.mark.usefixtures("sglang_side")
@@ -413,7 +408,7 @@ def test_only_kv_direct_builds_the_direct_write(mode: str) -> None:
     policy._build_direct()
     assert policy.draft_kv.direct is None
     policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
-    policy.draft_kv.kv_only = lambda owner: contextlib_null()  # type: ignore[method-assign]
+    policy.draft_kv.kv_only = lambda owner: contextlib.nullcontext()  # type: ignore[method-assign]
     assert draft_worker._draft_extend_for_decode(*batch_of()) == "stock"
 
 
