@@ -33,24 +33,35 @@ def cache_dir() -> Path:
 
 def cached_wheel(version: str) -> Path | None:
     """The release's wheel if it is in the cache already."""
-    found = sorted((cache_dir() / "wheels").glob(f"sglang-{version}-*.whl"))
-    return found[0] if found else None
+    return cached_pypi_wheel(f"sglang-{version}-*.whl")
 
 
 def wheel(version: str) -> Path:
     """The release's wheel, downloaded with pip into the cache the first time."""
-    found = cached_wheel(version)
+    return pypi_wheel("sglang", version, f"sglang-{version}-*.whl", PLATFORM)
+
+
+def cached_pypi_wheel(pattern: str) -> Path | None:
+    """A wheel in ``<cache>/wheels`` whose name matches ``pattern``, if one is there."""
+    found = sorted((cache_dir() / "wheels").glob(pattern))
+    return found[0] if found else None
+
+
+def pypi_wheel(package: str, version: str, pattern: str, pip_options: Iterable[str] = ()) -> Path:
+    """``package==version``'s wheel (named like ``pattern``), downloaded with pip into
+    ``<cache>/wheels`` the first time; RuntimeError with pip's last word if it cannot be."""
+    found = cached_pypi_wheel(pattern)
     if found is not None:
         return found
     wheels = cache_dir() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=wheels) as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", *PLATFORM, "-d", scratch, f"sglang=={version}"]
+        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", *pip_options, "-d", scratch, f"{package}=={version}"]
         done = subprocess.run(command, capture_output=True, text=True)
-        got = list(Path(scratch).glob(f"sglang-{version}-*.whl"))
+        got = sorted(Path(scratch).glob(pattern))
         if done.returncode != 0 or not got:
             why = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "pip found no wheel")
-            raise RuntimeError(f"could not download sglang {version} from PyPI ({why.strip()})")
+            raise RuntimeError(f"could not download {package} {version} from PyPI ({why.strip()})")
         target = wheels / got[0].name
         os.replace(got[0], target)
         return target

