@@ -20,13 +20,12 @@ fails too. Real weights and real prompts only: on dummy weights every draft is r
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE
+from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE, recorded_lines
 
 MIN_RATIO = 0.99
 NEVER_OFF = "never_off"  # the always-on reference's variant name
@@ -42,20 +41,14 @@ class Trace:
 
 
 def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Trace:
+    """The positions of a ``DYNSPEC_RECORD_DRAFTS`` file (read as exact_kv reads it)."""
     trace = Trace()
-    for line in lines:
-        if not line.strip():
-            continue
-        try:
-            entry = json.loads(line)
-            step, rids, positions = entry["step"], entry["rid"], entry["pos"]
-            if len(rids) != len(positions):
-                raise ValueError("columns of different lengths")
-            rows = [(str(rid), int(pos)) for rid, pos in zip(rids, positions)]
-        except (ValueError, KeyError, TypeError, OverflowError):
+    for read_line in recorded_lines(lines):
+        if read_line is None:
             trace.bad_lines += 1
             continue
-        for rid, pos in rows:
+        step, rows = read_line
+        for rid, pos, _ in rows:
             if not rid.startswith(prefix):
                 continue
             if step == SPECULATE:

@@ -18,10 +18,10 @@ arrive while speculation is off. Only requests named with ``RID_PREFIX`` are rec
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from patcher.proof.client import Request
 
@@ -82,30 +82,41 @@ class Recording:
     bad_lines: int = 0
 
 
-def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Recording:
-    """Read a ``DYNSPEC_RECORD_DRAFTS`` file; requests not named with ``prefix`` are ignored."""
-    rec = Recording()
+Row = tuple[str, int, Optional[list[int]]]  # a request's rid, its position, its drafts (None: none recorded)
+
+
+def recorded_lines(lines: Iterable[str]) -> Iterator[tuple[str, list[Row]] | None]:
+    """A ``DYNSPEC_RECORD_DRAFTS`` file line by line, blank lines skipped: ``(step, rows)``, or None
+    for a line that cannot be read whole (not JSON, a field missing, columns of different lengths,
+    a value of the wrong type: nothing of it is read)."""
     for line in lines:
         if not line.strip():
             continue
-        rec.lines += 1
         try:
             entry = json.loads(line)
             step, rids, positions = entry["step"], entry["rid"], entry["pos"]
             drafts = entry.get("draft")
             if len(rids) != len(positions) or (drafts is not None and len(drafts) != len(rids)):
                 raise ValueError("columns of different lengths")
-        except (ValueError, KeyError, TypeError):
-            rec.bad_lines += 1
-            continue
-        try:
             rows = [
                 (str(rid), int(pos), None if drafts is None else [int(t) for t in drafts[i]])
                 for i, (rid, pos) in enumerate(zip(rids, positions))
             ]
         except (ValueError, TypeError, KeyError, OverflowError):  # drafts an object; Infinity, which json reads
+            yield None
+            continue
+        yield step, rows
+
+
+def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Recording:
+    """Read a ``DYNSPEC_RECORD_DRAFTS`` file; requests not named with ``prefix`` are ignored."""
+    rec = Recording()
+    for read_line in recorded_lines(lines):
+        rec.lines += 1
+        if read_line is None:
             rec.bad_lines += 1
             continue
+        step, rows = read_line
         for rid, pos, row in rows:
             if not rid.startswith(prefix):
                 continue
