@@ -613,6 +613,12 @@ class DirectKVWrite:
     ``write`` copies those into the twin's input buffers, pads to a captured size (padding rows
     write slot 0, the pool's reserved slot, as the stock replay pads) and replays the graph.
 
+    The release captures the twin ``captured_req_width`` tokens per request wide (the speculative
+    width, 4 for 3 steps), and the stock replay pads each one-token request to that width. What the
+    graph keeps (embedding, fc, norms, K/V projections, rope, the KV write) works row by row, so
+    the direct write packs the rows instead: the graph of the smallest size whose ``size * width``
+    rows hold them, a quarter of the stock replay's rows at width 4.
+
     It also publishes the read-done event the scheduler's WAR barrier waits on, which the stock
     graph runner publishes once its inputs are copied; without it the barrier waits for the whole
     forward. ``write`` returns False for a batch it cannot take (idle, above the largest captured
@@ -634,6 +640,7 @@ class DirectKVWrite:
         self.buffers = twin.buffers
         self.backend = twin.backend  # its replay(key, batch) replays that key's graph, batch unread
         self.sizes = sorted(twin.capture_bs)
+        self.width = int(getattr(twin, "captured_req_width", 1))  # token rows per captured request
         self.runner = twin.model_runner
         self.read_done = read_done  # the runner's read-done attribute, or None: the coarse barrier
         self.new_event = twin.device_module.Event if read_done is not None else None
@@ -656,8 +663,9 @@ class DirectKVWrite:
             return None, f"{name} keeps no plain CUDA graph per batch size"
         if any(twin._make_graph_key(size) not in graphs for size in sizes):
             return None, f"{name} has not captured a graph for every batch size it lists"
-        if getattr(twin, "captured_req_width", 1) != 1:
-            return None, f"{name} holds {twin.captured_req_width} tokens per request, not one"
+        width = getattr(twin, "captured_req_width", 1)
+        if not isinstance(width, int) or width < 1:
+            return None, f"{name} holds {width!r} tokens per request"
         if getattr(twin, "require_mlp_tp_gather", False) or getattr(twin, "require_gathered_buffer", False):
             return None, f"{name} gathers across data-parallel ranks"
         if not callable(getattr(worker, "_stub_skipped_draft_extend", None)):
@@ -684,8 +692,8 @@ class DirectKVWrite:
         if mode is None or mode.is_idle():
             return False
         rows = int(batch.seq_lens.shape[0])
-        at = bisect.bisect_left(self.sizes, rows)  # the smallest captured size that holds them
-        padded = self.sizes[at] if at < len(self.sizes) else None
+        at = bisect.bisect_left(self.sizes, -(-rows // self.width))  # the smallest graph that holds them
+        padded = self.sizes[at] * self.width if at < len(self.sizes) else None  # its token rows
         hidden = getattr(batch_result.logits_output, "hidden_states", None)
         b = self.buffers
         if (
@@ -708,5 +716,5 @@ class DirectKVWrite:
             event = self.new_event()
             event.record()
             setattr(self.runner, self.read_done, event)
-        self.backend.replay(self.twin._make_graph_key(padded), None)
+        self.backend.replay(self.twin._make_graph_key(self.sizes[at]), None)
         return True

@@ -90,7 +90,7 @@ class Graph:
     def replay(self) -> None:
         b, twin = self.twin.buffers, self.twin
         twin.log.append(f"replay {self.size}")
-        for row in range(self.size):
+        for row in range(self.size * twin.captured_req_width):  # token rows: width per captured request
             token, position, hidden = b.input_ids.store[row], b.positions.store[row], b.hidden_states.store[row]
             twin.pool.kv[(0, b.out_cache_loc.store[row])] = kv_of(token or 0, position or 0, hidden or 0)
 
@@ -119,15 +119,15 @@ class Event:
 class EAGLEDraftExtendCudaGraphRunner:
     """0.5.14+'s, as the direct write reads it."""
 
-    def __init__(self, pool: Any, log: list[str], mailbox: str = "war_fastpath_read_done_event") -> None:
+    def __init__(self, pool: Any, log: list[str], mailbox: str = "war_fastpath_read_done_event", width: int = 1) -> None:
         self.pool, self.log = pool, log
         self.model_runner = SimpleNamespace(token_to_kv_pool=pool, **{mailbox: None})
         self.device_module = SimpleNamespace(Event=Event)
         self.capture_bs = list(SIZES)
-        self.captured_req_width = 1
+        self.captured_req_width = width
         self.require_mlp_tp_gather = self.require_gathered_buffer = False
         self.draft_extend_attn_backend = SimpleNamespace(_translate_kv_loc=None)
-        top = max(SIZES)
+        top = max(SIZES) * width
         self.buffers = SimpleNamespace(
             input_ids=Buffer.of(top),
             positions=Buffer.of(top),
@@ -209,8 +209,33 @@ def test_the_kv_comparison_sees_a_write_at_the_wrong_positions() -> None:
     assert without_padding(pool) != full_forward_kv(EXTEND)
 
 
+def test_a_twin_four_tokens_wide_takes_the_rows_packed_in_the_smallest_graph_that_holds_them() -> None:
+    """0.5.14+ capture the twin at the speculative width (4 for 3 steps); the stock replay pads each
+    one-token request to 4 rows, the direct write packs them: 3 rows fit the size-2 graph's 8."""
+    twin, pool, direct = stack(width=4)
+    assert direct.write(*batch_of())
+    assert without_padding(pool) == full_forward_kv(EXTEND)
+    assert twin.log == ["replay 2"]
+    assert twin.buffers.out_cache_loc.store[3:8] == [0] * 5 and twin.buffers.input_ids.store[3:8] == [0] * 5
+    assert twin.buffers.out_cache_loc.store[8:] == [None] * (len(twin.buffers.out_cache_loc.store) - 8)
+    n = max(SIZES) * 4  # the most rows the largest graph holds; one more is the stock extend's
+    assert direct.write(*batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(100, 100 + n)))))
+    assert twin.log[-1] == f"replay {max(SIZES)}"
+    assert not direct.write(*batch_of(Extend(list(range(1, n + 2)), list(range(n + 1)), list(range(100, 101 + n)))))
+
+
 FOUR = Extend(tokens=[21, 22, 23, 24], positions=[60, 61, 62, 63], slots=[700, 701, 702, 703])
 REUSED = Extend(tokens=[31], positions=[5], slots=[703])  # slot 703, freed, now another request's
+
+
+def test_a_writer_that_ignored_the_width_would_leave_stale_rows_in_the_wide_graph() -> None:
+    """The control for the test above: zeroing only ``size`` rows of a graph that runs ``size * 4``
+    leaves an earlier batch's rows in place, and one of them overwrites a slot now another request's."""
+    twin, pool, direct = stack(width=4)
+    direct.width = 1
+    for extend in (FOUR, REUSED):
+        assert direct.write(*batch_of(extend))
+    assert pool.kv[(0, 703)] == full_forward_kv(FOUR)[(0, 703)] != full_forward_kv(REUSED)[(0, 703)]
 
 
 def test_padding_rows_are_zeroed_so_a_stale_row_cannot_write_a_slot_now_someone_elses() -> None:
@@ -279,8 +304,8 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         twin.backend._graphs = graphs
     elif case == "a-size-not-captured":
         del twin.backend._graphs[twin._make_graph_key(SIZES[-1])]
-    elif case == "two-tokens-per-request":
-        twin.captured_req_width = 2
+    elif case == "no-width":
+        twin.captured_req_width = 0
     elif case == "dp-gather":
         twin.require_gathered_buffer = True
     elif case == "no-stub":
@@ -301,7 +326,7 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         ("no-hidden-buffer", "EAGLEDraftExtendCudaGraphRunner has no hidden_states buffer"),
         ("breakable-backend", "replays through BreakableCudaGraphBackend, not a plain CUDA graph per batch size"),
         ("a-size-not-captured", "has not captured a graph for every batch size it lists"),
-        ("two-tokens-per-request", "holds 2 tokens per request, not one"),
+        ("no-width", "holds 0 tokens per request"),
         ("dp-gather", "gathers across data-parallel ranks"),
         ("no-stub", "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"),
         ("dsa-seed", "the draft extend seeds the DSA indexer's top-k"),
@@ -415,14 +440,14 @@ def test_only_kv_direct_builds_the_direct_write(mode: str) -> None:
 @pytest.mark.usefixtures("sglang_side")
 def test_kv_direct_without_a_feedable_twin_says_why_once_and_stays_kv_graph(caplog: pytest.LogCaptureFixture) -> None:
     twin = ZeroStepTwin(MHATokenToKVPool([]), [])
-    twin.captured_req_width = 2
+    twin.captured_req_width = 0
     policy, _, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
     policy.log = True
     with caplog.at_level(logging.INFO, logger=v2.__name__):
         policy._build_direct()
     assert policy.draft_kv.direct is None
     assert [r.getMessage() for r in caplog.records] == [
-        "dynspec: EAGLEDraftExtendCudaGraphRunner holds 2 tokens per request, not one; kv-direct replays the "
+        "dynspec: EAGLEDraftExtendCudaGraphRunner holds 0 tokens per request; kv-direct replays the "
         "KV-only graph through the stock extend"
     ]
     assert runtime.describe_draft_kv(policy.draft_kv).endswith("(from a CUDA graph), full draft extend at resume")
