@@ -644,6 +644,7 @@ class DirectKVWrite:
         self.runner = twin.model_runner
         self.read_done = read_done  # the runner's read-done attribute, or None: the coarse barrier
         self.new_event = twin.device_module.Event if read_done is not None else None
+        self.said_no = False  # a batch it could not take has been logged
 
     @classmethod
     def build(cls, twin: Any, worker: Any) -> Tuple[Optional["DirectKVWrite"], str]:
@@ -704,6 +705,13 @@ class DirectKVWrite:
             or batch_result.next_token_ids.shape[0] != rows
             or batch.out_cache_loc.shape[0] != rows
         ):
+            if not self.said_no:  # once: a release whose verify hands other shapes shows here
+                self.said_no = True
+                logger.info(
+                    f"dynspec: kv-direct left a batch of {rows} requests to the stock extend (hidden states "
+                    f"{None if hidden is None else tuple(hidden.shape)}, {batch_result.next_token_ids.shape[0]} "
+                    f"tokens, {batch.out_cache_loc.shape[0]} slots; graphs up to {self.sizes[-1] * self.width} rows)"
+                )
             return False
         b.input_ids[:rows].copy_(batch_result.next_token_ids)
         b.positions[:rows].copy_(batch.seq_lens)
