@@ -45,8 +45,8 @@ NEVER_OFF_NAME = "always-on-recorded"
 DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
 RECORD_ENV = "DYNSPEC_RECORD_DRAFTS"
 KV_ONLY_WORDS = "draft KV only while off"  # the runtime's start-up line when the KV-only extend is on
-KV_ONLY_MODES = ("kv-graph", "kv", "kv-direct")  # DYNSPEC_DRAFT_KV values of the KV-only extend
-KV_ONLY_MODE = "kv-graph"  # the one exact_kv proves unless the caller sets another
+KV_ONLY_MODES = ("kv-direct", "kv-graph", "kv")  # DYNSPEC_DRAFT_KV values of the KV-only extend
+KV_ONLY_MODE = "kv-direct"  # the one exact_kv proves unless the caller sets another: the runtime's default
 ADAPTIVE_OFF = "speculative_adaptive disabled"  # SGLang's warning when it falls back to static params
 MAX_LISTED = 50  # errors and mismatches kept in the report per check
 

@@ -502,10 +502,12 @@ DRAFT_KV_SKIP = "skip"  # no draft extend at all: a negative control that leaves
 DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_FULL, DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT, DRAFT_KV_SKIP)
 _KV_ONLY_MODES = (DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # the stand-in stops the forward at the KV write
 _GRAPH_MODES = (DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # a KV-only twin graph is captured at start-up
-# What ``auto`` means where exact_kv has run on the H200 (v2: 0.5.17 from a graph, 0.5.12 eagerly):
-# the KV-only extend, per decode step 0.96 / 0.97 of plain decode at 64 / 128 requests on 0.5.17
-# against the stock extend's 0.86 / 0.87. Elsewhere (v1, not yet proven exact) ``auto`` is ``full``.
-DRAFT_KV_DEFAULT = DRAFT_KV_GRAPH
+# What ``auto`` means where exact_kv has run on the H200 (v2: 0.5.17 fed directly and from a graph,
+# 0.5.12 eagerly): the KV-only extend, per decode step 0.97 / 0.99 of plain decode at 64 / 128
+# requests on 0.5.17 fed directly (0.96 / 0.97 through the stock extend, 0.86 / 0.87 for the full
+# one). Where the release cannot be fed directly it is kv-graph, said once at start-up. Elsewhere
+# (v1, not yet proven exact) ``auto`` is ``full``.
+DRAFT_KV_DEFAULT = DRAFT_KV_DIRECT
 
 # Draft model classes whose K/V at a position depend only on that position's inputs: the token's
 # embedding and the target's hidden states there, through ``fc``, the two input norms, the K/V

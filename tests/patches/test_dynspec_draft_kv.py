@@ -65,6 +65,7 @@ from tests.patches.fake_draft import (
 )
 
 KV, GRAPH, FULL, SKIP = runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_FULL, runtime.DRAFT_KV_SKIP
+DIRECT = runtime.DRAFT_KV_DIRECT
 PLACEHOLDER_LOGITS = Zeros((3, 1), "torch.float32", DEVICE)
 
 
@@ -279,11 +280,12 @@ def test_skip_mode_writes_no_kv_and_returns_the_placeholder() -> None:
 # -- choosing the mode at start-up ---------------------------------------------------------------
 
 
-def test_auto_is_kv_graph_where_exact_kv_ran_and_full_where_it_did_not() -> None:
-    """Measured on the H200: exact on v2 (0.5.17 from a graph, 0.5.12 eagerly), 0.96 / 0.97 of a plain
-    decode step at 64 / 128 requests on 0.5.17; v1 (``proven=False``) has not run exact_kv yet."""
-    assert runtime.DRAFT_KV_DEFAULT == GRAPH
-    assert runtime.DraftKV.build(draft_stack().runner, log=False).mode == GRAPH
+def test_auto_is_kv_direct_where_exact_kv_ran_and_full_where_it_did_not() -> None:
+    """Measured on the H200: exact on v2 (0.5.17 fed directly and from a graph, 0.5.12 eagerly), 0.97 /
+    0.99 of a plain decode step at 64 / 128 requests on 0.5.17 fed directly; v1 (``proven=False``) has
+    not run exact_kv yet."""
+    assert runtime.DRAFT_KV_DEFAULT == runtime.DRAFT_KV_DIRECT
+    assert runtime.DraftKV.build(draft_stack().runner, log=False).mode == runtime.DRAFT_KV_DIRECT
     assert runtime.DraftKV.build(draft_stack().runner, log=False, proven=False).mode == FULL
 
 
@@ -297,13 +299,13 @@ UNSERVABLE_DRAFTS: dict[str, Any] = {
 }
 
 
-@pytest.mark.parametrize("default", [KV, GRAPH])
+@pytest.mark.parametrize("default", [KV, GRAPH, runtime.DRAFT_KV_DIRECT])
 def test_auto_follows_draft_kv_default(default: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime, "DRAFT_KV_DEFAULT", default)
     assert runtime.DraftKV.build(draft_stack().runner, log=False).mode == default
 
 
-@pytest.mark.parametrize("default", [KV, GRAPH])
+@pytest.mark.parametrize("default", [KV, GRAPH, runtime.DRAFT_KV_DIRECT])
 @pytest.mark.parametrize(("stack_options", "why"), **UNSERVABLE_DRAFTS)
 def test_a_kv_only_default_meets_a_draft_it_cannot_serve_with_the_full_extend_said_once(
     default: str,
@@ -371,7 +373,7 @@ def test_the_draft_pool_is_read_when_a_window_needs_it_not_at_start_up(
 
 @pytest.mark.parametrize(
     ("setting", "mode"),
-    [("", GRAPH), ("auto", GRAPH), (" AUTO ", GRAPH), (" KV ", KV), ("Kv-Graph", GRAPH), ("full", FULL), ("Skip", SKIP)],
+    [("", DIRECT), ("auto", DIRECT), (" AUTO ", DIRECT), (" KV ", KV), ("Kv-Graph", GRAPH), ("full", FULL), ("Skip", SKIP)],
 )
 def test_the_setting_is_read_case_and_space_insensitively(
     monkeypatch: pytest.MonkeyPatch, setting: str, mode: str
@@ -1059,7 +1061,7 @@ def test_at_fall_back_without_a_zero_step_state_the_draft_extend_stays_full(
     assert what_ran(stack.log) == "full"
 
 
-@pytest.mark.parametrize(("setting", "mode"), [("full", FULL), ("auto", GRAPH), ("", GRAPH)])
+@pytest.mark.parametrize(("setting", "mode"), [("full", FULL), ("auto", DIRECT), ("", DIRECT)])
 def test_the_zero_step_policy_watches_the_draft_extend_unless_in_full_mode(
     monkeypatch: pytest.MonkeyPatch, setting: str, mode: str
 ) -> None:
@@ -1519,7 +1521,7 @@ def test_the_runtime_and_the_proof_harness_use_the_same_names() -> None:
     assert set(proof_run.DRAFT_KV_VARIANTS) == {FULL, SKIP} and set(proof_run.DRAFT_KV_VARIANTS) < set(
         runtime.DRAFT_KV_SETTINGS
     )
-    assert set(proof_run.KV_ONLY_MODES) == {KV, GRAPH, runtime.DRAFT_KV_DIRECT} and proof_run.KV_ONLY_MODE == GRAPH
+    assert set(proof_run.KV_ONLY_MODES) == {KV, GRAPH, runtime.DRAFT_KV_DIRECT} and proof_run.KV_ONLY_MODE == runtime.DRAFT_KV_DEFAULT
     assert set(proof_run.KV_ONLY_MODES) < set(runtime.DRAFT_KV_SETTINGS)
     assert exactkv.Load(1, 1, 1, 1, 1, 1).waves()[0][0].rid.startswith(runtime.RECORD_RID_PREFIX)
 

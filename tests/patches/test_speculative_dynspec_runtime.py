@@ -640,7 +640,7 @@ def test_the_decode_view_matches_each_releases_backend_api(version: str) -> None
 
 def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     new, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, None, "0.5.12")
-    marker = "# dynspec: speculative_dynspec_runtime r6\n"
+    marker = f"# dynspec: speculative_dynspec_runtime r{SpeculativeDynspecRuntime.REVISION}\n"
     assert new == marker + Path(runtime.__file__).read_text(encoding="utf-8")
     assert steps[0].outcome.value == "patched"
     shipped = types.ModuleType("sglang.srt.speculative.dynspec_runtime")

@@ -249,12 +249,12 @@ def test_exact_kv_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> None
     servers = {s["name"]: s for s in result["servers"]}
     assert list(servers) == ["dynspec", "dynspec-full", "dynspec-skip"]
     # the server proved runs the KV-only extend from its graph (KV_ONLY_MODE): the caller did not say otherwise
-    for name, setting in (("dynspec", "kv-graph"), ("dynspec-full", "full"), ("dynspec-skip", "skip")):
+    for name, setting in (("dynspec", "kv-direct"), ("dynspec-full", "full"), ("dynspec-skip", "skip")):
         assert servers[name]["env"]["DYNSPEC_RECORD_DRAFTS"] == str(out / f"drafts-{name}.jsonl")
         assert servers[name]["env"].get("DYNSPEC_DRAFT_KV") == setting
     assert KV_ONLY_WORDS in Path(servers["dynspec"]["log"]).read_text()
-    assert fake_sglang.DRAFT_KV_WORDS["kv-graph"] in Path(servers["dynspec"]["log"]).read_text()
-    assert kv["kv_only_extend"] == "from a CUDA graph"  # the report says which KV-only extend was proven
+    assert fake_sglang.DRAFT_KV_WORDS["kv-direct"] in Path(servers["dynspec"]["log"]).read_text()
+    assert kv["kv_only_extend"] == "from a CUDA graph, replayed directly"  # the report says which KV-only extend was proven
     # long requests of both waves and the joiners of the second went through a span and back
     assert kv["compared_requests"] >= 8 and kv["compared_steps"] >= 20 and kv["mismatches"] == 0
     assert kv["control_differs"] and kv["control_mismatches"] > 0
@@ -309,9 +309,9 @@ def test_the_fakes_start_up_words_are_the_runtimes() -> None:
 @pytest.mark.parametrize(
     ("setting", "faults", "says"),
     [
-        (None, "", "kv-graph"),
-        ("", "", "kv-graph"),
-        ("auto", "", "kv-graph"),
+        (None, "", "kv-direct"),
+        ("", "", "kv-direct"),
+        ("auto", "", "kv-direct"),
         ("full", "", "full"),
         ("kv", "", "kv"),
         (" KV-Graph ", "", "kv-graph"),
@@ -340,27 +340,27 @@ def test_the_fake_says_what_the_runtime_would(
 @pytest.mark.parametrize(
     ("setting", "mode", "refused"),
     [
-        (None, "kv-graph", False),
-        ("", "kv-graph", False),
-        ("  ", "kv-graph", False),
+        (None, "kv-direct", False),
+        ("", "kv-direct", False),
+        ("  ", "kv-direct", False),
         ("kv", "kv", False),
         (" KV-Graph ", "kv-graph", False),
         ("full", "full", True),
-        ("auto", "auto", True),  # auto names no mode (kv-graph on v2, full on v1): exact_kv proves a named one
+        ("auto", "auto", True),  # auto names no mode (kv-direct on v2, full on v1): exact_kv proves a named one
         ("skip", "skip", True),
     ],
 )
-def test_exact_kv_proves_kv_graph_unless_the_caller_names_another_kv_only_mode(
+def test_exact_kv_proves_kv_direct_unless_the_caller_names_another_kv_only_mode(
     setting: str | None, mode: str, refused: bool, tmp_path: Path
 ) -> None:
     env = {} if setting is None else {DRAFT_KV_ENV: setting}
     proof = Proof(ProofOptions(out=tmp_path, env=env), progress=lambda message: None)
     problems: list[str] = []
     assert proof.kv_mode(problems) == mode
-    assert KV_ONLY_MODE == "kv-graph" and KV_ONLY_MODES == ("kv-graph", "kv", "kv-direct")
+    assert KV_ONLY_MODE == "kv-direct" and KV_ONLY_MODES == ("kv-direct", "kv-graph", "kv")
     assert problems == (
         [
-            "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-graph, kv, kv-direct, "
+            "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-direct, kv-graph, kv, "
             f"not {mode!r}"
         ]
         if refused
@@ -392,6 +392,6 @@ def test_exact_kv_asked_to_prove_the_full_extend_fails(site: Any, tmp_path: Path
     kv = run_proof(opts, lambda m: None)["exact_kv"]
     assert not kv["passed"]
     assert kv["problems"][0] == (
-        "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-graph, kv, kv-direct, not 'full'"
+        "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-direct, kv-graph, kv, not 'full'"
     )
     assert kv["problems"][1].startswith("the dynspec server did not run the KV-only draft extend: ")

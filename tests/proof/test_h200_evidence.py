@@ -118,3 +118,46 @@ def test_session_5_per_step_ratio_of_the_kv_only_graph() -> None:
     published = json.loads((PROOF / "0.5.17-v2-s5-kv-graph-throughput" / "report.json").read_text())["mixed_load"]
     assert (published["passed"], published["dynspec_over_oracle"]) == (False, 1.0422)
     assert published["seconds"]["dynspec"] < min(published["seconds"]["base"], published["seconds"]["always_on"])
+
+
+# -- session 6 (runtime r6 / v2 module r10 at ba1511b, DYNSPEC_DRAFT_KV=kv-direct) ------------------
+
+S6 = PROOF / "0.5.17-v2-s6-kv-direct"
+S6_TPUT = PROOF / "0.5.17-v2-s6-kv-direct-throughput"
+S6_32K = PROOF / "0.5.17-v2-s6-kv-direct-32k"
+
+
+def test_session_6_the_direct_write_drafted_what_the_full_extend_drafted() -> None:
+    files = members(
+        S6 / "logs.tar.gz", *(f"drafts-{s}.jsonl" for s in ("dynspec", "dynspec-full", "dynspec-skip"))
+    )
+    recs = {
+        name: exactkv.parse(files[f"drafts-{server}.jsonl"].splitlines())
+        for name, server in (("kv", "dynspec"), ("full", "dynspec-full"), ("skip", "dynspec-skip"))
+    }
+    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
+    assert entry["passed"] and (entry["compared_requests"], entry["compared_steps"], entry["mismatches"]) == (16, 1052, 0)
+    assert (entry["control_compared_steps"], entry["control_mismatches"]) == (1052, 32)
+    assert not exactkv.judge({"kv": recs["skip"], "full": recs["full"], "skip": recs["skip"]}, {}, 100, [])["passed"]
+    report = json.loads((S6 / "report.json").read_text())
+    assert report["exact_kv"]["kv_only_extend"] == "from a CUDA graph, replayed directly"
+
+
+@pytest.mark.parametrize("evidence", [S6_TPUT, S6_32K], ids=["128k-draft-vocabulary", "32k-draft-vocabulary"])
+def test_session_6_the_direct_write_ran_and_its_per_step_ratio(evidence: Path) -> None:
+    logs = members(evidence / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    assert "(from a CUDA graph, replayed directly)" in logs["dynspec-sim.log"]
+    assert "kv-direct left a batch" not in logs["dynspec-sim.log"]  # every fallback batch went direct
+    ratios = steps.per_step({"base": logs["base-sim.log"], "direct": logs["dynspec-sim.log"]}, "base", [64, 128])
+    expected = {S6_TPUT: {"64": 0.971, "128": 0.99}, S6_32K: {"64": 0.973, "128": 0.99}}[evidence]
+    assert {c: r["median"] for c, r in ratios["direct"].items()} == expected
+    published = json.loads((evidence / "report.json").read_text())["throughput"]["per_step"]["dynspec"]
+    assert {c: r["median"] for c, r in published.items()} == expected
+
+
+def test_session_6_mixed_load_passes_within_the_margin() -> None:
+    published = json.loads((S6_TPUT / "report.json").read_text())["mixed_load"]
+    assert (published["passed"], published["dynspec_over_oracle"]) == (True, 1.0196)
+    seconds = published["seconds"]
+    assert seconds["dynspec"] < min(seconds["base"], seconds["always_on"])
+    assert seconds["dynspec"] <= 1.03 * published["oracle_seconds"]
