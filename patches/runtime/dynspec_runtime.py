@@ -220,10 +220,7 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
 
     tic = time.perf_counter()
     draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0, proven=False)  # v1: exact_kv not yet run
-    stock_graph = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
-    if stock_graph is not None:  # the fallback's full extend replays it with one token per request
-        backend = getattr(stock_graph, "draft_extend_attn_backend", None) or getattr(worker, "draft_extend_attn_backend", None)
-        draft_kv.capture_graph(lambda: type(stock_graph)(worker), backend)
+    capture_twin_of_stock_graph(draft_kv, worker)
     target = SingleTokenTarget.build(worker.target_worker.model_runner, enable_at_or_below)
     metrics = None
     if rank0 and getattr(args, "enable_metrics", False):
@@ -240,6 +237,17 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
             f"{describe_draft_kv(draft_kv)}"
         )
     return fallback
+
+
+def capture_twin_of_stock_graph(draft_kv: "DraftKV", owner: Any) -> None:
+    """``kv-graph``'s twin for v1's worker or v2's (0.5.4 - 0.5.13) draft worker: a new instance of the
+    draft-extend graph runner that ``owner`` built for itself, made the same way (``type(stock)(owner)``).
+    Without a stock graph (CUDA graphs off) there is nothing to copy and the KV-only extend is eager."""
+    stock_graph = getattr(owner, _WORKER_GRAPH, None)
+    if stock_graph is None:
+        return
+    backend = getattr(stock_graph, "draft_extend_attn_backend", None) or getattr(owner, "draft_extend_attn_backend", None)
+    draft_kv.capture_graph(lambda: type(stock_graph)(owner), backend)
 
 
 def describe_draft_kv(draft_kv: "DraftKV") -> str:

@@ -141,13 +141,22 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     settings = dynspec_settings(worker)
     if settings is None:
         return None
-    from sglang.srt.speculative.dynspec_runtime import DraftKV, DraftRecorder, SingleTokenTarget, describe_draft_kv
+    from sglang.srt.speculative.dynspec_runtime import (
+        DraftKV,
+        DraftRecorder,
+        SingleTokenTarget,
+        capture_twin_of_stock_graph,
+        describe_draft_kv,
+    )
 
     _refuse_unsupported(worker)
     rank0 = _tp_rank(worker) == 0
     tic = time.perf_counter()
     controller = _switch_controller(worker, settings, rank0)
     draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0)
+    # The stock runner is captured for the speculative width; the fallback's full extend (RESUME) runs
+    # eagerly (_SavedSteps), but the KV-only twin computes row by row, so one token per request fits it.
+    capture_twin_of_stock_graph(draft_kv, worker.draft_worker)
     target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
     fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     worker.draft_worker._dynspec = fallback
@@ -158,8 +167,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
             f"dynspec: v2 fallback ready in {time.perf_counter() - tic:.2f} s: speculation off above "
             f"{controller.disable_above} requests, on at or below {controller.enable_at_or_below}, at least "
             f"{controller.min_steps} iterations between switches; one-token target CUDA graphs for batch "
-            f"sizes {target.capture_bs or 'none (eager)'}; draft extend eager while off, "
-            f"{describe_draft_kv(draft_kv)}"
+            f"sizes {target.capture_bs or 'none (eager)'}; {describe_draft_kv(draft_kv)}"
         )
     return fallback
 

@@ -1186,6 +1186,81 @@ def test_v1_with_kv_graph_replays_the_twin_at_fall_back_and_the_stock_graph_othe
     assert worker.cuda_graph_runner_for_draft_extend is stock and attached.draft_kv.mode == GRAPH
 
 
+def v2_worker(stack: DraftStack) -> Any:
+    """0.5.4 - 0.5.13's ``EAGLEWorkerV2`` at the end of its ``__init__``: server args, a target, and the stack's
+    worker as its ``EagleDraftWorker``, holding the stock draft-extend graph its ``init_cuda_graphs`` captured."""
+    worker = v2_tests.worker_with(speculative_disable_batch_size=4, speculative_switch_min_steps=1)
+    draft_worker: Any = stack.worker
+    draft_worker.speculative_num_steps, draft_worker.speculative_num_draft_tokens = 3, 4
+    draft_worker.draft_extend_attn_backend = stack.backend
+    draft_worker.cuda_graph_runner_for_draft_extend = EAGLEDraftExtendCudaGraphRunner(draft_worker)
+    worker.draft_worker = draft_worker
+    worker.speculative_num_steps, worker.speculative_num_draft_tokens = 3, 4
+    stack.clear()
+    stack.pool.kv.clear()
+    return worker
+
+
+@pytest.mark.parametrize("setting", [GRAPH, DIRECT, "auto"])
+def test_v2_fallback_attach_captures_a_kv_only_twin_of_the_draft_workers_graph(
+    setting: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """0.5.4 - 0.5.13: the twin as on v1, of the draft worker's runner; kv-direct (the default) is kv-graph here."""
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
+    stack = draft_stack()
+    worker = v2_worker(stack)
+    stock = worker.draft_worker.cuda_graph_runner_for_draft_extend
+    with caplog.at_level(logging.INFO):
+        fallback = v2.attach_fallback(worker)
+    assert fallback is not None
+    graph = fallback.draft_kv.graph
+    assert type(graph) is type(stock) and graph is not stock and graph.worker is worker.draft_worker
+    assert graph.kernels == KV_ONLY_KERNELS and stock.kernels == FULL_KERNELS
+    assert graph.buffers is stock.buffers and worker.draft_worker.cuda_graph_runner_for_draft_extend is stock
+    assert "draft KV only while off (from a CUDA graph), full draft extend at resume" in caplog.text
+    assert "eager while off" not in caplog.text
+
+
+@pytest.mark.parametrize("setting", [KV, FULL, SKIP])
+def test_v2_fallback_attach_captures_nothing_outside_the_graph_modes(setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
+    stack = draft_stack()
+    fallback = v2.attach_fallback(v2_worker(stack))
+    assert fallback is not None and fallback.draft_kv.graph is None and stack.log == []
+
+
+def test_v2_fallback_replays_the_twin_at_fall_back_the_stock_graph_when_speculating_and_none_at_resume(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The resume's full extend stays eager (_SavedSteps: the stock graph holds four tokens per request)."""
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
+    stack = draft_stack()
+    worker = v2_worker(stack)
+    stock = worker.draft_worker.cuda_graph_runner_for_draft_extend
+    attached = v2.attach_fallback(worker)
+    assert attached is not None and attached.draft_kv.graph is not None
+    twin = attached.draft_kv.graph
+    controller = runtime.SwitchController(4, min_steps=1, log=False)
+    fallback = v2.V2Fallback(controller, TargetStub(), attached.draft_kv, StepRecorder())
+
+    def decode_branch(batch: Any) -> Any:
+        if fallback.should_fall_back(batch):
+            return fallback.fall_back(worker, lambda: decode_branch(batch))
+        stack.extend()
+        return SimpleNamespace(next_token_ids=None, speculative_num_draft_tokens=worker.speculative_num_draft_tokens)
+
+    ran = []
+    for size in SIZES:
+        stack.clear()
+        decode_branch(v2_tests.decode_batch(size))
+        ran.append(what_ran(stack.log))
+    assert ran == EXPECTED
+    replayed = [seen["cuda_graph_runner_for_draft_extend"] for seen in stack.worker.seen_inside]
+    assert replayed == [stock, twin, twin, None, stock, twin]
+    assert outside_capture(stack.pool) == full_forward_kv()
+    assert worker.draft_worker.cuda_graph_runner_for_draft_extend is stock
+
+
 class OverridingWorker(v2_tests.FakeAdaptiveWorker):
     """0.5.14+'s ``EAGLEWorkerV2`` as the zero-step policy's capture sees it.
 
@@ -1552,7 +1627,7 @@ def test_the_start_up_words_of_each_mode(mode: str, graph: bool, words: str) -> 
     assert runtime.describe_draft_kv(draft_kv) == words
 
 
-ATTACH_PATHS = ["v1", "v1-graph", "v2", "zero-step", "zero-step-graph"]  # -graph: a stock draft-extend graph to twin
+ATTACH_PATHS = ["v1", "v1-graph", "v2", "v2-graph", "zero-step", "zero-step-graph"]  # -graph: a stock graph to twin
 
 
 def start_up_lines(attach: str, caplog: pytest.LogCaptureFixture) -> list[str]:
@@ -1564,7 +1639,11 @@ def start_up_lines(attach: str, caplog: pytest.LogCaptureFixture) -> list[str]:
         elif attach == "v1-graph":
             assert runtime.attach_dynspec(v1_worker(draft_stack())) is not None
         elif attach == "v2":
-            assert v2.attach_fallback(v2_tests.worker_with(speculative_disable_batch_size=8)) is not None
+            worker = v2_tests.worker_with(speculative_disable_batch_size=8)
+            worker.draft_worker.cuda_graph_runner_for_draft_extend = None  # CUDA graphs off: nothing to twin
+            assert v2.attach_fallback(worker) is not None
+        elif attach == "v2-graph":
+            assert v2.attach_fallback(v2_worker(draft_stack())) is not None
         else:
             worker = (
                 OverridingWorker(draft_stack())
@@ -1818,6 +1897,30 @@ def test_graph_like_relies_on_the_releases_override_and_runtime_state(version: s
     constructions = graph_runner_constructions(draft)
     assert constructions and all(only_the_worker(c) for c in constructions), [ast.unparse(c) for c in constructions]
     assert {"draft_extend_attn_backend", "draft_runner"} <= assigned_attributes(ast.unparse(draft))
+
+
+OWN_FALLBACK = [v for v in RELEASES if Version("0.5.4") <= Version(v) < Version("0.5.14")]
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", OWN_FALLBACK)
+def test_v2_draft_worker_builds_its_draft_extend_graph_runner_from_itself_before_the_fallback_attaches(
+    version: str,
+) -> None:
+    """``capture_twin_of_stock_graph(draft_kv, worker.draft_worker)`` at the end of ``EAGLEWorkerV2.__init__``
+    (0.5.4 - 0.5.13): the draft worker's ``__init__`` has captured its runner by then, made from itself alone."""
+    source = unpacked_source(version, V2_WORKER)
+    assert source is not None
+    draft = class_def(source, "EagleDraftWorker")
+    assert draft is not None, version
+    constructions = graph_runner_constructions(draft)
+    assert constructions and all(only_the_worker(c) for c in constructions), [ast.unparse(c) for c in constructions]
+    assert calls_to(method_def(draft, "__init__"), "self.init_cuda_graphs"), version
+    worker = class_def(source, "EAGLEWorkerV2")
+    assert worker is not None
+    init = method_def(worker, "__init__")
+    made = [n for n in ast.walk(init) if isinstance(n, ast.Call) and ast.unparse(n.func) == "EagleDraftWorker"]
+    assert made, version  # built inside the worker's __init__, which the fallback's hook ends
 
 
 @pytest.mark.releases
