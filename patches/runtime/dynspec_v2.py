@@ -159,6 +159,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     capture_twin_of_stock_graph(draft_kv, worker.draft_worker)
     target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
     fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
+    fallback.feed_twin_directly(worker, log=rank0)
     worker.draft_worker._dynspec = fallback
     if fallback.recorder is not None:
         fallback.recorder.watch_drafts(worker.draft_worker, lambda: fallback.in_fallback)
@@ -262,6 +263,32 @@ class V2Fallback:
         if needs_stride_padding(result):
             result.next_token_ids = pad_to_stride(result.next_token_ids, stride)
         return result
+
+    def feed_twin_directly(self, worker: Any, log: bool) -> None:
+        """``kv-direct`` on 0.5.10 - 0.5.13: a fallback iteration's draft extend becomes a
+        ``FallbackDirectWrite`` of the twin, where the twin allows it (else it stays kv-graph, said once)."""
+        from sglang.srt.speculative.dynspec_runtime import DRAFT_KV_DIRECT
+
+        if self.draft_kv.mode != DRAFT_KV_DIRECT or self.draft_kv.graph is None:
+            return
+        direct, why_not = FallbackDirectWrite.build(self.draft_kv.graph, worker, self.draft_kv)
+        if direct is None:
+            if log:
+                logger.info(f"dynspec: {why_not}; kv-direct replays the KV-only graph through the stock extend")
+            return
+        self.draft_kv.direct = direct
+        draft_worker = worker.draft_worker
+        stock = draft_worker._draft_extend_for_decode
+
+        def draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
+            writer = self.draft_kv.direct  # None once given up
+            # The release calls it as (batch, batch_result); RESUME and speculation run the stock one.
+            fall_back = self.in_fallback and self._step == self.controller.FALL_BACK
+            if fall_back and writer is not None and len(args) == 2 and writer.write(*args):
+                return None
+            return stock(*args, **kwargs)
+
+        draft_worker._draft_extend_for_decode = draft_extend_for_decode
 
     def publish_early(self, batch: Any, on_publish: Any) -> Any:
         """0.5.13: called by the hook before ``fall_back``; returns the callback the re-run gets.
@@ -536,7 +563,7 @@ class ZeroStepPolicy:
 
         if self.draft_kv.mode != DRAFT_KV_DIRECT or self.draft_kv.graph is None:
             return
-        direct, why_not = DirectKVWrite.build(self.draft_kv.graph, self.worker)
+        direct, why_not = ZeroStepDirectWrite.build(self.draft_kv.graph, self.worker)
         if direct is None:
             if self.log:
                 logger.info(f"dynspec: {why_not}; kv-direct replays the KV-only graph through the stock extend")
@@ -601,10 +628,7 @@ class ZeroStepPolicy:
             # The release calls it as (batch, batch_output).
             direct = self.draft_kv.direct  # None unless kv-direct was built, and once given up
             if direct is not None and len(args) == 2 and direct.write(*args):
-                # Its outputs are never read while off (RESUME runs the full extend): the stubs
-                # that upstream's skip switch leaves in their place.
-                self.worker._stub_skipped_draft_extend(*args)
-                return None
+                return None  # the stubs upstream's skip switch leaves stand in for its outputs
             with self.draft_kv.kv_only(draft_worker):
                 return stock(*args, **kwargs)
 
@@ -612,88 +636,68 @@ class ZeroStepPolicy:
 
 
 class DirectKVWrite:
-    """``kv-direct`` on 0.5.14+: the KV-only twin graph fed straight from the verify's tensors.
+    """``kv-direct``: the KV-only twin graph fed straight from a one-token verify's tensors.
 
     The stock draft extend builds a forward batch, attention metadata and top-k around the graph.
-    The KV-only twin reads none of that: only four inputs, one row per request at zero steps: the
-    verified next tokens, their positions (the pre-verify ``seq_lens``, as ``prepare_for_draft_extend``
-    makes them), their cache slots (the verify's ``out_cache_loc``) and the target's hidden states.
-    ``write`` copies those into the twin's input buffers, pads to a captured size (padding rows
-    write slot 0, the pool's reserved slot, as the stock replay pads) and replays the graph.
+    The KV-only twin reads none of that: only four inputs, one row per request in a fallback
+    iteration: the verified next tokens, their positions (the pre-verify ``seq_lens``, as the
+    release's extend preparation makes them), their cache slots (the verify's ``out_cache_loc``) and
+    the target's hidden states. ``write`` copies those into the twin's input buffers, pads to a
+    captured size (padding rows write slot 0, the pool's reserved slot, as the stock replay pads),
+    replays the graph and leaves shape-valid stand-ins where the extend's outputs would be (never
+    read while off: RESUME runs the full extend). ``write`` returns False for a batch it cannot take
+    (idle, above the largest captured size, other shapes); the caller then runs the stock extend
+    under ``DraftKV.kv_only``.
 
-    The release captures the twin ``captured_req_width`` tokens per request wide (the speculative
-    width, 4 for 3 steps), and the stock replay pads each one-token request to that width. What the
-    graph keeps (embedding, fc, norms, K/V projections, rope, the KV write) works row by row, so
-    the direct write packs the rows instead: the graph of the smallest size whose ``size * width``
-    rows hold them, a quarter of the stock replay's rows at width 4.
+    The release captures the twin ``width`` tokens per request wide (the speculative width, 4 for 3
+    steps), and the stock replay pads each one-token request to that width. What the graph keeps
+    (embedding, fc, norms, K/V projections, rope, the KV write) works row by row, so the direct write
+    packs the rows instead: the graph of the smallest size whose ``size * width`` rows hold them, a
+    quarter of the stock replay's rows at width 4.
 
-    It also publishes the read-done event the scheduler's WAR barrier waits on, which the stock
-    graph runner publishes once its inputs are copied; without it the barrier waits for the whole
-    forward. ``write`` returns False for a batch it cannot take (idle, above the largest captured
-    size, other shapes); the caller then runs the stock extend under ``DraftKV.kv_only``.
+    Two releases' worth of runners: ``ZeroStepDirectWrite`` (0.5.14+, the zero-step state) and
+    ``FallbackDirectWrite`` (0.5.10 - 0.5.13, dynspec's own fallback). They differ in where the
+    graphs and the width live, how a graph is replayed, and what stands in for the outputs.
     """
 
     INPUTS = ("input_ids", "positions", "out_cache_loc", "hidden_states")
     # Pools whose KV write goes to ``out_cache_loc`` as given. SWA and unified pools translate the
     # slots when the attention metadata is built, which the direct write does not rebuild.
     POOLS = ("MHATokenToKVPool",)
-    # Graph backends whose replay is the captured graph alone; a breakable graph runs eager pieces
-    # between its parts, a piecewise one compiles: neither is only its buffers and a replay.
-    GRAPH_BACKENDS = ("FullCudaGraphBackend",)
-    # The draft runner's read-done mailbox: named so in 0.5.18+, and before that.
-    READ_DONE_EVENTS = ("shared_read_done_event", "war_fastpath_read_done_event")
+    WIDTH = "captured_req_width"  # the runner's token rows per captured request
 
-    def __init__(self, twin: Any, read_done: Optional[str]) -> None:
+    def __init__(self, twin: Any) -> None:
         self.twin = twin
         self.buffers = twin.buffers
-        self.backend = twin.backend  # its replay(key, batch) replays that key's graph, batch unread
         self.sizes = sorted(twin.capture_bs)
-        self.width = int(getattr(twin, "captured_req_width", 1))  # token rows per captured request
-        self.runner = twin.model_runner
-        self.read_done = read_done  # the runner's read-done attribute, or None: the coarse barrier
-        self.new_event = twin.device_module.Event if read_done is not None else None
+        self.width = int(getattr(twin, self.WIDTH, 1))
         self.said_no = False  # a batch it could not take has been logged
 
     @classmethod
-    def build(cls, twin: Any, worker: Any) -> Tuple[Optional["DirectKVWrite"], str]:
-        """The writer, or None and why not: the twin must hold plain CUDA graphs, one per batch size,
-        fed from the four buffers, on a pool that writes where ``out_cache_loc`` says."""
+    def unfit(cls, twin: Any, worker: Any) -> Optional[str]:
+        """Why the direct write cannot feed ``twin`` (checks both kinds share); None if it can."""
         name = type(twin).__name__
         buffers = getattr(twin, "buffers", None)
         missing = [n for n in cls.INPUTS if getattr(buffers, n, None) is None]
         if missing:
-            return None, f"{name} has no {missing[0]} buffer"
-        backend = getattr(twin, "backend", None)
-        if type(backend).__name__ not in cls.GRAPH_BACKENDS:
-            return None, f"{name} replays through {type(backend).__name__}, not a plain CUDA graph per batch size"
-        graphs = getattr(backend, "_graphs", None)
-        sizes = getattr(twin, "capture_bs", None)
-        if not isinstance(graphs, dict) or not sizes or not hasattr(twin, "_make_graph_key"):
-            return None, f"{name} keeps no plain CUDA graph per batch size"
-        if any(twin._make_graph_key(size) not in graphs for size in sizes):
-            return None, f"{name} has not captured a graph for every batch size it lists"
-        width = getattr(twin, "captured_req_width", 1)
+            return f"{name} has no {missing[0]} buffer"
+        width = getattr(twin, cls.WIDTH, 1)
         if not isinstance(width, int) or width < 1:
-            return None, f"{name} holds {width!r} tokens per request"
-        if getattr(twin, "require_mlp_tp_gather", False) or getattr(twin, "require_gathered_buffer", False):
-            return None, f"{name} gathers across data-parallel ranks"
-        if not callable(getattr(worker, "_stub_skipped_draft_extend", None)):
-            return None, "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"
-        # Outputs of the extend that the stubs do not stand in for.
-        if getattr(getattr(worker, "draft_worker", None), "seed_dsa_topk_from_draft_extend", False):
-            return None, "the draft extend seeds the DSA indexer's top-k"
-        if read_setting(worker, "speculative_use_rejection_sampling", False):
-            return None, "rejection sampling keeps the draft extend's probabilities"
+            return f"{name} holds {width!r} tokens per request"
+        if not getattr(twin, "capture_bs", None):
+            return f"{name} keeps no plain CUDA graph per batch size"
+        gathers = ("require_mlp_tp_gather", "require_gathered_buffer", "require_mlp_sync")
+        if any(getattr(twin, g, False) for g in gathers):
+            return f"{name} gathers across data-parallel ranks"
+        if read_setting(worker, "moe_a2a_backend", "none") not in (None, "none"):
+            return "an all-to-all MoE backend runs hooks around the replay"
         runner = getattr(twin, "model_runner", None)
         pool = type(getattr(runner, "token_to_kv_pool", None)).__name__
         if pool not in cls.POOLS:
-            return None, f"the draft KV pool {pool} may translate its cache slots with the attention metadata"
+            return f"the draft KV pool {pool} may translate its cache slots with the attention metadata"
         if getattr(getattr(twin, "draft_extend_attn_backend", None), "_translate_kv_loc", None) is not None:
-            return None, "the draft-extend backend translates its cache slots with the attention metadata"
-        read_done = next((a for a in cls.READ_DONE_EVENTS if hasattr(runner, a)), None)
-        if not callable(getattr(getattr(twin, "device_module", None), "Event", None)):
-            read_done = None
-        return cls(twin, read_done), ""
+            return "the draft-extend backend translates its cache slots with the attention metadata"
+        return None
 
     def write(self, batch: Any, batch_result: Any) -> bool:
         """Write the draft KV of one fallback iteration; False if this batch is not one it can take."""
@@ -728,9 +732,115 @@ class DirectKVWrite:
         if padded > rows:
             for name in ("input_ids", "positions", "out_cache_loc"):
                 getattr(b, name)[rows:padded].zero_()
+        self.replay(self.sizes[at])
+        self.stand_in(batch, batch_result)
+        return True
+
+    def replay(self, size: int) -> None:
+        raise NotImplementedError
+
+    def stand_in(self, batch: Any, batch_result: Any) -> None:
+        raise NotImplementedError
+
+
+class ZeroStepDirectWrite(DirectKVWrite):
+    """0.5.14+: graphs in a full-graph backend, upstream's skip stubs for the outputs.
+
+    It also publishes the read-done event the scheduler's WAR barrier waits on, which the stock
+    graph runner publishes once its inputs are copied; without it the barrier waits for the whole
+    forward.
+    """
+
+    # Graph backends whose replay is the captured graph alone; a breakable graph runs eager pieces
+    # between its parts, a piecewise one compiles: neither is only its buffers and a replay.
+    GRAPH_BACKENDS = ("FullCudaGraphBackend",)
+    # The draft runner's read-done mailbox: named so in 0.5.18+, and before that.
+    READ_DONE_EVENTS = ("shared_read_done_event", "war_fastpath_read_done_event")
+
+    def __init__(self, twin: Any, worker: Any, read_done: Optional[str]) -> None:
+        super().__init__(twin)
+        self.worker = worker  # its _stub_skipped_draft_extend stands in for the extend's outputs
+        self.backend = twin.backend  # its replay(key, batch) replays that key's graph, batch unread
+        self.runner = twin.model_runner
+        self.read_done = read_done  # the runner's read-done attribute, or None: the coarse barrier
+        self.new_event = twin.device_module.Event if read_done is not None else None
+
+    @classmethod
+    def build(cls, twin: Any, worker: Any) -> Tuple[Optional["ZeroStepDirectWrite"], str]:
+        """The writer, or None and why not: the twin must hold plain CUDA graphs, one per batch size,
+        fed from the four buffers, on a pool that writes where ``out_cache_loc`` says."""
+        why_not = cls.unfit(twin, worker)
+        if why_not is not None:
+            return None, why_not
+        name = type(twin).__name__
+        backend = getattr(twin, "backend", None)
+        if type(backend).__name__ not in cls.GRAPH_BACKENDS:
+            return None, f"{name} replays through {type(backend).__name__}, not a plain CUDA graph per batch size"
+        graphs = getattr(backend, "_graphs", None)
+        if not isinstance(graphs, dict) or not hasattr(twin, "_make_graph_key"):
+            return None, f"{name} keeps no plain CUDA graph per batch size"
+        if any(twin._make_graph_key(size) not in graphs for size in twin.capture_bs):
+            return None, f"{name} has not captured a graph for every batch size it lists"
+        if not callable(getattr(worker, "_stub_skipped_draft_extend", None)):
+            return None, "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"
+        # Outputs of the extend that the stubs do not stand in for.
+        if getattr(getattr(worker, "draft_worker", None), "seed_dsa_topk_from_draft_extend", False):
+            return None, "the draft extend seeds the DSA indexer's top-k"
+        if read_setting(worker, "speculative_use_rejection_sampling", False):
+            return None, "rejection sampling keeps the draft extend's probabilities"
+        runner = twin.model_runner
+        read_done = next((a for a in cls.READ_DONE_EVENTS if hasattr(runner, a)), None)
+        if not callable(getattr(getattr(twin, "device_module", None), "Event", None)):
+            read_done = None
+        return cls(twin, worker, read_done), ""
+
+    def replay(self, size: int) -> None:
         if self.new_event is not None:
             event = self.new_event()
             event.record()
             setattr(self.runner, self.read_done, event)
-        self.backend.replay(self.twin._make_graph_key(self.sizes[at]), None)
-        return True
+        self.backend.replay(self.twin._make_graph_key(size), None)
+
+    def stand_in(self, batch: Any, batch_result: Any) -> None:
+        self.worker._stub_skipped_draft_extend(batch, batch_result)
+
+
+class FallbackDirectWrite(DirectKVWrite):
+    """0.5.10 - 0.5.13 (dynspec's own fallback): ``graphs[size]`` are ``torch.cuda.CUDAGraph``s.
+
+    The stock ``_draft_extend_for_decode`` ends by setting ``next_draft_input``'s ``topk_p``,
+    ``topk_index`` and ``hidden_states``; the scheduler copies them into its future map. The stand-ins
+    are what the eager KV-only extend leaves there: top-k of one placeholder logit (p 1, index 0)
+    and zero hidden states of the draft's width, one row per request.
+    """
+
+    WIDTH = "num_tokens_per_bs"
+
+    def __init__(self, twin: Any, draft_kv: Any) -> None:
+        super().__init__(twin)
+        self.graphs = twin.graphs
+        self.draft_kv = draft_kv  # its placeholder() makes the hidden states of the draft's width
+
+    @classmethod
+    def build(cls, twin: Any, worker: Any, draft_kv: Any) -> Tuple[Optional["FallbackDirectWrite"], str]:
+        why_not = cls.unfit(twin, worker)
+        if why_not is not None:
+            return None, why_not
+        name = type(twin).__name__
+        graphs = getattr(twin, "graphs", None)
+        if not isinstance(graphs, dict) or any(size not in graphs for size in twin.capture_bs):
+            return None, f"{name} has not captured a graph for every batch size it lists"
+        return cls(twin, draft_kv), ""
+
+    def replay(self, size: int) -> None:
+        self.graphs[size].replay()
+
+    def stand_in(self, batch: Any, batch_result: Any) -> None:
+        import torch
+
+        rows = int(batch.seq_lens.shape[0])
+        device = batch_result.next_token_ids.device
+        stand_in = batch_result.next_draft_input
+        stand_in.topk_p = torch.ones((rows, 1), dtype=torch.float32, device=device)
+        stand_in.topk_index = torch.zeros((rows, 1), dtype=torch.int64, device=device)
+        stand_in.hidden_states = self.draft_kv.placeholder(rows, device).hidden_states

@@ -23,11 +23,13 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from packaging.version import Version
 
 from patcher import releases
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
-from tests.patches.fake_draft import EXTEND, Extend, MHATokenToKVPool, full_forward_kv, kv_of
+from tests.conftest import RELEASES
+from tests.patches.fake_draft import EXTEND, Extend, MHATokenToKVPool, Zeros, full_forward_kv, install_fake_torch, kv_of
 from tests.patches.test_dynspec_draft_kv import (
     EXTEND_RUNNER,
     KV_GRAPH_MEMBERS,
@@ -177,10 +179,10 @@ class Worker:
         self.stubbed.append(batch.seq_lens.shape[0])
 
 
-def stack(**twin_options: Any) -> tuple[ZeroStepTwin, MHATokenToKVPool, v2.DirectKVWrite]:
+def stack(**twin_options: Any) -> tuple[ZeroStepTwin, MHATokenToKVPool, v2.ZeroStepDirectWrite]:
     pool = MHATokenToKVPool([])
     twin = ZeroStepTwin(pool, [], **twin_options)
-    direct, why_not = v2.DirectKVWrite.build(twin, Worker())
+    direct, why_not = v2.ZeroStepDirectWrite.build(twin, Worker())
     assert direct is not None, why_not
     return twin, pool, direct
 
@@ -255,7 +257,7 @@ def test_without_zeroing_the_padding_a_stale_row_overwrites_that_slot(monkeypatc
     assert pool.kv[(0, 703)] == full_forward_kv(FOUR)[(0, 703)] != full_forward_kv(REUSED)[(0, 703)]
 
 
-@pytest.mark.parametrize("mailbox", v2.DirectKVWrite.READ_DONE_EVENTS)
+@pytest.mark.parametrize("mailbox", v2.ZeroStepDirectWrite.READ_DONE_EVENTS)
 def test_the_write_publishes_the_read_done_event_the_scheduler_waits_on(mailbox: str) -> None:
     twin, _, direct = stack(mailbox=mailbox)
     assert getattr(twin.model_runner, mailbox) is None
@@ -337,9 +339,9 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
 )
 def test_build_refuses_a_twin_it_cannot_feed_and_says_why(case: str, why: str) -> None:
     twin, worker = ZeroStepTwin(MHATokenToKVPool([]), []), Worker()
-    assert v2.DirectKVWrite.build(twin, worker)[0] is not None  # the control: undamaged, it builds
+    assert v2.ZeroStepDirectWrite.build(twin, worker)[0] is not None  # the control: undamaged, it builds
     damage(case, twin, worker)
-    direct, why_not = v2.DirectKVWrite.build(twin, worker)
+    direct, why_not = v2.ZeroStepDirectWrite.build(twin, worker)
     assert direct is None and why in why_not
 
 
@@ -389,7 +391,7 @@ def test_the_policy_writes_directly_only_at_fall_back_and_resume_runs_the_stock_
     twin = ZeroStepTwin(MHATokenToKVPool([]), [])
     policy, draft_worker, worker = policy_with(runtime.DRAFT_KV_DIRECT, twin)
     policy._build_direct()
-    assert isinstance(policy.draft_kv.direct, v2.DirectKVWrite)
+    assert isinstance(policy.draft_kv.direct, v2.ZeroStepDirectWrite)
     assert runtime.describe_draft_kv(policy.draft_kv).endswith(
         "(from a CUDA graph, replayed directly), full draft extend at resume"
     )
@@ -473,7 +475,8 @@ BASE_WORKER = "srt/speculative/base_spec_worker.py"
 SERVER_ARGS = "srt/server_args.py"
 SPEC_FIELDS = "srt/arg_groups/fields/spec.py"  # 0.5.20+: the speculative settings' own namespace
 # kv-graph's members too: one cached tree per release serves both files' release tests.
-MEMBERS = [*KV_GRAPH_MEMBERS, FULL_BACKEND, COMMON, MODEL_RUNNER, BASE_WORKER, SERVER_ARGS, SPEC_FIELDS]
+EAGLE_INFO_V2 = "srt/speculative/eagle_info_v2.py"  # the own fallback's extend preparation (0.5.10 - 0.5.13)
+MEMBERS = [*KV_GRAPH_MEMBERS, FULL_BACKEND, COMMON, MODEL_RUNNER, BASE_WORKER, SERVER_ARGS, SPEC_FIELDS, EAGLE_INFO_V2]
 
 
 def has_member(version: str, member: str) -> bool:
@@ -522,7 +525,7 @@ def test_the_draft_extend_runner_keeps_what_the_direct_write_reads(version: str)
 @pytest.mark.releases
 @pytest.mark.parametrize("version", ZERO_STEP)
 def test_the_full_backends_replay_replays_its_graph_and_never_reads_the_forward_batch(version: str) -> None:
-    backend = class_named(source_of(version, FULL_BACKEND), v2.DirectKVWrite.GRAPH_BACKENDS[0])
+    backend = class_named(source_of(version, FULL_BACKEND), v2.ZeroStepDirectWrite.GRAPH_BACKENDS[0])
     assert "_graphs" in self_assigned(backend)
     replay = method_def(backend, "replay")
     batch = replay.args.args[2].arg
@@ -578,7 +581,7 @@ def test_the_stock_extend_takes_the_four_inputs_from_where_the_direct_write_does
         guards = [ast.unparse(n.test) for n in nested_in(prepare[0], write) if isinstance(n, ast.If)]
         assert guards == ["widen"], guards
     runner = source_of(version, MODEL_RUNNER)
-    assert any(f"self.{name}" in runner for name in v2.DirectKVWrite.READ_DONE_EVENTS), "no read-done mailbox"
+    assert any(f"self.{name}" in runner for name in v2.ZeroStepDirectWrite.READ_DONE_EVENTS), "no read-done mailbox"
 
 
 @pytest.mark.releases
@@ -597,3 +600,241 @@ def test_the_extend_outputs_the_stubs_miss_are_named_as_build_reads_them(version
         assert "seed_dsa_topk_from_draft_extend" in self_assigned(draft)
     homes = [source_of(version, m) for m in (SERVER_ARGS, SPEC_FIELDS) if has_member(version, m)]
     assert any(re.search(r"^\s+speculative_use_rejection_sampling\s*:", home, re.M) for home in homes)
+
+
+# -- 0.5.10 - 0.5.13: the own fallback's direct write (FallbackDirectWrite) --------------------------
+
+DRAFT_WIDTH = 8  # the draft model's hidden size: the width of next_draft_input.hidden_states
+
+
+class CudaGraph:
+    """``torch.cuda.CUDAGraph`` of a 0.5.10 - 0.5.13 KV-only twin: ``size * width`` rows, as ``Graph``."""
+
+    def __init__(self, twin: FallbackTwin, size: int) -> None:
+        self.twin, self.size = twin, size
+
+    def replay(self) -> None:
+        b, twin = self.twin.buffers, self.twin
+        twin.log.append(f"replay {self.size}")
+        for row in range(self.size * twin.num_tokens_per_bs):
+            token, position, hidden = b.input_ids.store[row], b.positions.store[row], b.hidden_states.store[row]
+            twin.pool.kv[(0, b.out_cache_loc.store[row])] = kv_of(token or 0, position or 0, hidden or 0)
+
+
+class FallbackTwin:
+    """0.5.10 - 0.5.13's ``EAGLEDraftExtendCudaGraphRunner`` as the direct write reads it."""
+
+    def __init__(self, pool: Any, log: list[str], width: int = 4) -> None:
+        self.pool, self.log = pool, log
+        self.model_runner = SimpleNamespace(token_to_kv_pool=pool)
+        self.capture_bs = list(SIZES)
+        self.num_tokens_per_bs = width
+        self.require_mlp_tp_gather = self.require_gathered_buffer = self.require_mlp_sync = False
+        self.draft_extend_attn_backend = SimpleNamespace()
+        top = max(SIZES) * width
+        self.buffers = SimpleNamespace(
+            input_ids=Buffer.of(top),
+            positions=Buffer.of(top),
+            out_cache_loc=Buffer.of(top),
+            hidden_states=Buffer.of(top, HIDDEN_WIDTH),
+        )
+        self.graphs = {size: CudaGraph(self, size) for size in SIZES}
+
+
+def fallback_draft_kv() -> runtime.DraftKV:
+    config = SimpleNamespace(spec_hidden_size=DRAFT_WIDTH, hidden_size=DRAFT_WIDTH, dtype="torch.bfloat16")
+    return runtime.DraftKV(runtime.DRAFT_KV_DIRECT, SimpleNamespace(model=None, model_config=config), log=False)
+
+
+def fallback_batch_of(extend: Extend = EXTEND) -> tuple[Any, Any]:
+    """A fallback iteration's ``(batch, batch_result)``; the verify has set ``next_draft_input``."""
+    batch, output = batch_of(extend)
+    output.next_token_ids.device = "cuda:0"
+    output.next_draft_input = SimpleNamespace(topk_p="verify's", topk_index="verify's", hidden_states="verify's")
+    return batch, output
+
+
+@pytest.fixture
+def fake_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    torch = install_fake_torch(monkeypatch)
+    monkeypatch.setattr(torch, "int64", "torch.int64", raising=False)
+    monkeypatch.setattr(torch, "ones", lambda shape, dtype=None, device=None: Ones(tuple(shape), dtype, device), raising=False)
+
+
+@dataclass
+class Ones:
+    shape: tuple[int, ...]
+    dtype: Any
+    device: Any
+
+
+def fallback_stack(**twin_options: Any) -> tuple[FallbackTwin, MHATokenToKVPool, v2.FallbackDirectWrite]:
+    pool = MHATokenToKVPool([])
+    twin = FallbackTwin(pool, [], **twin_options)
+    direct, why_not = v2.FallbackDirectWrite.build(twin, Worker(), fallback_draft_kv())
+    assert direct is not None, why_not
+    return twin, pool, direct
+
+
+@pytest.mark.usefixtures("fake_torch")
+def test_the_fallbacks_direct_write_packs_the_rows_and_leaves_what_the_eager_kv_only_extend_leaves() -> None:
+    twin, pool, direct = fallback_stack()
+    batch, output = fallback_batch_of()
+    assert direct.write(batch, output)
+    assert without_padding(pool) == full_forward_kv(EXTEND)
+    assert twin.log == ["replay 2"]  # 3 rows in the size-2 graph's 8
+    assert twin.buffers.out_cache_loc.store[3:8] == [0] * 5
+    stand_in = output.next_draft_input
+    assert stand_in.topk_p == Ones((3, 1), "torch.float32", "cuda:0")
+    assert stand_in.topk_index == Zeros((3, 1), "torch.int64", "cuda:0")
+    assert stand_in.hidden_states == Zeros((3, DRAFT_WIDTH), "torch.bfloat16", "cuda:0")
+
+
+@pytest.mark.usefixtures("fake_torch")
+def test_the_fallbacks_direct_write_zeroes_the_padding_of_the_wide_graph() -> None:
+    """As at 0.5.14+: a row left from an earlier batch would overwrite a slot now another request's."""
+    twin, pool, direct = fallback_stack()
+    for extend in (FOUR, REUSED):
+        assert direct.write(*fallback_batch_of(extend))
+    assert pool.kv[(0, 703)] == full_forward_kv(REUSED)[(0, 703)]
+    direct.width = 1  # the control: zeroing one row per request leaves FOUR's rows 2 and 3 in place
+    for extend in (FOUR, REUSED):
+        assert direct.write(*fallback_batch_of(extend))
+    assert pool.kv[(0, 703)] == full_forward_kv(FOUR)[(0, 703)]
+
+
+def damage_fallback_twin(case: str, twin: FallbackTwin, worker: Worker) -> None:
+    if case == "no-buffers":  # 0.5.4 - 0.5.9 keep their inputs as attributes, not in buffers
+        twin.buffers = None  # type: ignore[assignment]
+    elif case == "a-size-not-captured":
+        del twin.graphs[SIZES[-1]]
+    elif case == "dp-mlp-sync":
+        twin.require_mlp_sync = True
+    elif case == "moe-a2a":
+        worker.server_args = SimpleNamespace(moe_a2a_backend="deepep")
+    elif case == "swa-pool":
+        twin.model_runner.token_to_kv_pool = type("SWAKVPool", (), {})()
+
+
+@pytest.mark.parametrize(
+    ("case", "why"),
+    [
+        ("no-buffers", "EAGLEDraftExtendCudaGraphRunner has no input_ids buffer"),
+        ("a-size-not-captured", "has not captured a graph for every batch size it lists"),
+        ("dp-mlp-sync", "gathers across data-parallel ranks"),
+        ("moe-a2a", "an all-to-all MoE backend runs hooks around the replay"),
+        ("swa-pool", "the draft KV pool SWAKVPool may translate its cache slots"),
+    ],
+)
+def test_the_fallbacks_direct_write_refuses_a_twin_it_cannot_feed(case: str, why: str) -> None:
+    twin, worker = FallbackTwin(MHATokenToKVPool([]), []), Worker()
+    twin.__class__ = type("EAGLEDraftExtendCudaGraphRunner", (FallbackTwin,), {})  # messages name the release's class
+    assert v2.FallbackDirectWrite.build(twin, worker, fallback_draft_kv())[0] is not None  # the control
+    damage_fallback_twin(case, twin, worker)
+    direct, why_not = v2.FallbackDirectWrite.build(twin, worker, fallback_draft_kv())
+    assert direct is None and why in why_not
+
+
+class OwnFallbackDraftWorker:
+    """0.5.10 - 0.5.13's ``EagleDraftWorker``: the stock ``_draft_extend_for_decode`` logs itself."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def _draft_extend_for_decode(self, batch: Any, batch_result: Any) -> None:
+        self.log.append("stock extend")
+
+
+def fallback_with(mode: str) -> tuple[v2.V2Fallback, FallbackTwin, Any]:
+    twin = FallbackTwin(MHATokenToKVPool([]), [])
+    draft_kv = fallback_draft_kv()
+    draft_kv.mode, draft_kv.graph = mode, twin
+    controller = runtime.SwitchController(4, min_steps=1, log=False)
+    fallback = v2.V2Fallback(controller, None, draft_kv)
+    worker = SimpleNamespace(server_args=SimpleNamespace(), draft_worker=OwnFallbackDraftWorker(twin.log))
+    fallback.feed_twin_directly(worker, log=False)
+    return fallback, twin, worker
+
+
+@pytest.mark.usefixtures("sglang_side", "fake_torch")
+def test_the_own_fallback_writes_directly_only_in_a_fall_back_iteration() -> None:
+    fallback, twin, worker = fallback_with(runtime.DRAFT_KV_DIRECT)
+    assert isinstance(fallback.draft_kv.direct, v2.FallbackDirectWrite)
+    ran = []
+    for step, inside in ((runtime.SPECULATE, False), (runtime.FALL_BACK, True), (runtime.RESUME, True), (runtime.FALL_BACK, True)):
+        twin.log.clear()
+        fallback._step, fallback.in_fallback = step, inside
+        worker.draft_worker._draft_extend_for_decode(*fallback_batch_of())
+        ran.append(twin.log[0])
+    assert ran == ["stock extend", "replay 2", "stock extend", "replay 2"]
+    fallback.draft_kv.direct = None  # given up (DraftKV._give_up): the stock extend again
+    twin.log.clear()
+    worker.draft_worker._draft_extend_for_decode(*fallback_batch_of())
+    assert twin.log == ["stock extend"]
+
+
+@pytest.mark.usefixtures("sglang_side", "fake_torch")
+@pytest.mark.parametrize("mode", [runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_ONLY])
+def test_the_own_fallback_feeds_the_twin_directly_only_under_kv_direct(mode: str) -> None:
+    fallback, twin, worker = fallback_with(mode)
+    assert fallback.draft_kv.direct is None and "_draft_extend_for_decode" not in vars(worker.draft_worker)
+
+
+@pytest.mark.usefixtures("sglang_side", "fake_torch")
+def test_a_batch_the_fallbacks_direct_write_cannot_take_goes_to_the_stock_extend() -> None:
+    fallback, twin, worker = fallback_with(runtime.DRAFT_KV_DIRECT)
+    fallback._step, fallback.in_fallback = runtime.FALL_BACK, True
+    n = max(SIZES) * 4 + 1
+    worker.draft_worker._draft_extend_for_decode(
+        *fallback_batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(100, 100 + n))))
+    )
+    assert twin.log == ["stock extend"]
+
+
+OWN_FALLBACK_DIRECT = [v for v in RELEASES if Version("0.5.10") <= Version(v) < Version("0.5.14")]
+OWN_FALLBACK_BEFORE_BUFFERS = [v for v in RELEASES if Version("0.5.4") <= Version(v) < Version("0.5.10")]
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", OWN_FALLBACK_DIRECT)
+def test_the_own_fallbacks_runner_and_extend_are_what_the_direct_write_feeds(version: str) -> None:
+    """0.5.10 - 0.5.13: the runner keeps the four inputs in ``self.buffers``, one ``torch.cuda.CUDAGraph``
+    per size in ``self.graphs``, its width in ``num_tokens_per_bs``; the extend's preparation makes
+    the positions from the pre-verify ``seq_lens`` and keeps the verify's ``out_cache_loc``; the extend
+    ends by setting the three ``next_draft_input`` fields the stand-ins replace."""
+    runner_source = source_of(version, EXTEND_RUNNER)
+    runner = class_def(runner_source, "EAGLEDraftExtendCudaGraphRunner")
+    assert runner is not None
+    init = ast.unparse(method_def(runner, "__init__"))
+    assert "self.buffers = EagleDraftExtendInputBuffers(" in init and "self.num_tokens_per_bs = " in init
+    assert all(f"{name}={name}" in init for name in v2.DirectKVWrite.INPUTS), version
+    assert "self.graphs[self.bs].replay()" in ast.unparse(method_def(runner, "_replay"))
+    worker_source = source_of(version, V2_WORKER)
+    draft = class_def(worker_source, "EagleDraftWorker")
+    assert draft is not None
+    extend = method_def(draft, "_draft_extend_for_decode")
+    assert [a.arg for a in extend.args.args] == ["self", "batch", "batch_result"]
+    last = ast.unparse(extend.body[-1])
+    assert last.startswith("next_draft_input.topk_p, next_draft_input.topk_index, next_draft_input.hidden_states = ")
+    assert "prepare_for_extend_to_fill_draft_kvcache(batch, batch_result.next_token_ids," in ast.unparse(extend)
+    info = class_def(source_of(version, EAGLE_INFO_V2), "EagleDraftInputV2Mixin")
+    assert info is not None
+    prepare = ast.unparse(method_def(info, "prepare_for_extend_to_fill_draft_kvcache"))
+    # the extend's prefix (so its one position) is the pre-verify length: saved before 0.5.13 bumps it
+    # on the batch, on the forward batch only from 0.5.13
+    prefix = (
+        ["seq_lens_cpu_ = batch.seq_lens_cpu", "batch.extend_prefix_lens = seq_lens_cpu_.tolist()"]
+        if Version(version) < Version("0.5.13")
+        else ["batch.prefix_lens = batch.seq_lens_cpu.tolist()", "batch.prefix_lens = batch.seq_lens.to(torch.int32)"]
+    )
+    assert all(line in prepare for line in prefix), version
+    assert prepare.index(prefix[0]) < prepare.index("ForwardBatch.init_new(batch, draft_model_runner)")
+    assert "batch.input_ids = predict" in prepare and "out_cache_loc" not in prepare
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", OWN_FALLBACK_BEFORE_BUFFERS)
+def test_before_0_5_10_the_runner_has_no_input_buffers_so_kv_direct_is_kv_graph(version: str) -> None:
+    runner = class_def(source_of(version, EXTEND_RUNNER), "EAGLEDraftExtendCudaGraphRunner")
+    assert runner is not None
+    assert "self.buffers" not in ast.unparse(method_def(runner, "__init__")), version
