@@ -1219,6 +1219,9 @@ def test_v2_fallback_attach_captures_a_kv_only_twin_of_the_draft_workers_graph(
     assert graph.buffers is stock.buffers and worker.draft_worker.cuda_graph_runner_for_draft_extend is stock
     assert "draft KV only while off (from a CUDA graph), full draft extend at resume" in caplog.text
     assert "eager while off" not in caplog.text
+    # this fake runner keeps no input buffers (as 0.5.4 - 0.5.9's): kv-direct says so once and stays kv-graph
+    refusal = "EAGLEDraftExtendCudaGraphRunner has no input_ids buffer; kv-direct replays the KV-only graph"
+    assert (refusal in caplog.text) == (setting != GRAPH) and fallback.draft_kv.direct is None
 
 
 @pytest.mark.parametrize("setting", [KV, FULL, SKIP])
