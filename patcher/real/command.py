@@ -113,7 +113,8 @@ def train_command(
     files = None if train_prompts is None or held_out_prompts is None else (train_prompts, held_out_prompts)
     built = eagle3.build(target, out, recipe, _progress, files)
     json.dump(
-        {"head": str(built.head), "acceptance": built.acceptance, "timings_s": built.timings, "recipe": recipe.describe()},
+        {"head": str(built.head), "acceptance": built.acceptance, "timings_s": built.timings, "recipe": recipe.describe(),
+         "training": built.training},  # fmt: skip
         sys.stdout,
         indent=1,
     )

@@ -288,6 +288,9 @@ def _continue(
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as transformers' generate
     cache = _cache_kwargs(decoder, model.config)  # grows in place
     out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, output_hidden_states=True, **cache)
+    held = next(iter(cache.values())).get_seq_length()
+    if held != width:  # a decoder that took the cache under another name would decode without context
+        raise RuntimeError(f"the KV cache holds {held} positions after a prefill of {width}: not the cache the decoder used")
     at = 0
     for t in range(new_tokens):
         n = out.last_hidden_state.shape[1]
@@ -504,8 +507,8 @@ class Eagle3Head(nn.Module):
             key = attn.k_proj(x).view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2)
             value = attn.v_proj(x).view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2)
             q, key = rope(q, positions + k, self.theta), rope(key, positions + k, self.theta)
-            keys.append(key.repeat_interleave(group, 1))
-            values.append(value.repeat_interleave(group, 1))
+            keys.append(_repeat_heads(key, group))
+            values.append(_repeat_heads(value, group))
             scale = 1.0 / math.sqrt(self.head_dim)
             first = (q @ keys[0].transpose(-1, -2)) * scale  # step 0's keys, causal
             first = first.masked_fill(~causal, float("-inf"))
@@ -521,6 +524,12 @@ class Eagle3Head(nn.Module):
             logits = self.lm_head(self.norm(hidden))
             out.append(logits)
         return out
+
+
+def _repeat_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``x.repeat_interleave(group, 1)`` by expand: its backward is a sum, not CUDA's atomic index_add."""
+    b, heads, n, d = x.shape
+    return x[:, :, None].expand(b, heads, group, n, d).reshape(b, heads * group, n, d)
 
 
 def rope_theta(config: dict[str, Any]) -> float:
@@ -900,6 +909,8 @@ def build(
     greedy_train = [s for s in train_samples if s.greedy][: len(eval_samples)]
     measured["train_accept_length"] = acceptance(head, target, greedy_train)["accept_length"]
     timings["measure"] = time.perf_counter() - clock - sum(timings.values())
+    if recipe.device == "cuda":
+        training["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
     extra = {"dynspec_acceptance": measured, "dynspec_training": training}
     save(head, config, out, extra)
     check_head(out, target.config)
