@@ -71,7 +71,7 @@ class Recipe:
         return asdict(self)
 
 
-# The recipe on one H200 (docs/design/real-weights.md sizes it: ~1 min to generate, ~1 min to train):
+# The recipe on one H200 (docs/design/real-weights.md sizes it on paper: under a minute each to generate and train):
 # every training prompt, 256 tokens, the greedy continuation and three sampled at 0.8, every held-out
 # prompt measured.
 CUDA_RECIPE = Recipe(
