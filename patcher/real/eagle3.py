@@ -12,8 +12,10 @@ with the same names, so its state dict is the checkpoint SGLang loads:
   tokens; ``d2t[i]`` = target id - i (SGLang's ``hot_token_id = d2t + arange``), ``t2d`` a mask;
 * the hidden handed to the next draft step is the pre-norm residual (``norm_output`` false).
 
-Training data are the target's own greedy continuations of real prompts (``patcher.real.prompts``),
-with the target's hidden states recorded while it generates. Training unrolls the chain as at
+Training data are the target's own continuations of real prompts (``patcher.real.prompts``), with
+the target's hidden states recorded while it generates (``generate``: many prompts at once, left
+padded, over a KV cache): the greedy one, and with ``continuations`` > 1 also sampled ones (a seeded
+``torch.Generator``), whose hidden states are the target's own for the sampled tokens. Training unrolls the chain as at
 inference ("training-time test"): step k at position i reads the hidden of step k - 1 and the token
 k places on, and attends to the step-0 keys up to i and the keys of steps 1..k at i, as the chain's
 query at position i + k attends to the extend's KV and the chain's own.
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
@@ -37,7 +40,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from patcher.errors import ModelMissing
+from patcher.errors import ModelInvalid, ModelMissing, UsageError
 from patcher.real.heads import check_head
 
 STEPS = 3  # --speculative-num-steps; drafts per round with topk 1
@@ -48,9 +51,9 @@ class Recipe:
     """Everything that decides the head; its JSON goes into the head's config as ``dynspec_recipe``."""
 
     seed: int = 15
-    new_tokens: int = 96  # greedy continuation per training prompt
+    new_tokens: int = 96  # continuation per training prompt
     eval_new_tokens: int = 128
-    eval_prompts: int = 48  # held-out prompts measured (half code, half writing, where there are enough)
+    eval_prompts: int = 48  # held-out prompts measured (half code, half writing, where there are enough); 0: all
     draft_vocab: int = 4096
     intermediate: int = 1024
     epochs: int = 8
@@ -59,21 +62,68 @@ class Recipe:
     step_weight: float = 0.8  # loss weight of unrolled step k: step_weight ** k
     max_prompts: int = 320  # 0: every training prompt (594); else N of them, alternating sets (2 CPU cores: ~15 min to generate)
     threads: int = 2
-    gen_batch: int = 32
+    gen_batch: int = 32  # sequences generated at once
+    device: str = "cpu"  # cpu: the target in float32; cuda: in bfloat16, as SGLang serves it
+    continuations: int = 1  # per training prompt: the greedy one, then continuations - 1 sampled ones
+    temperature: float = 0.8  # of the sampled continuations
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
 
 
+# The recipe on one H200 (docs/design/real-weights.md sizes it on paper: under a minute each to generate and train):
+# every training prompt, 256 tokens, the greedy continuation and three sampled at 0.8, every held-out
+# prompt measured.
+CUDA_RECIPE = Recipe(
+    device="cuda", max_prompts=0, new_tokens=256, continuations=4, temperature=0.8, gen_batch=512,
+    batch_tokens=8192, epochs=8, eval_prompts=0,
+)  # fmt: skip
+
+
+def recipe_for(device: str) -> Recipe:
+    """The recipe's defaults on ``device``: ``Recipe()`` on cpu, ``CUDA_RECIPE`` on cuda."""
+    return CUDA_RECIPE if device == "cuda" else Recipe()
+
+
+def check_recipe(recipe: Recipe, cuda_available: bool | None = None) -> None:
+    """One-line ``UsageError`` (exit 2) naming the flag, before anything is loaded."""
+    if recipe.device not in ("cpu", "cuda"):
+        raise UsageError(f"--device {recipe.device}: cpu or cuda")
+    for flag, value, least in (
+        ("--new-tokens", recipe.new_tokens, STEPS + 1), ("--eval-new-tokens", recipe.eval_new_tokens, STEPS + 1),
+        ("--continuations", recipe.continuations, 1), ("--gen-batch", recipe.gen_batch, 1),
+        ("--batch-tokens", recipe.batch_tokens, 1), ("--epochs", recipe.epochs, 1), ("--threads", recipe.threads, 1),
+        ("--eval-prompts", recipe.eval_prompts, 0), ("--max-prompts", recipe.max_prompts, 0),
+    ):  # fmt: skip
+        if value < least:
+            raise UsageError(f"{flag} {value}: at least {least}")
+    if not (0.0 <= recipe.temperature <= 2.0):
+        raise UsageError(f"--temperature {recipe.temperature}: between 0 and 2")
+    if recipe.continuations > 1 and recipe.temperature == 0:
+        raise UsageError(f"--continuations {recipe.continuations} needs --temperature > 0: sampled at 0 they repeat the greedy one")
+    if recipe.device == "cuda":
+        if cuda_available is None:
+            cuda_available = torch.cuda.is_available()
+        if not cuda_available:
+            raise UsageError(f"--device cuda: torch {torch.__version__} sees no CUDA device")
+
+
 @dataclass
 class Sample:
-    """One prompt and its greedy continuation: tokens, target features, target argmax per position."""
+    """One prompt and a continuation: tokens, target features, target argmax per position.
+
+    A sampled continuation's id is the prompt's with ``#c`` (c = 1, 2, ...); its prompt positions are
+    labelled -1, so that a prompt trains once whatever the number of its continuations."""
 
     id: str
     tokens: torch.Tensor  # [n] int64: prompt + continuation
     prompt_len: int
-    aux: torch.Tensor  # [n, 3 * hidden] float16: features of every position
-    labels: torch.Tensor  # [n] int64: the target's argmax at each position (its next token)
+    aux: torch.Tensor  # [n, 3 * hidden] float16 (cpu) or bfloat16 (cuda): features of every position
+    labels: torch.Tensor  # [n] int64: the target's argmax at each position (its next token); -1: not trained
+
+    @property
+    def greedy(self) -> bool:
+        return "#" not in self.id
 
 
 @dataclass
@@ -88,9 +138,14 @@ class Target:
     def hidden(self) -> int:
         return int(self.config["hidden_size"])
 
+    @property
+    def device(self) -> torch.device:
+        return next(iter(self.model.parameters())).device
+
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """float32 embeddings (the head trains in float32 whatever the target's dtype)."""
         out: torch.Tensor = self.model.get_input_embeddings()(ids)
-        return out
+        return out.float()
 
 
 def default_aux_layers(layers: int) -> tuple[int, ...]:
@@ -98,13 +153,15 @@ def default_aux_layers(layers: int) -> tuple[int, ...]:
     return (1, layers // 2 - 1, layers - 4)
 
 
-def load_target(path: Path) -> Target:
+def load_target(path: Path, device: str = "cpu") -> Target:
+    """The target in float32 on cpu; in bfloat16 (its checkpoint's dtype, as SGLang serves it) on cuda."""
     from transformers import AutoModelForCausalLM
 
     from patcher.real.convert import check_checkpoint
 
     config = check_checkpoint(path)
-    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=torch.float32)
+    dtype = torch.float32 if device == "cpu" else torch.bfloat16
+    model = AutoModelForCausalLM.from_pretrained(str(path), dtype=dtype).to(device)
     model.train(False)
     for p in model.parameters():
         p.requires_grad_(False)
@@ -121,14 +178,169 @@ def tokenizer(path: Path) -> Any:
 
 
 def generate(
-    target: Target, prompts: Sequence[tuple[str, list[int]]], new_tokens: int, batch: int, log: Callable[[str], None]
+    target: Target,
+    prompts: Sequence[tuple[str, list[int]]],
+    new_tokens: int,
+    batch: int,
+    log: Callable[[str], None],
+    continuations: int = 1,
+    temperature: float = 0.8,
+    seed: int = 15,
 ) -> list[Sample]:
-    """Greedy continuations (EOS ignored, as the proof's requests do) with the features of every position."""
+    """Continuations (EOS ignored, as the proof's requests do) with the features of every position.
+
+    ``batch`` sequences at once, left padded, over the target's KV cache, on the target's device.
+    Per prompt: the greedy continuation, then ``continuations - 1`` sampled at ``temperature`` from
+    a ``torch.Generator`` seeded with ``seed`` (deterministic for a given batch and device). The
+    samples come in prompt order, each prompt's greedy one first."""
     with torch.no_grad():
-        return _generate(target, prompts, new_tokens, batch, log)
+        return _generate(target, prompts, new_tokens, batch, log, continuations, temperature, seed)
+
+
+def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(ids [B, W], attention mask [B, W]), left padded: every prompt ends where generation starts."""
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    for row, r in enumerate(rows):
+        ids[row, width - len(r) :] = torch.tensor(list(r), dtype=torch.long)
+        mask[row, width - len(r) :] = 1
+    return ids, mask
+
+
+def _argmax(lm_head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tensor, rows: int = 4096) -> torch.Tensor:
+    """argmax of ``lm_head(hidden)`` over the vocabulary, ``rows`` positions at a time ([B, N, V] at once
+    is 15 GB for 512 prompts of 300 tokens)."""
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    out = torch.cat([lm_head(flat[i : i + rows]).float().argmax(-1) for i in range(0, flat.shape[0], rows)])
+    return out.view(hidden.shape[:-1])
 
 
 def _generate(
+    target: Target,
+    prompts: Sequence[tuple[str, list[int]]],
+    new_tokens: int,
+    batch: int,
+    log: Callable[[str], None],
+    continuations: int,
+    temperature: float,
+    seed: int,
+) -> list[Sample]:
+    eos = target.config.get("eos_token_id")
+    suppress = [int(eos)] if isinstance(eos, int) else []
+    pad = int(target.config.get("pad_token_id") or 0)
+    device = target.device
+    store = torch.float16 if device.type == "cpu" else torch.bfloat16
+    if any(not ids for _, ids in prompts):
+        raise ModelInvalid("an empty prompt: nothing to continue")
+    items = [(i, c) for i in range(len(prompts)) for c in range(continuations)]
+    order = sorted(items, key=lambda ic: (len(prompts[ic[0]][1]), ic))  # similar lengths pad less
+    generator = torch.Generator(device=device).manual_seed(seed)
+    out: dict[tuple[int, int], Sample] = {}
+    start = time.perf_counter()
+    for b in range(0, len(order), batch):
+        chunk = order[b : b + batch]
+        rows = [prompts[i][1] for i, _ in chunk]
+        tokens, aux, labels, width = _continue(
+            target, rows, [c == 0 for _, c in chunk], new_tokens, generator, temperature, suppress, pad, store
+        )
+        for row, (i, c) in enumerate(chunk):
+            p = len(prompts[i][1])
+            lo = width - p
+            row_labels = labels[row, lo:].clone()
+            if c:
+                row_labels[:p] = -1
+            name = prompts[i][0] if c == 0 else f"{prompts[i][0]}#{c}"
+            out[(i, c)] = Sample(name, tokens[row, lo:].clone(), p, aux[row, lo:].clone(), row_labels)
+        log(f"  generated {min(b + batch, len(order))}/{len(order)} ({time.perf_counter() - start:.0f} s)")
+    return [out[key] for key in items]
+
+
+def _continue(
+    target: Target,
+    rows: Sequence[Sequence[int]],
+    greedy: Sequence[bool],
+    new_tokens: int,
+    generator: torch.Generator,
+    temperature: float,
+    suppress: Sequence[int],
+    pad: int,
+    store: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """One batch: (tokens [B, W + new], aux [B, W + new, 3H], labels [B, W + new], W), left padded.
+
+    The prefill covers the prompts; each decode step feeds the last token over the KV cache. The
+    features of a position are those the target computed for its own token there; the last token is
+    never fed (its features stay zero, its label -1). No host sync inside the loop."""
+    model, device = target.model, target.device
+    decoder, lm_head = model.get_decoder(), model.get_output_embeddings()
+    ids, mask = left_pad(rows, pad)
+    ids, mask = ids.to(device), mask.to(device)
+    count, width = ids.shape
+    total = width + new_tokens
+    tokens = torch.full((count, total), pad, dtype=torch.long, device=device)
+    tokens[:, :width] = ids
+    aux = torch.zeros(count, total, len(target.aux_layers) * target.hidden, dtype=store, device=device)
+    labels = torch.full((count, total), -1, dtype=torch.long, device=device)
+    sampled_rows = [not g for g in greedy]
+    sample = temperature > 0 and any(sampled_rows)
+    keep_greedy = torch.tensor(list(greedy), dtype=torch.bool, device=device)
+    positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as transformers' generate
+    cache = _cache_kwargs(decoder, model.config)  # grows in place
+    out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, output_hidden_states=True, **cache)
+    held = next(iter(cache.values())).get_seq_length()
+    if held != width:  # a decoder that took the cache under another name would decode without context
+        raise RuntimeError(f"the KV cache holds {held} positions after a prefill of {width}: not the cache the decoder used")
+    at = 0
+    for t in range(new_tokens):
+        n = out.last_hidden_state.shape[1]
+        aux[:, at : at + n] = torch.cat([out.hidden_states[layer + 1] for layer in target.aux_layers], -1).to(store)
+        labels[:, at : at + n] = _argmax(lm_head, out.last_hidden_state)  # last_hidden_state is normed
+        at += n
+        logits = lm_head(out.last_hidden_state[:, -1]).float()
+        if suppress:
+            logits[:, list(suppress)] = float("-inf")
+        choice = logits.argmax(-1)
+        if sample:
+            drawn = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
+            choice = torch.where(keep_greedy, choice, drawn)
+        tokens[:, width + t] = choice
+        if t + 1 == new_tokens:
+            break
+        mask = torch.cat([mask, mask.new_ones(count, 1)], 1)
+        positions = positions[:, -1:] + 1
+        out = decoder(
+            input_ids=choice[:, None], attention_mask=mask, position_ids=positions, use_cache=True,
+            output_hidden_states=True, **cache,
+        )  # fmt: skip
+    return tokens, aux, labels, width
+
+
+def _cache_kwargs(decoder: Any, config: Any) -> dict[str, Any]:
+    """A fresh DynamicCache under the name the decoder takes: ``cache`` (transformers >= 5.2x) or
+    ``past_key_values`` (earlier; the GPU machine's image has 5.17)."""
+    import inspect
+
+    from transformers import DynamicCache
+
+    try:
+        cache = DynamicCache(config=config)
+    except TypeError:  # before the config argument
+        cache = DynamicCache()
+    name = "cache" if "cache" in inspect.signature(decoder.forward).parameters else "past_key_values"
+    return {name: cache}
+
+
+def generate_hf(
+    target: Target, prompts: Sequence[tuple[str, list[int]]], new_tokens: int, batch: int, log: Callable[[str], None]
+) -> list[Sample]:
+    """The first generation (transformers' ``generate``, greedy only, all hidden states kept): the
+    reference ``generate`` is tested against, one prompt at a time."""
+    with torch.no_grad():
+        return _generate_hf(target, prompts, new_tokens, batch, log)
+
+
+def _generate_hf(
     target: Target, prompts: Sequence[tuple[str, list[int]]], new_tokens: int, batch: int, log: Callable[[str], None]
 ) -> list[Sample]:
     eos = target.config.get("eos_token_id")
@@ -226,7 +438,7 @@ class MidLayer(nn.Module):
 def rope(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Tensor:
     """Llama's rotate-half RoPE; x [B, heads, N, D], positions [N] or [B, N]."""
     dim = x.shape[-1]
-    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim))
+    inv = 1.0 / (theta ** (torch.arange(0, dim, 2, dtype=torch.float32, device=x.device) / dim))
     angles = positions.to(torch.float32)[..., None] * inv  # [..., N, D/2]
     if angles.dim() == 3:
         angles = angles[:, None]
@@ -265,9 +477,9 @@ class Eagle3Head(nn.Module):
 
     def target_to_draft(self) -> torch.Tensor:
         """[target vocab] -> draft id, -1 where the draft vocabulary lacks the token."""
-        table = torch.full((self.t2d.shape[0],), -1, dtype=torch.long)
-        hot = torch.arange(self.lm_head.out_features) + self.d2t
-        table[hot] = torch.arange(self.lm_head.out_features)
+        table = torch.full((self.t2d.shape[0],), -1, dtype=torch.long, device=self.d2t.device)
+        ids = torch.arange(self.lm_head.out_features, device=self.d2t.device)
+        table[ids + self.d2t] = ids
         return table
 
     def unroll(
@@ -280,8 +492,8 @@ class Eagle3Head(nn.Module):
         """
         layer, attn = self.midlayer, self.midlayer.self_attn
         batch, n, _ = aux.shape
-        positions = torch.arange(n)
-        causal = torch.ones(n, n, dtype=torch.bool).tril()[None, None] & valid[:, None, None, :]
+        positions = torch.arange(n, device=aux.device)
+        causal = torch.ones(n, n, dtype=torch.bool, device=aux.device).tril()[None, None] & valid[:, None, None, :]
         hidden = self.fc(aux)
         group = self.heads // self.kv_heads
         keys: list[torch.Tensor] = []
@@ -295,8 +507,8 @@ class Eagle3Head(nn.Module):
             key = attn.k_proj(x).view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2)
             value = attn.v_proj(x).view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2)
             q, key = rope(q, positions + k, self.theta), rope(key, positions + k, self.theta)
-            keys.append(key.repeat_interleave(group, 1))
-            values.append(value.repeat_interleave(group, 1))
+            keys.append(_repeat_heads(key, group))
+            values.append(_repeat_heads(value, group))
             scale = 1.0 / math.sqrt(self.head_dim)
             first = (q @ keys[0].transpose(-1, -2)) * scale  # step 0's keys, causal
             first = first.masked_fill(~causal, float("-inf"))
@@ -312,6 +524,12 @@ class Eagle3Head(nn.Module):
             logits = self.lm_head(self.norm(hidden))
             out.append(logits)
         return out
+
+
+def _repeat_heads(x: torch.Tensor, group: int) -> torch.Tensor:
+    """``x.repeat_interleave(group, 1)`` by expand: its backward is a sum, not CUDA's atomic index_add."""
+    b, heads, n, d = x.shape
+    return x[:, :, None].expand(b, heads, group, n, d).reshape(b, heads * group, n, d)
 
 
 def rope_theta(config: dict[str, Any]) -> float:
@@ -343,8 +561,8 @@ def draft_vocabulary(samples: Sequence[Sample], size: int, vocab: int) -> torch.
     """The ``size`` target tokens the target predicts most often (ties by id), sorted by id."""
     counts = torch.zeros(vocab, dtype=torch.long)
     for s in samples:
-        labels = s.labels[s.labels >= 0]
-        counts += torch.bincount(labels, minlength=vocab)
+        labels = s.labels.cpu()
+        counts += torch.bincount(labels[labels >= 0], minlength=vocab)
     # stable: a count sorted descending, ties by ascending id
     order = sorted(range(vocab), key=lambda t: (-int(counts[t]), t))[:size]
     return torch.tensor(sorted(order), dtype=torch.long)
@@ -367,14 +585,16 @@ def pack(samples: Sequence[Sample], budget: int) -> list[list[int]]:
     return batches
 
 
-def collate(samples: Sequence[Sample]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(tokens [B, N] padded with 0, aux [B, N, 3H] float32, labels [B, N] with -1, valid [B, N])."""
+def collate(
+    samples: Sequence[Sample], device: torch.device | str = "cpu"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tokens [B, N] padded with 0, aux [B, N, 3H] float32, labels [B, N] with -1, valid [B, N]) on ``device``."""
     n = max(int(s.tokens.shape[0]) for s in samples)
     width = samples[0].aux.shape[-1]
-    tokens = torch.zeros(len(samples), n, dtype=torch.long)
-    aux = torch.zeros(len(samples), n, width)
-    labels = torch.full((len(samples), n), -1, dtype=torch.long)
-    valid = torch.zeros(len(samples), n, dtype=torch.bool)
+    tokens = torch.zeros(len(samples), n, dtype=torch.long, device=device)
+    aux = torch.zeros(len(samples), n, width, device=device)
+    labels = torch.full((len(samples), n), -1, dtype=torch.long, device=device)
+    valid = torch.zeros(len(samples), n, dtype=torch.bool, device=device)
     for row, s in enumerate(samples):
         m = int(s.tokens.shape[0])
         tokens[row, :m], aux[row, :m], labels[row, :m], valid[row, :m] = s.tokens, s.aux.float(), s.labels, True
@@ -402,7 +622,8 @@ def step_labels(labels: torch.Tensor, k: int) -> torch.Tensor:
 def train(
     target: Target, samples: Sequence[Sample], recipe: Recipe, log: Callable[[str], None]
 ) -> tuple[Eagle3Head, dict[str, Any], dict[str, Any]]:
-    """Train a head on ``samples``; returns it, its config, and the loss / accuracy per epoch."""
+    """Train a head on ``samples`` on the target's device (the head is initialised on the CPU, so
+    the same on any device); returns it, its config, and the loss / accuracy per epoch."""
     torch.manual_seed(recipe.seed)
     config = head_config(target.config, recipe, target.aux_layers)
     vocab = int(target.config["vocab_size"])
@@ -411,6 +632,8 @@ def train(
     head.d2t.copy_(hot - torch.arange(recipe.draft_vocab))
     head.t2d.zero_()
     head.t2d[hot] = True
+    device = target.device
+    head.to(device)
     to_draft = head.target_to_draft()
     batches = pack(samples, recipe.batch_tokens)
     total = recipe.epochs * len(batches)
@@ -424,13 +647,13 @@ def train(
     for epoch in range(recipe.epochs):
         losses, right, seen = [0.0] * STEPS, [0] * STEPS, [0] * STEPS
         for b in torch.randperm(len(batches), generator=generator).tolist():
-            tokens, aux, labels, valid = collate([samples[i] for i in batches[b]])
+            tokens, aux, labels, valid = collate([samples[i] for i in batches[b]], device)
 
             def embeds(k: int, _previous: torch.Tensor | None, tokens: torch.Tensor = tokens) -> torch.Tensor:
                 return target.embed(step_inputs(tokens, k))
 
             logits = head.unroll(embeds, aux, valid, STEPS)
-            loss = torch.zeros(())
+            loss = torch.zeros((), device=device)
             for k, lk in enumerate(logits):
                 want = step_labels(labels, k)
                 want = torch.where(want >= 0, to_draft[want.clamp(min=0)], want)
@@ -467,7 +690,7 @@ def chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample]) ->
 def _chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> list[torch.Tensor]:
     out = []
     for s in samples:
-        tokens, aux, _, valid = collate([s])
+        tokens, aux, _, valid = collate([s], target.device)
 
         def embeds(k: int, previous: torch.Tensor | None, tokens: torch.Tensor = tokens) -> torch.Tensor:
             if k == 0:
@@ -476,7 +699,7 @@ def _chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -
             return target.embed(head.draft_to_target(previous.argmax(-1)))  # the chain feeds its own draft
 
         logits = head.unroll(embeds, aux, valid, STEPS)
-        out.append(torch.stack([head.draft_to_target(lk.argmax(-1))[0] for lk in logits], -1))
+        out.append(torch.stack([head.draft_to_target(lk.argmax(-1))[0] for lk in logits], -1).cpu())
     return out
 
 
@@ -499,7 +722,7 @@ def acceptance(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> d
     per: dict[str, list[int]] = {}
     drafts = chain_drafts(head, target, samples)
     for s, d in zip(samples, drafts):
-        advanced, rounds = accept_walk(s.tokens, d, s.prompt_len)
+        advanced, rounds = accept_walk(s.tokens.cpu(), d, s.prompt_len)
         kind = s.id.split("/", 1)[0]
         acc = per.setdefault(kind, [0, 0])
         acc[0] += advanced
@@ -523,7 +746,8 @@ def save(head: Eagle3Head, config: dict[str, Any], out: Path, extra: dict[str, A
     tensors = {}
     for name, value in head.state_dict().items():
         dtype = "I64" if name == "d2t" else "BOOL" if name == "t2d" else "BF16"
-        tensors[name] = (value.detach().float().numpy() if dtype == "BF16" else value.numpy(), dtype)
+        value = value.detach().cpu()
+        tensors[name] = (value.float().numpy() if dtype == "BF16" else value.numpy(), dtype)
     tensorfile.write(out / "model.safetensors", tensors)
     (out / "config.json").write_text(json.dumps({**config, **(extra or {})}, indent=1) + "\n")
 
@@ -538,13 +762,47 @@ class Build:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def tokenized(target_dir: Path, prompts: Sequence[Any]) -> list[tuple[str, list[int]]]:
+@dataclass(frozen=True)
+class Tokenized:
+    """A prompt as the target reads it; ``text`` where it was tokenized here (the samples cache keys on it)."""
+
+    id: str
+    ids: list[int]
+    text: str | None = None
+
+
+def tokenized(target_dir: Path, prompts: Sequence[Any]) -> list[Tokenized]:
     tok = tokenizer(target_dir)
-    return [(p.id, list(tok.encode(p.text, add_special_tokens=False).ids)) for p in prompts]
+    return [Tokenized(p.id, list(tok.encode(p.text, add_special_tokens=False).ids), p.text) for p in prompts]
+
+
+def load_prompts(path: Path, split: str) -> list[Tokenized]:
+    """The prompts of ``dynspec real prompts [--split train]``; ``split`` is the one expected
+    (``held_out`` also takes a file without a ``split``: those of before the training split)."""
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError as error:
+        raise ModelMissing(f"{path}: no such file") from error
+    except (OSError, ValueError) as error:
+        raise ModelInvalid(f"{path}: not JSON ({error})") from error
+    try:
+        rows = [Tokenized(str(r["id"]), [int(t) for t in r["input_ids"]]) for r in data["prompts"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ModelInvalid(f"{path}: not a prompts file of `dynspec real prompts` ({error!r})") from error
+    found = data.get("split", "held_out")
+    if found != split:
+        raise ModelInvalid(f"{path}: holds the {found} prompts, not the {split} ones")
+    if not rows:
+        raise ModelInvalid(f"{path}: no prompts")
+    empty = [r.id for r in rows if not r.ids]
+    if empty:
+        raise ModelInvalid(f"{path}: prompt {empty[0]} has no tokens")
+    return rows
 
 
 def pick_eval(held_out: Sequence[Any], count: int) -> list[Any]:
-    """Up to ``count`` held-out prompts, alternating between the sets, in id order within each."""
+    """Up to ``count`` (0: all) held-out prompts, alternating between the sets, in id order within each."""
+    count = count or len(held_out)
     by_set: dict[str, list[Any]] = {}
     for p in sorted(held_out, key=lambda p: p.id):
         by_set.setdefault(p.id.split("/", 1)[0], []).append(p)
@@ -558,58 +816,101 @@ def pick_eval(held_out: Sequence[Any], count: int) -> list[Any]:
 
 
 def cached_samples(
-    target: Target, target_dir: Path, chosen: Sequence[Any], new_tokens: int, recipe: Recipe, log: Callable[[str], None]
+    target: Target,
+    target_dir: Path,
+    chosen: Sequence[Tokenized],
+    new_tokens: int,
+    recipe: Recipe,
+    log: Callable[[str], None],
+    continuations: int = 1,
 ) -> list[Sample]:
-    """``generate``'s samples, kept in ``<cache>/real/samples`` under a digest of the target's weights,
-    the prompts and the length: generation is most of a build's time on a CPU."""
+    """``generate``'s samples. On the CPU they are kept in ``<cache>/real/samples`` under a digest of
+    the target's weights, the prompts and the length (and the sampling, where there is any):
+    generation is most of a build's time there. On a GPU they are made afresh."""
+    rows = [(p.id, p.ids) for p in chosen]
+    if recipe.device != "cpu":
+        return generate(target, rows, new_tokens, recipe.gen_batch, log, continuations, recipe.temperature, recipe.seed)
     import hashlib
 
     from patcher.real.fetch import sha256
     from patcher.releases import cache_dir
 
     weights = sha256(target_dir / "model.safetensors")
-    key = hashlib.sha256(json.dumps([weights, [[p.id, p.text] for p in chosen], new_tokens]).encode()).hexdigest()[:16]
+    what: list[Any] = [weights, [[p.id, p.text if p.text is not None else p.ids] for p in chosen], new_tokens]
+    if continuations > 1:
+        what.append({"continuations": continuations, "temperature": recipe.temperature, "seed": recipe.seed, "batch": recipe.gen_batch})
+    key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
     path = cache_dir() / "real" / "samples" / f"{key}.pt"
     if path.is_file():
-        log(f"  {len(chosen)} continuations from {path}")
-        rows = torch.load(path, weights_only=True)
-        return [Sample(r["id"], r["tokens"], int(r["prompt_len"]), r["aux"], r["labels"]) for r in rows]
-    samples = generate(target, tokenized(target_dir, chosen), new_tokens, recipe.gen_batch, log)
+        log(f"  {len(chosen)} prompts' continuations from {path}")
+        cached = torch.load(path, weights_only=True)
+        return [Sample(r["id"], r["tokens"], int(r["prompt_len"]), r["aux"], r["labels"]) for r in cached]
+    samples = generate(target, rows, new_tokens, recipe.gen_batch, log, continuations, recipe.temperature, recipe.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = [{"id": s.id, "tokens": s.tokens, "prompt_len": s.prompt_len, "aux": s.aux, "labels": s.labels} for s in samples]
-    torch.save(rows, path.with_suffix(".tmp"))
+    kept = [{"id": s.id, "tokens": s.tokens, "prompt_len": s.prompt_len, "aux": s.aux, "labels": s.labels} for s in samples]
+    torch.save(kept, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
     return samples
 
 
-def build(target_dir: Path, out: Path, recipe: Recipe, log: Callable[[str], None]) -> Build:
-    """Prompts -> continuations -> head -> acceptance on held-out prompts; writes the head to ``out``."""
-    from patcher.real import fetch, prompts
+def training_prompts(
+    target_dir: Path, recipe: Recipe, files: tuple[Path, Path] | None
+) -> tuple[list[Tokenized], list[Tokenized], int]:
+    """(training prompts, held-out prompts measured, held-out prompts there are): from the prompt
+    files of `dynspec real prompts` (a machine without network), else from the two sets (fetched)."""
+    if files is not None:
+        train_prompts, held_out = load_prompts(files[0], "train"), load_prompts(files[1], "held_out")
+        shared = sorted({p.id for p in train_prompts} & {p.id for p in held_out})
+        if shared:
+            raise ModelInvalid(f"{files[0]} and {files[1]} share prompt {shared[0]}: the held-out ones must not train")
+    else:
+        from patcher.real import fetch, prompts
 
+        everything = prompts.humaneval(fetch.extracted(fetch.HUMANEVAL)) + prompts.writingbench(
+            fetch.extracted(fetch.WRITINGBENCH)
+        )
+        train_raw, held_raw = prompts.split(everything)
+        train_prompts, held_out = tokenized(target_dir, train_raw), tokenized(target_dir, held_raw)
+    if recipe.max_prompts:
+        train_prompts = pick_eval(train_prompts, recipe.max_prompts)
+    return train_prompts, pick_eval(held_out, recipe.eval_prompts), len(held_out)
+
+
+def build(
+    target_dir: Path, out: Path, recipe: Recipe, log: Callable[[str], None], prompt_files: tuple[Path, Path] | None = None
+) -> Build:
+    """Prompts -> continuations -> head -> acceptance on held-out prompts; writes the head to ``out``.
+
+    ``prompt_files``: (training, held-out) prompts made by `dynspec real prompts`; else fetched."""
+    check_recipe(recipe)
     timings: dict[str, float] = {}
     clock = time.perf_counter()
     torch.set_num_threads(recipe.threads)
     torch.manual_seed(recipe.seed)
-    torch.use_deterministic_algorithms(True)
-    everything = prompts.humaneval(fetch.extracted(fetch.HUMANEVAL)) + prompts.writingbench(
-        fetch.extracted(fetch.WRITINGBENCH)
-    )
-    train_prompts, held_out = prompts.split(everything)
-    if recipe.max_prompts:
-        train_prompts = pick_eval(train_prompts, recipe.max_prompts)
-    eval_prompts = pick_eval(held_out, recipe.eval_prompts)
-    target = load_target(target_dir)
+    if recipe.device == "cuda":
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before its first use
+        torch.backends.cuda.matmul.allow_tf32 = True  # the head trains in float32 on TF32 tensor cores
+        torch.backends.cudnn.allow_tf32 = True
+        torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns, not stops
+    else:
+        torch.use_deterministic_algorithms(True)
+    train_prompts, eval_prompts, held_count = training_prompts(target_dir, recipe, prompt_files)
+    target = load_target(target_dir, recipe.device)
     timings["load"] = time.perf_counter() - clock
-    log(f"{len(train_prompts)} training prompts, {len(eval_prompts)} held out of {len(held_out)}")
-    train_samples = cached_samples(target, target_dir, train_prompts, recipe.new_tokens, recipe, log)
+    log(f"{len(train_prompts)} training prompts x {recipe.continuations} continuations of {recipe.new_tokens} tokens, "
+        f"{len(eval_prompts)} held out of {held_count}; on {recipe.device}")  # fmt: skip
+    train_samples = cached_samples(target, target_dir, train_prompts, recipe.new_tokens, recipe, log, recipe.continuations)
     timings["generate_train"] = time.perf_counter() - clock - sum(timings.values())
     eval_samples = cached_samples(target, target_dir, eval_prompts, recipe.eval_new_tokens, recipe, log)
     timings["generate_eval"] = time.perf_counter() - clock - sum(timings.values())
     head, config, training = train(target, train_samples, recipe, log)
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
     measured = acceptance(head, target, eval_samples)
-    measured["train_accept_length"] = acceptance(head, target, train_samples[: len(eval_samples)])["accept_length"]
+    greedy_train = [s for s in train_samples if s.greedy][: len(eval_samples)]
+    measured["train_accept_length"] = acceptance(head, target, greedy_train)["accept_length"]
     timings["measure"] = time.perf_counter() - clock - sum(timings.values())
+    if recipe.device == "cuda":
+        training["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
     extra = {"dynspec_acceptance": measured, "dynspec_training": training}
     save(head, config, out, extra)
     check_head(out, target.config)

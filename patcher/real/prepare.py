@@ -2,7 +2,9 @@
 
 ``OUT/target`` (``convert``), ``OUT/draft`` (the head, checked against the target before it is
 copied), ``OUT/prompts.json`` (the held-out prompts, tokenized with the target's tokenizer) and
-``OUT/model.json`` (the name the report shows, the sources and their digests).
+``OUT/model.json`` (the name the report shows, the sources and their digests). Without a head the
+dir has no ``draft`` (the proof refuses it) until ``install_head`` puts one there: a head trained on
+the GPU machine from ``OUT/target``.
 """
 
 from __future__ import annotations
@@ -15,9 +17,13 @@ from typing import Any
 from patcher.errors import ModelInvalid, ModelMissing
 from patcher.real import convert, fetch, heads, prompts
 
+SPLITS = ("held_out", "train")
 
-def write_prompts(target: Path, out: Path) -> int:
-    """The held-out prompts of both sets, tokenized with ``target``'s tokenizer.json."""
+
+def write_prompts(target: Path, out: Path, split: str = "held_out") -> int:
+    """The held-out (or training) prompts of both sets, tokenized with ``target``'s tokenizer.json."""
+    if split not in SPLITS:
+        raise ValueError(split)
     from tokenizers import Tokenizer
 
     file = target / "tokenizer.json"
@@ -27,20 +33,23 @@ def write_prompts(target: Path, out: Path) -> int:
     everything = prompts.humaneval(fetch.extracted(fetch.HUMANEVAL)) + prompts.writingbench(
         fetch.extracted(fetch.WRITINGBENCH)
     )
-    _, held_out = prompts.split(everything)
-    rows = [{"id": p.id, "input_ids": tok.encode(p.text, add_special_tokens=False).ids} for p in held_out]
-    out.write_text(json.dumps({"tokenizer": str(file), "held_out_of": len(everything), "prompts": rows}) + "\n")
+    train, held_out = prompts.split(everything)
+    chosen = held_out if split == "held_out" else train
+    rows = [{"id": p.id, "input_ids": tok.encode(p.text, add_special_tokens=False).ids} for p in chosen]
+    data = {"tokenizer": str(file), "split": split, f"{split}_of": len(everything), "prompts": rows}
+    out.write_text(json.dumps(data) + "\n")
     return len(rows)
 
 
-def prepare(out: Path, gguf_file: Path, head: Path, prompts_file: Path | None) -> dict[str, Any]:
+def prepare(out: Path, gguf_file: Path, head: Path | None, prompts_file: Path | None) -> dict[str, Any]:
     out.mkdir(parents=True, exist_ok=True)
     converted = convert.convert(gguf_file, out / "target")
     target_config = convert.check_checkpoint(out / "target")
-    head_config = heads.check_head(head, target_config)
+    head_config = heads.check_head(head, target_config) if head is not None else {}
     if (out / "draft").exists():
         shutil.rmtree(out / "draft")
-    shutil.copytree(head, out / "draft")
+    if head is not None:
+        shutil.copytree(head, out / "draft")
     if prompts_file is None:
         write_prompts(out / "target", out / "prompts.json")
     else:
@@ -59,9 +68,33 @@ def prepare(out: Path, gguf_file: Path, head: Path, prompts_file: Path | None) -
         "gguf": gguf_file.name,
         "gguf_sha256": fetch.sha256(gguf_file),
         "target": converted.describe(),
-        "head_acceptance_offline": head_config.get("dynspec_acceptance"),
-        "head_recipe": head_config.get("dynspec_recipe"),
-        "head_sha256": fetch.sha256(head / "model.safetensors"),
+        **_head_info(head, head_config),
     }
     (out / "model.json").write_text(json.dumps(info, indent=1) + "\n")
     return {k: info[k] for k in ("name", "gguf_sha256", "head_sha256")}
+
+
+def _head_info(head: Path | None, config: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "head_acceptance_offline": config.get("dynspec_acceptance"),
+        "head_recipe": config.get("dynspec_recipe"),
+        "head_sha256": fetch.sha256(head / "model.safetensors") if head is not None else None,
+    }
+
+
+def install_head(model_dir: Path, head: Path) -> dict[str, Any]:
+    """Make ``head`` (checked against ``model_dir/target``) the dir's draft; model.json says which head."""
+    info_file = model_dir / "model.json"
+    try:
+        info = json.loads(info_file.read_text())
+    except FileNotFoundError as error:
+        raise ModelMissing(f"{info_file}: no such file (make {model_dir} with `dynspec real prepare`)") from error
+    except ValueError as error:
+        raise ModelInvalid(f"{info_file}: not JSON ({error})") from error
+    head_config = heads.check_head(head, convert.check_checkpoint(model_dir / "target"))
+    if (model_dir / "draft").exists():
+        shutil.rmtree(model_dir / "draft")
+    shutil.copytree(head, model_dir / "draft")
+    info.update(_head_info(head, head_config))
+    info_file.write_text(json.dumps(info, indent=1) + "\n")
+    return {k: info[k] for k in ("name", "head_sha256", "head_acceptance_offline")}

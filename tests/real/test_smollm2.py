@@ -65,3 +65,23 @@ def test_the_tokenizer_and_weights_equal_transformers_own_gguf_reading(smollm2: 
     reference = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
     for text in (prompts.chat("Write a haiku about 2024."), "def f(x):\n    return x ** 12 + 3.5  # ok", "naïve café — 日本"):
         assert ours.encode(text, add_special_tokens=False).ids == reference(text, add_special_tokens=False).input_ids
+
+
+def test_batched_generation_on_the_real_target_is_generate_one_prompt_at_a_time(smollm2: tuple[Path, Path]) -> None:
+    """The head's training data on SmolLM2 itself (30 layers, left padding of three prompt lengths):
+    eagle3.generate's tokens and labels are transformers' generate's one prompt at a time, and the
+    captured layers' features agree to float16 storage."""
+    from patcher.real import eagle3
+
+    target = eagle3.load_target(smollm2[1])
+    rows = [(p.id, p.ids) for p in eagle3.tokenized(smollm2[1], [
+        prompts.Prompt("a/0", prompts.chat("What is the capital of France?")),
+        prompts.Prompt("b/0", "def fibonacci(n):"),
+        prompts.Prompt("a/1", prompts.chat("Write a short note to a colleague about tomorrow's meeting, moved to 3 pm.")),
+    ])]  # fmt: skip
+    assert len({len(ids) for _, ids in rows}) == 3
+    want = eagle3.generate_hf(target, rows, 8, 1, lambda m: None)
+    got = eagle3.generate(target, rows, 8, 3, lambda m: None)
+    for a, b in zip(want, got):
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.labels, b.labels), a.id
+        assert torch.allclose(a.aux.float(), b.aux.float(), rtol=2e-3, atol=0.05), a.id  # |features| reach 2.5e4
