@@ -219,9 +219,11 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
     rank0 = getattr(worker, "tp_rank", 0) == 0
 
     tic = time.perf_counter()
-    draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0, proven=False)  # v1: exact_kv not yet run
-    capture_twin_of_stock_graph(draft_kv, worker)
+    draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0, auto=DRAFT_KV_DEFAULT_V1)
     target = SingleTokenTarget.build(worker.target_worker.model_runner, enable_at_or_below)
+    # After the target's graphs: the twin replays after them in an iteration, so it is captured
+    # after them from the shared graph pool and cannot reuse memory their outputs live in.
+    capture_twin_of_stock_graph(draft_kv, worker)
     metrics = None
     if rank0 and getattr(args, "enable_metrics", False):
         metrics = DynspecMetrics(getattr(args, "served_model_name", None) or str(args.model_path))
@@ -505,17 +507,19 @@ DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
 DRAFT_KV_FULL = "full"  # the stock draft extend every iteration
 DRAFT_KV_ONLY = "kv"  # write the draft KV, skip the rest of the draft step (eager)
 DRAFT_KV_GRAPH = "kv-graph"  # the same, replayed from a CUDA graph where the release's runner allows it
-DRAFT_KV_DIRECT = "kv-direct"  # kv-graph; on 0.5.14+ the graph fed straight from the verify (dynspec_v2.DirectKVWrite)
+DRAFT_KV_DIRECT = "kv-direct"  # kv-graph; v2 0.5.10+ feed the graph straight from the verify (dynspec_v2.DirectKVWrite)
 DRAFT_KV_SKIP = "skip"  # no draft extend at all: a negative control that leaves holes in the KV
 DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_FULL, DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT, DRAFT_KV_SKIP)
 _KV_ONLY_MODES = (DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # the stand-in stops the forward at the KV write
 _GRAPH_MODES = (DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # a KV-only twin graph is captured at start-up
-# What ``auto`` means where exact_kv has run on the H200 (v2: 0.5.17 fed directly and from a graph,
-# 0.5.12 eagerly): the KV-only extend, per decode step 0.97 / 0.99 of plain decode at 64 / 128
-# requests on 0.5.17 fed directly (0.96 / 0.97 through the stock extend, 0.86 / 0.87 for the full
-# one). Where the release cannot be fed directly it is kv-graph, said once at start-up. Elsewhere
-# (v1, not yet proven exact) ``auto`` is ``full``.
+# What ``auto`` means on each path: what exact_kv has run there on the H200. The zero-step state
+# (0.5.14+; 0.5.17 fed directly and from a graph): kv-direct, per decode step 0.97 / 0.99 of plain
+# decode at 64 / 128 requests on 0.5.17 (0.96 / 0.97 through the stock extend, 0.86 / 0.87 for the
+# full one); where the release cannot be fed directly it is kv-graph, said once at start-up.
+# dynspec's own v2 fallback (0.5.4 - 0.5.13; 0.5.12 eagerly): kv. v1 (not yet proven exact): full.
 DRAFT_KV_DEFAULT = DRAFT_KV_DIRECT
+DRAFT_KV_DEFAULT_OWN_FALLBACK = DRAFT_KV_ONLY
+DRAFT_KV_DEFAULT_V1 = DRAFT_KV_FULL
 
 # Draft model classes whose K/V at a position depend only on that position's inputs: the token's
 # embedding and the target's hidden states there, through ``fc``, the two input norms, the K/V
@@ -548,11 +552,11 @@ class DraftKV:
     The extend then runs eagerly, or (``kv-graph``) replays a CUDA graph that a second instance
     of the release's own draft-extend graph runner captured through the stand-in (``capture_graph``):
     the same shapes as the stock graph, without the kernels after the KV write. ``kv-direct`` is
-    ``kv-graph`` where the zero-step state (0.5.14+) lets dynspec feed that graph's four inputs
-    itself instead of through the stock extend's preparation (``dynspec_v2.DirectKVWrite``).
+    ``kv-graph`` where v2 (0.5.10+) lets dynspec feed that graph's four inputs itself instead of
+    through the stock extend's preparation (``dynspec_v2.DirectKVWrite``).
 
-    Modes (``DYNSPEC_DRAFT_KV``): ``auto`` (default) is ``DRAFT_KV_DEFAULT`` on v2 and ``full`` on
-    v1; ``full`` is the stock extend every iteration; ``kv``, ``kv-graph`` and ``kv-direct`` need a
+    Modes (``DYNSPEC_DRAFT_KV``): ``auto`` (default) is the path's proven mode (``DRAFT_KV_DEFAULT``
+    for the zero-step state, ``DRAFT_KV_DEFAULT_OWN_FALLBACK``, ``DRAFT_KV_DEFAULT_V1``); ``full`` is the stock extend every iteration; ``kv``, ``kv-graph`` and ``kv-direct`` need a
     draft class in ``KV_ONLY_DRAFTS`` with one attention layer (else start-up refuses them); ``skip`` runs no draft extend while off,
     which leaves the draft KV with holes: a negative control for ``dynspec proof``, never for
     serving. A backend that writes the KV without ``set_kv_buffer`` (a fused kernel), or eager
@@ -572,14 +576,14 @@ class DraftKV:
         self._windows_called = 0
 
     @classmethod
-    def build(cls, draft_runner: Any, *, log: bool = True, proven: bool = True) -> "DraftKV":
+    def build(cls, draft_runner: Any, *, log: bool = True, auto: str = DRAFT_KV_DEFAULT) -> "DraftKV":
         """The mode from ``DYNSPEC_DRAFT_KV`` and the draft model; a bad setting raises ValueError.
-        ``auto`` is ``DRAFT_KV_DEFAULT`` on a path where exact_kv has run (``proven``), else ``full``."""
+        ``auto`` is the mode exact_kv has proven on the caller's path."""
         setting = os.environ.get(DRAFT_KV_ENV, "auto").strip().lower() or "auto"
         if setting not in DRAFT_KV_SETTINGS:
             raise ValueError(f"{DRAFT_KV_ENV} must be one of {', '.join(DRAFT_KV_SETTINGS)}, not {setting!r}")
         if setting == "auto":
-            mode = DRAFT_KV_DEFAULT if proven else DRAFT_KV_FULL
+            mode = auto
         else:
             mode = setting
         if mode in _KV_ONLY_MODES:

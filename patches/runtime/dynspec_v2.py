@@ -14,7 +14,8 @@ rejected, so speculation can resume at the next iteration with nothing to flush.
 * 0.5.4 to 0.5.13 (``attach_fallback``): SGLang has no zero-step mode, so dynspec brings its own.
   A fallback iteration re-enters ``forward_batch_generation`` with the one-token target state, the
   step counts of the worker and of its draft worker (each holds a copy) set to 0 steps / 1 token,
-  and the draft-extend CUDA graph (built for N tokens per request) put aside; the hook in
+  and the draft-extend CUDA graph (built for N tokens per request) put aside for the full extend
+  (the KV-only twin, which works row by row, replays in its place while off); the hook in
   ``EagleDraftWorker.draft`` then returns the trivial tree instead of drafting. Everything is put
   back in ``finally``. Up to 0.5.11 the scheduler slices the *previous* iteration's
   ``next_token_ids`` with the worker's N (``_resolve_spec_overlap_token_ids``), so the one token
@@ -142,6 +143,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     if settings is None:
         return None
     from sglang.srt.speculative.dynspec_runtime import (
+        DRAFT_KV_DEFAULT_OWN_FALLBACK,
         DraftKV,
         DraftRecorder,
         SingleTokenTarget,
@@ -153,11 +155,12 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     rank0 = _tp_rank(worker) == 0
     tic = time.perf_counter()
     controller = _switch_controller(worker, settings, rank0)
-    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0)
+    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0, auto=DRAFT_KV_DEFAULT_OWN_FALLBACK)
+    target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
     # The stock runner is captured for the speculative width; the fallback's full extend (RESUME) runs
     # eagerly (_SavedSteps), but the KV-only twin computes row by row, so one token per request fits it.
+    # After the target's graphs, as on v1 (capture_twin_of_stock_graph's callers).
     capture_twin_of_stock_graph(draft_kv, worker.draft_worker)
-    target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
     fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     fallback.feed_twin_directly(worker, log=rank0)
     worker.draft_worker._dynspec = fallback
@@ -271,7 +274,7 @@ class V2Fallback:
 
         if self.draft_kv.mode != DRAFT_KV_DIRECT or self.draft_kv.graph is None:
             return
-        direct, why_not = FallbackDirectWrite.build(self.draft_kv.graph, worker, self.draft_kv)
+        direct, why_not = FallbackDirectWrite.build(self.draft_kv.graph, worker, self.draft_kv, log)
         if direct is None:
             if log:
                 logger.info(f"dynspec: {why_not}; kv-direct replays the KV-only graph through the stock extend")
@@ -563,7 +566,7 @@ class ZeroStepPolicy:
 
         if self.draft_kv.mode != DRAFT_KV_DIRECT or self.draft_kv.graph is None:
             return
-        direct, why_not = ZeroStepDirectWrite.build(self.draft_kv.graph, self.worker)
+        direct, why_not = ZeroStepDirectWrite.build(self.draft_kv.graph, self.worker, self.log)
         if direct is None:
             if self.log:
                 logger.info(f"dynspec: {why_not}; kv-direct replays the KV-only graph through the stock extend")
@@ -649,11 +652,11 @@ class DirectKVWrite:
     (idle, above the largest captured size, other shapes); the caller then runs the stock extend
     under ``DraftKV.kv_only``.
 
-    The release captures the twin ``width`` tokens per request wide (the speculative width, 4 for 3
-    steps), and the stock replay pads each one-token request to that width. What the graph keeps
-    (embedding, fc, norms, K/V projections, rope, the KV write) works row by row, so the direct write
-    packs the rows instead: the graph of the smallest size whose ``size * width`` rows hold them, a
-    quarter of the stock replay's rows at width 4.
+    A release may capture the twin ``width`` tokens per request wide (0.5.10 - 0.5.13 and 0.5.17:
+    the speculative width, 4 for 3 steps), and the stock replay pads each one-token request to that
+    width. What the graph keeps (embedding, fc, norms, K/V projections, rope, the KV write) works
+    row by row, so the direct write packs the rows instead: the graph of the smallest size whose
+    ``size * width`` rows hold them, a quarter of the stock replay's rows at width 4.
 
     Two releases' worth of runners: ``ZeroStepDirectWrite`` (0.5.14+, the zero-step state) and
     ``FallbackDirectWrite`` (0.5.10 - 0.5.13, dynspec's own fallback). They differ in where the
@@ -664,14 +667,23 @@ class DirectKVWrite:
     # Pools whose KV write goes to ``out_cache_loc`` as given. SWA and unified pools translate the
     # slots when the attention metadata is built, which the direct write does not rebuild.
     POOLS = ("MHATokenToKVPool",)
-    WIDTH = "captured_req_width"  # the runner's token rows per captured request
+    # Draft-extend attention backends whose extend writes the KV first, with the slots as given,
+    # and with which a direct write has run on the H200.
+    BACKENDS = ("TritonAttnBackend",)
+    WIDTHS: Tuple[str, ...] = ("captured_req_width", "num_tokens_per_bs")  # where runners keep it
 
-    def __init__(self, twin: Any) -> None:
+    def __init__(self, twin: Any, log: bool = True) -> None:
         self.twin = twin
         self.buffers = twin.buffers
         self.sizes = sorted(twin.capture_bs)
-        self.width = int(getattr(twin, self.WIDTH, 1))
+        self.width = int(self.width_of(twin) or 0)  # unfit() refused a twin without one
+        self.log = log  # rank 0
         self.said_no = False  # a batch it could not take has been logged
+
+    @classmethod
+    def width_of(cls, twin: Any) -> Optional[int]:
+        """The twin's token rows per captured request; None where it says nothing of them."""
+        return next((getattr(twin, name) for name in cls.WIDTHS if hasattr(twin, name)), None)
 
     @classmethod
     def unfit(cls, twin: Any, worker: Any) -> Optional[str]:
@@ -681,9 +693,9 @@ class DirectKVWrite:
         missing = [n for n in cls.INPUTS if getattr(buffers, n, None) is None]
         if missing:
             return f"{name} has no {missing[0]} buffer"
-        width = getattr(twin, cls.WIDTH, 1)
+        width = cls.width_of(twin)
         if not isinstance(width, int) or width < 1:
-            return f"{name} holds {width!r} tokens per request"
+            return f"{name} holds {width!r} tokens per request"  # rows past size * width would keep stale slots
         if not getattr(twin, "capture_bs", None):
             return f"{name} keeps no plain CUDA graph per batch size"
         gathers = ("require_mlp_tp_gather", "require_gathered_buffer", "require_mlp_sync")
@@ -695,8 +707,11 @@ class DirectKVWrite:
         pool = type(getattr(runner, "token_to_kv_pool", None)).__name__
         if pool not in cls.POOLS:
             return f"the draft KV pool {pool} may translate its cache slots with the attention metadata"
-        if getattr(getattr(twin, "draft_extend_attn_backend", None), "_translate_kv_loc", None) is not None:
+        backend = getattr(twin, "draft_extend_attn_backend", None)
+        if getattr(backend, "_translate_kv_loc", None) is not None:
             return "the draft-extend backend translates its cache slots with the attention metadata"
+        if type(backend).__name__ not in cls.BACKENDS:
+            return f"the direct write has run with {', '.join(cls.BACKENDS)} only, not {type(backend).__name__}"
         return None
 
     def write(self, batch: Any, batch_result: Any) -> bool:
@@ -717,7 +732,7 @@ class DirectKVWrite:
             or batch_result.next_token_ids.shape[0] != rows
             or batch.out_cache_loc.shape[0] != rows
         ):
-            if not self.said_no:  # once: a release whose verify hands other shapes shows here
+            if self.log and not self.said_no:  # once: a release whose verify hands other shapes shows here
                 self.said_no = True
                 logger.info(
                     f"dynspec: kv-direct left a batch of {rows} requests to the stock extend (hidden states "
@@ -757,8 +772,8 @@ class ZeroStepDirectWrite(DirectKVWrite):
     # The draft runner's read-done mailbox: named so in 0.5.18+, and before that.
     READ_DONE_EVENTS = ("shared_read_done_event", "war_fastpath_read_done_event")
 
-    def __init__(self, twin: Any, worker: Any, read_done: Optional[str]) -> None:
-        super().__init__(twin)
+    def __init__(self, twin: Any, worker: Any, read_done: Optional[str], log: bool = True) -> None:
+        super().__init__(twin, log)
         self.worker = worker  # its _stub_skipped_draft_extend stands in for the extend's outputs
         self.backend = twin.backend  # its replay(key, batch) replays that key's graph, batch unread
         self.runner = twin.model_runner
@@ -766,7 +781,7 @@ class ZeroStepDirectWrite(DirectKVWrite):
         self.new_event = twin.device_module.Event if read_done is not None else None
 
     @classmethod
-    def build(cls, twin: Any, worker: Any) -> Tuple[Optional["ZeroStepDirectWrite"], str]:
+    def build(cls, twin: Any, worker: Any, log: bool = True) -> Tuple[Optional["ZeroStepDirectWrite"], str]:
         """The writer, or None and why not: the twin must hold plain CUDA graphs, one per batch size,
         fed from the four buffers, on a pool that writes where ``out_cache_loc`` says."""
         why_not = cls.unfit(twin, worker)
@@ -792,7 +807,7 @@ class ZeroStepDirectWrite(DirectKVWrite):
         read_done = next((a for a in cls.READ_DONE_EVENTS if hasattr(runner, a)), None)
         if not callable(getattr(getattr(twin, "device_module", None), "Event", None)):
             read_done = None
-        return cls(twin, worker, read_done), ""
+        return cls(twin, worker, read_done, log), ""
 
     def replay(self, size: int) -> None:
         if self.new_event is not None:
@@ -814,15 +829,15 @@ class FallbackDirectWrite(DirectKVWrite):
     and zero hidden states of the draft's width, one row per request.
     """
 
-    WIDTH = "num_tokens_per_bs"
+    WIDTHS = ("num_tokens_per_bs",)
 
-    def __init__(self, twin: Any, draft_kv: Any) -> None:
-        super().__init__(twin)
+    def __init__(self, twin: Any, hidden: Tuple[int, Any], log: bool = True) -> None:
+        super().__init__(twin, log)
         self.graphs = twin.graphs
-        self.draft_kv = draft_kv  # its placeholder() makes the hidden states of the draft's width
+        self.hidden_width, self.hidden_dtype = hidden  # of the draft model's hidden states
 
     @classmethod
-    def build(cls, twin: Any, worker: Any, draft_kv: Any) -> Tuple[Optional["FallbackDirectWrite"], str]:
+    def build(cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True) -> Tuple[Optional["FallbackDirectWrite"], str]:
         why_not = cls.unfit(twin, worker)
         if why_not is not None:
             return None, why_not
@@ -830,7 +845,9 @@ class FallbackDirectWrite(DirectKVWrite):
         graphs = getattr(twin, "graphs", None)
         if not isinstance(graphs, dict) or any(size not in graphs for size in twin.capture_bs):
             return None, f"{name} has not captured a graph for every batch size it lists"
-        return cls(twin, draft_kv), ""
+        config = draft_kv.runner.model_config
+        hidden = (getattr(config, "spec_hidden_size", None) or config.hidden_size, config.dtype)  # as placeholder()
+        return cls(twin, hidden, log), ""
 
     def replay(self, size: int) -> None:
         self.graphs[size].replay()
@@ -843,4 +860,4 @@ class FallbackDirectWrite(DirectKVWrite):
         stand_in = batch_result.next_draft_input
         stand_in.topk_p = torch.ones((rows, 1), dtype=torch.float32, device=device)
         stand_in.topk_index = torch.zeros((rows, 1), dtype=torch.int64, device=device)
-        stand_in.hidden_states = self.draft_kv.placeholder(rows, device).hidden_states
+        stand_in.hidden_states = torch.zeros((rows, self.hidden_width), dtype=self.hidden_dtype, device=device)

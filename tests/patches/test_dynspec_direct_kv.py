@@ -118,6 +118,16 @@ class Event:
         self.recorded = True
 
 
+class TritonAttnBackend:
+    """The draft-extend backend the direct write has run with; it translates no slots."""
+
+    _translate_kv_loc = None
+
+
+class FlashInferAttnBackend(TritonAttnBackend):
+    """Another backend: not one the direct write has run with."""
+
+
 class EAGLEDraftExtendCudaGraphRunner:
     """0.5.14+'s, as the direct write reads it."""
 
@@ -128,7 +138,7 @@ class EAGLEDraftExtendCudaGraphRunner:
         self.capture_bs = list(SIZES)
         self.captured_req_width = width
         self.require_mlp_tp_gather = self.require_gathered_buffer = False
-        self.draft_extend_attn_backend = SimpleNamespace(_translate_kv_loc=None)
+        self.draft_extend_attn_backend = TritonAttnBackend()
         top = max(SIZES) * width
         self.buffers = SimpleNamespace(
             input_ids=Buffer.of(top),
@@ -306,7 +316,7 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         twin.backend._graphs = graphs
     elif case == "a-size-not-captured":
         del twin.backend._graphs[twin._make_graph_key(SIZES[-1])]
-    elif case == "no-width":
+    elif case == "zero-width":
         twin.captured_req_width = 0
     elif case == "dp-gather":
         twin.require_gathered_buffer = True
@@ -320,6 +330,10 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         twin.model_runner.token_to_kv_pool = type("SWAKVPool", (), {})()
     elif case == "translated-slots":
         twin.draft_extend_attn_backend._translate_kv_loc = lambda loc: loc
+    elif case == "another-backend":
+        twin.draft_extend_attn_backend = FlashInferAttnBackend()
+    elif case == "no-width":
+        del twin.captured_req_width
 
 
 @pytest.mark.parametrize(
@@ -328,7 +342,9 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         ("no-hidden-buffer", "EAGLEDraftExtendCudaGraphRunner has no hidden_states buffer"),
         ("breakable-backend", "replays through BreakableCudaGraphBackend, not a plain CUDA graph per batch size"),
         ("a-size-not-captured", "has not captured a graph for every batch size it lists"),
-        ("no-width", "holds 0 tokens per request"),
+        ("zero-width", "holds 0 tokens per request"),
+        ("no-width", "holds None tokens per request"),
+        ("another-backend", "the direct write has run with TritonAttnBackend only, not FlashInferAttnBackend"),
         ("dp-gather", "gathers across data-parallel ranks"),
         ("no-stub", "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"),
         ("dsa-seed", "the draft extend seeds the DSA indexer's top-k"),
@@ -630,7 +646,7 @@ class FallbackTwin:
         self.capture_bs = list(SIZES)
         self.num_tokens_per_bs = width
         self.require_mlp_tp_gather = self.require_gathered_buffer = self.require_mlp_sync = False
-        self.draft_extend_attn_backend = SimpleNamespace()
+        self.draft_extend_attn_backend = TritonAttnBackend()
         top = max(SIZES) * width
         self.buffers = SimpleNamespace(
             input_ids=Buffer.of(top),
@@ -714,11 +730,18 @@ def damage_fallback_twin(case: str, twin: FallbackTwin, worker: Worker) -> None:
         worker.server_args = SimpleNamespace(moe_a2a_backend="deepep")
     elif case == "swa-pool":
         twin.model_runner.token_to_kv_pool = type("SWAKVPool", (), {})()
+    elif case == "no-width":  # captured_req_width is 0.5.14+'s name: not the one these runners use
+        del twin.num_tokens_per_bs
+        twin.captured_req_width = 4  # type: ignore[attr-defined]
+    elif case == "another-backend":
+        twin.draft_extend_attn_backend = FlashInferAttnBackend()
 
 
 @pytest.mark.parametrize(
     ("case", "why"),
     [
+        ("no-width", "holds None tokens per request"),
+        ("another-backend", "has run with TritonAttnBackend only, not FlashInferAttnBackend"),
         ("no-buffers", "EAGLEDraftExtendCudaGraphRunner has no input_ids buffer"),
         ("a-size-not-captured", "has not captured a graph for every batch size it lists"),
         ("dp-mlp-sync", "gathers across data-parallel ranks"),

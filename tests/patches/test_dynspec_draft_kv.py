@@ -280,13 +280,17 @@ def test_skip_mode_writes_no_kv_and_returns_the_placeholder() -> None:
 # -- choosing the mode at start-up ---------------------------------------------------------------
 
 
-def test_auto_is_kv_direct_where_exact_kv_ran_and_full_where_it_did_not() -> None:
-    """Measured on the H200: exact on v2 (0.5.17 fed directly and from a graph, 0.5.12 eagerly), 0.97 /
-    0.99 of a plain decode step at 64 / 128 requests on 0.5.17 fed directly; v1 (``proven=False``) has
-    not run exact_kv yet."""
-    assert runtime.DRAFT_KV_DEFAULT == runtime.DRAFT_KV_DIRECT
+def test_auto_is_what_exact_kv_proved_on_each_path() -> None:
+    """Measured on the H200: on the zero-step state (0.5.17) fed directly and from a graph, 0.97 / 0.99
+    of a plain decode step at 64 / 128 requests fed directly; on dynspec's own v2 fallback (0.5.12)
+    eagerly; v1 has not run exact_kv yet."""
+    assert (runtime.DRAFT_KV_DEFAULT, runtime.DRAFT_KV_DEFAULT_OWN_FALLBACK, runtime.DRAFT_KV_DEFAULT_V1) == (
+        runtime.DRAFT_KV_DIRECT,
+        KV,
+        FULL,
+    )
     assert runtime.DraftKV.build(draft_stack().runner, log=False).mode == runtime.DRAFT_KV_DIRECT
-    assert runtime.DraftKV.build(draft_stack().runner, log=False, proven=False).mode == FULL
+    assert runtime.DraftKV.build(draft_stack().runner, log=False, auto=runtime.DRAFT_KV_DEFAULT_V1).mode == FULL
 
 
 # Drafts the KV-only extend cannot serve, and the words that say why.
@@ -300,9 +304,8 @@ UNSERVABLE_DRAFTS: dict[str, Any] = {
 
 
 @pytest.mark.parametrize("default", [KV, GRAPH, runtime.DRAFT_KV_DIRECT])
-def test_auto_follows_draft_kv_default(default: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(runtime, "DRAFT_KV_DEFAULT", default)
-    assert runtime.DraftKV.build(draft_stack().runner, log=False).mode == default
+def test_auto_is_the_callers_default(default: str) -> None:
+    assert runtime.DraftKV.build(draft_stack().runner, log=False, auto=default).mode == default
 
 
 @pytest.mark.parametrize("default", [KV, GRAPH, runtime.DRAFT_KV_DIRECT])
@@ -315,10 +318,9 @@ def test_a_kv_only_default_meets_a_draft_it_cannot_serve_with_the_full_extend_sa
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Only ``auto`` falls back so; an explicit kv or kv-graph refuses (above)."""
-    monkeypatch.setattr(runtime, "DRAFT_KV_DEFAULT", default)
     with caplog.at_level(logging.INFO, logger=runtime.__name__):
-        draft_kv = runtime.DraftKV.build(draft_stack(**stack_options).runner)
-        quiet = runtime.DraftKV.build(draft_stack(**stack_options).runner, log=False)  # rank > 0
+        draft_kv = runtime.DraftKV.build(draft_stack(**stack_options).runner, auto=default)
+        quiet = runtime.DraftKV.build(draft_stack(**stack_options).runner, log=False, auto=default)  # rank > 0
     assert draft_kv.mode == quiet.mode == FULL
     assert [(r.levelno, r.getMessage()) for r in caplog.records] == [
         (
@@ -340,7 +342,7 @@ def test_unproven_auto_is_full_for_any_draft_and_says_nothing(
     stack_options: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger=runtime.__name__):
-        draft_kv = runtime.DraftKV.build(draft_stack(**stack_options).runner, proven=False)
+        draft_kv = runtime.DraftKV.build(draft_stack(**stack_options).runner, auto=runtime.DRAFT_KV_DEFAULT_V1)
     assert draft_kv.mode == FULL and draft_kv.graph is None
     assert caplog.records == []
 
@@ -1201,7 +1203,7 @@ def v2_worker(stack: DraftStack) -> Any:
     return worker
 
 
-@pytest.mark.parametrize("setting", [GRAPH, DIRECT, "auto"])
+@pytest.mark.parametrize("setting", [GRAPH, DIRECT])
 def test_v2_fallback_attach_captures_a_kv_only_twin_of_the_draft_workers_graph(
     setting: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -1224,12 +1226,13 @@ def test_v2_fallback_attach_captures_a_kv_only_twin_of_the_draft_workers_graph(
     assert (refusal in caplog.text) == (setting != GRAPH) and fallback.draft_kv.direct is None
 
 
-@pytest.mark.parametrize("setting", [KV, FULL, SKIP])
+@pytest.mark.parametrize("setting", ["", "auto", KV, FULL, SKIP])  # auto: kv, the mode proven on 0.5.12
 def test_v2_fallback_attach_captures_nothing_outside_the_graph_modes(setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
     stack = draft_stack()
     fallback = v2.attach_fallback(v2_worker(stack))
     assert fallback is not None and fallback.draft_kv.graph is None and stack.log == []
+    assert fallback.draft_kv.mode == (KV if setting in ("", "auto") else setting)
 
 
 def test_v2_fallback_replays_the_twin_at_fall_back_the_stock_graph_when_speculating_and_none_at_resume(

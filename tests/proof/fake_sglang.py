@@ -24,7 +24,7 @@ under ``kvdrift``), so the ``acceptance`` check sees a control that drops; unset
 
 Playing dynspec, it logs the runtime's start-up line (``dynspec: v2 fallback ready in ...``, with
 the words of ``describe_draft_kv`` for ``DYNSPEC_DRAFT_KV`` as the runtime resolves it on v2: unset
-or ``auto`` is kv-direct, ``kv``, ``kv-graph`` and ``kv-direct`` the KV-only one, the last two from a
+or ``auto`` is kv (the own fallback's), ``kv``, ``kv-graph`` and ``kv-direct`` the KV-only one, the last two from a
 captured CUDA graph). A KV-only server is one with any of those three. With ``DYNSPEC_RECORD_DRAFTS`` set,
 a request whose rid (from the ``/generate`` body) starts with ``RECORD_RID_PREFIX`` decodes one
 token per ``FAKE_SGLANG_STEP_DELAY`` seconds, deciding at each step like dynspec, and appends one
@@ -94,9 +94,10 @@ def drafts(input_ids: list[int], position: int) -> list[int]:
 
 
 def draft_kv_mode(setting: str | None) -> str:
-    """``DYNSPEC_DRAFT_KV`` as the runtime resolves it on v2: ``auto`` is its ``DRAFT_KV_DEFAULT``, kv-direct."""
+    """``DYNSPEC_DRAFT_KV`` as the runtime resolves it on the path the fake plays, dynspec's own v2
+    fallback: ``auto`` is its ``DRAFT_KV_DEFAULT_OWN_FALLBACK``, kv."""
     setting = (setting or "auto").strip().lower() or "auto"
-    return "kv-direct" if setting == "auto" else setting
+    return "kv" if setting == "auto" else setting
 
 
 class State:

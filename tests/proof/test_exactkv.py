@@ -301,7 +301,7 @@ def test_the_fakes_start_up_words_are_the_runtimes() -> None:
             draft_kv.graph = object()  # the fake plays a server whose twin graph was captured
             draft_kv.direct = object() if mode == runtime.DRAFT_KV_DIRECT else None  # and, for kv-direct, fed directly
         assert runtime.describe_draft_kv(draft_kv) == words
-    assert fake_sglang.draft_kv_mode(None) == fake_sglang.draft_kv_mode(" Auto ") == runtime.DRAFT_KV_DEFAULT
+    assert fake_sglang.draft_kv_mode(None) == fake_sglang.draft_kv_mode(" Auto ") == runtime.DRAFT_KV_DEFAULT_OWN_FALLBACK
     assert set(fake_sglang.KV_ONLY_MODES) == set(KV_ONLY_MODES) == {runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_DIRECT}
     assert fake_sglang.RECORD_RID_PREFIX == runtime.RECORD_RID_PREFIX
 
@@ -309,9 +309,9 @@ def test_the_fakes_start_up_words_are_the_runtimes() -> None:
 @pytest.mark.parametrize(
     ("setting", "faults", "says"),
     [
-        (None, "", "kv-direct"),
-        ("", "", "kv-direct"),
-        ("auto", "", "kv-direct"),
+        (None, "", "kv"),
+        ("", "", "kv"),
+        ("auto", "", "kv"),
         ("full", "", "full"),
         ("kv", "", "kv"),
         (" KV-Graph ", "", "kv-graph"),
