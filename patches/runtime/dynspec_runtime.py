@@ -706,12 +706,16 @@ class DraftKV:
         import torch
         from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 
-        config = self.runner.model_config
-        width = getattr(config, "spec_hidden_size", None) or config.hidden_size
+        width, dtype = self.hidden_states_of_a_row()
         return LogitsProcessorOutput(
             next_token_logits=torch.zeros((rows, 1), dtype=torch.float32, device=device),
-            hidden_states=torch.zeros((rows, width), dtype=config.dtype, device=device),
+            hidden_states=torch.zeros((rows, width), dtype=dtype, device=device),
         )
+
+    def hidden_states_of_a_row(self) -> Tuple[int, Any]:
+        """Width and dtype of the draft model's output hidden states (what the next draft reads)."""
+        config = self.runner.model_config
+        return getattr(config, "spec_hidden_size", None) or config.hidden_size, config.dtype
 
     def _give_up(self, why: str) -> None:
         if self.saves_work:

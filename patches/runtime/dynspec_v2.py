@@ -270,16 +270,8 @@ class V2Fallback:
     def feed_twin_directly(self, worker: Any, log: bool) -> None:
         """``kv-direct`` on 0.5.10 - 0.5.13: a fallback iteration's draft extend becomes a
         ``FallbackDirectWrite`` of the twin, where the twin allows it (else it stays kv-graph, said once)."""
-        from sglang.srt.speculative.dynspec_runtime import DRAFT_KV_DIRECT
-
-        if self.draft_kv.mode != DRAFT_KV_DIRECT or self.draft_kv.graph is None:
+        if not feed_directly(self.draft_kv, lambda twin: FallbackDirectWrite.build(twin, worker, self.draft_kv, log), log):
             return
-        direct, why_not = FallbackDirectWrite.build(self.draft_kv.graph, worker, self.draft_kv, log)
-        if direct is None:
-            if log:
-                logger.info(f"dynspec: {why_not}; kv-direct replays the KV-only graph through the stock extend")
-            return
-        self.draft_kv.direct = direct
         draft_worker = worker.draft_worker
         stock = draft_worker._draft_extend_for_decode
 
@@ -562,16 +554,7 @@ class ZeroStepPolicy:
 
     def _build_direct(self) -> None:
         """``kv-direct``: feed the captured twin straight from the verify, where it allows it."""
-        from sglang.srt.speculative.dynspec_runtime import DRAFT_KV_DIRECT
-
-        if self.draft_kv.mode != DRAFT_KV_DIRECT or self.draft_kv.graph is None:
-            return
-        direct, why_not = ZeroStepDirectWrite.build(self.draft_kv.graph, self.worker, self.log)
-        if direct is None:
-            if self.log:
-                logger.info(f"dynspec: {why_not}; kv-direct replays the KV-only graph through the stock extend")
-            return
-        self.draft_kv.direct = direct
+        feed_directly(self.draft_kv, lambda twin: ZeroStepDirectWrite.build(twin, self.worker, self.log), self.log)
 
     def _graph_like(self, state: Any, stock_graph: Any, capture_bs: Optional[List[int]]) -> Any:
         """A new instance of ``stock_graph``'s runner class, made as the zero-step state made its
@@ -636,6 +619,22 @@ class ZeroStepPolicy:
                 return stock(*args, **kwargs)
 
         draft_worker._draft_extend_for_decode = draft_extend_for_decode
+
+
+def feed_directly(draft_kv: Any, build: Callable[[Any], Tuple[Optional["DirectKVWrite"], str]], log: bool) -> bool:
+    """``kv-direct``: make ``draft_kv.direct`` the writer ``build`` makes of its captured twin.
+    False (kv-graph, and why said once) for another mode, no twin, or a twin it cannot feed."""
+    from sglang.srt.speculative.dynspec_runtime import DRAFT_KV_DIRECT
+
+    if draft_kv.mode != DRAFT_KV_DIRECT or draft_kv.graph is None:
+        return False
+    direct, why_not = build(draft_kv.graph)
+    if direct is None:
+        if log:
+            logger.info(f"dynspec: {why_not}; kv-direct replays the KV-only graph through the stock extend")
+        return False
+    draft_kv.direct = direct
+    return True
 
 
 class DirectKVWrite:
@@ -845,9 +844,7 @@ class FallbackDirectWrite(DirectKVWrite):
         graphs = getattr(twin, "graphs", None)
         if not isinstance(graphs, dict) or any(size not in graphs for size in twin.capture_bs):
             return None, f"{name} has not captured a graph for every batch size it lists"
-        config = draft_kv.runner.model_config
-        hidden = (getattr(config, "spec_hidden_size", None) or config.hidden_size, config.dtype)  # as placeholder()
-        return cls(twin, hidden, log), ""
+        return cls(twin, draft_kv.hidden_states_of_a_row(), log), ""
 
     def replay(self, size: int) -> None:
         self.graphs[size].replay()
