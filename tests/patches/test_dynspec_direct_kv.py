@@ -84,15 +84,17 @@ class Tensor:
 
 
 class Graph:
-    """One captured KV-only graph: embedding, fc, norms, QKV, rope and the KV write, for ``size`` rows."""
+    """One captured KV-only graph: embedding, fc, norms, QKV, rope and the KV write, for ``size``
+    requests of ``width`` token rows each (0.5.14+'s in a full-graph backend, a ``torch.cuda.CUDAGraph``
+    of 0.5.10 - 0.5.13's ``graphs``)."""
 
-    def __init__(self, twin: ZeroStepTwin, size: int) -> None:
-        self.twin, self.size = twin, size
+    def __init__(self, twin: Any, size: int, width: int) -> None:
+        self.twin, self.size, self.width = twin, size, width
 
     def replay(self) -> None:
         b, twin = self.twin.buffers, self.twin
         twin.log.append(f"replay {self.size}")
-        for row in range(self.size * twin.captured_req_width):  # token rows: width per captured request
+        for row in range(self.size * self.width):
             token, position, hidden = b.input_ids.store[row], b.positions.store[row], b.hidden_states.store[row]
             twin.pool.kv[(0, b.out_cache_loc.store[row])] = kv_of(token or 0, position or 0, hidden or 0)
 
@@ -128,6 +130,16 @@ class FlashInferAttnBackend(TritonAttnBackend):
     """Another backend: not one the direct write has run with."""
 
 
+def input_buffers(rows: int) -> SimpleNamespace:
+    """A twin's four input buffers (``DirectKVWrite.INPUTS``), ``rows`` token rows each."""
+    return SimpleNamespace(
+        input_ids=Buffer.of(rows),
+        positions=Buffer.of(rows),
+        out_cache_loc=Buffer.of(rows),
+        hidden_states=Buffer.of(rows, HIDDEN_WIDTH),
+    )
+
+
 class EAGLEDraftExtendCudaGraphRunner:
     """0.5.14+'s, as the direct write reads it."""
 
@@ -139,16 +151,10 @@ class EAGLEDraftExtendCudaGraphRunner:
         self.captured_req_width = width
         self.require_mlp_tp_gather = self.require_gathered_buffer = False
         self.draft_extend_attn_backend = TritonAttnBackend()
-        top = max(SIZES) * width
-        self.buffers = SimpleNamespace(
-            input_ids=Buffer.of(top),
-            positions=Buffer.of(top),
-            out_cache_loc=Buffer.of(top),
-            hidden_states=Buffer.of(top, HIDDEN_WIDTH),
-        )
+        self.buffers = input_buffers(max(SIZES) * width)
         self.backend = FullCudaGraphBackend()
         for size in SIZES:
-            self.backend._graphs[self._make_graph_key(size)] = Graph(self, size)
+            self.backend._graphs[self._make_graph_key(size)] = Graph(self, size, width)
 
     def _make_graph_key(self, size: int) -> tuple[str, int]:
         return ("ShapeKey", size)
@@ -623,20 +629,6 @@ def test_the_extend_outputs_the_stubs_miss_are_named_as_build_reads_them(version
 DRAFT_WIDTH = 8  # the draft model's hidden size: the width of next_draft_input.hidden_states
 
 
-class CudaGraph:
-    """``torch.cuda.CUDAGraph`` of a 0.5.10 - 0.5.13 KV-only twin: ``size * width`` rows, as ``Graph``."""
-
-    def __init__(self, twin: FallbackTwin, size: int) -> None:
-        self.twin, self.size = twin, size
-
-    def replay(self) -> None:
-        b, twin = self.twin.buffers, self.twin
-        twin.log.append(f"replay {self.size}")
-        for row in range(self.size * twin.num_tokens_per_bs):
-            token, position, hidden = b.input_ids.store[row], b.positions.store[row], b.hidden_states.store[row]
-            twin.pool.kv[(0, b.out_cache_loc.store[row])] = kv_of(token or 0, position or 0, hidden or 0)
-
-
 class FallbackTwin:
     """0.5.10 - 0.5.13's ``EAGLEDraftExtendCudaGraphRunner`` as the direct write reads it."""
 
@@ -647,14 +639,8 @@ class FallbackTwin:
         self.num_tokens_per_bs = width
         self.require_mlp_tp_gather = self.require_gathered_buffer = self.require_mlp_sync = False
         self.draft_extend_attn_backend = TritonAttnBackend()
-        top = max(SIZES) * width
-        self.buffers = SimpleNamespace(
-            input_ids=Buffer.of(top),
-            positions=Buffer.of(top),
-            out_cache_loc=Buffer.of(top),
-            hidden_states=Buffer.of(top, HIDDEN_WIDTH),
-        )
-        self.graphs = {size: CudaGraph(self, size) for size in SIZES}
+        self.buffers = input_buffers(max(SIZES) * width)
+        self.graphs = {size: Graph(self, size, width) for size in SIZES}
 
 
 def fallback_draft_kv() -> runtime.DraftKV:

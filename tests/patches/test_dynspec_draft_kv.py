@@ -997,14 +997,8 @@ def test_v1_runs_the_fall_back_iterations_draft_extend_under_kv_only_and_the_res
     assert "forward" not in vars(stack.model) and worker.cuda_graph_runner_for_draft_extend is not None
 
 
-def test_v2_runs_the_fall_back_iterations_draft_extend_under_kv_only_and_the_resume_in_full() -> None:
-    stack = draft_stack()
-    draft_worker = stack.worker
-    draft_worker.speculative_num_steps, draft_worker.speculative_num_draft_tokens = 3, 4  # type: ignore[attr-defined]
-    worker = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4, draft_worker=draft_worker)
-    recorder = StepRecorder()
-    controller = runtime.SwitchController(4, min_steps=1, log=False)
-    fallback = v2.V2Fallback(controller, TargetStub(), draft_kv_for(stack), recorder)
+def v2_decode_loop(fallback: v2.V2Fallback, worker: Any, stack: DraftStack) -> list[str]:
+    """Drive ``SIZES`` through 0.5.4 - 0.5.13's decode branch as the hook sees it; what each extend ran."""
 
     def decode_branch(batch: Any) -> Any:
         if fallback.should_fall_back(batch):
@@ -1017,7 +1011,18 @@ def test_v2_runs_the_fall_back_iterations_draft_extend_under_kv_only_and_the_res
         stack.clear()
         decode_branch(v2_tests.decode_batch(size))
         ran.append(what_ran(stack.log))
-    assert ran == EXPECTED
+    return ran
+
+
+def test_v2_runs_the_fall_back_iterations_draft_extend_under_kv_only_and_the_resume_in_full() -> None:
+    stack = draft_stack()
+    draft_worker = stack.worker
+    draft_worker.speculative_num_steps, draft_worker.speculative_num_draft_tokens = 3, 4  # type: ignore[attr-defined]
+    worker = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4, draft_worker=draft_worker)
+    recorder = StepRecorder()
+    controller = runtime.SwitchController(4, min_steps=1, log=False)
+    fallback = v2.V2Fallback(controller, TargetStub(), draft_kv_for(stack), recorder)
+    assert v2_decode_loop(fallback, worker, stack) == EXPECTED
     assert recorder.steps == [s for s in STEPS if s != runtime.SPECULATE]
     assert draft_worker.cuda_graph_runner_for_draft_extend is not None and "forward" not in vars(stack.model)
 
@@ -1248,19 +1253,7 @@ def test_v2_fallback_replays_the_twin_at_fall_back_the_stock_graph_when_speculat
     twin = attached.draft_kv.graph
     controller = runtime.SwitchController(4, min_steps=1, log=False)
     fallback = v2.V2Fallback(controller, TargetStub(), attached.draft_kv, StepRecorder())
-
-    def decode_branch(batch: Any) -> Any:
-        if fallback.should_fall_back(batch):
-            return fallback.fall_back(worker, lambda: decode_branch(batch))
-        stack.extend()
-        return SimpleNamespace(next_token_ids=None, speculative_num_draft_tokens=worker.speculative_num_draft_tokens)
-
-    ran = []
-    for size in SIZES:
-        stack.clear()
-        decode_branch(v2_tests.decode_batch(size))
-        ran.append(what_ran(stack.log))
-    assert ran == EXPECTED
+    assert v2_decode_loop(fallback, worker, stack) == EXPECTED
     replayed = [seen["cuda_graph_runner_for_draft_extend"] for seen in stack.worker.seen_inside]
     assert replayed == [stock, twin, twin, None, stock, twin]
     assert outside_capture(stack.pool) == full_forward_kv()

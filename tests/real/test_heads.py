@@ -121,17 +121,11 @@ def test_training_is_deterministic_and_learns_a_tiny_target(tmp_path: Path) -> N
     """A tiny random llama target whose 'continuations' are its own greedy tokens: two runs of the
     recipe give the same head; it beats an untrained head; the saved head passes check_head."""
     torch = pytest.importorskip("torch", reason="the [real] extra")
-    transformers = pytest.importorskip("transformers", reason="the [real] extra")
+    pytest.importorskip("transformers", reason="the [real] extra")
     from patcher.real import eagle3
+    from tests.real.test_generate import tiny_target
 
-    torch.manual_seed(0)
-    config = transformers.LlamaConfig(
-        vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=6, num_attention_heads=4,
-        num_key_value_heads=2, head_dim=16, max_position_embeddings=256, rope_theta=10000.0, tie_word_embeddings=True,
-    )  # fmt: skip
-    model = transformers.LlamaForCausalLM(config)
-    model.train(False)
-    target = eagle3.Target(model, {**config.to_dict(), "eos_token_id": None}, eagle3.default_aux_layers(6))
+    target = tiny_target()
     g = torch.Generator().manual_seed(1)
     prompts = [(f"t/{i}", torch.randint(3, 300, (12,), generator=g).tolist()) for i in range(12)]
     samples = eagle3.generate(target, prompts, 24, 6, lambda m: None)
@@ -144,7 +138,7 @@ def test_training_is_deterministic_and_learns_a_tiny_target(tmp_path: Path) -> N
     untrained = eagle3.acceptance(eagle3.Eagle3Head(head_cfg, 300), target, samples)["accept_length"]
     assert trained > untrained
     eagle3.save(head, head_cfg, tmp_path / "head")
-    heads.check_head(tmp_path / "head", {**config.to_dict(), "num_hidden_layers": 6})
+    heads.check_head(tmp_path / "head", {**target.model.config.to_dict(), "num_hidden_layers": 6})
     written = tensorfile.read(tmp_path / "head" / "model.safetensors")
     assert written["d2t"].dtype == np.int64 and written["t2d"].dtype == np.bool_ and int(written["t2d"].sum()) == 64
     hot = written["d2t"] + np.arange(64)  # SGLang's hot_token_id
