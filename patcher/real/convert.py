@@ -29,7 +29,7 @@ import numpy as np
 import numpy.typing as npt
 
 from patcher.errors import ModelInvalid, ModelMissing
-from patcher.real import tensorfile
+from patcher.real import jsonfile, tensorfile
 
 WEIGHTS = "model.safetensors"
 TOKEN_TYPE_CONTROL = 3  # llama.cpp's LLAMA_TOKEN_TYPE_CONTROL: special tokens
@@ -322,12 +322,7 @@ def convert(gguf_path: Path, out: Path) -> Converted:
 def check_checkpoint(path: Path) -> dict[str, Any]:
     """A converted dir: config.json fits model.safetensors name for name and shape. Returns the config."""
     config_path = path / "config.json"
-    try:
-        config = json.loads(config_path.read_text())
-    except FileNotFoundError as error:
-        raise ModelMissing(f"{config_path}: no such file") from error
-    except (ValueError, UnicodeDecodeError) as error:
-        raise ModelInvalid(f"{config_path}: not JSON ({error})") from error
+    config = jsonfile.read(config_path)
     try:
         shape = LlamaShape(
             layers=config["num_hidden_layers"],

@@ -41,6 +41,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from patcher.errors import ModelInvalid, ModelMissing, UsageError
+from patcher.real import jsonfile
 from patcher.real.heads import check_head
 
 STEPS = 3  # --speculative-num-steps; drafts per round with topk 1
@@ -780,10 +781,8 @@ def load_prompts(path: Path, split: str) -> list[Tokenized]:
     """The prompts of ``dynspec real prompts [--split train]``; ``split`` is the one expected
     (``held_out`` also takes a file without a ``split``: those of before the training split)."""
     try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError as error:
-        raise ModelMissing(f"{path}: no such file") from error
-    except (OSError, ValueError) as error:
+        data = jsonfile.read(path)
+    except OSError as error:  # unreadable; a missing file is ModelMissing already
         raise ModelInvalid(f"{path}: not JSON ({error})") from error
     try:
         rows = [Tokenized(str(r["id"]), [int(t) for t in r["input_ids"]]) for r in data["prompts"]]

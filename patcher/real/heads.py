@@ -8,12 +8,11 @@ shapes are checked here, against the target's config, before a server is started
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from patcher.errors import ModelInvalid, ModelMissing
-from patcher.real import tensorfile
+from patcher.errors import ModelInvalid
+from patcher.real import jsonfile, tensorfile
 
 HEAD_NAMES = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
 
@@ -21,12 +20,7 @@ HEAD_NAMES = ("fc.weight", "norm.weight", "lm_head.weight", "d2t", "t2d")
 def check_head(head_dir: Path, target_config: dict[str, Any]) -> dict[str, Any]:
     """A head dir that SGLang's LlamaForCausalLMEagle3 loads and that fits ``target_config``."""
     path = head_dir / "config.json"
-    try:
-        config = json.loads(path.read_text())
-    except FileNotFoundError as error:
-        raise ModelMissing(f"{path}: no such file") from error
-    except ValueError as error:
-        raise ModelInvalid(f"{path}: not JSON ({error})") from error
+    config = jsonfile.read(path)
     if config.get("architectures") != ["LlamaForCausalLMEagle3"] or config.get("num_hidden_layers") != 1:
         raise ModelInvalid(f"{path}: not a one-layer LlamaForCausalLMEagle3 head")
     for key in ("hidden_size", "vocab_size"):

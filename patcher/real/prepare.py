@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from patcher.errors import ModelInvalid, ModelMissing
-from patcher.real import convert, fetch, heads, prompts
+from patcher.real import convert, fetch, heads, jsonfile, prompts
 
 SPLITS = ("held_out", "train")
 
@@ -85,12 +85,7 @@ def _head_info(head: Path | None, config: dict[str, Any]) -> dict[str, Any]:
 def install_head(model_dir: Path, head: Path) -> dict[str, Any]:
     """Make ``head`` (checked against ``model_dir/target``) the dir's draft; model.json says which head."""
     info_file = model_dir / "model.json"
-    try:
-        info = json.loads(info_file.read_text())
-    except FileNotFoundError as error:
-        raise ModelMissing(f"{info_file}: no such file (make {model_dir} with `dynspec real prepare`)") from error
-    except ValueError as error:
-        raise ModelInvalid(f"{info_file}: not JSON ({error})") from error
+    info = jsonfile.read(info_file, f" (make {model_dir} with `dynspec real prepare`)")
     head_config = heads.check_head(head, convert.check_checkpoint(model_dir / "target"))
     if (model_dir / "draft").exists():
         shutil.rmtree(model_dir / "draft")
