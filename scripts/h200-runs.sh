@@ -62,25 +62,23 @@ proof() { local out=$OUT/$1; shift; mkdir -p "$out"
   timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1 & local pid=$!
   [ -n "${EXPECT_READY:-}" ] && expect_ready "$out" "$pid" &
   wait "$pid"; echo "proof rc=$?"; wait; tail -30 "$out.txt"; finish "$out"; }
+# The kit's own servers (serve.sh): the 8B shape's EAGLE-3 flags, as dynspec proof starts them
+K=$PWD/.gpu/kit; LIMITS="--max-running-requests 128 --cuda-graph-max-bs 128"
+S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b --speculative-draft-load-format dummy"
+S="$S --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 $LIMITS"
 case $step in
   kit-a) rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1-a.tar.xz" -C /tmp/site && echo unpacked a ;;
   v2-proof) unpack_b 0.5.12 || exit 3
     proof proof-v2 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   v2-tput) need_kit
     proof proof-v2-tput --path v2 --checks throughput --threshold 32 --throughput-levels 1,4,16,32,64,128
-    K=$PWD/.gpu/kit; S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b"
-    S="$S --speculative-draft-load-format dummy --speculative-num-steps 3 --speculative-eagle-topk 1"
-    S="$S --speculative-num-draft-tokens 4 --max-running-requests 128 --cuda-graph-max-bs 128"
     DYNSPEC_EARLY_FENCE=0 SGLANG_SIMULATE_ACC_LEN=3 TARGET=target8b bash "$K/serve.sh" nofence $S \
       --speculative-disable-batch-size 32 && python3 "$K/client.py" http://127.0.0.1:30000 64,128 256 \
       | tee "$OUT/nofence.txt"; bash "$K/stop.sh"; gzip -f "$OUT/nofence.log" ;;
   v1-proof) need_kit
     proof proof-v1 --path v1 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   smoke-17) unpack_b 0.5.17 || exit 3
-    export SGLANG_SIMULATE_ACC_LEN=3 TARGET=target8b; K=$PWD/.gpu/kit
-    S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b"
-    S="$S --speculative-draft-load-format dummy --speculative-num-steps 3 --speculative-eagle-topk 1"
-    S="$S --speculative-num-draft-tokens 4 --max-running-requests 128 --cuda-graph-max-bs 128"
+    export SGLANG_SIMULATE_ACC_LEN=3 TARGET=target8b
     bash "$K/serve.sh" dyn17 $S --speculative-disable-batch-size 32 && timeout 40 python3 "$K/client.py" \
       http://127.0.0.1:30000 1,64,128 256 | tee "$OUT/dyn17.txt"
     grep -E "dynspec|Error|error" "$OUT/dyn17.log" | head -8; bash "$K/stop.sh"; gzip -f "$OUT/dyn17.log" ;;
@@ -91,9 +89,6 @@ case $step in
       --upstream-adaptive --throughput-levels 1,4,16,32,64,128 ;;
   skipde-17) need_kit
     export SGLANG_SIMULATE_ACC_LEN=3 TARGET=target8b DYNSPEC_EARLY_FENCE=1 SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1
-    K=$PWD/.gpu/kit; S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b"
-    S="$S --speculative-draft-load-format dummy --speculative-num-steps 3 --speculative-eagle-topk 1"
-    S="$S --speculative-num-draft-tokens 4 --max-running-requests 128 --cuda-graph-max-bs 128"
     bash "$K/serve.sh" skipde $S --speculative-disable-batch-size 32 && python3 "$K/client.py" \
       http://127.0.0.1:30000 64,128 256 | tee "$OUT/skipde.txt"; bash "$K/stop.sh"; gzip -f "$OUT/skipde.log" ;;
   proof-13) unpack_b 0.5.13 || exit 3
@@ -108,14 +103,11 @@ case $step in
       --throughput-levels 1,4,16,32,64,128 --throughput-repeats 1 ;;
   kv-proof) unpack_b "$1" || exit 3
     proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
-  diag) need_kit; K=$PWD/.gpu/kit; export TARGET=target8b
+  diag) need_kit; export TARGET=target8b
     if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
-    S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b"
-    S="$S --speculative-draft-load-format dummy --speculative-num-steps 3 --speculative-eagle-topk 1"
-    S="$S --speculative-num-draft-tokens 4 --speculative-disable-batch-size 32"
     for run in base "dyn-sim:SGLANG_SIMULATE_ACC_LEN=3" "dyn-nosim:" "skip-nosim:DYNSPEC_DRAFT_KV=skip"; do
-      name=${run%%:*}; envs=${run#*:}; [ "$name" = base ] && { args=""; envs=""; } || args=$S
-      env $envs bash "$K/serve.sh" "$name" --max-running-requests 128 --cuda-graph-max-bs 128 $args || continue
+      name=${run%%:*}; envs=${run#*:}; [ "$name" = base ] && { args=$LIMITS; envs=""; } || args="$S --speculative-disable-batch-size 32"
+      env $envs bash "$K/serve.sh" "$name" $args || continue
       grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
       for _ in 1 2; do python3 "$K/client.py" http://127.0.0.1:30000 64,128 256; done | tee "$OUT/$name.txt"
       bash "$K/stop.sh"; sleep 3
