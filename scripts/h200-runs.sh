@@ -23,8 +23,10 @@
 #                  vocabulary); v1 adds --no-overlap-base. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
 #   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
 #   diag V         (same warm machine, part b unpacked) where the last points of a fallback step go at
-#                  C=64,128: base, dynspec (auto) with and without SGLANG_SIMULATE_ACC_LEN, dynspec with
-#                  DYNSPEC_DRAFT_KV=skip (no draft work): per-step ratios from the logs (patcher.proof.steps);
+#                  C=64,100 (the kit client.py holds at most 100 requests in flight: aiohttp's default
+#                  connector limit): base, dynspec (auto) and dynspec with upstream's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1
+#                  (no draft work at all, 0.5.14+; dynspec's DYNSPEC_DRAFT_KV=skip still runs the stock extend's
+#                  host side), all with SGLANG_SIMULATE_ACC_LEN=3: per-step ratios from the logs (patcher.proof.steps);
 #                  DIAG_RUNS="base NAME:ENV=V+ENV=V ..." picks other servers (base first: the ratios' reference)
 #   prof V         (as diag) torch-profiler traces of 30 decode steps at 64 requests, base and dynspec (auto,
 #                  falling back), GPU only (30 steps) and CPU+GPU with Python stacks (20 steps):
@@ -109,11 +111,11 @@ case $step in
     proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
   diag) need_kit; export TARGET=target8b
     if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
-    for run in ${DIAG_RUNS:-base dyn-sim:SGLANG_SIMULATE_ACC_LEN=3 dyn-nosim: skip-nosim:DYNSPEC_DRAFT_KV=skip}; do
+    for run in ${DIAG_RUNS:-base dyn-sim:SGLANG_SIMULATE_ACC_LEN=3 upskip-sim:SGLANG_SIMULATE_ACC_LEN=3+SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1}; do
       name=${run%%:*}; envs=${run#*:}; envs=${envs//+/ }; [ "$name" = base ] && { args=$LIMITS; envs=""; } || args="$S --speculative-disable-batch-size 32"
       env $envs bash "$K/serve.sh" "$name" $args || continue
       grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
-      for _ in 1 2; do python3 "$K/client.py" http://127.0.0.1:30000 64,128 256; done | tee "$OUT/$name.txt"
+      for _ in 1 2; do python3 "$K/client.py" http://127.0.0.1:30000 64,100 256; done | tee "$OUT/$name.txt"
       bash "$K/stop.sh"; sleep 3
     done
     python3 - "$OUT" <<'PY'
@@ -121,7 +123,7 @@ import json, pathlib, sys
 from patcher.proof import steps
 out = pathlib.Path(sys.argv[1])
 logs = {p.stem: p.read_text(errors="replace") for p in out.glob("*.log")}
-ratios = steps.per_step(logs, "base", [64, 128])
+ratios = steps.per_step(logs, "base", [64, 100])
 (out / "per_step.json").write_text(json.dumps(ratios, indent=1) + "\n")
 print("\n".join(steps.describe(ratios)))
 PY
