@@ -30,7 +30,7 @@
 #                  DIAG_RUNS="base NAME:ENV=V+ENV=V ..." picks other servers (base first: the ratios' reference)
 #   prof V         (as diag) torch-profiler traces of 30 decode steps at 64 requests, base and dynspec (auto,
 #                  falling back), GPU only (30 steps) and CPU+GPU with Python stacks (20 steps):
-#                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=.." picks the servers
+#                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
 #   real-a         carry .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/train-prompts.json .gpu/real/gguf-*.whl
 #                  (and .gpu/real/head where it was trained on the CPU: REAL_HEAD=cpu scripts/real-prepare.sh)
@@ -72,6 +72,12 @@ proof() { local out=$OUT/$1; shift; mkdir -p "$out"
 K=$PWD/.gpu/kit; LIMITS="--max-running-requests 128 --cuda-graph-max-bs 128"
 S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b --speculative-draft-load-format dummy"
 S="$S --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 $LIMITS"
+# serve_run NAME:ENV=V+ENV=V: one diag / prof server; "base" is plain decode, any other name dynspec at 32.
+# Sets $name for the caller.
+serve_run() { name=${1%%:*}; local envs="" args="$S --speculative-disable-batch-size 32"
+  case $1 in *:*) envs=${1#*:} ;; esac
+  [ "$name" = base ] && { args=$LIMITS; envs=""; }
+  env ${envs//+/ } bash "$K/serve.sh" "$name" $args; }
 case $step in
   kit-a) rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1-a.tar.xz" -C /tmp/site && echo unpacked a ;;
   v2-proof) unpack_b 0.5.12 || exit 3
@@ -112,8 +118,7 @@ case $step in
   diag) need_kit; export TARGET=target8b
     if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
     for run in ${DIAG_RUNS:-base dyn-sim:SGLANG_SIMULATE_ACC_LEN=3 upskip-sim:SGLANG_SIMULATE_ACC_LEN=3+SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1}; do
-      name=${run%%:*}; envs=${run#*:}; envs=${envs//+/ }; [ "$name" = base ] && { args=$LIMITS; envs=""; } || args="$S --speculative-disable-batch-size 32"
-      env $envs bash "$K/serve.sh" "$name" $args || continue
+      serve_run "$run" || continue
       grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
       for _ in 1 2; do python3 "$K/client.py" http://127.0.0.1:30000 64,100 256; done | tee "$OUT/$name.txt"
       bash "$K/stop.sh"; sleep 3
@@ -135,8 +140,7 @@ PY
       for _ in $(seq 120); do python3 -c "import glob,gzip,sys; [gzip.open(f).read() for f in glob.glob(sys.argv[1])] or sys.exit(1)" \
         "/tmp/p_$1/*.trace.json.gz" 2>/dev/null && break; sleep 1; done; }
     for run in ${PROF_SERVERS:-base dyn:SGLANG_SIMULATE_ACC_LEN=3}; do
-      name=${run%%:*}; envs=${run#*:}; [ "$name" = base ] && { args=$LIMITS; envs=""; } || args="$S --speculative-disable-batch-size 32"
-      env $envs bash "$K/serve.sh" "$name" $args || continue
+      serve_run "$run" || continue
       python3 "$K/client.py" http://127.0.0.1:30000 64 2048 > "$OUT/$name-client.txt" & client=$!
       timeout 120 bash -c "until grep -q '#running-req: 64' '$OUT/$name.log'; do sleep 0.5; done"; sleep 2
       profile "${name}_gpu" '["GPU"],"num_steps":30'; profile "${name}_all" '["CPU","GPU"],"with_stack":true,"num_steps":20'

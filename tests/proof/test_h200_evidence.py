@@ -6,6 +6,7 @@ follow from the evidence.
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import tarfile
@@ -170,8 +171,6 @@ S7_DIAG_12 = PROOF / "0.5.12-v2-s7-diag"
 
 
 def gz_logs(directory: Path) -> dict[str, str]:
-    import gzip
-
     return {p.name[: -len(".log.gz")]: gzip.open(p, "rt", errors="replace").read() for p in directory.glob("*.log.gz")}
 
 
