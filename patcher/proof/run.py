@@ -44,6 +44,9 @@ DRAFT_KV_VARIANTS = {"full": "dynspec-full", "skip": "dynspec-skip"}
 NEVER_OFF_NAME = "always-on-recorded"
 DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
 RECORD_ENV = "DYNSPEC_RECORD_DRAFTS"
+# exact_kv's full-extend reference runs the stock zero-step verify too: the fallback as it was, so
+# that the lean verify's tokens and hidden states are under test with the KV-only extend
+LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
 KV_ONLY_WORDS = "draft KV only while off"  # the runtime's start-up line when the KV-only extend is on
 KV_ONLY_MODES = ("kv-direct", "kv-graph", "kv")  # DYNSPEC_DRAFT_KV values of the KV-only extend
 KV_ONLY_MODE = "kv-direct"  # the one exact_kv proves unless the caller sets another: the runtime's default
@@ -406,6 +409,8 @@ class Proof:
                 env[RECORD_ENV] = str(record)
                 if not never_off:
                     env[DRAFT_KV_ENV] = variant or self.kv_mode(kv_problems if exact_kv else [])
+                if variant == "full":
+                    env[LEAN_VERIFY_ENV] = "0"
             # above anything the load reaches, below --max-running-requests: speculation never turns off
             flags = launch.Dynspec(launch.MAX_RUNNING_REQUESTS - 1) if never_off else None
             try:

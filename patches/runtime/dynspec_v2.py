@@ -459,6 +459,7 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
         policy.watch_draft_extend(draft_worker)
     if policy.recorder is not None:
         policy.recorder.watch_drafts(draft_worker, lambda: False)  # draft() is not called at zero steps
+    policy.lean_verify = LeanVerify.install(worker, log=rank0)
     return policy
 
 
@@ -516,6 +517,7 @@ class ZeroStepPolicy:
         self._states: dict = {}
         self._warned_missing = False
         self._early_publish = early_fence_enabled()  # read once, at start-up
+        self.lean_verify: Optional[LeanVerify] = None  # set by attach_zero_step_policy
 
     @property
     def candidate_steps(self) -> List[int]:
@@ -619,6 +621,197 @@ class ZeroStepPolicy:
                 return stock(*args, **kwargs)
 
         draft_worker._draft_extend_for_decode = draft_extend_for_decode
+
+
+
+LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
+
+
+def lean_verify_enabled() -> bool:
+    """``DYNSPEC_LEAN_VERIFY``: 1 or unset on, 0 off (the stock verify at zero steps, for A/B runs
+    and for exact_kv's full-extend reference)."""
+    setting = os.environ.get(LEAN_VERIFY_ENV, "").strip()
+    if setting not in ("0", "1", ""):
+        raise ValueError(f"{LEAN_VERIFY_ENV} must be 0 or 1, not {setting!r}")
+    return setting != "0"
+
+
+class LeanVerify:
+    """0.5.14+: the zero-step verify without the one-node tree's sampling machinery.
+
+    At zero steps the stock verify checks a tree of one node per request. ``eagle_sample``
+    allocates a predict buffer and an accept index, runs the greedy tree kernel (whose loop has
+    nothing to walk), and under ``SGLANG_SIMULATE_ACC_LEN`` rebuilds both (six more launches);
+    then ``fill_bonus_tokens_func`` launches a Triton kernel to pick each request's last accepted
+    token, which is its only one. For a greedy batch the outcome is known in advance: the argmax
+    of the target's logits is both the accepted and the bonus token, and every request accepts
+    one. So while the stock verify runs at zero steps, ``sample`` and ``fill_bonus`` stand in for
+    those two names in the modules the verify's code reads them from; its preparation, target
+    forward, bookkeeping and result stay the release's own. A batch ``sample`` does not know
+    (sampling, penalties, grammar, logprobs, other trees, arguments it has not seen) goes to the
+    stock function unchanged, as does every call outside that window.
+
+    The tensors equal the stock ones in value, dtype and shape; ``accept_lens`` (ones) and
+    ``accept_index`` (0 .. bs-1) are views of buffers kept across iterations, which is safe because
+    no release 0.5.14 - 0.5.23 writes either in place (pinned in the tests).
+    """
+
+    SAMPLE = "eagle_sample"
+    FILL_BONUS = "fill_bonus_tokens_func"
+    # Where the verify's code looks the two names up: the shared verify body (0.5.16+) and the
+    # worker (0.5.14 - 0.5.15 verify inline).
+    VERIFY_MODULES = ("sglang.srt.speculative.eagle_worker_common", "sglang.srt.speculative.eagle_worker_v2")
+    # Keyword arguments of ``eagle_sample`` that a greedy one-node tree does not read: the sparse
+    # target sampling of 0.5.20+ (the sampling branch only) and the mask layout of a watermark,
+    # which ``watermark_state`` (refused unless None) gates.
+    IGNORED_KWARGS = ("uno_target_max_top_k", "watermark_full_mask")
+    PENALTIES = ("acc_additive_penalties", "acc_scaling_penalties", "logit_bias")
+    SIMULATED_TOKEN = 100  # what SIMULATE_ACC_LEN's "fixed" mode writes as every accepted token
+
+    def __init__(self, stock_sample: Callable[..., Any], sanitize: Callable[..., Any], simulated_token: Optional[int]) -> None:
+        self.stock_sample = stock_sample
+        self.sanitize = sanitize  # the release's sanitize_nan_logits, which the stock sample calls first
+        self.simulated_token = simulated_token  # fill predict with it (SIMULATE_ACC_LEN, fixed mode), or None
+        self.stock_fill: Optional[Callable[..., Any]] = None
+        self.shadows: List[Tuple[Any, str, Any, Any]] = []  # (module, name, stand-in, stock) per verify
+        self._ones: Any = None  # int32 ones and 0 .. n-1, grown to the largest batch seen
+        self._indices: Any = None
+        self.taken = 0  # batches sampled here, and those left to the stock sample
+        self.refused = 0
+        self.log = False  # rank 0: say when the first batch is taken (install sets it)
+
+    @classmethod
+    def install(cls, worker: Any, log: bool = True) -> Optional["LeanVerify"]:
+        """Shadow ``worker.verify`` so that zero-step verifies run with the lean stand-ins; None
+        (the stock verify everywhere, said once) when switched off or not applicable here."""
+        if not lean_verify_enabled():
+            return None
+        lean, why_not = cls.build()
+        if lean is None:
+            if log:
+                logger.info(f"dynspec: the zero-step verify runs stock ({why_not})")
+            return None
+        stock_verify = worker.verify
+
+        def verify(*args: Any, **kwargs: Any) -> Any:
+            if worker.speculative_num_steps != 0:
+                return stock_verify(*args, **kwargs)
+            with lean.in_place():
+                return stock_verify(*args, **kwargs)
+
+        worker.verify = verify
+        lean.log = log
+        if log:
+            logger.info("dynspec: the zero-step verify samples greedy batches without the one-node tree kernels")
+        return lean
+
+    @classmethod
+    def build(cls) -> Tuple[Optional["LeanVerify"], str]:
+        import importlib
+
+        modules = []
+        for name in cls.VERIFY_MODULES:
+            try:
+                modules.append(importlib.import_module(name))
+            except ImportError:
+                continue
+        samplers = [m for m in modules if callable(getattr(m, cls.SAMPLE, None))]
+        if not samplers:
+            return None, f"no module of {', '.join(cls.VERIFY_MODULES)} calls {cls.SAMPLE}"
+        stock_sample = getattr(samplers[0], cls.SAMPLE)
+        if any(getattr(m, cls.SAMPLE) is not stock_sample for m in samplers):
+            return None, f"the verify modules hold different {cls.SAMPLE} functions"
+        try:
+            from sglang.srt.utils.async_probe import sanitize_nan_logits
+        except ImportError:
+            return None, "this release has no sanitize_nan_logits"
+        simulated, why_not = cls.simulated_token_of(importlib.import_module("sglang.srt.speculative.spec_utils"))
+        if why_not:
+            return None, why_not
+        lean = cls(stock_sample, sanitize_nan_logits, simulated)
+        lean.shadows = [(m, cls.SAMPLE, lean.sample, stock_sample) for m in samplers]
+        fillers = [m for m in modules if callable(getattr(m, cls.FILL_BONUS, None))]
+        if fillers:  # 0.5.16+; before, the verify launches the Triton kernel itself
+            lean.stock_fill = getattr(fillers[0], cls.FILL_BONUS)
+            fill = lean.stock_fill
+            lean.shadows += [(m, cls.FILL_BONUS, lean.fill_bonus, fill) for m in fillers if getattr(m, cls.FILL_BONUS) is fill]
+        return lean, ""
+
+    @classmethod
+    def simulated_token_of(cls, spec_utils: Any) -> Tuple[Optional[int], str]:
+        """What ``SGLANG_SIMULATE_ACC_LEN`` does to a one-node tree: the token every accepted one
+        becomes (fixed mode), None (off, or real-draft-token mode: the argmax stands), or why the
+        lean sample cannot mirror it. Its length clamps to the tree's depth, 1, which
+        ``match-expected`` reaches without drawing; ``multinomial`` draws from the CPU generator."""
+        length = getattr(spec_utils, "SIMULATE_ACC_LEN", -1)
+        if not isinstance(length, (int, float)) or length <= 0:
+            return None, ""
+        method = getattr(spec_utils, "SIMULATE_ACC_METHOD", None)
+        mode = getattr(spec_utils, "SIMULATE_ACC_TOKEN_MODE", "fixed")  # 0.5.14 has only fixed
+        if method != "match-expected":
+            return None, f"SGLANG_SIMULATE_ACC_METHOD={method} draws from the CPU generator in every verify"
+        if mode == "fixed":
+            return cls.SIMULATED_TOKEN, ""
+        if mode == "real-draft-token":
+            return None, ""
+        return None, f"SGLANG_SIMULATE_ACC_TOKEN_MODE={mode} is not one this dynspec knows"
+
+    @contextlib.contextmanager
+    def in_place(self) -> Iterator[None]:
+        """The stand-ins in the verify's modules for one call; the stock functions after it."""
+        for module, name, stand_in, _ in self.shadows:
+            setattr(module, name, stand_in)
+        try:
+            yield
+        finally:
+            for module, name, _, stock in self.shadows:
+                setattr(module, name, stock)
+
+    def takes(self, verify_input: Any, batch: Any, logits: Any, args: Tuple[Any, ...], kwargs: dict) -> bool:
+        """True for a batch whose one-node verify has the known outcome (host checks only)."""
+        if batch.forward_mode.is_idle() or any(a is not None for a in args):  # args: a grammar mask
+            return False
+        if any(v is not None for k, v in kwargs.items() if k not in self.IGNORED_KWARGS):
+            return False
+        tree = (getattr(verify_input, name, None) for name in ("draft_token_num", "max_tree_depth", "tree_topk"))
+        if any(size != 1 for size in tree):
+            return False
+        if getattr(batch, "has_grammar", False) or getattr(batch, "return_logprob", False):
+            return False
+        info = batch.sampling_info
+        if not info.is_all_greedy or any(getattr(info, name, None) is not None for name in self.PENALTIES):
+            return False
+        return len(logits.shape) == 2 and logits.shape[0] == batch.seq_lens.shape[0]
+
+    def sample(self, verify_input: Any, batch: Any, logits_output: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any, Any]:
+        """``eagle_sample`` of a one-node tree: (predict, accept_lens, accept_index)."""
+        logits = logits_output.next_token_logits
+        if not self.takes(verify_input, batch, logits, args, kwargs):
+            self.refused += 1
+            return self.stock_sample(verify_input, batch, logits_output, *args, **kwargs)
+        import torch
+
+        self.sanitize(logits, "verify: target model logits")  # in place, before the argmax, as stock
+        predict = torch.argmax(logits, dim=-1).to(torch.int32)
+        if self.simulated_token is not None:
+            predict.fill_(self.simulated_token)
+        rows = int(predict.shape[0])
+        if self._ones is None or self._ones.shape[0] < rows:
+            size = max(rows, 2 * (0 if self._ones is None else self._ones.shape[0]))
+            self._ones = torch.ones((size,), dtype=torch.int32, device=predict.device)
+            self._indices = torch.arange(size, dtype=torch.int32, device=predict.device)
+        self.taken += 1
+        if self.taken == 1 and self.log:  # once: the evidence that it runs, in the server's log
+            logger.info(f"dynspec: the lean zero-step verify took its first batch ({rows} requests)")
+        return predict, self._ones[:rows], self._indices[:rows].view(rows, 1)
+
+    def fill_bonus(self, accept_tokens: Any, accept_lens: Any, bonus_tokens: Any, accept_stride: int, batch_size: int, *args: Any, **kwargs: Any) -> None:
+        """``fill_bonus_tokens_func`` where each request accepted one token: that token."""
+        if accept_stride != 1 or args or kwargs or bonus_tokens.shape[0] != batch_size:
+            assert self.stock_fill is not None
+            return self.stock_fill(accept_tokens, accept_lens, bonus_tokens, accept_stride, batch_size, *args, **kwargs)
+        bonus_tokens.copy_(accept_tokens.view(-1))
+        return None
 
 
 def feed_directly(draft_kv: Any, build: Callable[[Any], Tuple[Optional["DirectKVWrite"], str]], log: bool) -> bool:

@@ -252,6 +252,8 @@ def test_exact_kv_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> None
     for name, setting in (("dynspec", "kv-direct"), ("dynspec-full", "full"), ("dynspec-skip", "skip")):
         assert servers[name]["env"]["DYNSPEC_RECORD_DRAFTS"] == str(out / f"drafts-{name}.jsonl")
         assert servers[name]["env"].get("DYNSPEC_DRAFT_KV") == setting
+    # the reference is today's fallback whole: the stock zero-step verify as well as the full extend
+    assert [servers[n]["env"].get("DYNSPEC_LEAN_VERIFY") for n in servers] == [None, "0", None]
     assert KV_ONLY_WORDS in Path(servers["dynspec"]["log"]).read_text()
     assert fake_sglang.DRAFT_KV_WORDS["kv-direct"] in Path(servers["dynspec"]["log"]).read_text()
     assert kv["kv_only_extend"] == "from a CUDA graph, replayed directly"  # the report says which KV-only extend was proven

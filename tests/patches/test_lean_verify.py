@@ -1,0 +1,358 @@
+"""``LeanVerify`` (0.5.14+): the zero-step verify without the one-node tree's sampling kernels.
+
+No torch: tensors are ``T`` (values, dtype, device). The release modules the stand-ins go into are
+fakes in ``sys.modules`` whose ``verify`` reads ``eagle_sample`` and ``fill_bonus_tokens_func`` as
+module globals, as 0.5.16+'s ``run_eagle_verify`` does, and whose stock ``eagle_sample`` computes
+what the greedy tree kernel computes for one node per request (the argmax; every request accepts
+its root). What only a GPU shows (the served tokens equal stock's) is ``dynspec proof``'s
+equivalence; the release facts the stand-ins rely on are pinned in test_lean_verify_releases.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import types
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from patches.runtime import dynspec_v2 as v2
+
+COMMON = "sglang.srt.speculative.eagle_worker_common"
+WORKER = "sglang.srt.speculative.eagle_worker_v2"
+SPEC_UTILS = "sglang.srt.speculative.spec_utils"
+PROBE = "sglang.srt.utils.async_probe"
+
+
+@dataclass
+class T:
+    """A tensor: a list of values (rows of lists for 2-D), its dtype and device."""
+
+    values: list[Any]
+    dtype: str = "torch.int64"
+    device: str = "cuda:0"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        if self.values and isinstance(self.values[0], list):
+            return (len(self.values), len(self.values[0]))
+        return (len(self.values),)
+
+    def to(self, dtype: str) -> T:
+        return T(list(self.values), dtype, self.device)
+
+    def fill_(self, value: Any) -> T:
+        self.values[:] = [value] * len(self.values)
+        return self
+
+    def copy_(self, source: T) -> T:
+        assert len(source.values) == len(self.values), "copy_ of a different row count"
+        self.values[:] = list(source.values)
+        return self
+
+    def view(self, *shape: int) -> T:
+        if shape == (-1,):
+            flat = [x for v in self.values for x in (v if isinstance(v, list) else [v])]
+            return T(flat, self.dtype, self.device)
+        rows, width = shape
+        assert width == 1 and rows == len(self.values)
+        return T([[v] for v in self.values], self.dtype, self.device)
+
+    def __getitem__(self, key: Any) -> T:
+        if isinstance(key, slice):
+            return T(self.values[key], self.dtype, self.device)
+        index = key.values  # predict[accept_index]: a gather by a (bs, 1) index
+        return T([[self.values[i[0]]] for i in index], self.dtype, self.device)
+
+
+def fake_torch() -> types.ModuleType:
+    torch = types.ModuleType("torch")
+    torch.int32 = "torch.int32"  # type: ignore[attr-defined]
+    torch.int64 = "torch.int64"  # type: ignore[attr-defined]
+
+    def argmax(t: T, dim: int) -> T:
+        assert dim == -1
+        return T([row.index(max(row)) for row in t.values], "torch.int64", t.device)
+
+    torch.argmax = argmax  # type: ignore[attr-defined]
+    torch.ones = lambda shape, dtype, device: T([1] * shape[0], dtype, device)  # type: ignore[attr-defined]
+    torch.arange = lambda n, dtype, device: T(list(range(n)), dtype, device)  # type: ignore[attr-defined]
+    torch.empty_like = lambda t, dtype: T([None] * len(t.values), dtype, t.device)  # type: ignore[attr-defined]
+    return torch
+
+
+@dataclass
+class Release:
+    """The fake release modules, and what ran in them."""
+
+    common: types.ModuleType
+    worker_module: types.ModuleType
+    spec_utils: types.ModuleType
+    calls: list[str] = field(default_factory=list)
+
+
+def stock_eagle_sample(calls: list[str], simulated: Any) -> Any:
+    """The release's ``eagle_sample`` as the greedy kernel runs it on one node per request."""
+
+    def eagle_sample(verify_input: Any, batch: Any, logits_output: Any, grammar_mask: Any = None, **kwargs: Any) -> Any:
+        calls.append("stock sample")
+        logits = logits_output.next_token_logits
+        rows = len(batch.seq_lens.values)
+        predict = T([row.index(max(row)) for row in logits.values], "torch.int32")
+        if simulated is not None:
+            predict.fill_(simulated)
+        return predict, T([1] * rows, "torch.int32"), T([[i] for i in range(rows)], "torch.int32")
+
+    return eagle_sample
+
+
+@pytest.fixture
+def release(monkeypatch: pytest.MonkeyPatch) -> Release:
+    """0.5.16+'s layout: the verify body in eagle_worker_common, SIMULATE off."""
+    monkeypatch.setitem(sys.modules, "torch", fake_torch())
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative", "sglang.srt.utils"):
+        package = types.ModuleType(name)
+        package.__path__ = []  # type: ignore[attr-defined]
+        monkeypatch.setitem(sys.modules, name, package)
+    common, worker_module, spec_utils, probe = (types.ModuleType(n) for n in (COMMON, WORKER, SPEC_UTILS, PROBE))
+    out = Release(common, worker_module, spec_utils)
+    common.eagle_sample = stock_eagle_sample(out.calls, None)  # type: ignore[attr-defined]
+
+    def fill_bonus_tokens_func(accept_tokens: T, accept_lens: T, bonus_tokens: T, stride: int, bs: int) -> None:
+        out.calls.append("stock fill")
+        flat = accept_tokens.view(-1).values
+        bonus_tokens.values[:] = [flat[b * stride + accept_lens.values[b] - 1] for b in range(bs)]
+
+    common.fill_bonus_tokens_func = fill_bonus_tokens_func  # type: ignore[attr-defined]
+    spec_utils.SIMULATE_ACC_LEN = -1.0  # type: ignore[attr-defined]
+    spec_utils.SIMULATE_ACC_METHOD = "match-expected"  # type: ignore[attr-defined]
+    spec_utils.SIMULATE_ACC_TOKEN_MODE = "fixed"  # type: ignore[attr-defined]
+
+    def sanitize_nan_logits(logits: T, where: str) -> None:
+        out.calls.append(f"sanitize {where}")
+
+    probe.sanitize_nan_logits = sanitize_nan_logits  # type: ignore[attr-defined]
+    for module in (common, worker_module, spec_utils, probe):
+        monkeypatch.setitem(sys.modules, module.__name__, module)
+    monkeypatch.delenv(v2.LEAN_VERIFY_ENV, raising=False)
+    return out
+
+
+class Worker:
+    """``EAGLEWorkerV2`` as far as the verify goes: ``verify`` runs the release's verify body."""
+
+    def __init__(self, common: types.ModuleType, steps: int = 0) -> None:
+        self.common = common
+        self.speculative_num_steps = steps
+        self.seen_in_verify: list[Any] = []
+
+    def verify(self, batch: Any, grammar_barrier: Any = None) -> Any:
+        # run_eagle_verify's sampling tail (0.5.17 eagle_worker_common.py:583-623), names looked up at call time
+        common = self.common
+        self.seen_in_verify.append(common.eagle_sample)
+        predict, accept_lens, accept_index = common.eagle_sample(batch.spec_info, batch, batch.logits_output, None)
+        accept_tokens = predict[accept_index]
+        bonus_tokens = T([None] * len(accept_lens.values), "torch.int32")
+        common.fill_bonus_tokens_func(accept_tokens, accept_lens, bonus_tokens, accept_index.shape[1], len(batch.seq_lens.values))
+        return SimpleNamespace(next_token_ids=predict, accept_lens=accept_lens, accept_index=accept_index, bonus_tokens=bonus_tokens)
+
+
+def batch_of(logits: list[list[float]], *, greedy: bool = True, idle: bool = False, **fields: Any) -> Any:
+    info = SimpleNamespace(is_all_greedy=greedy, acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None)
+    for name in v2.LeanVerify.PENALTIES:
+        if name in fields:
+            setattr(info, name, fields.pop(name))
+    spec_info = SimpleNamespace(draft_token_num=1, max_tree_depth=1, tree_topk=1)
+    for name in ("draft_token_num", "max_tree_depth", "tree_topk"):
+        if name in fields:
+            setattr(spec_info, name, fields.pop(name))
+    return SimpleNamespace(
+        forward_mode=SimpleNamespace(is_idle=lambda: idle),
+        seq_lens=T([10 + i for i in range(len(logits))]),
+        sampling_info=info,
+        spec_info=spec_info,
+        logits_output=SimpleNamespace(next_token_logits=T(logits, "torch.float32")),
+        has_grammar=fields.pop("has_grammar", False),
+        return_logprob=fields.pop("return_logprob", False),
+    )
+
+
+LOGITS = [[0.1, 0.9, 0.0], [0.7, 0.2, 0.1], [0.0, 0.1, 0.8]]  # argmax 1, 0, 2
+
+
+def outcome(result: Any) -> tuple[Any, ...]:
+    r = result
+    return (r.next_token_ids.values, r.next_token_ids.dtype, r.accept_lens.values, r.accept_lens.dtype,
+            r.accept_index.values, r.accept_index.dtype, r.bonus_tokens.values)  # fmt: skip
+
+
+def stock_outcome(release: Release, batch: Any) -> tuple[Any, ...]:
+    return outcome(Worker(release.common).verify(batch))
+
+
+def test_a_greedy_zero_step_batch_skips_the_tree_kernels_and_gets_the_stock_outcome(release: Release) -> None:
+    expected = stock_outcome(release, batch_of(LOGITS))
+    release.calls.clear()
+    worker = Worker(release.common)
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None and "verify" in vars(worker)
+    got = outcome(worker.verify(batch_of(LOGITS)))
+    assert got == expected
+    assert got[0] == [1, 0, 2] and got[6] == [1, 0, 2]  # the argmax is accepted and is the bonus token
+    # the release's sanitize ran (before the argmax), neither stock kernel did
+    assert release.calls == ["sanitize verify: target model logits"]
+    assert (lean.taken, lean.refused) == (1, 0)
+    # outside the verify the release's own functions are back
+    assert release.common.eagle_sample is lean.stock_sample
+    assert release.common.fill_bonus_tokens_func is lean.stock_fill
+
+
+def test_the_comparison_has_teeth(release: Release, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control: a stand-in that writes another token is told apart from stock."""
+    expected = stock_outcome(release, batch_of(LOGITS))
+    worker = Worker(release.common)
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    lean.simulated_token = 7  # as if it mirrored a SIMULATE mode that is not on
+    assert outcome(worker.verify(batch_of(LOGITS))) != expected
+
+
+def test_while_speculating_the_stock_verify_runs_untouched(release: Release) -> None:
+    worker = Worker(release.common, steps=3)
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    worker.verify(batch_of(LOGITS))
+    assert worker.seen_in_verify == [lean.stock_sample]
+    assert release.calls == ["stock sample", "stock fill"]
+
+
+@pytest.mark.parametrize(
+    "why, fields",
+    [
+        ("a sampling batch", {"greedy": False}),
+        ("a frequency penalty", {"acc_additive_penalties": T([0.5])}),
+        ("a repetition penalty", {"acc_scaling_penalties": T([1.1])}),
+        ("a logit bias", {"logit_bias": T([0.0])}),
+        ("grammar", {"has_grammar": True}),
+        ("logprobs", {"return_logprob": True}),
+        ("an idle batch", {"idle": True}),
+        ("a deeper tree", {"max_tree_depth": 2, "draft_token_num": 4}),
+        ("top-k > 1", {"tree_topk": 2}),
+    ],
+)
+def test_batches_it_does_not_know_take_the_stock_sample(release: Release, why: str, fields: dict) -> None:
+    worker = Worker(release.common)
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    worker.verify(batch_of(LOGITS, **fields))
+    assert release.calls[0] == "stock sample", why
+    assert (lean.taken, lean.refused) == (0, 1)
+
+
+def test_arguments_decide_too(release: Release) -> None:
+    lean, _ = v2.LeanVerify.build()
+    assert lean is not None
+    batch = batch_of(LOGITS)
+    logits = batch.logits_output.next_token_logits
+    assert lean.takes(batch.spec_info, batch, logits, (None,), {"uno_target_max_top_k": 8, "watermark_full_mask": True})
+    assert not lean.takes(batch.spec_info, batch, logits, (object(),), {})  # a grammar mask
+    assert not lean.takes(batch.spec_info, batch, logits, (), {"watermark_state": object()})
+    assert not lean.takes(batch.spec_info, batch, logits, (), {"something_new": 1})
+    assert lean.takes(batch.spec_info, batch, logits, (), {"something_new": None})
+
+
+@pytest.mark.parametrize("mode, token", [("fixed", 100), ("real-draft-token", None)])
+def test_simulated_acceptance_is_mirrored(release: Release, mode: str, token: int | None) -> None:
+    release.spec_utils.SIMULATE_ACC_LEN = 3.0  # type: ignore[attr-defined]
+    release.spec_utils.SIMULATE_ACC_TOKEN_MODE = mode  # type: ignore[attr-defined]
+    release.common.eagle_sample = stock_eagle_sample(release.calls, token)  # type: ignore[attr-defined]
+    expected = stock_outcome(release, batch_of(LOGITS))
+    worker = Worker(release.common)
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None and lean.simulated_token == token
+    assert outcome(worker.verify(batch_of(LOGITS))) == expected
+
+
+def test_0_5_14_has_only_the_fixed_mode(release: Release) -> None:
+    release.spec_utils.SIMULATE_ACC_LEN = 3.0  # type: ignore[attr-defined]
+    del release.spec_utils.SIMULATE_ACC_TOKEN_MODE
+    assert v2.LeanVerify.simulated_token_of(release.spec_utils) == (100, "")
+
+
+@pytest.mark.parametrize(
+    "method, mode, words",
+    [("multinomial", "fixed", "draws from the CPU generator"), ("match-expected", "other", "not one this dynspec knows")],
+)
+def test_a_simulation_it_cannot_mirror_keeps_the_stock_verify(
+    release: Release, caplog: pytest.LogCaptureFixture, method: str, mode: str, words: str
+) -> None:
+    release.spec_utils.SIMULATE_ACC_LEN = 3.0  # type: ignore[attr-defined]
+    release.spec_utils.SIMULATE_ACC_METHOD = method  # type: ignore[attr-defined]
+    release.spec_utils.SIMULATE_ACC_TOKEN_MODE = mode  # type: ignore[attr-defined]
+    worker = Worker(release.common)
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        assert v2.LeanVerify.install(worker) is None
+    assert "verify" not in vars(worker)
+    assert words in caplog.text and "zero-step verify runs stock" in caplog.text
+
+
+def test_switched_off_by_the_environment(release: Release, monkeypatch: pytest.MonkeyPatch) -> None:
+    worker = Worker(release.common)
+    monkeypatch.setenv(v2.LEAN_VERIFY_ENV, "0")
+    assert v2.LeanVerify.install(worker) is None and "verify" not in vars(worker)
+    monkeypatch.setenv(v2.LEAN_VERIFY_ENV, "yes")
+    with pytest.raises(ValueError, match="DYNSPEC_LEAN_VERIFY must be 0 or 1, not 'yes'"):
+        v2.LeanVerify.install(worker)
+
+
+def test_0_5_14_verifies_inline_and_launches_the_bonus_kernel_itself(release: Release) -> None:
+    """The worker module holds ``eagle_sample``; there is no ``fill_bonus_tokens_func`` to shadow."""
+    release.worker_module.eagle_sample = release.common.eagle_sample  # type: ignore[attr-defined]
+    del release.common.eagle_sample, release.common.fill_bonus_tokens_func
+    lean, why = v2.LeanVerify.build()
+    assert lean is not None, why
+    assert [(m.__name__, n) for m, n, _, _ in lean.shadows] == [(WORKER, "eagle_sample")]
+    assert lean.stock_fill is None
+
+
+def test_a_release_without_the_sample_keeps_the_stock_verify(release: Release) -> None:
+    del release.common.eagle_sample
+    assert v2.LeanVerify.build() == (None, f"no module of {', '.join(v2.LeanVerify.VERIFY_MODULES)} calls eagle_sample")
+
+
+def test_an_error_in_the_verify_puts_the_stock_functions_back(release: Release) -> None:
+    class Failing(Worker):
+        def verify(self, batch: Any, grammar_barrier: Any = None) -> Any:
+            super().verify(batch)
+            raise RuntimeError("the target forward failed")
+
+    worker = Failing(release.common)
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    with pytest.raises(RuntimeError, match="the target forward failed"):
+        worker.verify(batch_of(LOGITS))
+    assert worker.seen_in_verify == [lean.sample]  # the stand-in was in place, and is gone
+    assert release.common.eagle_sample is lean.stock_sample
+    assert release.common.fill_bonus_tokens_func is lean.stock_fill
+
+
+def test_the_constant_tensors_grow_with_the_batch_and_keep_what_was_handed_out(release: Release) -> None:
+    worker = Worker(release.common)
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    small = worker.verify(batch_of(LOGITS[:2]))
+    big = worker.verify(batch_of(LOGITS * 2))
+    assert small.accept_lens.values == [1, 1] and small.accept_index.values == [[0], [1]]
+    assert big.accept_lens.values == [1] * 6 and big.accept_index.values == [[i] for i in range(6)]
+    assert big.bonus_tokens.values == [1, 0, 2, 1, 0, 2]
+
+
+def test_the_bonus_stand_in_leaves_wider_trees_to_the_kernel(release: Release) -> None:
+    lean, _ = v2.LeanVerify.build()
+    assert lean is not None
+    bonus = T([None, None], "torch.int32")
+    lean.fill_bonus(T([[5, 6], [7, 8]], "torch.int32"), T([2, 1], "torch.int32"), bonus, 2, 2)
+    assert release.calls == ["stock fill"] and bonus.values == [6, 7]
