@@ -204,3 +204,48 @@ def test_session_7_the_write_under_test_was_the_direct_one() -> None:
             assert "kv-direct left a batch" not in logs[name], name
     assert "draft extend while off (negative control)" in gz_logs(S7_DIAG_17)["skip-nosim"]
     assert "v2 fallback ready" in gz_logs(S7_DIAG_12)["direct"]  # 0.5.12: dynspec's own fallback
+
+
+# -- session 8 (v2 module r15 at 03f32ee: the lean zero-step verify; runtime r10) ---------------------
+
+S8_DIAG_17 = PROOF / "0.5.17-v2-s8-lean-diag"
+S8_KV = {"0.5.17": PROOF / "0.5.17-v2-s8-kv-direct", "0.5.12": PROOF / "0.5.12-v2-s8-kv-direct"}
+
+
+def test_session_8_per_step_ratios_with_and_without_the_lean_verify_follow_from_the_logs() -> None:
+    logs = gz_logs(S8_DIAG_17)
+    ratios = steps.per_step(logs, "base", [64, 100])
+    assert json.loads((S8_DIAG_17 / "per_step.json").read_text()) == ratios
+    published = {"lean-sim": (0.968, 0.984), "stock-sim": (0.966, 0.97), "lean-nosim": (0.975, 0.978)}
+    assert {name: (r["64"]["median"], r["100"]["median"]) for name, r in ratios.items()} == published
+    # Which verify ran: the lean one announced itself and took batches; DYNSPEC_LEAN_VERIFY=0 kept the stock one.
+    for name in ("lean-sim", "lean-nosim"):
+        assert "the lean zero-step verify took its first batch" in logs[name], name
+    assert "zero-step verify samples greedy batches" not in logs["stock-sim"]
+    assert all("(from a CUDA graph, replayed directly)" in logs[n] for n in published)
+    # Negative control: the stock server measured against itself is 1, not its published ratio.
+    assert steps.per_step({"base": logs["stock-sim"], "same": logs["stock-sim"]}, "base", [64])["same"]["64"]["median"] == 1.0
+
+
+@pytest.mark.parametrize("version", sorted(S8_KV))
+def test_session_8_exact_kv_of_the_direct_write_follows_from_the_recordings(version: str) -> None:
+    evidence = S8_KV[version]
+    names = ("dynspec", "dynspec-full", "dynspec-skip")
+    files = members(evidence / "logs.tar.gz", *(f"drafts-{s}.jsonl" for s in names), *(f"{s}.log" for s in names))
+    recs = {k: exactkv.parse(files[f"drafts-{s}.jsonl"].splitlines()) for k, s in zip(("kv", "full", "skip"), names)}
+    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
+    report = json.loads((evidence / "report.json").read_text())
+    published = report["exact_kv"]
+    assert entry["passed"] and published["passed"] and published["kv_only_extend"] == "from a CUDA graph, replayed directly"
+    assert {k: published[k] for k in ("compared_requests", "compared_steps", "control_differs")} == {
+        k: entry[k] for k in ("compared_requests", "compared_steps", "control_differs")
+    }
+    assert report["equivalence"]["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] >= 100
+    # The reference is the fallback as it was: full extend and (0.5.14+) the stock verify.
+    env = {s["name"]: s["env"] for s in report["servers"]}
+    assert env["dynspec"]["DYNSPEC_DRAFT_KV"] == "kv-direct" and env["dynspec-full"]["DYNSPEC_LEAN_VERIFY"] == "0"
+    if version == "0.5.17":
+        assert "the lean zero-step verify took its first batch" in files["dynspec.log"]
+        assert "zero-step verify samples greedy batches" not in files["dynspec-full.log"]
+    # Negative control: the control's recording as the candidate fails.
+    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
