@@ -161,6 +161,8 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     # eagerly (_SavedSteps), but the KV-only twin computes row by row, so one token per request fits it.
     # After the target's graphs, as on v1 (capture_twin_of_stock_graph's callers).
     capture_twin_of_stock_graph(draft_kv, worker.draft_worker)
+    if kv_batch_steps() > 1 and rank0:  # read here too, so that a bad value refuses to start on every release
+        logger.info(f"dynspec: {KV_BATCH_ENV} applies to 0.5.14+ only; every fallback iteration writes its own rows")
     fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     fallback.feed_twin_directly(worker, log=rank0)
     worker.draft_worker._dynspec = fallback
@@ -557,6 +559,28 @@ class ZeroStepPolicy:
     def _build_direct(self) -> None:
         """``kv-direct``: feed the captured twin straight from the verify, where it allows it."""
         feed_directly(self.draft_kv, lambda twin: ZeroStepDirectWrite.build(twin, self.worker, self.log), self.log)
+        direct = self.draft_kv.direct
+        if direct is None or direct.batch_steps == 1:
+            return
+        self._flush_before_other_forwards()
+        if self.log:
+            logger.info(
+                f"dynspec: kv-direct writes the draft KV of up to {direct.batch_steps} fallback iterations "
+                f"per replay ({KV_BATCH_ENV})"
+            )
+
+    def _flush_before_other_forwards(self) -> None:
+        """Shadow the worker's ``forward_batch_generation``: a forward that is not a decode (a
+        prefill reads cached draft KV and may be given slots freed since) first writes the staged rows."""
+        stock = self.worker.forward_batch_generation
+
+        def forward_batch_generation(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            direct = self.draft_kv.direct
+            if direct is not None and direct.pending and not batch.forward_mode.is_decode():
+                direct.flush()
+            return stock(batch, *args, **kwargs)
+
+        self.worker.forward_batch_generation = forward_batch_generation
 
     def _graph_like(self, state: Any, stock_graph: Any, capture_bs: Optional[List[int]]) -> Any:
         """A new instance of ``stock_graph``'s runner class, made as the zero-step state made its
@@ -611,12 +635,15 @@ class ZeroStepPolicy:
         stock = draft_worker._draft_extend_for_decode
 
         def draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
-            if self._step != self.controller.FALL_BACK or self.worker.speculative_num_steps != 0:
-                return stock(*args, **kwargs)
-            # The release calls it as (batch, batch_output).
+            fall_back = self._step == self.controller.FALL_BACK and self.worker.speculative_num_steps == 0
             direct = self.draft_kv.direct  # None unless kv-direct was built, and once given up
-            if direct is not None and len(args) == 2 and direct.write(*args):
+            # The release calls it as (batch, batch_output).
+            if fall_back and direct is not None and len(args) == 2 and direct.write(*args):
                 return None  # the stubs upstream's skip switch leaves stand in for its outputs
+            if direct is not None:
+                direct.flush()  # rows staged by earlier iterations go in before the stock extend reads the KV
+            if not fall_back:
+                return stock(*args, **kwargs)
             with self.draft_kv.kv_only(draft_worker):
                 return stock(*args, **kwargs)
 
@@ -625,6 +652,17 @@ class ZeroStepPolicy:
 
 
 LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
+KV_BATCH_ENV = "DYNSPEC_KV_BATCH"
+KV_BATCH_MAX = 8  # beyond a few iterations the GEMMs of one replay stop being bound by the weight read
+
+
+def kv_batch_steps() -> int:
+    """``DYNSPEC_KV_BATCH``: fallback iterations whose draft KV one direct-write replay writes
+    (0.5.14+); unset or 1: every iteration replays its own rows, as before."""
+    setting = os.environ.get(KV_BATCH_ENV, "").strip() or "1"
+    if not setting.isdigit() or not 1 <= int(setting) <= KV_BATCH_MAX:
+        raise ValueError(f"{KV_BATCH_ENV} must be a whole number from 1 to {KV_BATCH_MAX}, not {setting!r}")
+    return int(setting)
 
 
 def lean_verify_enabled() -> bool:
@@ -850,6 +888,14 @@ class DirectKVWrite:
     row by row, so the direct write packs the rows instead: the graph of the smallest size whose
     ``size * width`` rows hold them, a quarter of the stock replay's rows at width 4.
 
+    ``batch_steps`` > 1 (``DYNSPEC_KV_BATCH``, 0.5.14+) lets the rows of that many iterations wait in
+    the buffers and writes them in one replay: the graph's two GEMMs read their weights once for all
+    of them. Rows wait only as long as nothing could read their slots or hand them to another
+    request: ``flush`` writes them before the stock extend runs (speculating, ``RESUME``), before any
+    forward that is not a decode (a prefill reads cached draft KV and may take freed slots, which
+    ``ZeroStepPolicy`` sees), as soon as the batch's requests change (a finished request's slots may
+    go to the next step's joiner), and when the buffers are full.
+
     Two releases' worth of runners: ``ZeroStepDirectWrite`` (0.5.14+, the zero-step state) and
     ``FallbackDirectWrite`` (0.5.10 - 0.5.13, dynspec's own fallback). They differ in where the
     graphs and the width live, how a graph is replayed, and what stands in for the outputs.
@@ -864,13 +910,18 @@ class DirectKVWrite:
     BACKENDS = ("TritonAttnBackend",)
     WIDTHS: Tuple[str, ...] = ("captured_req_width", "num_tokens_per_bs")  # where runners keep it
 
-    def __init__(self, twin: Any, log: bool = True) -> None:
+    def __init__(self, twin: Any, log: bool = True, batch_steps: int = 1) -> None:
         self.twin = twin
         self.buffers = twin.buffers
         self.sizes = sorted(twin.capture_bs)
         self.width = int(self.width_of(twin) or 0)  # unfit() refused a twin without one
+        self.capacity = self.sizes[-1] * self.width  # token rows of the largest graph
         self.log = log  # rank 0
         self.said_no = False  # a batch it could not take has been logged
+        self.batch_steps = batch_steps  # iterations per replay
+        self.pending = 0  # rows in the buffers not yet written, from ``pending_steps`` iterations
+        self.pending_steps = 0
+        self.members: List[Any] = []  # the requests those rows belong to (held, so no id is reused)
 
     @classmethod
     def width_of(cls, twin: Any) -> Optional[int]:
@@ -907,41 +958,80 @@ class DirectKVWrite:
         return None
 
     def write(self, batch: Any, batch_result: Any) -> bool:
-        """Write the draft KV of one fallback iteration; False if this batch is not one it can take."""
+        """Write (or stage, see ``batch_steps``) the draft KV of one fallback iteration; False if
+        this batch is not one it can take, after writing what was staged."""
         mode = getattr(batch, "forward_mode", None)
         if mode is None or mode.is_idle():
+            self.flush()
             return False
         rows = int(batch.seq_lens.shape[0])
-        at = bisect.bisect_left(self.sizes, -(-rows // self.width))  # the smallest graph that holds them
-        padded = self.sizes[at] * self.width if at < len(self.sizes) else None  # its token rows
         hidden = getattr(batch_result.logits_output, "hidden_states", None)
         b = self.buffers
         if (
-            padded is None
-            or rows == 0
+            rows == 0
+            or rows > self.capacity
             or hidden is None
             or tuple(hidden.shape) != (rows, b.hidden_states.shape[1])
             or batch_result.next_token_ids.shape[0] != rows
             or batch.out_cache_loc.shape[0] != rows
         ):
+            self.flush()
             if self.log and not self.said_no:  # once: a release whose verify hands other shapes shows here
                 self.said_no = True
                 logger.info(
                     f"dynspec: kv-direct left a batch of {rows} requests to the stock extend (hidden states "
                     f"{None if hidden is None else tuple(hidden.shape)}, {batch_result.next_token_ids.shape[0]} "
-                    f"tokens, {batch.out_cache_loc.shape[0]} slots; graphs up to {self.sizes[-1] * self.width} rows)"
+                    f"tokens, {batch.out_cache_loc.shape[0]} slots; graphs up to {self.capacity} rows)"
                 )
             return False
-        b.input_ids[:rows].copy_(batch_result.next_token_ids)
-        b.positions[:rows].copy_(batch.seq_lens)
-        b.out_cache_loc[:rows].copy_(batch.out_cache_loc)
-        b.hidden_states[:rows].copy_(hidden)
-        if padded > rows:
-            for name in ("input_ids", "positions", "out_cache_loc"):
-                getattr(b, name)[rows:padded].zero_()
-        self.replay(self.sizes[at])
+        steps = self.batch_steps
+        if steps > 1:
+            members = self.members_of(batch)
+            if members is None:
+                steps = 1  # who the rows belong to is unknown: write them now
+            if self.pending and (members is None or self.pending + rows > self.capacity or not self._same(members)):
+                self.flush()
+            self.members = members or []
+        at = self.pending
+        b.input_ids[at : at + rows].copy_(batch_result.next_token_ids)
+        b.positions[at : at + rows].copy_(batch.seq_lens)
+        b.out_cache_loc[at : at + rows].copy_(batch.out_cache_loc)
+        b.hidden_states[at : at + rows].copy_(hidden)
+        self.pending += rows
+        self.pending_steps += 1
+        self.inputs_read()
+        if self.pending_steps >= steps:
+            self.flush()
         self.stand_in(batch, batch_result)
         return True
+
+    def flush(self) -> None:
+        """Write the staged rows: pad them to the smallest graph that holds them (padding rows write
+        slot 0, the pool's reserved slot, as the stock replay pads) and replay it."""
+        rows = self.pending
+        if rows == 0:
+            return
+        at = bisect.bisect_left(self.sizes, -(-rows // self.width))
+        padded = self.sizes[at] * self.width
+        if padded > rows:
+            for name in ("input_ids", "positions", "out_cache_loc"):
+                getattr(self.buffers, name)[rows:padded].zero_()
+        self.replay(self.sizes[at])
+        self.pending = self.pending_steps = 0
+        self.members = []
+
+    @staticmethod
+    def members_of(batch: Any) -> Optional[List[Any]]:
+        """The batch's requests, in order (a ``ScheduleBatch``'s ``reqs``); None where the batch does
+        not carry them (0.5.12's ``ModelWorkerBatch``): then nothing waits."""
+        reqs = getattr(batch, "reqs", None)
+        return list(reqs) if isinstance(reqs, list) else None
+
+    def _same(self, members: List[Any]) -> bool:
+        return len(members) == len(self.members) and all(a is b for a, b in zip(members, self.members))
+
+    def inputs_read(self) -> None:
+        """Called once an iteration's inputs are copied (they may be freed or rewritten after)."""
 
     def replay(self, size: int) -> None:
         raise NotImplementedError
@@ -964,8 +1054,8 @@ class ZeroStepDirectWrite(DirectKVWrite):
     # The draft runner's read-done mailbox: named so in 0.5.18+, and before that.
     READ_DONE_EVENTS = ("shared_read_done_event", "war_fastpath_read_done_event")
 
-    def __init__(self, twin: Any, worker: Any, read_done: Optional[str], log: bool = True) -> None:
-        super().__init__(twin, log)
+    def __init__(self, twin: Any, worker: Any, read_done: Optional[str], log: bool = True, batch_steps: int = 1) -> None:
+        super().__init__(twin, log, batch_steps)
         self.worker = worker  # its _stub_skipped_draft_extend stands in for the extend's outputs
         self.backend = twin.backend  # its replay(key, batch) replays that key's graph, batch unread
         self.runner = twin.model_runner
@@ -999,13 +1089,15 @@ class ZeroStepDirectWrite(DirectKVWrite):
         read_done = next((a for a in cls.READ_DONE_EVENTS if hasattr(runner, a)), None)
         if not callable(getattr(getattr(twin, "device_module", None), "Event", None)):
             read_done = None
-        return cls(twin, worker, read_done, log), ""
+        return cls(twin, worker, read_done, log, kv_batch_steps()), ""
 
-    def replay(self, size: int) -> None:
+    def inputs_read(self) -> None:
         if self.new_event is not None:
             event = self.new_event()
             event.record()
             setattr(self.runner, self.read_done, event)
+
+    def replay(self, size: int) -> None:
         self.backend.replay(self.twin._make_graph_key(size), None)
 
     def stand_in(self, batch: Any, batch_result: Any) -> None:

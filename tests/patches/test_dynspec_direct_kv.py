@@ -847,3 +847,177 @@ def test_before_0_5_10_the_runner_has_no_input_buffers_so_kv_direct_is_kv_graph(
     runner = class_def(source_of(version, EXTEND_RUNNER), "EAGLEDraftExtendCudaGraphRunner")
     assert runner is not None
     assert "self.buffers" not in ast.unparse(method_def(runner, "__init__")), version
+
+
+# -- DYNSPEC_KV_BATCH: the rows of several iterations in one replay ---------------------------------
+
+
+class Decode(Mode):
+    def __init__(self, decode: bool = True) -> None:
+        super().__init__(False)
+        self.decode = decode
+
+    def is_decode(self) -> bool:
+        return self.decode
+
+
+A, B, C, D = (SimpleNamespace(rid=name) for name in "ABCD")  # requests, told apart by identity
+
+
+def step_of(reqs: list[Any], step: int, slots: list[int] | None = None) -> tuple[Any, Any]:
+    """Iteration ``step`` of a zero-step span: each request's next token at position 40 + step."""
+    n = len(reqs)
+    extend = Extend([10 + step] * n, [40 + step + i * 100 for i in range(n)], slots or [900 + 10 * step + i for i in range(n)])
+    batch, output = batch_of(extend)
+    batch.reqs = list(reqs)
+    batch.forward_mode = Decode()
+    return batch, output
+
+
+def batched(steps: int) -> tuple[ZeroStepTwin, MHATokenToKVPool, v2.ZeroStepDirectWrite]:
+    twin, pool, direct = stack()
+    direct.batch_steps = steps
+    return twin, pool, direct
+
+
+def expected_kv(*steps: tuple[Any, Any]) -> dict[tuple[int, int], tuple[int, int]]:
+    out: dict[tuple[int, int], tuple[int, int]] = {}
+    for batch, output in steps:
+        extend = Extend(output.next_token_ids.values, batch.seq_lens.values, batch.out_cache_loc.values)
+        out.update(full_forward_kv(extend))
+    return out
+
+
+def test_two_iterations_of_the_same_requests_are_written_in_one_replay() -> None:
+    twin, pool, direct = batched(2)
+    first, second = step_of([A, B, C], 0), step_of([A, B, C], 1)
+    assert direct.write(*first) and twin.log == [] and direct.pending == 3  # staged, not written
+    assert twin.model_runner.war_fastpath_read_done_event.recorded  # the verify's tensors were read all the same
+    assert direct.write(*second)
+    assert twin.log == ["replay 8"] and direct.pending == 0  # 6 rows in the graph for 8
+    assert without_padding(pool) == expected_kv(first, second)
+
+
+def test_a_change_of_requests_writes_the_staged_rows_first() -> None:
+    """A finished request's slots may go to the next step's joiner: its rows must not wait past it."""
+    twin, pool, direct = batched(4)
+    first = step_of([A, B, C], 0)
+    direct.write(*first)
+    assert twin.log == []
+    direct.write(*step_of([A, B, D], 1))  # C left, D joined
+    assert twin.log == ["replay 4"] and direct.pending == 3
+    assert without_padding(pool) == expected_kv(first)
+    direct.write(*step_of([A, B, C], 2))  # the same length again, other requests: still a change
+    assert twin.log == ["replay 4", "replay 4"]
+
+
+def test_rows_past_the_largest_graph_write_what_waits_first() -> None:
+    twin, pool, direct = batched(4)
+    steps = [step_of([A, B, C], i) for i in range(3)]  # 9 rows; the largest graph holds 8
+    for s in steps:
+        direct.write(*s)
+    assert twin.log == ["replay 8"] and direct.pending == 3
+    direct.flush()
+    assert twin.log == ["replay 8", "replay 4"] and without_padding(pool) == expected_kv(*steps)
+
+
+def test_a_batch_without_its_requests_writes_every_iteration() -> None:
+    """0.5.12's ``ModelWorkerBatch`` carries no ``reqs``: who the rows belong to is unknown."""
+    twin, _, direct = batched(4)
+    batch, output = step_of([A, B, C], 0)
+    del batch.reqs
+    direct.write(batch, output)
+    assert twin.log == ["replay 4"] and direct.pending == 0
+
+
+def test_a_batch_it_cannot_take_writes_the_staged_rows_before_the_stock_extend() -> None:
+    twin, pool, direct = batched(4)
+    first = step_of([A, B, C], 0)
+    direct.write(*first)
+    batch, output = step_of([A, B, C], 1)
+    output.logits_output.hidden_states = None
+    assert not direct.write(batch, output)
+    assert twin.log == ["replay 4"] and without_padding(pool) == expected_kv(first)
+
+
+@pytest.mark.parametrize(("setting", "steps"), [("", 1), ("1", 1), (" 4 ", 4), ("8", 8)])
+def test_the_setting(monkeypatch: pytest.MonkeyPatch, setting: str, steps: int) -> None:
+    monkeypatch.setenv(v2.KV_BATCH_ENV, setting)
+    assert v2.kv_batch_steps() == steps
+
+
+@pytest.mark.parametrize("setting", ["0", "9", "two", "-1", "2.5"])
+def test_a_bad_setting_refuses_to_start(monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
+    monkeypatch.setenv(v2.KV_BATCH_ENV, setting)
+    with pytest.raises(ValueError, match=r"DYNSPEC_KV_BATCH must be a whole number from 1 to 8"):
+        v2.kv_batch_steps()
+
+
+class Forwarding:
+    """The worker's ``forward_batch_generation``: a prefill's draft extend writes the draft KV of
+    its new tokens, here the slots it was given."""
+
+    def __init__(self, pool: MHATokenToKVPool, log: list[str]) -> None:
+        self.pool, self.log = pool, log
+
+    def __call__(self, batch: Any) -> str:
+        self.log.append(f"forward {'decode' if batch.forward_mode.is_decode() else 'prefill'}")
+        for slot in getattr(batch, "prefill_slots", []):
+            self.pool.kv[(0, slot)] = ("prefill", slot)
+        return "result"
+
+
+def batched_policy(monkeypatch: pytest.MonkeyPatch, steps: int) -> tuple[v2.ZeroStepPolicy, DraftWorker, ZeroStepTwin]:
+    monkeypatch.setenv(v2.KV_BATCH_ENV, str(steps))
+    pool = MHATokenToKVPool([])
+    twin = ZeroStepTwin(pool, [])
+    policy, draft_worker, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    policy.worker.forward_batch_generation = Forwarding(pool, twin.log)
+    policy._build_direct()
+    assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == steps
+    policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
+    return policy, draft_worker, twin
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_resume_writes_the_staged_rows_before_the_stock_extend(monkeypatch: pytest.MonkeyPatch) -> None:
+    policy, draft_worker, twin = batched_policy(monkeypatch, 4)
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0))
+    assert twin.log == []
+    policy._step = runtime.RESUME
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 1))
+    assert twin.log == ["replay 4", "stock extend"]
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_a_prefill_forward_writes_the_staged_rows_first_and_a_decode_does_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    policy, draft_worker, twin = batched_policy(monkeypatch, 4)
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0, slots=[900, 901, 902]))
+    decode = SimpleNamespace(forward_mode=Decode(True))
+    assert policy.worker.forward_batch_generation(decode) == "result" and twin.log == ["forward decode"]
+    # A finished; its slot 902 went to a new request whose prefill writes its draft KV there.
+    prefill = SimpleNamespace(forward_mode=Decode(False), prefill_slots=[902])
+    policy.worker.forward_batch_generation(prefill)
+    assert twin.log == ["forward decode", "replay 4", "forward prefill"]
+    assert twin.pool.kv[(0, 902)] == ("prefill", 902)  # the new owner's KV stands
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_without_the_forward_hook_a_staged_row_overwrites_the_new_owners_kv(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control for the test above: the hazard the flush before a prefill prevents."""
+    monkeypatch.setattr(v2.ZeroStepPolicy, "_flush_before_other_forwards", lambda self: None)
+    policy, draft_worker, twin = batched_policy(monkeypatch, 4)
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0, slots=[900, 901, 902]))
+    policy.worker.forward_batch_generation(SimpleNamespace(forward_mode=Decode(False), prefill_slots=[902]))
+    policy.draft_kv.direct.flush()
+    assert twin.pool.kv[(0, 902)] != ("prefill", 902)
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_one_iteration_per_replay_installs_no_forward_hook(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(v2.KV_BATCH_ENV, raising=False)
+    twin = ZeroStepTwin(MHATokenToKVPool([]), [])
+    policy, _, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    policy._build_direct()
+    assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == 1
+    assert "forward_batch_generation" not in vars(policy.worker)
