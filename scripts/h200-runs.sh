@@ -27,7 +27,8 @@
 #                  connector limit): base, dynspec (auto) and dynspec with upstream's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1
 #                  (no draft work at all, 0.5.14+; dynspec's DYNSPEC_DRAFT_KV=skip still runs the stock extend's
 #                  host side), all with SGLANG_SIMULATE_ACC_LEN=3: per-step ratios from the logs (patcher.proof.steps);
-#                  DIAG_RUNS="base NAME:ENV=V+ENV=V ..." picks other servers (base first: the ratios' reference)
+#                  DIAG_RUNS="base NAME:ENV=V+ENV=V ... base-2" picks other servers (base first: the ratios' reference;
+#                  a later base-N is a second reference, per_step_base-N.json, and its ratio to base is the drift)
 #   prof V         (as diag) torch-profiler traces of 30 decode steps at 64 requests, base and dynspec (auto,
 #                  falling back), GPU only (30 steps) and CPU+GPU with Python stacks (20 steps):
 #                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers
@@ -72,11 +73,12 @@ proof() { local out=$OUT/$1; shift; mkdir -p "$out"
 K=$PWD/.gpu/kit; LIMITS="--max-running-requests 128 --cuda-graph-max-bs 128"
 S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b --speculative-draft-load-format dummy"
 S="$S --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 $LIMITS"
-# serve_run NAME:ENV=V+ENV=V: one diag / prof server; "base" is plain decode, any other name dynspec at 32.
+# serve_run NAME:ENV=V+ENV=V: one diag / prof server; "base" and "base-N" are plain decode (a second
+# one at the end of DIAG_RUNS measures the drift within the call), any other name dynspec at 32.
 # Sets $name for the caller.
 serve_run() { name=${1%%:*}; local envs="" args="$S --speculative-disable-batch-size 32"
   case $1 in *:*) envs=${1#*:} ;; esac
-  [ "$name" = base ] && { args=$LIMITS; envs=""; }
+  case $name in base|base-*) args=$LIMITS; envs="" ;; esac
   env ${envs//+/ } bash "$K/serve.sh" "$name" $args; }
 case $step in
   kit-a) rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1-a.tar.xz" -C /tmp/site && echo unpacked a ;;
@@ -131,6 +133,10 @@ logs = {p.stem: p.read_text(errors="replace") for p in out.glob("*.log")}
 ratios = steps.per_step(logs, "base", [64, 100])
 (out / "per_step.json").write_text(json.dumps(ratios, indent=1) + "\n")
 print("\n".join(steps.describe(ratios)))
+for late in sorted(n for n in logs if n.startswith("base-")):  # the same servers against a later base
+    again = steps.per_step(logs, late, [64, 100])
+    (out / f"per_step_{late}.json").write_text(json.dumps(again, indent=1) + "\n")
+    print(f"against {late}:"); print("\n".join(steps.describe(again)))
 PY
     gzip -f "$OUT"/*.log ;;
   prof) need_kit; export TARGET=target8b
