@@ -597,6 +597,9 @@ class ZeroStepPolicy:
         if batch_size <= 0:  # an idle batch: keep the current state, count nothing
             return
         self._step = self.controller.step(batch_size)
+        direct = self.draft_kv.direct
+        if direct is not None and direct.pending and self._step != self.controller.FALL_BACK:
+            direct.flush()  # staged rows go in before this iteration drafts or extends from the KV
         steps = self.speculative_num_steps if self._step == self.controller.SPECULATE else 0
         if steps == self.worker.speculative_num_steps:
             return

@@ -1021,3 +1021,20 @@ def test_one_iteration_per_replay_installs_no_forward_hook(monkeypatch: pytest.M
     policy._build_direct()
     assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == 1
     assert "forward_batch_generation" not in vars(policy.worker)
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_the_iteration_that_switches_back_on_writes_the_staged_rows_before_anything_drafts(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    policy, draft_worker, twin = batched_policy(monkeypatch, 4)
+    policy.controller = runtime.SwitchController(4, min_steps=1, log=False)
+    policy.worker.apply_runtime_state = lambda state: None
+    policy._states = {0: "zero", 3: "speculative"}
+    policy.worker.speculative_num_steps = 0
+    policy.activate_step_by_batch(9)  # off
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0))
+    policy.activate_step_by_batch(9)  # still off: the rows wait
+    assert twin.log == [] and policy.draft_kv.direct is not None and policy.draft_kv.direct.pending == 3
+    policy.activate_step_by_batch(3)  # back on: RESUME, before its verify
+    assert policy._step == runtime.RESUME and twin.log == ["replay 4"]
