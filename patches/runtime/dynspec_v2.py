@@ -1064,6 +1064,7 @@ class ZeroStepDirectWrite(DirectKVWrite):
         self.runner = twin.model_runner
         self.read_done = read_done  # the runner's read-done attribute, or None: the coarse barrier
         self.new_event = twin.device_module.Event if read_done is not None else None
+        self._stubs: Optional[dict] = None  # name -> the stub made at capacity (stand_in), {} if it cannot be
 
     @classmethod
     def build(cls, twin: Any, worker: Any, log: bool = True) -> Tuple[Optional["ZeroStepDirectWrite"], str]:
@@ -1104,7 +1105,36 @@ class ZeroStepDirectWrite(DirectKVWrite):
         self.backend.replay(self.twin._make_graph_key(size), None)
 
     def stand_in(self, batch: Any, batch_result: Any) -> None:
-        self.worker._stub_skipped_draft_extend(batch, batch_result)
+        """The stubs of upstream's skip switch, as views of ones made once for the largest batch.
+
+        The stub allocates and zero-fills three tensors of ``rows`` rows each, every iteration; they
+        are only ever read (the future map copies them; nothing writes them in place, pinned in the
+        tests), so rows of one set made at the capacity serve every batch size. Where the stub takes
+        more than a batch size (a release that reads other fields), it runs every iteration as before.
+        """
+        rows = int(batch.seq_lens.shape[0])
+        stubs = self._stubs if self._stubs is not None else self._make_stubs()
+        if not stubs:
+            self.worker._stub_skipped_draft_extend(batch, batch_result)
+            return
+        target = batch_result.next_draft_input
+        for name, value in stubs.items():
+            setattr(target, name, value[:rows])
+
+    def _make_stubs(self) -> dict:
+        """Run the release's stub once for ``capacity`` rows, on stand-ins that carry only that size;
+        {} (per-iteration stubs) if it wants more or makes something that is not rows of that size."""
+        rows = self.capacity
+        scratch = SimpleNamespace(next_draft_input=SimpleNamespace())
+        try:
+            self.worker._stub_skipped_draft_extend(SimpleNamespace(seq_lens=SimpleNamespace(shape=(rows,))), scratch)
+        except Exception:  # noqa: BLE001 - the stock call per iteration still works
+            self._stubs = {}
+            return self._stubs
+        made = dict(vars(scratch.next_draft_input))
+        fit = all(len(getattr(v, "shape", ())) >= 1 and v.shape[0] == rows for v in made.values())
+        self._stubs = made if made and fit else {}
+        return self._stubs
 
 
 class FallbackDirectWrite(DirectKVWrite):

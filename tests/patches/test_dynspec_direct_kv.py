@@ -18,6 +18,7 @@ import logging
 import re
 import sys
 import types
+import zipfile
 from dataclasses import dataclass
 from types import SimpleNamespace
 from typing import Any
@@ -180,19 +181,40 @@ def batch_of(extend: Extend = EXTEND, idle: bool = False) -> tuple[Any, Any]:
     output = SimpleNamespace(
         next_token_ids=Tensor(list(extend.tokens)),
         logits_output=SimpleNamespace(hidden_states=Tensor(list(extend.hidden), HIDDEN_WIDTH)),
+        next_draft_input=SimpleNamespace(),
     )
     return batch, output
 
 
+@dataclass
+class Stub:
+    """A zero tensor of ``rows`` rows the stub makes; a slice is a view of the same one."""
+
+    name: str
+    rows: int
+    of: Stub | None = None  # the tensor this is a view of
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return (self.rows, 1)
+
+    def __getitem__(self, key: slice) -> Stub:
+        return Stub(self.name, len(range(self.rows)[key]), self.of or self)
+
+
 class Worker:
-    """EAGLEWorkerV2 as far as the direct write needs it: the stubs upstream's skip switch leaves."""
+    """EAGLEWorkerV2 as far as the direct write needs it: the stubs upstream's skip switch leaves
+    (0.5.14 - 0.5.23: three zero tensors of one row per request on ``next_draft_input``)."""
 
     def __init__(self) -> None:
         self.stubbed: list[int] = []
         self.server_args = SimpleNamespace()  # read_setting's home before 0.5.17
 
     def _stub_skipped_draft_extend(self, batch: Any, batch_output: Any) -> None:
-        self.stubbed.append(batch.seq_lens.shape[0])
+        bs = batch.seq_lens.shape[0]
+        self.stubbed.append(bs)
+        for name in ("topk_p", "topk_index", "hidden_states"):
+            setattr(batch_output.next_draft_input, name, Stub(name, bs))
 
 
 def stack(**twin_options: Any) -> tuple[ZeroStepTwin, MHATokenToKVPool, v2.ZeroStepDirectWrite]:
@@ -431,7 +453,8 @@ def test_the_policy_writes_directly_only_at_fall_back_and_resume_runs_the_stock_
         (runtime.RESUME, "stock", ["stock extend"]),
         (runtime.SPECULATE, "stock", ["stock extend"]),
     ]
-    assert worker.stubbed == [3, 3]  # the stubs stand in for the extend's outputs at each direct write
+    # the stubs stand in for the extend's outputs at each direct write: made once, at the capacity (8 rows)
+    assert worker.stubbed == [max(SIZES)]
 
 
 @pytest.mark.usefixtures("sglang_side")
@@ -1038,3 +1061,99 @@ def test_the_iteration_that_switches_back_on_writes_the_staged_rows_before_anyth
     assert twin.log == [] and policy.draft_kv.direct is not None and policy.draft_kv.direct.pending == 3
     policy.activate_step_by_batch(3)  # back on: RESUME, before its verify
     assert policy._step == runtime.RESUME and twin.log == ["replay 4"]
+
+
+def test_the_stand_ins_are_rows_of_one_set_made_once() -> None:
+    _, _, direct = stack()
+    worker = direct.worker
+    outputs = []
+    for extend in (EXTEND, Extend([1, 2], [5, 6], [700, 701])):
+        batch, output = batch_of(extend)
+        assert direct.write(batch, output)
+        outputs.append(output.next_draft_input)
+    assert worker.stubbed == [max(SIZES)]  # once, for the largest graph's rows
+    first, second = outputs
+    assert [first.topk_p.rows, first.topk_index.rows, first.hidden_states.rows] == [3, 3, 3]
+    assert second.hidden_states.rows == 2 and second.hidden_states.of is first.hidden_states.of
+
+
+def test_a_stub_that_wants_more_than_the_batch_size_runs_every_iteration() -> None:
+    """Negative control of the shortcut: a release whose stub reads another field keeps its own."""
+    _, _, direct = stack()
+    worker = direct.worker
+    stock = worker._stub_skipped_draft_extend
+
+    def reads_more(batch: Any, batch_output: Any) -> None:
+        batch.req_pool_indices  # noqa: B018 - a field the stand-ins do not carry
+        stock(batch, batch_output)
+
+    worker._stub_skipped_draft_extend = reads_more  # type: ignore[method-assign]
+    for _ in range(2):
+        batch, output = batch_of()
+        batch.req_pool_indices = Tensor([0, 1, 2])
+        assert direct.write(batch, output)
+        assert output.next_draft_input.hidden_states.rows == 3
+    assert worker.stubbed == [3, 3]
+
+
+# -- the stand-ins made once (ZeroStepDirectWrite.stand_in): what they rely on, per release ----------
+
+STUB_FIELDS = frozenset({"topk_p", "topk_index", "hidden_states"})
+# Writes through these names that are not writes to the stubs: a graph runner's own static input
+# buffers (it copies the draft input into them) and a request's list of returned hidden states.
+NOT_THE_STUBS = ("buffers.", "req.hidden_states")
+
+
+def stub_problems(source: str) -> list[str]:
+    """The stub reads nothing of the batch but its size and sets exactly the three fields, each a
+    ``torch.zeros`` of ``bs`` rows: then one set made at the capacity, sliced, is the same stub."""
+    stub = method_def(class_named(source, "EAGLEWorkerV2"), "_stub_skipped_draft_extend")
+    batch, output = (a.arg for a in stub.args.args[1:3])
+    problems = []
+    reads = {ast.unparse(n) for n in ast.walk(stub) if isinstance(n, ast.Attribute) and ast.unparse(n.value) == batch}
+    if reads != {f"{batch}.seq_lens"} or f"{batch}.seq_lens.shape[0]" not in ast.unparse(stub):
+        problems.append(f"reads {sorted(reads)} of the batch, not only its size")
+    if f"{output}.next_draft_input" not in ast.unparse(stub):
+        problems.append("does not set the fields on next_draft_input")
+    sets = {}
+    for n in ast.walk(stub):
+        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Attribute) and ast.unparse(n.targets[0].value) == "next_draft_input":
+            sets[n.targets[0].attr] = ast.unparse(n.value)
+    if set(sets) != STUB_FIELDS:
+        problems.append(f"sets {sorted(sets)}")
+    problems += [f"{k} = {v}" for k, v in sets.items() if not re.match(r"torch\.zeros\(\(bs, ", v)]
+    return problems
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP)
+def test_the_stub_depends_only_on_the_batch_size(version: str) -> None:
+    assert stub_problems(source_of(version, V2_WORKER)) == [], version
+
+
+def test_the_stub_check_sees_a_stub_that_reads_more() -> None:
+    """Negative control: the 0.5.17 stub made to read the batch's request indices is reported."""
+    source = source_of(ZERO_STEP[-1], V2_WORKER)
+    at = source.index("def _stub_skipped_draft_extend")
+    changed = source[:at] + source[at:].replace("batch.seq_lens.shape[0]", "batch.req_pool_indices.shape[0]", 1)
+    assert changed != source and stub_problems(changed) != []
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP)
+def test_nothing_writes_the_stubs_in_place(version: str) -> None:
+    """The views handed out each iteration are of one set: a write through one would reach all."""
+    from tests.patches.test_lean_verify_releases import inplace_write_problems
+
+    with zipfile.ZipFile(releases.wheel(version)) as archive:
+        sources = {
+            n: archive.read(n).decode()
+            for n in archive.namelist()
+            if n.endswith(".py") and n.startswith(("sglang/srt/managers/", "sglang/srt/speculative/"))
+        }
+    writes = {
+        name: hits
+        for name, source in sources.items()
+        if (hits := [h for h in inplace_write_problems(source, STUB_FIELDS) if not h.split(": ", 1)[1].startswith(NOT_THE_STUBS)])
+    }
+    assert writes == {}, f"{version}: in-place writes to a stub field: {writes}"

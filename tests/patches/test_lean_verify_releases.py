@@ -530,15 +530,16 @@ def match_expected_problems(spec_utils: str) -> list[str]:
 OUTPUTS = {"accept_lens", "accept_index"}  # exactly these names: sim_accept_index, prev_accept_lens are others
 
 
-def output_named(node: ast.AST) -> str | None:
-    """The verify output ``node`` names (``accept_lens``, ``result.accept_lens``, ``accept_lens[...]``), or None."""
+def output_named(node: ast.AST, names: frozenset[str] | set[str] = OUTPUTS) -> str | None:
+    """The output in ``names`` that ``node`` names (``accept_lens``, ``result.accept_lens``,
+    ``accept_lens[...]``), or None."""
     while isinstance(node, ast.Subscript):
         node = node.value
     name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
-    return name if name in OUTPUTS else None
+    return name if name in names else None
 
 
-def inplace_write_problems(source: str) -> list[str]:
+def inplace_write_problems(source: str, names: frozenset[str] | set[str] = OUTPUTS) -> list[str]:
     """In-place writes to ``accept_lens`` / ``accept_index`` (bare, as an attribute, or sliced): a method
     ending in ``_`` (``add_``, ``copy_``, ``fill_``, ``masked_fill_``, ``index_put_``, ...), an item
     assignment, an augmented assignment (in place on a tensor), ``out=``, or a Triton ``tl.store``
@@ -552,15 +553,15 @@ def inplace_write_problems(source: str) -> list[str]:
                 isinstance(func, ast.Attribute)
                 and func.attr.endswith("_")
                 and not func.attr.startswith("_")
-                and output_named(func.value) is not None
+                and output_named(func.value, names) is not None
             )
-            hit = hit or any(k.arg == "out" and output_named(k.value) is not None for k in n.keywords)
-            hit = hit or (ast.unparse(func) == "tl.store" and bool(n.args) and bool(names_in(n.args[0]) & OUTPUTS))
+            hit = hit or any(k.arg == "out" and output_named(k.value, names) is not None for k in n.keywords)
+            hit = hit or (ast.unparse(func) == "tl.store" and bool(n.args) and bool(names_in(n.args[0]) & set(names)))
         elif isinstance(n, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             for target in targets:
                 for t in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
-                    if output_named(t) is not None and (isinstance(t, ast.Subscript) or isinstance(n, ast.AugAssign)):
+                    if output_named(t, names) is not None and (isinstance(t, ast.Subscript) or isinstance(n, ast.AugAssign)):
                         hit = True
         if hit:
             problems.append(f"line {getattr(n, 'lineno', '?')}: {ast.unparse(n).splitlines()[0]}")
