@@ -562,6 +562,12 @@ class ZeroStepPolicy:
         direct = self.draft_kv.direct
         if direct is None or direct.batch_steps == 1:
             return
+        why_not = kv_batch_unsafe(self.worker)
+        if why_not is not None:
+            direct.batch_steps = 1
+            if self.log:
+                logger.info(f"dynspec: {KV_BATCH_ENV} is not used with {why_not}; every fallback iteration writes its own rows")
+            return
         self._flush_before_other_forwards()
         if self.log:
             logger.info(
@@ -576,7 +582,8 @@ class ZeroStepPolicy:
 
         def forward_batch_generation(batch: Any, *args: Any, **kwargs: Any) -> Any:
             direct = self.draft_kv.direct
-            if direct is not None and direct.pending and not batch.forward_mode.is_decode():
+            other = not batch.forward_mode.is_decode() or getattr(batch, "is_extend_in_batch", False)
+            if direct is not None and direct.pending and other:
                 direct.flush()
             return stock(batch, *args, **kwargs)
 
@@ -655,8 +662,25 @@ class ZeroStepPolicy:
 
 
 LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
+
+
+def _is_hip() -> bool:
+    import torch
+
+    return getattr(getattr(torch, "version", None), "hip", None) is not None
 KV_BATCH_ENV = "DYNSPEC_KV_BATCH"
 KV_BATCH_MAX = 8  # beyond a few iterations the GEMMs of one replay stop being bound by the weight read
+
+
+def kv_batch_unsafe(worker: Any) -> Optional[str]:
+    """What writes or reads the draft KV outside the forwards the staged rows are flushed before:
+    PD disaggregation (transferred KV lands in new slots without a forward) and a hierarchical cache
+    (loads and backs up device slots on its own)."""
+    if read_setting(worker, "disaggregation_mode", "null") not in (None, "null"):
+        return "PD disaggregation"
+    if read_setting(worker, "enable_hierarchical_cache", False):
+        return "a hierarchical cache"
+    return None
 
 
 def kv_batch_steps() -> int:
@@ -728,6 +752,9 @@ class LeanVerify:
         if not lean_verify_enabled():
             return None
         lean, why_not = cls.build()
+        if lean is not None and read_setting(worker, "tp_size", 1) > 1 and _is_hip():
+            # From 0.5.20 the greedy branch broadcasts rank 0's tokens on ROCm, which the lean sample does not.
+            lean, why_not = None, "ROCm with tensor parallelism: the stock sample broadcasts rank 0's tokens there"
         if lean is None:
             if log:
                 logger.info(f"dynspec: the zero-step verify runs stock ({why_not})")
@@ -808,27 +835,43 @@ class LeanVerify:
             for module, name, _, stock in self.shadows:
                 setattr(module, name, stock)
 
-    def takes(self, verify_input: Any, batch: Any, logits: Any, args: Tuple[Any, ...], kwargs: dict) -> bool:
-        """True for a batch whose one-node verify has the known outcome (host checks only)."""
-        if batch.forward_mode.is_idle() or any(a is not None for a in args):  # args: a grammar mask
-            return False
-        if any(v is not None for k, v in kwargs.items() if k not in self.IGNORED_KWARGS):
-            return False
-        tree = (getattr(verify_input, name, None) for name in ("draft_token_num", "max_tree_depth", "tree_topk"))
+    IDLE = "an idle batch"
+
+    def refusal(self, verify_input: Any, batch: Any, logits: Any, args: Tuple[Any, ...], kwargs: dict) -> Optional[str]:
+        """Why this batch's one-node verify may not have the known outcome; None if it has (host checks only)."""
+        if batch.forward_mode.is_idle():
+            return self.IDLE
+        if any(a is not None for a in args):
+            return "a grammar mask"
+        other = sorted(k for k, v in kwargs.items() if v is not None and k not in self.IGNORED_KWARGS)
+        if other:
+            return f"the argument {other[0]}"
+        tree = [getattr(verify_input, name, None) for name in ("draft_token_num", "max_tree_depth", "tree_topk")]
         if any(size != 1 for size in tree):
-            return False
-        if getattr(batch, "has_grammar", False) or getattr(batch, "return_logprob", False):
-            return False
+            return f"a tree of {tree[0]} tokens, depth {tree[1]}, top-k {tree[2]}"
+        if getattr(batch, "has_grammar", False):
+            return "grammar"
+        if getattr(batch, "return_logprob", False):
+            return "logprobs"
         info = batch.sampling_info
-        if not info.is_all_greedy or any(getattr(info, name, None) is not None for name in self.PENALTIES):
-            return False
-        return len(logits.shape) == 2 and logits.shape[0] == batch.seq_lens.shape[0]
+        if not info.is_all_greedy:
+            return "sampling"
+        penalty = next((name for name in self.PENALTIES if getattr(info, name, None) is not None), None)
+        if penalty is not None:
+            return penalty
+        if len(logits.shape) != 2 or logits.shape[0] != batch.seq_lens.shape[0]:
+            return f"logits of shape {tuple(logits.shape)} for {batch.seq_lens.shape[0]} requests"
+        return None
 
     def sample(self, verify_input: Any, batch: Any, logits_output: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any, Any]:
         """``eagle_sample`` of a one-node tree: (predict, accept_lens, accept_index)."""
         logits = logits_output.next_token_logits
-        if not self.takes(verify_input, batch, logits, args, kwargs):
-            self.refused += 1
+        why = self.refusal(verify_input, batch, logits, args, kwargs)
+        if why is not None:
+            if why != self.IDLE:
+                self.refused += 1
+                if self.refused == 1 and self.log:  # once: why batches take the stock sample
+                    logger.info(f"dynspec: the lean zero-step verify left a batch to the stock sample ({why})")
             return self.stock_sample(verify_input, batch, logits_output, *args, **kwargs)
         import torch
 
@@ -891,9 +934,12 @@ class DirectKVWrite:
     row by row, so the direct write packs the rows instead: the graph of the smallest size whose
     ``size * width`` rows hold them, a quarter of the stock replay's rows at width 4.
 
-    ``batch_steps`` > 1 (``DYNSPEC_KV_BATCH``, 0.5.14+) lets the rows of that many iterations wait in
-    the buffers and writes them in one replay: the graph's two GEMMs read their weights once for all
-    of them. Rows wait only as long as nothing could read their slots or hand them to another
+    ``batch_steps`` > 1 (``DYNSPEC_KV_BATCH``, 0.5.14+) lets the rows of that many iterations wait and
+    writes them in one replay: the graph's two GEMMs read their weights once for all of them. They
+    wait in private copies of the four buffers, not in the twin's: a release pools graph runners'
+    input buffers by name and size (``share_buffers``), so the next iteration's target replay may
+    fill the same storage; ``flush`` copies them in just before the replay, as every runner does.
+    Rows wait only as long as nothing could read their slots or hand them to another
     request: ``flush`` writes them before the stock extend runs (speculating, ``RESUME``), before any
     forward that is not a decode (a prefill reads cached draft KV and may take freed slots, which
     ``ZeroStepPolicy`` sees), as soon as the batch's requests change (a finished request's slots may
@@ -925,6 +971,8 @@ class DirectKVWrite:
         self.pending = 0  # rows in the buffers not yet written, from ``pending_steps`` iterations
         self.pending_steps = 0
         self.members: List[Any] = []  # the requests those rows belong to (held, so no id is reused)
+        self.staging: Any = None  # private copies of the four buffers where rows wait (batch_steps > 1)
+        self.staged = False  # the pending rows are in ``staging``, not yet in the twin's buffers
 
     @classmethod
     def width_of(cls, twin: Any) -> Optional[int]:
@@ -995,11 +1043,13 @@ class DirectKVWrite:
             if self.pending and (members is None or self.pending + rows > self.capacity or not self._same(members)):
                 self.flush()
             self.members = members or []
-        at = self.pending
-        b.input_ids[at : at + rows].copy_(batch_result.next_token_ids)
-        b.positions[at : at + rows].copy_(batch.seq_lens)
-        b.out_cache_loc[at : at + rows].copy_(batch.out_cache_loc)
-        b.hidden_states[at : at + rows].copy_(hidden)
+        at = self.pending  # 0 unless rows wait in staging (steps > 1)
+        into = b if steps == 1 else self._staging()
+        into.input_ids[at : at + rows].copy_(batch_result.next_token_ids)
+        into.positions[at : at + rows].copy_(batch.seq_lens)
+        into.out_cache_loc[at : at + rows].copy_(batch.out_cache_loc)
+        into.hidden_states[at : at + rows].copy_(hidden)
+        self.staged = into is not b
         self.pending += rows
         self.pending_steps += 1
         self.inputs_read()
@@ -1014,6 +1064,9 @@ class DirectKVWrite:
         rows = self.pending
         if rows == 0:
             return
+        if self.staged:
+            for name in self.INPUTS:
+                getattr(self.buffers, name)[:rows].copy_(getattr(self.staging, name)[:rows])
         at = bisect.bisect_left(self.sizes, -(-rows // self.width))
         padded = self.sizes[at] * self.width
         if padded > rows:
@@ -1022,6 +1075,12 @@ class DirectKVWrite:
         self.replay(self.sizes[at])
         self.pending = self.pending_steps = 0
         self.members = []
+        self.staged = False
+
+    def _staging(self) -> Any:
+        if self.staging is None:  # once, at the first staged row: capacity rows of each input
+            self.staging = SimpleNamespace(**{name: getattr(self.buffers, name).clone() for name in self.INPUTS})
+        return self.staging
 
     @staticmethod
     def members_of(batch: Any) -> Optional[List[Any]]:

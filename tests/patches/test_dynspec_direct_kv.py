@@ -64,12 +64,16 @@ class Buffer:
         rows = self.stop - self.start
         return (rows,) if self.width is None else (rows, self.width)
 
-    def copy_(self, source: Tensor) -> None:
-        assert len(source.values) == self.stop - self.start, "copy_ of a different row count"
-        self.store[self.start : self.stop] = list(source.values)
+    def copy_(self, source: Tensor | Buffer) -> None:
+        values = source.store[source.start : source.stop] if isinstance(source, Buffer) else source.values
+        assert len(values) == self.stop - self.start, "copy_ of a different row count"
+        self.store[self.start : self.stop] = list(values)
 
     def zero_(self) -> None:
         self.store[self.start : self.stop] = [0] * (self.stop - self.start)
+
+    def clone(self) -> Buffer:
+        return Buffer(list(self.store[self.start : self.stop]), width=self.width)
 
 
 @dataclass
@@ -1157,3 +1161,59 @@ def test_nothing_writes_the_stubs_in_place(version: str) -> None:
         if (hits := [h for h in inplace_write_problems(source, STUB_FIELDS) if not h.split(": ", 1)[1].startswith(NOT_THE_STUBS)])
     }
     assert writes == {}, f"{version}: in-place writes to a stub field: {writes}"
+
+
+def overwrite_the_shared_buffers(twin: ZeroStepTwin) -> None:
+    """What the next iteration's target replay does to input buffers pooled with the twin's."""
+    for name in v2.DirectKVWrite.INPUTS:
+        store = getattr(twin.buffers, name).store
+        store[:] = [7] * len(store)
+
+
+def test_staged_rows_survive_another_runner_filling_the_pooled_buffers() -> None:
+    twin, pool, direct = batched(2)
+    first, second = step_of([A, B, C], 0), step_of([A, B, C], 1)
+    direct.write(*first)
+    overwrite_the_shared_buffers(twin)  # between the staged iteration and the flush
+    direct.write(*second)
+    assert twin.log == ["replay 8"] and without_padding(pool) == expected_kv(first, second)
+
+
+def test_rows_staged_in_the_twins_own_buffers_would_be_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control for the test above: staging in the pooled buffers themselves."""
+    twin, pool, direct = batched(2)
+    monkeypatch.setattr(direct, "_staging", lambda: direct.buffers)
+    first, second = step_of([A, B, C], 0), step_of([A, B, C], 1)
+    direct.write(*first)
+    overwrite_the_shared_buffers(twin)
+    direct.write(*second)
+    assert without_padding(pool) != expected_kv(first, second)
+
+
+@pytest.mark.usefixtures("sglang_side")
+@pytest.mark.parametrize(
+    ("setting", "value", "words"),
+    [("disaggregation_mode", "decode", "PD disaggregation"), ("enable_hierarchical_cache", True, "a hierarchical cache")],
+)
+def test_kv_written_outside_the_forwards_turns_the_batching_off(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: str, value: Any, words: str
+) -> None:
+    monkeypatch.setenv(v2.KV_BATCH_ENV, "4")
+    twin = ZeroStepTwin(MHATokenToKVPool([]), [])
+    policy, _, worker = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    setattr(worker.server_args, setting, value)
+    policy.log = True
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        policy._build_direct()
+    assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == 1
+    assert "forward_batch_generation" not in vars(policy.worker)
+    assert f"DYNSPEC_KV_BATCH is not used with {words}" in caplog.text
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_a_decode_with_an_extend_in_the_batch_writes_the_staged_rows_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stock entry takes its prefill branch for ``is_extend_in_batch`` too (0.5.17 eagle_worker_v2.py:1106)."""
+    policy, draft_worker, twin = batched_policy(monkeypatch, 4)
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0))
+    policy.worker.forward_batch_generation(SimpleNamespace(forward_mode=Decode(True), is_extend_in_batch=True))
+    assert twin.log == ["replay 4", "forward decode"]

@@ -144,9 +144,10 @@ def release(monkeypatch: pytest.MonkeyPatch) -> Release:
 class Worker:
     """``EAGLEWorkerV2`` as far as the verify goes: ``verify`` runs the release's verify body."""
 
-    def __init__(self, common: types.ModuleType, steps: int = 0) -> None:
+    def __init__(self, common: types.ModuleType, steps: int = 0, tp_size: int = 1) -> None:
         self.common = common
         self.speculative_num_steps = steps
+        self.server_args = SimpleNamespace(tp_size=tp_size)
         self.seen_in_verify: list[Any] = []
 
     def verify(self, batch: Any, grammar_barrier: Any = None) -> Any:
@@ -249,7 +250,7 @@ def test_batches_it_does_not_know_take_the_stock_sample(release: Release, why: s
     assert lean is not None
     worker.verify(batch_of(LOGITS, **fields))
     assert release.calls[0] == "stock sample", why
-    assert (lean.taken, lean.refused) == (0, 1)
+    assert (lean.taken, lean.refused) == (0, 0 if why == "an idle batch" else 1)  # idle: not counted
 
 
 def test_arguments_decide_too(release: Release) -> None:
@@ -257,11 +258,11 @@ def test_arguments_decide_too(release: Release) -> None:
     assert lean is not None
     batch = batch_of(LOGITS)
     logits = batch.logits_output.next_token_logits
-    assert lean.takes(batch.spec_info, batch, logits, (None,), {"uno_target_max_top_k": 8, "watermark_full_mask": True})
-    assert not lean.takes(batch.spec_info, batch, logits, (object(),), {})  # a grammar mask
-    assert not lean.takes(batch.spec_info, batch, logits, (), {"watermark_state": object()})
-    assert not lean.takes(batch.spec_info, batch, logits, (), {"something_new": 1})
-    assert lean.takes(batch.spec_info, batch, logits, (), {"something_new": None})
+    assert lean.refusal(batch.spec_info, batch, logits, (None,), {"uno_target_max_top_k": 8, "watermark_full_mask": True}) is None
+    assert lean.refusal(batch.spec_info, batch, logits, (object(),), {}) == "a grammar mask"
+    assert lean.refusal(batch.spec_info, batch, logits, (), {"watermark_state": object()}) == "the argument watermark_state"
+    assert lean.refusal(batch.spec_info, batch, logits, (), {"something_new": 1}) == "the argument something_new"
+    assert lean.refusal(batch.spec_info, batch, logits, (), {"something_new": None}) is None
 
 
 @pytest.mark.parametrize("mode, token", [("fixed", 100), ("real-draft-token", None)])
@@ -356,3 +357,27 @@ def test_the_bonus_stand_in_leaves_wider_trees_to_the_kernel(release: Release) -
     bonus = T([None, None], "torch.int32")
     lean.fill_bonus(T([[5, 6], [7, 8]], "torch.int32"), T([2, 1], "torch.int32"), bonus, 2, 2)
     assert release.calls == ["stock fill"] and bonus.values == [6, 7]
+
+
+def test_rocm_with_tensor_parallelism_keeps_the_stock_verify(release: Release, caplog: pytest.LogCaptureFixture) -> None:
+    """From 0.5.20 the greedy branch broadcasts rank 0's tokens on ROCm; the lean sample would not."""
+    sys.modules["torch"].version = SimpleNamespace(hip="6.2")  # type: ignore[attr-defined]
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        assert v2.LeanVerify.install(Worker(release.common, tp_size=2)) is None
+    assert "ROCm with tensor parallelism" in caplog.text
+    assert v2.LeanVerify.install(Worker(release.common, tp_size=1)) is not None  # one GPU: nothing to broadcast
+    sys.modules["torch"].version = SimpleNamespace(hip=None)  # type: ignore[attr-defined]
+    assert v2.LeanVerify.install(Worker(release.common, tp_size=2)) is not None  # CUDA
+
+
+def test_the_first_refusal_says_why_once(release: Release, caplog: pytest.LogCaptureFixture) -> None:
+    worker = Worker(release.common)
+    lean = v2.LeanVerify.install(worker, log=True)
+    assert lean is not None
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        worker.verify(batch_of(LOGITS, idle=True))  # idle batches are not refusals worth a line
+        worker.verify(batch_of(LOGITS, greedy=False))
+        worker.verify(batch_of(LOGITS, return_logprob=True))
+    said = [r.message for r in caplog.records if "left a batch to the stock sample" in r.message]
+    assert said == ["dynspec: the lean zero-step verify left a batch to the stock sample (sampling)"]
+    assert lean.refused == 2
