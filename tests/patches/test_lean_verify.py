@@ -2,9 +2,9 @@
 
 No torch: tensors are ``T`` (values, dtype, device). The release modules the stand-ins go into are
 fakes in ``sys.modules`` whose ``verify`` reads ``eagle_sample`` and ``fill_bonus_tokens_func`` as
-module globals, as 0.5.16+'s ``run_eagle_verify`` does, and whose stock ``eagle_sample`` computes
-what the greedy tree kernel computes for one node per request (the argmax; every request accepts
-its root). What only a GPU shows (the served tokens equal stock's) is ``dynspec proof``'s
+module globals, as 0.5.16+'s ``run_eagle_verify`` does, and whose stock ``eagle_sample`` is a
+step-by-step transcription of the release's (buffers, the greedy tree kernel's walk, the simulated
+acceptance), so that the lean shortcut is compared with the stock algorithm, not with itself. What only a GPU shows (the served tokens equal stock's) is ``dynspec proof``'s
 equivalence; the release facts the stand-ins rely on are pinned in test_lean_verify_releases.py.
 """
 
@@ -64,8 +64,8 @@ class T:
     def __getitem__(self, key: Any) -> T:
         if isinstance(key, slice):
             return T(self.values[key], self.dtype, self.device)
-        index = key.values  # predict[accept_index]: a gather by a (bs, 1) index
-        return T([[self.values[i[0]]] for i in index], self.dtype, self.device)
+        index = key.values  # predict[accept_index]: a gather by a (bs, width) index (-1 wraps, as in torch)
+        return T([[self.values[j] for j in row] for row in index], self.dtype, self.device)
 
 
 def fake_torch() -> types.ModuleType:
@@ -95,16 +95,36 @@ class Release:
 
 
 def stock_eagle_sample(calls: list[str], simulated: Any) -> Any:
-    """The release's ``eagle_sample`` as the greedy kernel runs it on one node per request."""
+    """The release's ``eagle_sample`` for a greedy batch, transcribed step by step (0.5.17
+    ``eagle_utils.py:672-878``; the tree kernel as sgl-kernel's ``VerifyTreeGreedy`` walks it), not
+    from the lean sample's shortcut: its outcome is what the shortcut must reproduce."""
 
     def eagle_sample(verify_input: Any, batch: Any, logits_output: Any, grammar_mask: Any = None, **kwargs: Any) -> Any:
         calls.append("stock sample")
-        logits = logits_output.next_token_logits
-        rows = len(batch.seq_lens.values)
-        predict = T([row.index(max(row)) for row in logits.values], "torch.int32")
-        if simulated is not None:
-            predict.fill_(simulated)
-        return predict, T([1] * rows, "torch.int32"), T([[i] for i in range(rows)], "torch.int32")
+        logits = logits_output.next_token_logits.values
+        bs, n = len(batch.seq_lens.values), verify_input.draft_token_num
+        depth = verify_input.max_tree_depth
+        predict = [0] * (bs * n)  # torch.zeros(..., int32).flatten()
+        accept_index = [[-1] * depth for _ in range(bs)]  # torch.full((bs, depth), -1)
+        num_correct = [0] * bs
+        target = [[row.index(max(row)) for row in logits[b * n : (b + 1) * n]] for b in range(bs)]
+        retrieve_index = [[b * n + i for i in range(n)] for b in range(bs)]  # the trivial input's arange
+        retrieve_next_token = [[-1] * n for _ in range(bs)]
+        for b in range(bs):  # VerifyTreeGreedy
+            last = retrieve_index[b][0]
+            accept_index[b][0] = last
+            j, node = 1, 0
+            while j < depth and retrieve_next_token[b][node] != -1:  # a one-node tree has no child
+                node = retrieve_next_token[b][node]
+                j += 1
+            predict[last] = target[b][node]
+            num_correct[b] = j - 1
+        if simulated is not None:  # generate_simulated_accept_index, fixed mode, length clamped to 1
+            accept_index = [[row[0]] + [-1] * (depth - 1) for row in accept_index]
+            num_correct = [0] * bs
+            predict = [simulated] * len(predict)
+        accept_lens = [c + 1 for c in num_correct]
+        return T(predict, "torch.int32"), T(accept_lens, "torch.int32"), T(accept_index, "torch.int32")
 
     return eagle_sample
 
@@ -240,7 +260,7 @@ def test_while_speculating_the_stock_verify_runs_untouched(release: Release) -> 
         ("grammar", {"has_grammar": True}),
         ("logprobs", {"return_logprob": True}),
         ("an idle batch", {"idle": True}),
-        ("a deeper tree", {"max_tree_depth": 2, "draft_token_num": 4}),
+        ("a deeper tree", {"max_tree_depth": 2}),
         ("top-k > 1", {"tree_topk": 2}),
     ],
 )
