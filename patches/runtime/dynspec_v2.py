@@ -361,13 +361,18 @@ class V2Fallback:
 EARLY_FENCE_ENV = "DYNSPEC_EARLY_FENCE"
 
 
+def on_off_setting(env: str, default: bool) -> bool:
+    """An on/off switch in the environment: 1 on, 0 off, unset ``default``; anything else refuses to start."""
+    setting = os.environ.get(env, "").strip()
+    if setting not in ("0", "1", ""):
+        raise ValueError(f"{env} must be 0 or 1, not {setting!r}")
+    return default if setting == "" else setting == "1"
+
+
 def early_fence_enabled(proven: bool = True) -> bool:
     """``DYNSPEC_EARLY_FENCE``: 1 on, 0 off; unset, on where a GPU proof ran with it (``proven``:
     0.5.4 - 0.5.12 and 0.5.14+; not yet 0.5.13's publish callback)."""
-    setting = os.environ.get(EARLY_FENCE_ENV, "").strip()
-    if setting not in ("0", "1", ""):
-        raise ValueError(f"{EARLY_FENCE_ENV} must be 0 or 1, not {setting!r}")
-    return proven if setting == "" else setting == "1"
+    return on_off_setting(EARLY_FENCE_ENV, proven)
 
 
 def early_fence(batch: Any) -> Tuple[Any, Any]:
@@ -660,14 +665,7 @@ class ZeroStepPolicy:
         draft_worker._draft_extend_for_decode = draft_extend_for_decode
 
 
-
 LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
-
-
-def _is_hip() -> bool:
-    import torch
-
-    return getattr(getattr(torch, "version", None), "hip", None) is not None
 KV_BATCH_ENV = "DYNSPEC_KV_BATCH"
 KV_BATCH_MAX = 8  # beyond a few iterations the GEMMs of one replay stop being bound by the weight read
 
@@ -695,10 +693,13 @@ def kv_batch_steps() -> int:
 def lean_verify_enabled() -> bool:
     """``DYNSPEC_LEAN_VERIFY``: 1 or unset on, 0 off (the stock verify at zero steps, for A/B runs
     and for exact_kv's full-extend reference)."""
-    setting = os.environ.get(LEAN_VERIFY_ENV, "").strip()
-    if setting not in ("0", "1", ""):
-        raise ValueError(f"{LEAN_VERIFY_ENV} must be 0 or 1, not {setting!r}")
-    return setting != "0"
+    return on_off_setting(LEAN_VERIFY_ENV, True)
+
+
+def _is_hip() -> bool:
+    import torch
+
+    return getattr(getattr(torch, "version", None), "hip", None) is not None
 
 
 class LeanVerify:

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import ast
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from packaging.version import Version
@@ -607,39 +607,22 @@ def verify_member(version: str) -> str:
     return COMMON if Version(version) >= Version("0.5.16") else V2_WORKER
 
 
-@pytest.mark.releases
-@pytest.mark.parametrize("version", LEAN)
-def test_eagle_sample_returns_in_the_stand_ins_order(version: str) -> None:
-    problems = sample_return_problems(source_of(version, EAGLE_UTILS))
-    assert problems == [], f"{version}: eagle_sample's signature head / return order (fact 1): {problems}"
+# eagle_sample's own facts: (checker, what it pins)
+SAMPLE_FACTS = [
+    (sample_return_problems, "eagle_sample's signature head / return order (fact 1)"),
+    (greedy_branch_problems, "eagle_sample's greedy branch (fact 2)"),
+    (penalty_problems, "eagle_sample's penalties vs LeanVerify.PENALTIES (fact 3)"),
+    (parameter_problems, "eagle_sample's arguments vs LeanVerify.IGNORED_KWARGS (fact 4)"),
+    (ignored_kwarg_problems, "where eagle_sample reads IGNORED_KWARGS (fact 4)"),
+]
 
 
 @pytest.mark.releases
 @pytest.mark.parametrize("version", LEAN)
-def test_eagle_sample_takes_the_sanitized_argmax_into_int32_for_a_greedy_batch(version: str) -> None:
-    problems = greedy_branch_problems(source_of(version, EAGLE_UTILS))
-    assert problems == [], f"{version}: eagle_sample's greedy branch (fact 2): {problems}"
-
-
-@pytest.mark.releases
-@pytest.mark.parametrize("version", LEAN)
-def test_eagle_sample_changes_the_logits_only_by_what_lean_verify_refuses(version: str) -> None:
-    problems = penalty_problems(source_of(version, EAGLE_UTILS))
-    assert problems == [], f"{version}: eagle_sample's penalties vs LeanVerify.PENALTIES (fact 3): {problems}"
-
-
-@pytest.mark.releases
-@pytest.mark.parametrize("version", LEAN)
-def test_eagle_sample_has_no_argument_the_stand_in_has_not_seen(version: str) -> None:
-    problems = parameter_problems(source_of(version, EAGLE_UTILS))
-    assert problems == [], f"{version}: eagle_sample's arguments vs LeanVerify.IGNORED_KWARGS (fact 4): {problems}"
-
-
-@pytest.mark.releases
-@pytest.mark.parametrize("version", LEAN)
-def test_the_ignored_arguments_are_read_only_off_the_greedy_path(version: str) -> None:
-    problems = ignored_kwarg_problems(source_of(version, EAGLE_UTILS))
-    assert problems == [], f"{version}: where eagle_sample reads IGNORED_KWARGS (fact 4): {problems}"
+@pytest.mark.parametrize(("checker", "fact"), SAMPLE_FACTS, ids=[c.__name__ for c, _ in SAMPLE_FACTS])
+def test_eagle_sample_is_what_the_stand_in_assumes(version: str, checker: Callable[[str], list[str]], fact: str) -> None:
+    problems = checker(source_of(version, EAGLE_UTILS))
+    assert problems == [], f"{version}: {fact}: {problems}"
 
 
 @pytest.mark.releases
