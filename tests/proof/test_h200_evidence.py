@@ -249,3 +249,60 @@ def test_session_8_exact_kv_of_the_direct_write_follows_from_the_recordings(vers
         assert "zero-step verify samples greedy batches" not in files["dynspec-full.log"]
     # Negative control: the control's recording as the candidate fails.
     assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
+
+
+# -- session 9 (v2 module r16 at b0dd79c: cached stand-ins, DYNSPEC_KV_BATCH; runtime r10) -----------
+
+S9_DIAG_17 = PROOF / "0.5.17-v2-s9-kv-batch-diag"
+S9_KV = PROOF / "0.5.17-v2-s9-kv-direct"  # DYNSPEC_KV_BATCH unset: one iteration per replay
+S9_KV_BATCH8 = PROOF / "0.5.17-v2-s9-kv-batch8"  # DYNSPEC_KV_BATCH=8: exact_kv failed
+
+
+def s9_recordings(evidence: Path) -> tuple[dict[str, exactkv.Recording], dict[str, str]]:
+    names = ("dynspec", "dynspec-full", "dynspec-skip")
+    files = members(evidence / "logs.tar.gz", *(f"drafts-{s}.jsonl" for s in names), *(f"{s}.log" for s in names))
+    recs = {k: exactkv.parse(files[f"drafts-{s}.jsonl"].splitlines()) for k, s in zip(("kv", "full", "skip"), names)}
+    return recs, files
+
+
+def test_session_9_batched_kv_writes_per_step_ratios_follow_from_the_logs() -> None:
+    logs = gz_logs(S9_DIAG_17)
+    ratios = steps.per_step(logs, "base", [64, 100])
+    assert json.loads((S9_DIAG_17 / "per_step.json").read_text()) == ratios
+    published = {"batch4": (0.978, 0.993), "auto": (0.969, 0.986), "batch8": (0.979, 0.996)}
+    assert {name: (r["64"]["median"], r["100"]["median"]) for name, r in ratios.items()} == published
+    # What each server ran: the batched ones said how many iterations a replay writes, auto did not batch.
+    assert "writes the draft KV of up to 4 fallback iterations" in logs["batch4"]
+    assert "writes the draft KV of up to 8 fallback iterations" in logs["batch8"]
+    assert "fallback iterations per replay" not in logs["auto"]
+    assert all("(from a CUDA graph, replayed directly)" in logs[n] for n in published)
+    # Negative control: the base against itself is 1, not a published ratio.
+    assert steps.per_step({"base": logs["base"], "same": logs["base"]}, "base", [64])["same"]["64"]["median"] == 1.0
+
+
+def test_session_9_r16_without_batching_kept_the_draft_kv_exact() -> None:
+    recs, files = s9_recordings(S9_KV)
+    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
+    report = json.loads((S9_KV / "report.json").read_text())
+    published = report["exact_kv"]
+    assert entry["passed"] and published["passed"] and report["dynspec_env"] == {}
+    assert {k: published[k] for k in ("compared_requests", "compared_steps", "control_differs")} == {
+        k: entry[k] for k in ("compared_requests", "compared_steps", "control_differs")
+    } == {"compared_requests": 16, "compared_steps": 1082, "control_differs": True}
+    assert report["equivalence"]["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] >= 100
+    assert "fallback iterations per replay" not in files["dynspec.log"]
+    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
+
+
+def test_session_9_eight_iterations_per_replay_changed_two_proposals() -> None:
+    """The failure stays on record: the same judge, on the same recordings, finds the same two."""
+    recs, files = s9_recordings(S9_KV_BATCH8)
+    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
+    report = json.loads((S9_KV_BATCH8 / "report.json").read_text())
+    assert report["dynspec_env"] == {"DYNSPEC_KV_BATCH": "8"}
+    assert "writes the draft KV of up to 8 fallback iterations" in files["dynspec.log"]
+    assert not entry["passed"] and not report["exact_kv"]["passed"]
+    assert entry["mismatches"] == report["exact_kv"]["mismatches"] == 2
+    assert report["equivalence"]["passed"] and report["crossings"]["passed"]
+    # Control: the full extend's recording in the place of the batched one passes.
+    assert exactkv.judge({**recs, "kv": recs["full"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
