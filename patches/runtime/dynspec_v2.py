@@ -568,6 +568,11 @@ class ZeroStepPolicy:
         if direct is None or direct.batch_steps == 1:
             return
         why_not = kv_batch_unsafe(self.worker)
+        probe = RoundingProbe.of(direct.twin) if why_not is None else None
+        if why_not is None and probe is None:
+            why_not = "a draft KV pool without per-layer k_buffer and v_buffer (the start-up check reads them)"
+        if probe is not None:
+            direct.check_rounding(probe)
         if why_not is not None:
             direct.batch_steps = 1
             if self.log:
@@ -576,8 +581,9 @@ class ZeroStepPolicy:
         self._flush_before_other_forwards()
         if self.log:
             logger.info(
-                f"dynspec: kv-direct writes the draft KV of up to {direct.batch_steps} fallback iterations "
-                f"per replay ({KV_BATCH_ENV})"
+                f"dynspec: kv-direct writes the draft KV of up to {direct.batch_steps} fallback iterations per "
+                f"replay, in graphs that round the K/V as one iteration's ({KV_BATCH_ENV}; batch sizes whose "
+                f"graphs round alike, checked at start-up: {direct.rounding_groups()})"
             )
 
     def _flush_before_other_forwards(self) -> None:
@@ -671,13 +677,15 @@ KV_BATCH_MAX = 8  # beyond a few iterations the GEMMs of one replay stop being b
 
 
 def kv_batch_unsafe(worker: Any) -> Optional[str]:
-    """What writes or reads the draft KV outside the forwards the staged rows are flushed before:
-    PD disaggregation (transferred KV lands in new slots without a forward) and a hierarchical cache
-    (loads and backs up device slots on its own)."""
+    """Why rows may not wait: PD disaggregation (transferred KV lands in new slots without a forward)
+    and a hierarchical cache (loads and backs up device slots on its own) touch the draft KV outside
+    the forwards the staged rows are flushed before; tensor parallelism has not run."""
     if read_setting(worker, "disaggregation_mode", "null") not in (None, "null"):
         return "PD disaggregation"
     if read_setting(worker, "enable_hierarchical_cache", False):
         return "a hierarchical cache"
+    if (read_setting(worker, "tp_size", 1) or 1) > 1:
+        return "tensor parallelism (the twin's collectives need every rank to replay alike; not run with TP > 1)"
     return None
 
 
@@ -915,6 +923,47 @@ def feed_directly(draft_kv: Any, build: Callable[[Any], Tuple[Optional["DirectKV
     return True
 
 
+class RoundingProbe:
+    """``DirectKVWrite.check_rounding``'s probe rows and the K/V they leave, as torch tensors on
+    the twin's device: seeded random tokens, positions and hidden states (any values show a
+    different kernel), slots 1, 2, ... and every layer's K and V at those slots, bit for bit."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool  # the draft runner's MHATokenToKVPool: k_buffer, v_buffer, one per layer
+
+    @classmethod
+    def of(cls, twin: Any) -> Optional["RoundingProbe"]:
+        pool = getattr(getattr(twin, "model_runner", None), "token_to_kv_pool", None)
+        buffers = (getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None))
+        return cls(pool) if all(isinstance(b, list) and b for b in buffers) else None
+
+    @staticmethod
+    def inputs(buffers: Any, rows: int) -> Any:
+        import torch
+
+        device = buffers.input_ids.device
+        generator = torch.Generator(device=device).manual_seed(0)
+        ints = lambda like: torch.randint(0, 100, (rows,), generator=generator, device=device, dtype=like.dtype)  # noqa: E731
+        hidden = torch.randn((rows, buffers.hidden_states.shape[1]), generator=generator, device=device)
+        return SimpleNamespace(
+            input_ids=ints(buffers.input_ids),  # below any vocabulary's size
+            positions=ints(buffers.positions),  # below any context length
+            out_cache_loc=torch.arange(1, rows + 1, device=device, dtype=buffers.out_cache_loc.dtype),
+            hidden_states=hidden.to(buffers.hidden_states.dtype),
+        )
+
+    def kv_at(self, slots: Any) -> List[Any]:
+        import torch
+
+        return [buffer[slots].view(torch.uint8) for buffer in (*self.pool.k_buffer, *self.pool.v_buffer)]
+
+    @staticmethod
+    def same(kv: List[Any], other: List[Any]) -> bool:
+        import torch
+
+        return all(torch.equal(a, b) for a, b in zip(kv, other))
+
+
 class DirectKVWrite:
     """``kv-direct``: the KV-only twin graph fed straight from a one-token verify's tensors.
 
@@ -936,7 +985,9 @@ class DirectKVWrite:
     ``size * width`` rows hold them, a quarter of the stock replay's rows at width 4.
 
     ``batch_steps`` > 1 (``DYNSPEC_KV_BATCH``, 0.5.14+) lets the rows of that many iterations wait and
-    writes them in one replay: the graph's two GEMMs read their weights once for all of them. They
+    writes them in one replay: the graph's two GEMMs read their weights once for all of them. A
+    replay holds only as many rows as a graph that rounds the K/V as the one-iteration replay's
+    does (``check_rounding`` at start-up, ``same_rounding_rows``), so batching changes no bit. They
     wait in private copies of the four buffers, not in the twin's: a release pools graph runners'
     input buffers by name and size (``share_buffers``), so the next iteration's target replay may
     fill the same storage; ``flush`` copies them in just before the replay, as every runner does.
@@ -973,6 +1024,7 @@ class DirectKVWrite:
         self.pending_steps = 0
         self.members: List[Any] = []  # the requests those rows belong to (held, so no id is reused)
         self.staging: Any = None  # private copies of the four buffers where rows wait (batch_steps > 1)
+        self.rounding: Optional[List[int]] = None  # per graph size, which graphs round alike (check_rounding)
         self.staged = False  # the pending rows are in ``staging``, not yet in the twin's buffers
 
     @classmethod
@@ -1036,16 +1088,19 @@ class DirectKVWrite:
                     f"tokens, {batch.out_cache_loc.shape[0]} slots; graphs up to {self.capacity} rows)"
                 )
             return False
-        steps = self.batch_steps
+        steps, limit = self.batch_steps, 0
         if steps > 1:
             members = self.members_of(batch)
-            if members is None:
-                steps = 1  # who the rows belong to is unknown: write them now
-            if self.pending and (members is None or self.pending + rows > self.capacity or not self._same(members)):
+            limit = self.same_rounding_rows(rows)
+            if members is None or limit < 2 * rows:
+                steps = 1  # who the rows belong to is unknown, or two iterations would not round alike
+            if self.pending and (steps == 1 or self.pending + rows > limit or not self._same(members)):
                 self.flush()
             self.members = members or []
         at = self.pending  # 0 unless rows wait in staging (steps > 1)
-        into = b if steps == 1 else self._staging()
+        # The last iteration of this replay: the steps are done, or the next would not fit.
+        last = steps == 1 or self.pending_steps + 1 >= steps or at + 2 * rows > limit
+        into = b if at == 0 and last else self._staging()
         into.input_ids[at : at + rows].copy_(batch_result.next_token_ids)
         into.positions[at : at + rows].copy_(batch.seq_lens)
         into.out_cache_loc[at : at + rows].copy_(batch.out_cache_loc)
@@ -1054,10 +1109,63 @@ class DirectKVWrite:
         self.pending += rows
         self.pending_steps += 1
         self.inputs_read()
-        if self.pending_steps >= steps:
+        if last:
             self.flush()
         self.stand_in(batch, batch_result)
         return True
+
+    def check_rounding(self, probe: "RoundingProbe") -> List[int]:
+        """Replay every graph on the same probe rows and number the K/V each leaves: graphs with one
+        number round alike. Run once at start-up, before any request: the probe rows (as many as
+        the smallest graph holds) go to slots 1, 2, ..., free then; padding rows write slot 0.
+
+        A GEMM's kernel may change with its row count, and with it the low bits of every row
+        (session 9 on the H200: 8 iterations per replay, up to 160 rows where one iteration packs
+        20, changed 2 of 1056 proposals). Rows of one kernel do not depend on the rows beside them,
+        so graphs that leave the probe rows' K/V bit for bit alike write any row alike.
+        """
+        rows = self.sizes[0] * self.width
+        probe_rows = probe.inputs(self.buffers, rows)
+        b, seen, numbers = self.buffers, [], []
+        for size in self.sizes:
+            for name in self.INPUTS:
+                getattr(b, name)[:rows].copy_(getattr(probe_rows, name))
+            for name in ("input_ids", "positions", "out_cache_loc"):
+                getattr(b, name)[rows : size * self.width].zero_()
+            self.replay(size)
+            kv = probe.kv_at(probe_rows.out_cache_loc)
+            number = next((n for n, other in enumerate(seen) if probe.same(kv, other)), len(seen))
+            if number == len(seen):
+                seen.append(kv)
+            numbers.append(number)
+        self.rounding = numbers
+        return numbers
+
+    def same_rounding_rows(self, rows: int) -> int:
+        """The most token rows one replay may hold when one iteration brings ``rows``: those of the
+        largest graph, from the one this iteration alone would replay upwards, that rounds as that
+        one does (``check_rounding``); 0 where nothing was checked or no graph holds the rows."""
+        if self.rounding is None:
+            return 0
+        at = bisect.bisect_left(self.sizes, -(-rows // self.width))
+        if at == len(self.sizes):
+            return 0
+        end = at
+        while end + 1 < len(self.sizes) and self.rounding[end + 1] == self.rounding[at]:
+            end += 1
+        return self.sizes[end] * self.width
+
+    def rounding_groups(self) -> str:
+        """The checked graphs as runs of batch sizes that round alike, for the start-up log."""
+        if not self.rounding:
+            return "unchecked"
+        runs: List[Tuple[int, int, int]] = []  # (number, first size, last size)
+        for size, number in zip(self.sizes, self.rounding):
+            if runs and runs[-1][0] == number:
+                runs[-1] = (number, runs[-1][1], size)
+            else:
+                runs.append((number, size, size))
+        return " | ".join(str(first) if first == last else f"{first}-{last}" for _, first, last in runs)
 
     def flush(self) -> None:
         """Write the staged rows: pad them to the smallest graph that holds them (padding rows write

@@ -99,9 +99,11 @@ class Graph:
     def replay(self) -> None:
         b, twin = self.twin.buffers, self.twin
         twin.log.append(f"replay {self.size}")
+        off = getattr(twin, "rounds_off", {}).get(self.size, 0)  # a graph whose GEMMs round differently
         for row in range(self.size * self.width):
             token, position, hidden = b.input_ids.store[row], b.positions.store[row], b.hidden_states.store[row]
-            twin.pool.kv[(0, b.out_cache_loc.store[row])] = kv_of(token or 0, position or 0, hidden or 0)
+            k, v = kv_of(token or 0, position or 0, hidden or 0)
+            twin.pool.kv[(0, b.out_cache_loc.store[row])] = (k + off, v)
 
 
 class FullCudaGraphBackend:
@@ -901,9 +903,38 @@ def step_of(reqs: list[Any], step: int, slots: list[int] | None = None) -> tuple
     return batch, output
 
 
-def batched(steps: int) -> tuple[ZeroStepTwin, MHATokenToKVPool, v2.ZeroStepDirectWrite]:
-    twin, pool, direct = stack()
+class Probe:
+    """``RoundingProbe`` on the fakes: probe rows as the verify's tensors, the pool's K/V at their slots."""
+
+    def __init__(self, pool: MHATokenToKVPool) -> None:
+        self.pool = pool
+
+    @staticmethod
+    def inputs(buffers: Any, rows: int) -> Any:
+        return SimpleNamespace(
+            input_ids=Tensor([5 + i for i in range(rows)]),
+            positions=Tensor([60 + i for i in range(rows)]),
+            out_cache_loc=Tensor(list(range(1, rows + 1))),
+            hidden_states=Tensor([3 * i for i in range(rows)], HIDDEN_WIDTH),
+        )
+
+    def kv_at(self, slots: Tensor) -> list[Any]:
+        return [self.pool.kv.get((0, slot)) for slot in slots.values]
+
+    @staticmethod
+    def same(kv: list[Any], other: list[Any]) -> bool:
+        return kv == other
+
+
+def batched(steps: int, rounds_off: dict[int, int] | None = None) -> tuple[ZeroStepTwin, MHATokenToKVPool, v2.ZeroStepDirectWrite]:
+    """A writer of ``steps`` iterations per replay into a twin four rows per request wide, as
+    0.5.17's, after the start-up check; ``rounds_off``: graph sizes whose K/V round differently."""
+    twin, pool, direct = stack(width=4)
+    twin.rounds_off = rounds_off or {}
     direct.batch_steps = steps
+    direct.check_rounding(Probe(pool))
+    pool.kv.clear()
+    twin.log.clear()
     return twin, pool, direct
 
 
@@ -921,7 +952,7 @@ def test_two_iterations_of_the_same_requests_are_written_in_one_replay() -> None
     assert direct.write(*first) and twin.log == [] and direct.pending == 3  # staged, not written
     assert twin.model_runner.war_fastpath_read_done_event.recorded  # the verify's tensors were read all the same
     assert direct.write(*second)
-    assert twin.log == ["replay 8"] and direct.pending == 0  # 6 rows in the graph for 8
+    assert twin.log == ["replay 2"] and direct.pending == 0  # 6 rows in the graph for 2 requests (8 rows)
     assert without_padding(pool) == expected_kv(first, second)
 
 
@@ -932,20 +963,61 @@ def test_a_change_of_requests_writes_the_staged_rows_first() -> None:
     direct.write(*first)
     assert twin.log == []
     direct.write(*step_of([A, B, D], 1))  # C left, D joined
-    assert twin.log == ["replay 4"] and direct.pending == 3
+    assert twin.log == ["replay 2"] and direct.pending == 3
     assert without_padding(pool) == expected_kv(first)
     direct.write(*step_of([A, B, C], 2))  # the same length again, other requests: still a change
-    assert twin.log == ["replay 4", "replay 4"]
+    assert twin.log == ["replay 2", "replay 2"]
 
 
-def test_rows_past_the_largest_graph_write_what_waits_first() -> None:
-    twin, pool, direct = batched(4)
-    steps = [step_of([A, B, C], i) for i in range(3)]  # 9 rows; the largest graph holds 8
+def test_a_replay_stays_in_graphs_that_round_as_one_iterations_does() -> None:
+    """The graph for 8 rounds differently: three requests (one iteration: the graph for 2) may fill
+    the graph for 4, 16 rows, so the fifth iteration flushes, whatever the setting allows."""
+    twin, pool, direct = batched(8, rounds_off={8: 1})
+    assert direct.rounding == [0, 0, 1]
+    steps = [step_of([A, B, C], i) for i in range(5)]
+    for s in steps[:4]:
+        direct.write(*s)
+    assert twin.log == [] and direct.pending == 12
+    direct.write(*steps[4])
+    assert twin.log == ["replay 4"] and direct.pending == 0  # 15 rows
+    assert without_padding(pool) == expected_kv(*steps)
+
+
+def test_unchecked_a_replay_in_a_graph_that_rounds_differently_writes_other_kv() -> None:
+    """Negative control for the test above: told that all graphs round alike, eight iterations go
+    in the graph for 8 and its K/V differ from one iteration's (on the H200: 2 of 1056 proposals)."""
+    twin, pool, direct = batched(8, rounds_off={8: 1})
+    direct.rounding = [0, 0, 0]
+    steps = [step_of([A, B, C], i) for i in range(8)]
     for s in steps:
         direct.write(*s)
-    assert twin.log == ["replay 8"] and direct.pending == 3
-    direct.flush()
-    assert twin.log == ["replay 8", "replay 4"] and without_padding(pool) == expected_kv(*steps)
+    assert twin.log == ["replay 8"] and without_padding(pool) != expected_kv(*steps)
+
+
+def test_graphs_that_round_alike_take_as_many_iterations_as_the_setting_allows() -> None:
+    twin, pool, direct = batched(8)
+    assert direct.rounding == [0, 0, 0] and direct.rounding_groups() == "2-8"
+    steps = [step_of([A, B, C], i) for i in range(8)]
+    for s in steps:
+        direct.write(*s)
+    assert twin.log == ["replay 8"] and without_padding(pool) == expected_kv(*steps)
+
+
+def test_the_check_replays_every_graph_on_probe_rows_in_slots_from_1_and_numbers_what_they_leave() -> None:
+    twin, pool, direct = stack(width=4)
+    twin.rounds_off = {4: 2, 8: 2}
+    assert direct.check_rounding(Probe(pool)) == [0, 1, 1]
+    assert twin.log == ["replay 2", "replay 4", "replay 8"] and direct.rounding_groups() == "2 | 4-8"
+    assert set(without_padding(pool)) == {(0, slot) for slot in range(1, 9)}  # the smallest graph's 8 rows
+    assert direct.same_rounding_rows(5) == 8 and direct.same_rounding_rows(9) == 32 and direct.same_rounding_rows(33) == 0
+
+
+def test_an_iteration_as_large_as_the_largest_alike_graph_writes_at_once() -> None:
+    """30 requests: one iteration needs the graph for 8, and no graph holds two."""
+    twin, pool, direct = batched(4)
+    first = step_of([SimpleNamespace(rid=i) for i in range(30)], 0)
+    assert direct.write(*first)
+    assert twin.log == ["replay 8"] and direct.pending == 0 and without_padding(pool) == expected_kv(first)
 
 
 def test_a_batch_without_its_requests_writes_every_iteration() -> None:
@@ -954,7 +1026,7 @@ def test_a_batch_without_its_requests_writes_every_iteration() -> None:
     batch, output = step_of([A, B, C], 0)
     del batch.reqs
     direct.write(batch, output)
-    assert twin.log == ["replay 4"] and direct.pending == 0
+    assert twin.log == ["replay 2"] and direct.pending == 0
 
 
 def test_a_batch_it_cannot_take_writes_the_staged_rows_before_the_stock_extend() -> None:
@@ -964,7 +1036,7 @@ def test_a_batch_it_cannot_take_writes_the_staged_rows_before_the_stock_extend()
     batch, output = step_of([A, B, C], 1)
     output.logits_output.hidden_states = None
     assert not direct.write(batch, output)
-    assert twin.log == ["replay 4"] and without_padding(pool) == expected_kv(first)
+    assert twin.log == ["replay 2"] and without_padding(pool) == expected_kv(first)
 
 
 @pytest.mark.parametrize(("setting", "steps"), [("", 1), ("1", 1), (" 4 ", 4), ("8", 8)])
@@ -997,11 +1069,14 @@ class Forwarding:
 def batched_policy(monkeypatch: pytest.MonkeyPatch, steps: int) -> tuple[v2.ZeroStepPolicy, DraftWorker, ZeroStepTwin]:
     monkeypatch.setenv(v2.KV_BATCH_ENV, str(steps))
     pool = MHATokenToKVPool([])
-    twin = ZeroStepTwin(pool, [])
+    twin = ZeroStepTwin(pool, [], width=4)
     policy, draft_worker, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
     policy.worker.forward_batch_generation = Forwarding(pool, twin.log)
+    monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: Probe(twin.pool)))
     policy._build_direct()
     assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == steps
+    pool.kv.clear()
+    twin.log.clear()  # the start-up check's replays
     policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
     return policy, draft_worker, twin
 
@@ -1013,7 +1088,7 @@ def test_resume_writes_the_staged_rows_before_the_stock_extend(monkeypatch: pyte
     assert twin.log == []
     policy._step = runtime.RESUME
     draft_worker._draft_extend_for_decode(*step_of([A, B, C], 1))
-    assert twin.log == ["replay 4", "stock extend"]
+    assert twin.log == ["replay 2", "stock extend"]
 
 
 @pytest.mark.usefixtures("sglang_side")
@@ -1025,7 +1100,7 @@ def test_a_prefill_forward_writes_the_staged_rows_first_and_a_decode_does_not(mo
     # A finished; its slot 902 went to a new request whose prefill writes its draft KV there.
     prefill = SimpleNamespace(forward_mode=Decode(False), prefill_slots=[902])
     policy.worker.forward_batch_generation(prefill)
-    assert twin.log == ["forward decode", "replay 4", "forward prefill"]
+    assert twin.log == ["forward decode", "replay 2", "forward prefill"]
     assert twin.pool.kv[(0, 902)] == ("prefill", 902)  # the new owner's KV stands
 
 
@@ -1064,7 +1139,7 @@ def test_the_iteration_that_switches_back_on_writes_the_staged_rows_before_anyth
     policy.activate_step_by_batch(9)  # still off: the rows wait
     assert twin.log == [] and policy.draft_kv.direct is not None and policy.draft_kv.direct.pending == 3
     policy.activate_step_by_batch(3)  # back on: RESUME, before its verify
-    assert policy._step == runtime.RESUME and twin.log == ["replay 4"]
+    assert policy._step == runtime.RESUME and twin.log == ["replay 2"]
 
 
 def test_the_stand_ins_are_rows_of_one_set_made_once() -> None:
@@ -1176,7 +1251,7 @@ def test_staged_rows_survive_another_runner_filling_the_pooled_buffers() -> None
     direct.write(*first)
     overwrite_the_shared_buffers(twin)  # between the staged iteration and the flush
     direct.write(*second)
-    assert twin.log == ["replay 8"] and without_padding(pool) == expected_kv(first, second)
+    assert twin.log == ["replay 2"] and without_padding(pool) == expected_kv(first, second)
 
 
 def test_rows_staged_in_the_twins_own_buffers_would_be_lost(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1199,7 +1274,7 @@ def test_kv_written_outside_the_forwards_turns_the_batching_off(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: str, value: Any, words: str
 ) -> None:
     monkeypatch.setenv(v2.KV_BATCH_ENV, "4")
-    twin = ZeroStepTwin(MHATokenToKVPool([]), [])
+    twin = ZeroStepTwin(MHATokenToKVPool([]), [], width=4)
     policy, _, worker = policy_with(runtime.DRAFT_KV_DIRECT, twin)
     setattr(worker.server_args, setting, value)
     policy.log = True
@@ -1216,4 +1291,43 @@ def test_a_decode_with_an_extend_in_the_batch_writes_the_staged_rows_first(monke
     policy, draft_worker, twin = batched_policy(monkeypatch, 4)
     draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0))
     policy.worker.forward_batch_generation(SimpleNamespace(forward_mode=Decode(True), is_extend_in_batch=True))
-    assert twin.log == ["replay 4", "forward decode"]
+    assert twin.log == ["replay 2", "forward decode"]
+
+
+@pytest.mark.usefixtures("sglang_side")
+@pytest.mark.parametrize(("reason", "words"), [("tp", "tensor parallelism"), ("no-kv-buffers", "a draft KV pool without per-layer")])
+def test_batching_stays_off_where_it_is_not_safe_or_cannot_be_checked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, reason: str, words: str
+) -> None:
+    monkeypatch.setenv(v2.KV_BATCH_ENV, "4")
+    twin = ZeroStepTwin(MHATokenToKVPool([]), [], width=4)
+    policy, _, worker = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    if reason == "tp":
+        worker.server_args.tp_size = 2
+        monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: Probe(twin.pool)))
+    policy.log = True
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        policy._build_direct()
+    assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == 1
+    assert "forward_batch_generation" not in vars(policy.worker)
+    assert f"DYNSPEC_KV_BATCH is not used with {words}" in caplog.text
+    assert twin.log == []  # no check ran
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_a_checked_twin_batches_and_says_which_graphs_round_alike(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """Control for the test above: a single-GPU worker whose pool the check can read."""
+    monkeypatch.setenv(v2.KV_BATCH_ENV, "4")
+    monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: Probe(twin.pool)))
+    pool = MHATokenToKVPool([])
+    twin = ZeroStepTwin(pool, [], width=4)
+    twin.rounds_off = {8: 1}
+    policy, _, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    policy.worker.forward_batch_generation = Forwarding(pool, [])
+    policy.log = True
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        policy._build_direct()
+    assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == 4
+    assert policy.draft_kv.direct.rounding == [0, 0, 1]
+    assert "writes the draft KV of up to 4 fallback iterations per replay, in graphs that round" in caplog.text
+    assert "checked at start-up: 2-4 | 8)" in caplog.text
