@@ -34,7 +34,9 @@ import inspect
 import json
 import logging
 import os
+import sys
 import time
+import types
 from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
@@ -229,6 +231,7 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
         metrics = DynspecMetrics(getattr(args, "served_model_name", None) or str(args.model_path))
     controller = SwitchController(disable_above, enable_at_or_below, min_steps, log=rank0, metrics=metrics)
     fallback = DynspecFallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
+    fallback.feed_twin_directly(worker, rank0)
     if fallback.recorder is not None:
         fallback.recorder.watch_drafts(worker, lambda: fallback.in_fallback)
     if rank0:
@@ -507,8 +510,8 @@ DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
 DRAFT_KV_FULL = "full"  # the stock draft extend every iteration
 DRAFT_KV_ONLY = "kv"  # write the draft KV, skip the rest of the draft step (eager)
 DRAFT_KV_GRAPH = "kv-graph"  # the same, replayed from a CUDA graph where the release's runner allows it
-DRAFT_KV_DIRECT = "kv-direct"  # kv-graph; v2 0.5.10+ feed the graph straight from the verify (dynspec_v2.DirectKVWrite)
-DRAFT_KV_SKIP = "skip"  # no draft extend at all: a negative control that leaves holes in the KV
+DRAFT_KV_DIRECT = "kv-direct"  # kv-graph; v2 0.5.10+ and v1 0.5.12 feed the graph straight from the verify (dynspec_v2.DirectKVWrite)
+DRAFT_KV_SKIP = "skip"  # no draft KV written while off (the extend's host side still runs): a negative control
 DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_FULL, DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT, DRAFT_KV_SKIP)
 _KV_ONLY_MODES = (DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # the stand-in stops the forward at the KV write
 _GRAPH_MODES = (DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # a KV-only twin graph is captured at start-up
@@ -862,6 +865,35 @@ class DynspecFallback:
             worker.speculative_num_steps, worker.speculative_num_draft_tokens = saved_steps
             self.target.swap_out(previous)
 
+    def feed_twin_directly(self, worker: Any, log: bool) -> None:
+        """``kv-direct`` on v1: in a fallback iteration the draft extend after the verify becomes a
+        ``dynspec_v2.FallbackDirectWrite`` of the twin (the writer of v2's own fallback: the same
+        runner class), where the release hands the extend what it reads (0.5.12's
+        ``EagleDraftExtendInput``); elsewhere it stays kv-graph, said once. The v2 module ships with
+        every release that has that input (0.5.4+), so it is imported only here."""
+        if self.draft_kv.mode != DRAFT_KV_DIRECT or self.draft_kv.graph is None:
+            return
+        next_input_cls = v1_next_draft_input_class(worker)
+        if next_input_cls is None:
+            if log:
+                logger.info("dynspec: this EAGLEWorker's draft extend takes no EagleDraftExtendInput; kv-direct is kv-graph")
+            return
+        from sglang.srt.speculative.dynspec_v2 import FallbackDirectWrite, feed_directly
+
+        if not feed_directly(self.draft_kv, lambda twin: FallbackDirectWrite.build(twin, worker, self.draft_kv, log), log):
+            return
+        stock = worker.forward_draft_extend_after_decode
+
+        def forward_draft_extend_after_decode(batch: Any) -> Any:
+            writer = self.draft_kv.direct  # None once given up
+            if self.in_fallback and self._step == FALL_BACK and writer is not None:
+                next_input = extend_after_decode_directly(writer, worker, batch, next_input_cls)
+                if next_input is not None:
+                    return next_input
+            return stock(batch)
+
+        worker.forward_draft_extend_after_decode = forward_draft_extend_after_decode
+
     def trivial_verify_input(self, worker: Any, batch: Any, verify_input_cls: Any) -> Any:
         """What ``draft()`` returns in fallback: a one-node tree rooted at the pending bonus token.
 
@@ -910,6 +942,71 @@ class DynspecFallback:
         return verify_input_cls(**fields)
 
 @functools.lru_cache(maxsize=None)
+def v1_next_draft_input_class(worker: Any) -> Any:
+    """0.5.12's ``EagleDraftInput`` (the next draft's input, with ``bonus_tokens``) where the worker's
+    module also has the ``EagleDraftExtendInput`` the verify hands the extend; else None."""
+    module = sys.modules.get(type(worker).__module__)
+    extend_input = getattr(module, "EagleDraftExtendInput", None)
+    next_input = getattr(module, "EagleDraftInput", None)
+    fields = getattr(next_input, "__dataclass_fields__", {})
+    if not callable(getattr(extend_input, "prepare_extend_after_decode", None)) or "bonus_tokens" not in fields:
+        return None
+    return next_input
+
+
+def extend_after_decode_directly(writer: Any, worker: Any, batch: Any, next_input_cls: Any) -> Any:
+    """v1's ``forward_draft_extend_after_decode`` for a fallback iteration, with the KV-only twin fed
+    directly; None (the stock extend runs) for a batch the writer cannot take.
+
+    It keeps the stock function's own preparation (``prepare_extend_after_decode``: the batch's input
+    ids, lengths and flags, and the positions and bonus tokens kernel), hands the writer the rows
+    (each request accepted one token: its new token, at the position before it, in the slot the
+    verify kept), restores the fields the stock function restores, and returns the next draft input
+    with the writer's stand-ins for what only the full extend makes (never drafted from while off:
+    ``RESUME`` runs the stock extend).
+    """
+    from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+    extend_input = batch.spec_info
+    if batch.forward_mode.is_idle() or type(extend_input).__name__ != "EagleDraftExtendInput":
+        return None
+    rows = int(extend_input.input_ids.shape[0])
+    hidden = extend_input.hidden_states
+    accepted = extend_input.num_accept_tokens_cpu
+    if (
+        rows == 0
+        or rows > writer.capacity
+        or hidden is None
+        or tuple(hidden.shape) != (rows, writer.buffers.hidden_states.shape[1])
+        or batch.out_cache_loc.shape[0] != rows
+        or len(accepted) != rows
+        or sum(accepted) != rows  # one accepted token per request, as a one-node tree gives
+    ):
+        return None
+    saved = (batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices, batch.return_logprob)
+    extend_input.num_tokens_per_req = worker.speculative_num_steps + 1
+    extend_input.num_tokens_for_logprob_per_req = 1
+    extend_input.prepare_extend_after_decode(batch, speculative_num_steps=worker.speculative_num_steps)
+    rows_in = types.SimpleNamespace(forward_mode=batch.forward_mode, seq_lens=extend_input.positions, out_cache_loc=batch.out_cache_loc)
+    verified = types.SimpleNamespace(
+        next_token_ids=batch.input_ids,
+        logits_output=types.SimpleNamespace(hidden_states=hidden),
+        next_draft_input=types.SimpleNamespace(),
+    )
+    written = writer.write(rows_in, verified)
+    batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices, batch.return_logprob = saved
+    if not written:
+        return None  # the stock function prepares again from the restored batch
+    stand_in = verified.next_draft_input
+    return next_input_cls(
+        bonus_tokens=extend_input.bonus_tokens,
+        hidden_states=stand_in.hidden_states,
+        topk_p=stand_in.topk_p,
+        topk_index=stand_in.topk_index,
+        capture_hidden_mode=CaptureHiddenMode.LAST,
+    )
+
+
 def tree_field_prefix(verify_input_cls: Any) -> str:
     """``retrieve_`` from 0.5.11, ``retrive_`` before (``EagleVerifyInput``'s tree fields)."""
     names = {f.name for f in dataclasses.fields(verify_input_cls)}

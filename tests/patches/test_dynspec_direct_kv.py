@@ -34,6 +34,7 @@ from tests.patches.fake_draft import EXTEND, Extend, MHATokenToKVPool, Zeros, fu
 from tests.patches.test_dynspec_draft_kv import (
     EXTEND_RUNNER,
     KV_GRAPH_MEMBERS,
+    V1_WORKER,
     V2_WORKER,
     ZERO_STEP,
     class_def,
@@ -527,7 +528,9 @@ SERVER_ARGS = "srt/server_args.py"
 SPEC_FIELDS = "srt/arg_groups/fields/spec.py"  # 0.5.20+: the speculative settings' own namespace
 # kv-graph's members too: one cached tree per release serves both files' release tests.
 EAGLE_INFO_V2 = "srt/speculative/eagle_info_v2.py"  # the own fallback's extend preparation (0.5.10 - 0.5.13)
-MEMBERS = [*KV_GRAPH_MEMBERS, FULL_BACKEND, COMMON, MODEL_RUNNER, BASE_WORKER, SERVER_ARGS, SPEC_FIELDS, EAGLE_INFO_V2]
+EAGLE_INFO = "srt/speculative/eagle_info.py"  # v1's verify and extend inputs
+SPEC_UTILS = "srt/speculative/spec_utils.py"  # v1 0.5.12's positions and bonus-token kernel
+MEMBERS = [*KV_GRAPH_MEMBERS, FULL_BACKEND, COMMON, MODEL_RUNNER, BASE_WORKER, SERVER_ARGS, SPEC_FIELDS, EAGLE_INFO_V2, EAGLE_INFO, SPEC_UTILS]
 
 
 def has_member(version: str, member: str) -> bool:
@@ -1331,3 +1334,223 @@ def test_a_checked_twin_batches_and_says_which_graphs_round_alike(monkeypatch: p
     assert policy.draft_kv.direct.rounding == [0, 0, 1]
     assert "writes the draft KV of up to 4 fallback iterations per replay, in graphs that round" in caplog.text
     assert "checked at start-up: 2-4 | 8)" in caplog.text
+
+
+# -- v1 (0.5.12): the draft extend after the verify fed directly ------------------------------------
+
+
+@dataclass
+class EagleDraftInput:
+    """0.5.12's next-draft input, as far as the fallback fills it."""
+
+    bonus_tokens: Any = None
+    hidden_states: Any = None
+    topk_p: Any = None
+    topk_index: Any = None
+    capture_hidden_mode: Any = None
+
+
+class EagleDraftExtendInput:
+    """0.5.12's verify output for the extend: one accepted token per request in a fallback
+    iteration. ``prepare_extend_after_decode`` does what the release's does: the batch takes its
+    input ids, post-verify lengths and pool indices; its kernel writes each accepted token's
+    position (the length before it) and the bonus token (the last accepted)."""
+
+    def __init__(self, extend: Extend, accepted: list[int] | None = None) -> None:
+        self.input_ids = Tensor(list(extend.tokens))
+        self.input_ids.device = "cuda:0"  # type: ignore[attr-defined]
+        self.hidden_states = Tensor(list(extend.hidden), HIDDEN_WIDTH)
+        self.num_accept_tokens_cpu = accepted or [1] * len(extend.tokens)
+        self.seq_lens = Tensor([position + 1 for position in extend.positions])
+        self.seq_lens_cpu = "filtered lengths on the CPU"
+        self.req_pool_indices = "filtered pool indices"
+        self.positions: Any = None
+        self.bonus_tokens: Any = None
+
+    def prepare_extend_after_decode(self, batch: Any, speculative_num_steps: int) -> None:
+        batch.input_ids = self.input_ids
+        batch.extend_lens = self.num_accept_tokens_cpu
+        batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices = self.seq_lens, self.seq_lens_cpu, self.req_pool_indices
+        batch.return_logprob = batch.return_hidden_states = False
+        self.positions = Tensor([length - 1 for length in self.seq_lens.values])
+        self.bonus_tokens = Tensor(list(self.input_ids.values))
+
+
+V1_MODULE = types.ModuleType("fake_eagle_worker")
+V1_MODULE.EagleDraftInput = EagleDraftInput  # type: ignore[attr-defined]
+V1_MODULE.EagleDraftExtendInput = EagleDraftExtendInput  # type: ignore[attr-defined]
+
+
+class V1Worker:
+    """0.5.12's ``EAGLEWorker``: its stock extend after the verify logs itself."""
+
+    speculative_num_steps = 0  # the fallback's one-token state
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+        self.server_args = SimpleNamespace()
+
+    def forward_draft_extend_after_decode(self, batch: Any) -> str:
+        self.log.append("stock extend")
+        return "stock"
+
+
+V1Worker.__module__ = V1_MODULE.__name__
+
+
+def v1_batch_of(extend: Extend = EXTEND, accepted: list[int] | None = None) -> Any:
+    """The batch as v1's verify leaves it for the extend: its ``spec_info`` the extend input, its
+    ``out_cache_loc`` the accepted tokens' slots, its own lengths (unfiltered) still its own."""
+    return SimpleNamespace(
+        forward_mode=Mode(False),
+        spec_info=EagleDraftExtendInput(extend, accepted),
+        out_cache_loc=Tensor(list(extend.slots)),
+        seq_lens="the batch's lengths",
+        seq_lens_cpu="the batch's lengths on the CPU",
+        req_pool_indices="the batch's pool indices",
+        return_logprob=True,
+    )
+
+
+@pytest.fixture
+def v1_side(monkeypatch: pytest.MonkeyPatch, sglang_side: None, fake_torch: None) -> None:
+    monkeypatch.setitem(sys.modules, V1_MODULE.__name__, V1_MODULE)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_v2", v2)
+    forward_batch_info = types.ModuleType("sglang.srt.model_executor.forward_batch_info")
+    forward_batch_info.CaptureHiddenMode = SimpleNamespace(LAST="LAST")  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, forward_batch_info.__name__, forward_batch_info)
+
+
+def v1_fallback_with(mode: str = runtime.DRAFT_KV_DIRECT) -> tuple[runtime.DynspecFallback, FallbackTwin, V1Worker]:
+    twin = FallbackTwin(MHATokenToKVPool([]), [])
+    draft_kv = fallback_draft_kv()
+    draft_kv.mode, draft_kv.graph = mode, twin
+    fallback = runtime.DynspecFallback(runtime.SwitchController(4, min_steps=1, log=False), None, draft_kv)  # type: ignore[arg-type]
+    worker = V1Worker(twin.log)
+    fallback.feed_twin_directly(worker, log=False)
+    fallback._step, fallback.in_fallback = runtime.FALL_BACK, True
+    return fallback, twin, worker
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_fallback_writes_the_accepted_tokens_kv_directly_and_hands_on_the_bonus_tokens() -> None:
+    fallback, twin, worker = v1_fallback_with()
+    batch = v1_batch_of()
+    next_input = worker.forward_draft_extend_after_decode(batch)
+    assert twin.log == ["replay 2"] and without_padding(twin.pool) == full_forward_kv(EXTEND)
+    assert isinstance(next_input, EagleDraftInput) and next_input.bonus_tokens.values == EXTEND.tokens
+    assert next_input.capture_hidden_mode == "LAST"
+    assert next_input.topk_p == Ones((3, 1), "torch.float32", "cuda:0")  # what the eager KV-only extend leaves
+    assert next_input.hidden_states == Zeros((3, DRAFT_WIDTH), "torch.bfloat16", "cuda:0")
+    # What the stock function leaves on the batch: its own lengths and pool indices back, the extend's ids.
+    assert (batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices, batch.return_logprob) == (
+        "the batch's lengths",
+        "the batch's lengths on the CPU",
+        "the batch's pool indices",
+        True,
+    )
+    assert batch.input_ids is batch.spec_info.input_ids and batch.return_hidden_states is False
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_writing_at_the_post_verify_lengths_would_put_the_kv_one_position_late(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative control for the test above: the kernel's positions, not the batch's new lengths."""
+    fallback, twin, worker = v1_fallback_with()
+    batch = v1_batch_of()
+    monkeypatch.setattr(EagleDraftExtendInput, "prepare_extend_after_decode", lambda self, batch, speculative_num_steps: (
+        setattr(batch, "input_ids", self.input_ids), setattr(self, "positions", self.seq_lens), setattr(self, "bonus_tokens", self.input_ids)))
+    worker.forward_draft_extend_after_decode(batch)
+    assert without_padding(twin.pool) != full_forward_kv(EXTEND)
+
+
+@pytest.mark.usefixtures("v1_side")
+@pytest.mark.parametrize(("step", "inside"), [(runtime.SPECULATE, False), (runtime.RESUME, True)])
+def test_v1_speculation_and_resume_run_the_stock_extend(step: str, inside: bool) -> None:
+    fallback, twin, worker = v1_fallback_with()
+    fallback._step, fallback.in_fallback = step, inside
+    assert worker.forward_draft_extend_after_decode(v1_batch_of()) == "stock" and twin.log == ["stock extend"]
+
+
+@pytest.mark.usefixtures("v1_side")
+@pytest.mark.parametrize("case", ["two-accepted", "no-hidden", "idle", "another-input", "too-many-rows", "slots"])
+def test_v1_a_batch_the_direct_write_cannot_take_goes_to_the_stock_extend_untouched(case: str) -> None:
+    fallback, twin, worker = v1_fallback_with()
+    batch = v1_batch_of(accepted=[1, 2, 1] if case == "two-accepted" else None)
+    if case == "no-hidden":
+        batch.spec_info.hidden_states = None
+    elif case == "idle":
+        batch.forward_mode = Mode(True)
+    elif case == "another-input":
+        batch.spec_info.__class__ = type("EagleDraftInput", (EagleDraftExtendInput,), {})
+    elif case == "too-many-rows":
+        n = max(SIZES) * 4 + 1
+        batch = v1_batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(100, 100 + n))))
+    elif case == "slots":
+        batch.out_cache_loc = Tensor([900, 901])
+    assert worker.forward_draft_extend_after_decode(batch) == "stock" and twin.log == ["stock extend"]
+    assert batch.seq_lens == "the batch's lengths" and not hasattr(batch, "input_ids")  # not prepared
+
+
+@pytest.mark.usefixtures("v1_side")
+@pytest.mark.parametrize("mode", [runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_FULL])
+def test_v1_feeds_the_twin_directly_only_under_kv_direct(mode: str) -> None:
+    fallback, _, worker = v1_fallback_with(mode)
+    assert fallback.draft_kv.direct is None and "forward_draft_extend_after_decode" not in vars(worker)
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_before_0_5_12_kv_direct_is_kv_graph_and_says_so(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    monkeypatch.delattr(V1_MODULE, "EagleDraftExtendInput")
+    twin = FallbackTwin(MHATokenToKVPool([]), [])
+    draft_kv = fallback_draft_kv()
+    draft_kv.graph = twin
+    fallback = runtime.DynspecFallback(runtime.SwitchController(4, min_steps=1, log=False), None, draft_kv)  # type: ignore[arg-type]
+    worker = V1Worker(twin.log)
+    with caplog.at_level(logging.INFO, logger=runtime.logger.name):
+        fallback.feed_twin_directly(worker, log=True)
+    assert draft_kv.direct is None and "forward_draft_extend_after_decode" not in vars(worker)
+    assert "takes no EagleDraftExtendInput; kv-direct is kv-graph" in caplog.text
+
+
+V1_DIRECT = ["0.5.12"]
+V1_BEFORE = [v for v in RELEASES if Version("0.4.10.post2") <= Version(v) < Version("0.5.12")]
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", V1_DIRECT)
+def test_v1_extend_after_decode_is_what_the_direct_path_mirrors(version: str) -> None:
+    """0.5.12: the extend after the verify backs up and restores four batch fields, prepares through
+    ``prepare_extend_after_decode`` (the batch's ids, lengths and pool indices; its kernel's
+    positions ``seq_len - accept_len + i`` and last accepted token as bonus), and builds the next
+    draft input from the bonus tokens and the graph's three outputs; the verify keeps only the
+    accepted tokens' slots in ``out_cache_loc``."""
+    worker = class_named(source_of(version, V1_WORKER), "EAGLEWorker")
+    extend = ast.unparse(method_def(worker, "forward_draft_extend_after_decode"))
+    for field in ("seq_lens", "seq_lens_cpu", "req_pool_indices", "return_logprob"):
+        assert f"batch.{field} = {field}_backup" in extend, field
+    assert "draft_extend_input.num_tokens_per_req = self.speculative_num_steps + 1" in extend
+    assert "draft_extend_input.prepare_extend_after_decode(batch, speculative_num_steps=self.speculative_num_steps)" in extend
+    built = re.search(r"next_draft_input = EagleDraftInput\((.*?)\)\n", extend, re.S)
+    assert built is not None
+    assert re.findall(r"(\w+)=", built.group(1)) == ["bonus_tokens", "hidden_states", "topk_p", "topk_index", "capture_hidden_mode"]
+    assert "bonus_tokens=draft_extend_input.bonus_tokens" in built.group(1)
+    info = source_of(version, EAGLE_INFO)
+    prepare = ast.unparse(method_def(class_named(info, "EagleDraftExtendInput"), "prepare_extend_after_decode"))
+    assert all(line in prepare for line in ("batch.input_ids = self.input_ids", "batch.seq_lens = self.seq_lens", "batch.return_hidden_states = False"))
+    kernel = source_of(version, SPEC_UTILS)
+    assert "tl.store(positions_ptr + offsets, seq_length - accept_len + offsets, mask)" in kernel
+    assert "accept_len_cumsum += accept_len - 1" in kernel and "bonus_token = tl.load(accept_tokens + accept_len_cumsum)" in kernel
+    verify = ast.unparse(method_def(class_named(info, "EagleVerifyInput"), "verify"))
+    assert "batch.out_cache_loc = batch.out_cache_loc[accept_index]" in verify
+    assert "input_ids=accept_tokens" in verify and "input_ids=predict[unfinished_accept_index]" in verify
+    decode = ast.unparse(method_def(worker, "forward_batch_generation"))
+    assert "next_draft_input = self.forward_draft_extend_after_decode(batch)" in decode
+    assert "EagleDraftExtendInput" in source_of(version, V1_WORKER).split("class EAGLEWorker")[0]  # a module global
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", V1_BEFORE)
+def test_v1_before_0_5_12_the_worker_module_has_no_extend_input_so_kv_direct_is_kv_graph(version: str) -> None:
+    if not has_member(version, V1_WORKER):
+        pytest.skip(f"{version} has no v1 worker")
+    assert "EagleDraftExtendInput" not in source_of(version, V1_WORKER)
