@@ -572,7 +572,10 @@ class ZeroStepPolicy:
         if why_not is None and probe is None:
             why_not = "a draft KV pool without per-layer k_buffer and v_buffer (the start-up check reads them)"
         if probe is not None:
-            direct.check_rounding(probe)
+            try:
+                direct.check_rounding(probe)
+            except Exception as error:  # noqa: BLE001 - serve with one iteration per replay rather than not at all
+                why_not = f"a start-up rounding check that failed ({error!r})"
         if why_not is not None:
             direct.batch_steps = 1
             if self.log:
@@ -582,8 +585,8 @@ class ZeroStepPolicy:
         if self.log:
             logger.info(
                 f"dynspec: kv-direct writes the draft KV of up to {direct.batch_steps} fallback iterations per "
-                f"replay, in graphs that round the K/V as one iteration's ({KV_BATCH_ENV}; batch sizes whose "
-                f"graphs round alike, checked at start-up: {direct.rounding_groups()})"
+                f"replay, in graphs that round the K/V as one iteration's ({KV_BATCH_ENV}; the KV-only graphs, by "
+                f"requests of {direct.width} rows, that round alike, checked at start-up: {direct.rounding_groups()})"
             )
 
     def _flush_before_other_forwards(self) -> None:
@@ -925,37 +928,60 @@ def feed_directly(draft_kv: Any, build: Callable[[Any], Tuple[Optional["DirectKV
 
 class RoundingProbe:
     """``DirectKVWrite.check_rounding``'s probe rows and the K/V they leave, as torch tensors on
-    the twin's device: seeded random tokens, positions and hidden states (any values show a
-    different kernel), slots 1, 2, ... and every layer's K and V at those slots, bit for bit."""
+    the twin's device: one block of seeded random tokens, positions and hidden states (any values
+    show a different kernel), repeated to fill the largest graph, in slots 1, 2, ...; every layer's
+    K and V at those slots, bit for bit."""
 
     def __init__(self, pool: Any) -> None:
         self.pool = pool  # the draft runner's MHATokenToKVPool: k_buffer, v_buffer, one per layer
 
     @classmethod
     def of(cls, twin: Any) -> Optional["RoundingProbe"]:
+        """None for a pool whose bits it would not read whole: no per-layer buffers, scales kept
+        beside them (FP4), or pages laid out head-first."""
         pool = getattr(getattr(twin, "model_runner", None), "token_to_kv_pool", None)
         buffers = (getattr(pool, "k_buffer", None), getattr(pool, "v_buffer", None))
-        return cls(pool) if all(isinstance(b, list) and b for b in buffers) else None
+        if not all(isinstance(b, list) and b for b in buffers):
+            return None
+        if getattr(pool, "k_scale_buffer", None) is not None or getattr(pool, "kv_cache_layout", "nhd") != "nhd":
+            return None
+        return cls(pool)
 
     @staticmethod
-    def inputs(buffers: Any, rows: int) -> Any:
+    def inputs(buffers: Any, block: int, blocks: int) -> Any:
         import torch
 
         device = buffers.input_ids.device
         generator = torch.Generator(device=device).manual_seed(0)
-        ints = lambda like: torch.randint(0, 100, (rows,), generator=generator, device=device, dtype=like.dtype)  # noqa: E731
-        hidden = torch.randn((rows, buffers.hidden_states.shape[1]), generator=generator, device=device)
+        ints = lambda like: torch.randint(0, 100, (block,), generator=generator, device=device, dtype=like.dtype)  # noqa: E731
+        hidden = torch.randn((block, buffers.hidden_states.shape[1]), generator=generator, device=device)
         return SimpleNamespace(
-            input_ids=ints(buffers.input_ids),  # below any vocabulary's size
-            positions=ints(buffers.positions),  # below any context length
-            out_cache_loc=torch.arange(1, rows + 1, device=device, dtype=buffers.out_cache_loc.dtype),
-            hidden_states=hidden.to(buffers.hidden_states.dtype),
+            input_ids=ints(buffers.input_ids).repeat(blocks),  # below any vocabulary's size
+            positions=ints(buffers.positions).repeat(blocks),  # below any context length
+            out_cache_loc=torch.arange(1, block * blocks + 1, device=device, dtype=buffers.out_cache_loc.dtype),
+            hidden_states=hidden.to(buffers.hidden_states.dtype).repeat(blocks, 1),
         )
 
-    def kv_at(self, slots: Any) -> List[Any]:
+    def _layers(self) -> Tuple[Any, ...]:
+        return (*self.pool.k_buffer, *self.pool.v_buffer)
+
+    def clear(self, slots: Any) -> None:
+        """Zero the slots, so that a graph that writes nothing there cannot pass for one that does."""
+        for layer in self._layers():
+            layer[slots] = 0
+
+    def signature(self, slots: Any, block: int) -> Optional[List[Any]]:
+        """The first block's K/V, if every block's equals it bit for bit; None if a row's bits
+        depend on where in the graph it sits."""
         import torch
 
-        return [buffer[slots].view(torch.uint8) for buffer in (*self.pool.k_buffer, *self.pool.v_buffer)]
+        first = []
+        for layer in self._layers():
+            rows = layer[slots].view(torch.uint8).reshape(slots.shape[0] // block, block, -1)
+            if not bool((rows == rows[:1]).all()):
+                return None
+            first.append(rows[0].clone())
+        return first
 
     @staticmethod
     def same(kv: List[Any], other: List[Any]) -> bool:
@@ -1116,24 +1142,32 @@ class DirectKVWrite:
 
     def check_rounding(self, probe: "RoundingProbe") -> List[int]:
         """Replay every graph on the same probe rows and number the K/V each leaves: graphs with one
-        number round alike. Run once at start-up, before any request: the probe rows (as many as
-        the smallest graph holds) go to slots 1, 2, ..., free then; padding rows write slot 0.
+        number (0, 1, ...) round alike. Run once at start-up, before any request: the probe block (as
+        many rows as the smallest graph holds) fills each graph, repeated, in slots 1, 2, ..., free
+        then; a graph in which the same block rounds differently at another row gets a number of
+        its own below 0 and takes no batch.
 
         A GEMM's kernel may change with its row count, and with it the low bits of every row
         (session 9 on the H200: 8 iterations per replay, up to 160 rows where one iteration packs
-        20, changed 2 of 1056 proposals). Rows of one kernel do not depend on the rows beside them,
-        so graphs that leave the probe rows' K/V bit for bit alike write any row alike.
+        20, changed 2 of 1056 proposals); a kernel that splits its sums by tile could round a row
+        by where it sits. A batched replay moves rows both ways, so both are checked.
         """
-        rows = self.sizes[0] * self.width
-        probe_rows = probe.inputs(self.buffers, rows)
+        block = self.sizes[0] * self.width
+        probe_rows = probe.inputs(self.buffers, block, self.capacity // block)
         b, seen, numbers = self.buffers, [], []
-        for size in self.sizes:
+        for index, size in enumerate(self.sizes):
+            filled = size * self.width // block * block  # whole blocks; the rest pads to slot 0
             for name in self.INPUTS:
-                getattr(b, name)[:rows].copy_(getattr(probe_rows, name))
+                getattr(b, name)[:filled].copy_(getattr(probe_rows, name)[:filled])
             for name in ("input_ids", "positions", "out_cache_loc"):
-                getattr(b, name)[rows : size * self.width].zero_()
+                getattr(b, name)[filled : size * self.width].zero_()
+            slots = probe_rows.out_cache_loc[:filled]
+            probe.clear(slots)
             self.replay(size)
-            kv = probe.kv_at(probe_rows.out_cache_loc)
+            kv = probe.signature(slots, block)
+            if kv is None:
+                numbers.append(-1 - index)
+                continue
             number = next((n for n, other in enumerate(seen) if probe.same(kv, other)), len(seen))
             if number == len(seen):
                 seen.append(kv)
@@ -1144,11 +1178,12 @@ class DirectKVWrite:
     def same_rounding_rows(self, rows: int) -> int:
         """The most token rows one replay may hold when one iteration brings ``rows``: those of the
         largest graph, from the one this iteration alone would replay upwards, that rounds as that
-        one does (``check_rounding``); 0 where nothing was checked or no graph holds the rows."""
+        one does (``check_rounding``); 0 where nothing was checked, no graph holds the rows, or
+        that graph rounds rows by where they sit."""
         if self.rounding is None:
             return 0
         at = bisect.bisect_left(self.sizes, -(-rows // self.width))
-        if at == len(self.sizes):
+        if at == len(self.sizes) or self.rounding[at] < 0:
             return 0
         end = at
         while end + 1 < len(self.sizes) and self.rounding[end + 1] == self.rounding[at]:
@@ -1156,7 +1191,8 @@ class DirectKVWrite:
         return self.sizes[end] * self.width
 
     def rounding_groups(self) -> str:
-        """The checked graphs as runs of batch sizes that round alike, for the start-up log."""
+        """The checked graphs (by captured batch size) as runs, each with its number (``check_rounding``;
+        ``by-row`` where rows round by where they sit), for the start-up log: ``1-12:0 | 14-128:1``."""
         if not self.rounding:
             return "unchecked"
         runs: List[Tuple[int, int, int]] = []  # (number, first size, last size)
@@ -1165,7 +1201,9 @@ class DirectKVWrite:
                 runs[-1] = (number, runs[-1][1], size)
             else:
                 runs.append((number, size, size))
-        return " | ".join(str(first) if first == last else f"{first}-{last}" for _, first, last in runs)
+        return " | ".join(
+            f"{first if first == last else f'{first}-{last}'}:{number if number >= 0 else 'by-row'}" for number, first, last in runs
+        )
 
     def flush(self) -> None:
         """Write the staged rows: pad them to the smallest graph that holds them (padding rows write

@@ -101,10 +101,13 @@ class Graph:
         b, twin = self.twin.buffers, self.twin
         twin.log.append(f"replay {self.size}")
         off = getattr(twin, "rounds_off", {}).get(self.size, 0)  # a graph whose GEMMs round differently
+        late = getattr(twin, "rounds_late_rows", {}).get(self.size)  # rows from here round differently
+        if off == "nothing":  # a graph that writes no K/V
+            return
         for row in range(self.size * self.width):
             token, position, hidden = b.input_ids.store[row], b.positions.store[row], b.hidden_states.store[row]
             k, v = kv_of(token or 0, position or 0, hidden or 0)
-            twin.pool.kv[(0, b.out_cache_loc.store[row])] = (k + off, v)
+            twin.pool.kv[(0, b.out_cache_loc.store[row])] = (k + off + (1 if late is not None and row >= late else 0), v)
 
 
 class FullCudaGraphBackend:
@@ -907,22 +910,28 @@ def step_of(reqs: list[Any], step: int, slots: list[int] | None = None) -> tuple
 
 
 class Probe:
-    """``RoundingProbe`` on the fakes: probe rows as the verify's tensors, the pool's K/V at their slots."""
+    """``RoundingProbe`` on the fakes: the probe block repeated as buffers, the pool's K/V at their slots."""
 
     def __init__(self, pool: MHATokenToKVPool) -> None:
         self.pool = pool
 
     @staticmethod
-    def inputs(buffers: Any, rows: int) -> Any:
+    def inputs(buffers: Any, block: int, blocks: int) -> Any:
         return SimpleNamespace(
-            input_ids=Tensor([5 + i for i in range(rows)]),
-            positions=Tensor([60 + i for i in range(rows)]),
-            out_cache_loc=Tensor(list(range(1, rows + 1))),
-            hidden_states=Tensor([3 * i for i in range(rows)], HIDDEN_WIDTH),
+            input_ids=Buffer([5 + i for i in range(block)] * blocks),
+            positions=Buffer([60 + i for i in range(block)] * blocks),
+            out_cache_loc=Buffer(list(range(1, block * blocks + 1))),
+            hidden_states=Buffer([3 * i for i in range(block)] * blocks, width=HIDDEN_WIDTH),
         )
 
-    def kv_at(self, slots: Tensor) -> list[Any]:
-        return [self.pool.kv.get((0, slot)) for slot in slots.values]
+    def clear(self, slots: Buffer) -> None:
+        for slot in slots.store[slots.start : slots.stop]:
+            self.pool.kv.pop((0, slot), None)
+
+    def signature(self, slots: Buffer, block: int) -> list[Any] | None:
+        kv = [self.pool.kv.get((0, slot)) for slot in slots.store[slots.start : slots.stop]]
+        blocks = [kv[at : at + block] for at in range(0, len(kv), block)]
+        return blocks[0] if all(b == blocks[0] for b in blocks) else None
 
     @staticmethod
     def same(kv: list[Any], other: list[Any]) -> bool:
@@ -999,7 +1008,7 @@ def test_unchecked_a_replay_in_a_graph_that_rounds_differently_writes_other_kv()
 
 def test_graphs_that_round_alike_take_as_many_iterations_as_the_setting_allows() -> None:
     twin, pool, direct = batched(8)
-    assert direct.rounding == [0, 0, 0] and direct.rounding_groups() == "2-8"
+    assert direct.rounding == [0, 0, 0] and direct.rounding_groups() == "2-8:0"
     steps = [step_of([A, B, C], i) for i in range(8)]
     for s in steps:
         direct.write(*s)
@@ -1010,8 +1019,8 @@ def test_the_check_replays_every_graph_on_probe_rows_in_slots_from_1_and_numbers
     twin, pool, direct = stack(width=4)
     twin.rounds_off = {4: 2, 8: 2}
     assert direct.check_rounding(Probe(pool)) == [0, 1, 1]
-    assert twin.log == ["replay 2", "replay 4", "replay 8"] and direct.rounding_groups() == "2 | 4-8"
-    assert set(without_padding(pool)) == {(0, slot) for slot in range(1, 9)}  # the smallest graph's 8 rows
+    assert twin.log == ["replay 2", "replay 4", "replay 8"] and direct.rounding_groups() == "2:0 | 4-8:1"
+    assert set(without_padding(pool)) == {(0, slot) for slot in range(1, 33)}  # the largest graph's 32 rows, blocks of 8
     assert direct.same_rounding_rows(5) == 8 and direct.same_rounding_rows(9) == 32 and direct.same_rounding_rows(33) == 0
 
 
@@ -1333,7 +1342,7 @@ def test_a_checked_twin_batches_and_says_which_graphs_round_alike(monkeypatch: p
     assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == 4
     assert policy.draft_kv.direct.rounding == [0, 0, 1]
     assert "writes the draft KV of up to 4 fallback iterations per replay, in graphs that round" in caplog.text
-    assert "checked at start-up: 2-4 | 8)" in caplog.text
+    assert "checked at start-up: 2-4:0 | 8:1)" in caplog.text
 
 
 # -- v1 (0.5.12): the draft extend after the verify fed directly ------------------------------------
@@ -1554,3 +1563,69 @@ def test_v1_before_0_5_12_the_worker_module_has_no_extend_input_so_kv_direct_is_
     if not has_member(version, V1_WORKER):
         pytest.skip(f"{version} has no v1 worker")
     assert "EagleDraftExtendInput" not in source_of(version, V1_WORKER)
+
+
+def test_a_graph_whose_later_rows_round_differently_takes_no_batch() -> None:
+    """Batching moves an iteration's rows to later rows of the graph: where that changes their bits,
+    the graph gets a number of its own, and neither it nor a smaller graph batches into it."""
+    twin, _, direct = stack(width=4)
+    twin.rounds_late_rows = {8: 8}  # the graph for 8: rows 8 - 31 round differently from rows 0 - 7
+    assert direct.check_rounding(Probe(twin.pool)) == [0, 0, -3] and direct.rounding_groups() == "2-4:0 | 8:by-row"
+    assert direct.same_rounding_rows(20) == 0  # one iteration of 20 requests is the graph for 8's
+    assert direct.same_rounding_rows(3) == 16  # the graph for 2's batches up to the graph for 4
+
+
+def test_the_check_compares_every_block_of_a_graph_not_only_the_first() -> None:
+    """Negative control for the test above: a probe that read only the first block sees nothing."""
+    twin, _, direct = stack(width=4)
+    twin.rounds_late_rows = {8: 8}
+    probe = Probe(twin.pool)
+    first_only = lambda slots, block: Probe.signature(probe, slots[:block], block)  # noqa: E731
+    probe.signature = first_only  # type: ignore[method-assign]
+    assert direct.check_rounding(probe) == [0, 0, 0]
+
+
+def test_a_graph_that_writes_nothing_does_not_pass_for_one_that_rounds_alike() -> None:
+    twin, _, direct = stack(width=4)
+    twin.rounds_off = {4: "nothing"}
+    assert direct.check_rounding(Probe(twin.pool)) == [0, 1, 0]
+
+
+def test_without_clearing_the_slots_a_graph_that_writes_nothing_inherits_the_last_ones_bits() -> None:
+    """Negative control for the test above: with the slots holding what an earlier write left there
+    (here a first check; at start-up, whatever the capture wrote), the silent graph passes."""
+    twin, _, direct = stack(width=4)
+    probe = Probe(twin.pool)
+    assert direct.check_rounding(probe) == [0, 0, 0]
+    twin.rounds_off = {4: "nothing"}
+    probe.clear = lambda slots: None  # type: ignore[method-assign]
+    assert direct.check_rounding(probe) == [0, 0, 0]
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_a_check_that_fails_leaves_one_iteration_per_replay_and_the_server_up(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv(v2.KV_BATCH_ENV, "4")
+    probe = Probe(MHATokenToKVPool([]))
+
+    def broken(slots: Any, block: int) -> None:
+        raise RuntimeError("CUDA error: an illegal memory access")
+
+    probe.signature = broken  # type: ignore[assignment]
+    monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: probe))
+    policy, _, _ = policy_with(runtime.DRAFT_KV_DIRECT, ZeroStepTwin(probe.pool, [], width=4))
+    policy.log = True
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        policy._build_direct()
+    assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == 1
+    assert "DYNSPEC_KV_BATCH is not used with a start-up rounding check that failed (RuntimeError(" in caplog.text
+
+
+@pytest.mark.parametrize(("attribute", "value"), [("k_scale_buffer", "scales"), ("kv_cache_layout", "hnd"), ("k_buffer", None)])
+def test_the_probe_refuses_a_pool_whose_bits_it_would_not_read_whole(attribute: str, value: Any) -> None:
+    pool = SimpleNamespace(k_buffer=["layer 0 K"], v_buffer=["layer 0 V"])
+    twin = SimpleNamespace(model_runner=SimpleNamespace(token_to_kv_pool=pool))
+    assert v2.RoundingProbe.of(twin) is not None  # the control
+    setattr(pool, attribute, value)
+    assert v2.RoundingProbe.of(twin) is None
