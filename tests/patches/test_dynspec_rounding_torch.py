@@ -1,0 +1,144 @@
+"""``DirectKVWrite``'s start-up rounding check and batched write on real torch tensors (CPU).
+
+The other direct-write tests use list-backed fakes; these run ``RoundingProbe``'s own tensor code
+(seeded probe rows, index writes, byte views, block comparisons) and ``write`` / ``flush`` against
+a twin whose replay is a bf16 GEMM into a real K/V buffer. A GPU is what decides which kernels
+round alike (``dynspec proof``'s exact_kv); here the twin's "kernels" are told to round apart by
+batch size or by row. Needs torch, which ``make test`` does not install: skipped without it.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from patches.runtime import dynspec_v2 as v2
+
+torch = pytest.importorskip("torch")
+
+SIZES = [1, 2, 4, 8, 12, 16]
+WIDTH = 4
+HIDDEN, HEADS, DIM = 48, 2, 8
+SLOTS = 1024
+
+
+class Twin:
+    """A KV-only twin: per row, K/V = (embedding + hidden @ W) in bf16, written to the row's slot.
+    ``apart``: sizes whose GEMM rounds differently; ``late_rows``: sizes whose rows from 8 on do."""
+
+    def __init__(self, apart: tuple[int, ...] = (), late_rows: tuple[int, ...] = ()) -> None:
+        rows = max(SIZES) * WIDTH
+        generator = torch.Generator().manual_seed(1)
+        self.buffers = SimpleNamespace(
+            input_ids=torch.zeros(rows, dtype=torch.int64),
+            positions=torch.zeros(rows, dtype=torch.int64),
+            out_cache_loc=torch.zeros(rows, dtype=torch.int64),
+            hidden_states=torch.zeros(rows, HIDDEN, dtype=torch.bfloat16),
+        )
+        self.capture_bs = list(SIZES)
+        self.captured_req_width = WIDTH
+        self.weight = torch.randn(HIDDEN, 2 * HEADS * DIM, generator=generator).to(torch.bfloat16)
+        self.embed = torch.randn(100, 2 * HEADS * DIM, generator=generator).to(torch.bfloat16)
+        pool = SimpleNamespace(
+            k_buffer=[torch.zeros(SLOTS, HEADS, DIM, dtype=torch.bfloat16)],
+            v_buffer=[torch.zeros(SLOTS, HEADS, DIM, dtype=torch.bfloat16)],
+        )
+        self.model_runner = SimpleNamespace(token_to_kv_pool=pool)
+        self.apart, self.late_rows = apart, late_rows
+        self.replays: list[int] = []
+
+    def replay(self, size: int) -> None:
+        self.replays.append(size)
+        rows, b = size * WIDTH, self.buffers
+        kv = b.hidden_states[:rows] @ self.weight + self.embed[b.input_ids[:rows]]
+        kv = kv + (b.positions[:rows, None] % 7).to(torch.bfloat16)
+        if size in self.apart:
+            kv = kv * (1 + 2**-6)  # another kernel: other low bits
+        if size in self.late_rows:
+            kv[8:] = kv[8:] * (1 + 2**-6)
+        k, v = kv.view(rows, 2, HEADS, DIM).unbind(1)
+        pool = self.model_runner.token_to_kv_pool
+        pool.k_buffer[0][b.out_cache_loc[:rows]] = k
+        pool.v_buffer[0][b.out_cache_loc[:rows]] = v
+
+
+class Write(v2.DirectKVWrite):
+    def replay(self, size: int) -> None:
+        self.twin.replay(size)
+
+    def stand_in(self, batch: Any, batch_result: Any) -> None:
+        return None
+
+
+def writer(twin: Twin, steps: int = 1) -> Write:
+    write = Write(twin, log=False, batch_steps=steps)
+    probe = v2.RoundingProbe.of(twin)
+    assert probe is not None
+    write.check_rounding(probe)
+    pool = twin.model_runner.token_to_kv_pool
+    for layer in (*pool.k_buffer, *pool.v_buffer):
+        layer.zero_()
+    twin.replays.clear()
+    return write
+
+
+def iteration(requests: list[Any], step: int) -> tuple[Any, Any]:
+    n = len(requests)
+    generator = torch.Generator().manual_seed(100 + step)
+    batch = SimpleNamespace(
+        forward_mode=SimpleNamespace(is_idle=lambda: False),
+        seq_lens=torch.arange(40 + step, 40 + step + n, dtype=torch.int64),
+        out_cache_loc=torch.arange(200 + step * n, 200 + (step + 1) * n, dtype=torch.int64),
+        reqs=list(requests),
+    )
+    result = SimpleNamespace(
+        next_token_ids=torch.randint(0, 100, (n,), generator=generator),
+        logits_output=SimpleNamespace(hidden_states=torch.randn(n, HIDDEN, generator=generator).to(torch.bfloat16)),
+    )
+    return batch, result
+
+
+def pool_bytes(twin: Twin) -> Any:
+    """Every slot's K/V bytes but slot 0's, the reserved slot padding rows write."""
+    pool = twin.model_runner.token_to_kv_pool
+    return torch.cat([pool.k_buffer[0][1:].view(torch.uint8).flatten(), pool.v_buffer[0][1:].view(torch.uint8).flatten()])
+
+
+def test_graphs_of_one_kernel_round_alike_and_the_check_says_so() -> None:
+    write = writer(Twin())
+    assert write.rounding == [0] * len(SIZES) and write.rounding_groups() == "1-16:0"
+
+
+def test_graphs_that_round_apart_by_size_or_by_row_are_told_apart() -> None:
+    write = writer(Twin(apart=(12, 16), late_rows=(8,)))
+    assert write.rounding == [0, 0, 0, -4, 1, 1]
+    assert write.rounding_groups() == "1-4:0 | 8:by-row | 12-16:1"
+    assert write.same_rounding_rows(5) == 16 and write.same_rounding_rows(20) == 0 and write.same_rounding_rows(45) == 64
+
+
+@pytest.mark.parametrize(("apart", "late_rows"), [((), ()), ((12, 16), ()), ((), (8, 12, 16))])
+def test_batched_writes_leave_the_bits_one_iteration_per_replay_leaves(apart: tuple[int, ...], late_rows: tuple[int, ...]) -> None:
+    requests = [object() for _ in range(5)]
+    single, batched = Twin(apart, late_rows), Twin(apart, late_rows)
+    one, eight = writer(single), writer(batched, steps=8)
+    for step in range(9):
+        assert one.write(*iteration(requests, step)) and eight.write(*iteration(requests, step))
+    eight.flush()
+    assert torch.equal(pool_bytes(single), pool_bytes(batched))
+    assert len(batched.replays) < len(single.replays) == 9  # it batched where the check let it
+
+
+def test_unchecked_batching_into_a_graph_that_rounds_apart_changes_the_bits() -> None:
+    """Negative control for the test above: told every graph rounds alike, the batch lands in the
+    graph for 12, which rounds differently."""
+    requests = [object() for _ in range(5)]
+    single, batched = Twin(apart=(12, 16)), Twin(apart=(12, 16))
+    one, eight = writer(single), writer(batched, steps=8)
+    eight.rounding = [0] * len(SIZES)
+    for step in range(9):
+        one.write(*iteration(requests, step))
+        eight.write(*iteration(requests, step))
+    eight.flush()
+    assert 12 in batched.replays and not torch.equal(pool_bytes(single), pool_bytes(batched))
