@@ -68,7 +68,10 @@ expect_ready() {
 proof() { local out=$OUT/$1; shift; mkdir -p "$out"
   timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1 & local pid=$!
   [ -n "${EXPECT_READY:-}" ] && expect_ready "$out" "$pid" &
-  wait "$pid"; echo "proof rc=$?"; wait; tail -30 "$out.txt"; finish "$out"; }
+  wait "$pid"; echo "proof rc=$?"; wait; tail -30 "$out.txt"
+  # what the server under test chose at start-up (kv-direct, batching and its rounding groups)
+  grep -h "dynspec: .*\(kv-direct\|DYNSPEC_KV_BATCH\|replayed directly\)" "$out"/dynspec.log 2>/dev/null | cut -c1-400 | head -4
+  finish "$out"; }
 # The kit's own servers (serve.sh): the 8B shape's EAGLE-3 flags, as dynspec proof starts them
 K=$PWD/.gpu/kit; LIMITS="--max-running-requests 128 --cuda-graph-max-bs 128"
 S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b --speculative-draft-load-format dummy"
