@@ -95,6 +95,23 @@ def dynspec_applied(package: Path) -> bool:
     return any(FLAG_FIELD in text for text in _server_args_texts(package))
 
 
+# ``Patch.marker()``'s comment, read back without the engine (libcst is not on GPU servers).
+MARKER = re.compile(r"^[ \t]*# dynspec: (\w+) r(\d+)[ \t]*$", re.M)
+
+
+def applied_revisions(package: Path) -> dict[str, int]:
+    """Each dynspec patch whose marker is in a file under ``package``'s ``srt``, with the revision
+    the marker names (the highest, if several): what the servers under test run, for the report."""
+    found: dict[str, int] = {}
+    for path in sorted((package / "srt").rglob("*.py")):
+        text = path.read_text(errors="replace")
+        if "# dynspec: " not in text:
+            continue
+        for patch_id, revision in MARKER.findall(text):
+            found[patch_id] = max(found.get(patch_id, 0), int(revision))
+    return dict(sorted(found.items()))
+
+
 def adaptive_supported(package: Path) -> bool:
     """True when ServerArgs declares upstream's ``speculative_adaptive_config`` field."""
     return any(ADAPTIVE_FIELD.search(text) for text in _server_args_texts(package))

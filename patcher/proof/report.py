@@ -1,7 +1,8 @@
 """The JSON report of a proof run, its pass/fail verdict and the one-screen summary.
 
 Keys other tools may rely on (kept stable): ``sglang_version``, ``path`` ("v1" or "v2"),
-``gpu``, ``command``, ``dynspec_applied``, ``passed``, ``equivalence`` {``passed``,
+``gpu``, ``command``, ``dynspec_applied``, ``dynspec_revisions`` {patch id: the revision its
+markers in the tree name}, ``passed``, ``equivalence`` {``passed``,
 ``levels``}, ``crossings`` {``count``, ``errors``}, ``exact_kv`` {``passed``,
 ``compared_requests``, ``compared_steps``, ``control_differs``}, ``throughput`` {``levels``,
 ``base``, ``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``, and
@@ -101,6 +102,9 @@ def summary(report: Report) -> str:
     )
     if applied:
         lines.append(f"dynspec applied: yes ({report.get('dynspec_flags', '')})")
+        revisions = report.get("dynspec_revisions") or {}
+        if revisions:
+            lines.append("dynspec revisions: " + ", ".join(f"{name} r{rev}" for name, rev in revisions.items()))
     else:
         lines.append("dynspec applied: no (only speculation off vs always on)")
     lines.append("")

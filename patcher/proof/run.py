@@ -238,6 +238,7 @@ class Proof:
             "gpu": detect.gpu_name(),
             "command": opts.command,
             "dynspec_applied": sglang.dynspec_applied,
+            "dynspec_revisions": detect.applied_revisions(sglang.package),  # patch id -> revision in the tree
             "threshold": opts.threshold,
             "enable_threshold": opts.dynspec.on_at_most,
             "switch_min_steps": opts.switch_min_steps,

@@ -80,3 +80,21 @@ def test_adaptive_support_is_the_field_not_a_mention(site):
     (spec / "spec.py").write_text("class Spec:\n    speculative_adaptive_config: A[Optional[str], 'x'] = None\n")
     assert adaptive_supported(old)
     assert locate(str(old), sys.executable, dict(os.environ)).adaptive_supported
+
+
+def test_the_revisions_in_the_tree_are_read_from_the_engines_own_markers(tmp_path):
+    """Every patch's ``marker()``, as the engine writes it, reads back as its id and revision;
+    a file's highest revision wins, and a comment that only mentions dynspec is not a marker."""
+    from patcher.proof.detect import applied_revisions
+    from patcher.registry import all_patches
+
+    patches = all_patches()
+    srt = tmp_path / "sglang" / "srt"
+    (srt / "speculative").mkdir(parents=True)
+    for n, patch in enumerate(patches.values()):
+        (srt / "speculative" / f"f{n}.py").write_text(f"x = 1\n    {patch.marker()}\ny = 2\n")
+    (srt / "old.py").write_text("# dynspec: speculative_dynspec_v2 r1\n")
+    (srt / "mentions.py").write_text("z = 3  # dynspec: speculative_dynspec_runtime r99 is not a marker\n")
+    found = applied_revisions(tmp_path / "sglang")
+    assert found == {patch_id: patch.REVISION for patch_id, patch in patches.items()}
+    assert applied_revisions(tmp_path / "missing") == {}  # control: nothing there, nothing read
