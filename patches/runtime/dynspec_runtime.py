@@ -941,7 +941,6 @@ class DynspecFallback:
         )
         return verify_input_cls(**fields)
 
-@functools.lru_cache(maxsize=None)
 def v1_next_draft_input_class(worker: Any) -> Any:
     """0.5.12's ``EagleDraftInput`` (the next draft's input, with ``bonus_tokens``) where the worker's
     module also has the ``EagleDraftExtendInput`` the verify hands the extend; else None."""
@@ -1007,6 +1006,7 @@ def extend_after_decode_directly(writer: Any, worker: Any, batch: Any, next_inpu
     )
 
 
+@functools.lru_cache(maxsize=None)
 def tree_field_prefix(verify_input_cls: Any) -> str:
     """``retrieve_`` from 0.5.11, ``retrive_`` before (``EagleVerifyInput``'s tree fields)."""
     names = {f.name for f in dataclasses.fields(verify_input_cls)}

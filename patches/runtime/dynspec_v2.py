@@ -1077,6 +1077,9 @@ class DirectKVWrite:
         if read_setting(worker, "moe_a2a_backend", "none") not in (None, "none"):
             return "an all-to-all MoE backend runs hooks around the replay"
         runner = getattr(twin, "model_runner", None)
+        # the runner's flag up to 0.5.13, its model config's from 0.5.14
+        if getattr(runner, "model_is_mrope", False) or getattr(getattr(runner, "model_config", None), "model_is_mrope", False):
+            return "the draft takes multimodal rope positions (mrope_positions), which the direct write does not fill"
         pool = type(getattr(runner, "token_to_kv_pool", None)).__name__
         if pool not in cls.POOLS:
             return f"the draft KV pool {pool} may translate its cache slots with the attention metadata"

@@ -33,6 +33,7 @@ from tests.conftest import RELEASES
 from tests.patches.fake_draft import EXTEND, Extend, MHATokenToKVPool, Zeros, full_forward_kv, install_fake_torch, kv_of
 from tests.patches.test_dynspec_draft_kv import (
     EXTEND_RUNNER,
+    FORWARD_BATCH_INFO,
     KV_GRAPH_MEMBERS,
     V1_WORKER,
     V2_WORKER,
@@ -372,6 +373,8 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         twin.draft_extend_attn_backend = FlashInferAttnBackend()
     elif case == "no-width":
         del twin.captured_req_width
+    elif case == "mrope":  # 0.5.14+ keep the flag on the model config
+        twin.model_runner.model_config = SimpleNamespace(model_is_mrope=True)
 
 
 @pytest.mark.parametrize(
@@ -389,6 +392,7 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         ("rejection-sampling", "rejection sampling keeps the draft extend's probabilities"),
         ("swa-pool", "the draft KV pool SWAKVPool may translate its cache slots with the attention metadata"),
         ("translated-slots", "the draft-extend backend translates its cache slots with the attention metadata"),
+        ("mrope", "the draft takes multimodal rope positions (mrope_positions)"),
     ],
 )
 def test_build_refuses_a_twin_it_cannot_feed_and_says_why(case: str, why: str) -> None:
@@ -756,11 +760,14 @@ def damage_fallback_twin(case: str, twin: FallbackTwin, worker: Worker) -> None:
         twin.captured_req_width = 4  # type: ignore[attr-defined]
     elif case == "another-backend":
         twin.draft_extend_attn_backend = FlashInferAttnBackend()
+    elif case == "mrope":
+        twin.model_runner.model_is_mrope = True
 
 
 @pytest.mark.parametrize(
     ("case", "why"),
     [
+        ("mrope", "the draft takes multimodal rope positions (mrope_positions)"),
         ("no-width", "holds None tokens per request"),
         ("another-backend", "has run with TritonAttnBackend only, not FlashInferAttnBackend"),
         ("no-buffers", "EAGLEDraftExtendCudaGraphRunner has no input_ids buffer"),
@@ -1629,3 +1636,38 @@ def test_the_probe_refuses_a_pool_whose_bits_it_would_not_read_whole(attribute: 
     assert v2.RoundingProbe.of(twin) is not None  # the control
     setattr(pool, attribute, value)
     assert v2.RoundingProbe.of(twin) is None
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_a_write_refused_after_the_preparation_leaves_the_stock_extend_a_restored_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def stock(batch: Any) -> str:
+        seen.update(seq_lens=batch.seq_lens, return_logprob=batch.return_logprob, pool_indices=batch.req_pool_indices)
+        return "stock"
+
+    monkeypatch.setattr(V1Worker, "forward_draft_extend_after_decode", lambda self, batch: stock(batch))
+    fallback, twin, worker = v1_fallback_with()
+    assert fallback.draft_kv.direct is not None
+    monkeypatch.setattr(fallback.draft_kv.direct, "write", lambda batch, result: False)
+    assert worker.forward_draft_extend_after_decode(v1_batch_of()) == "stock"
+    assert seen == {"seq_lens": "the batch's lengths", "return_logprob": True, "pool_indices": "the batch's pool indices"}
+
+
+def test_the_tree_field_names_are_cached_per_class_and_no_worker_is_kept() -> None:
+    """``tree_field_prefix`` runs every fallback iteration (a dataclass walk): cached. The start-up
+    lookup of v1's next-draft input class takes a worker: not cached, so none is kept alive."""
+    assert hasattr(runtime.tree_field_prefix, "cache_info")
+    assert not hasattr(runtime.v1_next_draft_input_class, "cache_info")
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", [v for v in RELEASES if Version(v) >= Version("0.5.10")])
+def test_the_mrope_flag_the_direct_write_refuses_is_where_it_looks(version: str) -> None:
+    """Up to 0.5.13 the model runner has ``model_is_mrope`` (a property, then an attribute); later
+    releases read it from the model config (``model_runner.model_config.model_is_mrope``): ``unfit``
+    looks in both."""
+    runner = source_of(version, MODEL_RUNNER)
+    forward_batch = source_of(version, FORWARD_BATCH_INFO)
+    on_runner = "self.model_is_mrope = " in runner or "def model_is_mrope(self)" in runner
+    assert on_runner or "model_runner.model_config.model_is_mrope" in forward_batch, version
