@@ -1556,7 +1556,11 @@ def test_v1_extend_after_decode_is_what_the_direct_path_mirrors(version: str) ->
     kernel = source_of(version, SPEC_UTILS)
     assert "tl.store(positions_ptr + offsets, seq_length - accept_len + offsets, mask)" in kernel
     assert "accept_len_cumsum += accept_len - 1" in kernel and "bonus_token = tl.load(accept_tokens + accept_len_cumsum)" in kernel
+    assert ".add_(" not in prepare and ".copy_(" not in prepare  # it assigns; the saved fields stay as they were
+    assert "CaptureHiddenMode.NULL if self.speculative_algorithm.is_standalone() else CaptureHiddenMode.LAST" in extend
     verify = ast.unparse(method_def(class_named(info, "EagleVerifyInput"), "verify"))
+    assert "batch.spec_info.hidden_states[accept_index]" in verify and "batch.spec_info.hidden_states[unfinished_accept_index]" in verify
+    assert "num_accept_tokens_list = num_accept_tokens_cpu.tolist()" in verify  # a list: sum() and len() read it
     assert "batch.out_cache_loc = batch.out_cache_loc[accept_index]" in verify
     assert "input_ids=accept_tokens" in verify and "input_ids=predict[unfinished_accept_index]" in verify
     decode = ast.unparse(method_def(worker, "forward_batch_generation"))
