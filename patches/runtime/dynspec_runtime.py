@@ -972,16 +972,8 @@ def extend_after_decode_directly(writer: Any, worker: Any, batch: Any, next_inpu
     rows = int(extend_input.input_ids.shape[0])
     hidden = extend_input.hidden_states
     accepted = extend_input.num_accept_tokens_cpu
-    if (
-        rows == 0
-        or rows > writer.capacity
-        or hidden is None
-        or tuple(hidden.shape) != (rows, writer.buffers.hidden_states.shape[1])
-        or batch.out_cache_loc.shape[0] != rows
-        or len(accepted) != rows
-        or sum(accepted) != rows  # one accepted token per request, as a one-node tree gives
-    ):
-        return None
+    if not writer.fits(rows, hidden, rows, batch.out_cache_loc.shape[0]) or len(accepted) != rows or sum(accepted) != rows:
+        return None  # (sum: one accepted token per request, as a one-node tree gives)
     saved = (batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices, batch.return_logprob)
     extend_input.num_tokens_per_req = worker.speculative_num_steps + 1
     extend_input.num_tokens_for_logprob_per_req = 1

@@ -1100,14 +1100,7 @@ class DirectKVWrite:
         rows = int(batch.seq_lens.shape[0])
         hidden = getattr(batch_result.logits_output, "hidden_states", None)
         b = self.buffers
-        if (
-            rows == 0
-            or rows > self.capacity
-            or hidden is None
-            or tuple(hidden.shape) != (rows, b.hidden_states.shape[1])
-            or batch_result.next_token_ids.shape[0] != rows
-            or batch.out_cache_loc.shape[0] != rows
-        ):
+        if not self.fits(rows, hidden, batch_result.next_token_ids.shape[0], batch.out_cache_loc.shape[0]):
             self.flush()
             if self.log and not self.said_no:  # once: a release whose verify hands other shapes shows here
                 self.said_no = True
@@ -1142,6 +1135,17 @@ class DirectKVWrite:
             self.flush()
         self.stand_in(batch, batch_result)
         return True
+
+    def fits(self, rows: int, hidden: Any, tokens: int, slots: int) -> bool:
+        """Whether an iteration of ``rows`` requests is one the writer takes: some rows, no more
+        than the largest graph holds, one token, slot and hidden state of the twin's width each."""
+        return (
+            0 < rows <= self.capacity
+            and hidden is not None
+            and tuple(hidden.shape) == (rows, self.buffers.hidden_states.shape[1])
+            and tokens == rows
+            and slots == rows
+        )
 
     def check_rounding(self, probe: "RoundingProbe") -> List[int]:
         """Replay every graph on the same probe rows and number the K/V each leaves: graphs with one

@@ -1287,21 +1287,29 @@ def test_rows_staged_in_the_twins_own_buffers_would_be_lost(monkeypatch: pytest.
 @pytest.mark.usefixtures("sglang_side")
 @pytest.mark.parametrize(
     ("setting", "value", "words"),
-    [("disaggregation_mode", "decode", "PD disaggregation"), ("enable_hierarchical_cache", True, "a hierarchical cache")],
+    [
+        ("disaggregation_mode", "decode", "PD disaggregation"),  # both move draft KV outside the forwards
+        ("enable_hierarchical_cache", True, "a hierarchical cache"),
+        ("tp_size", 2, "tensor parallelism"),  # not run there
+        (None, None, "a draft KV pool without per-layer"),  # the start-up check could not read it
+    ],
 )
-def test_kv_written_outside_the_forwards_turns_the_batching_off(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: str, value: Any, words: str
+def test_batching_stays_off_where_it_is_not_safe_or_cannot_be_checked(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: str | None, value: Any, words: str
 ) -> None:
     monkeypatch.setenv(v2.KV_BATCH_ENV, "4")
     twin = ZeroStepTwin(MHATokenToKVPool([]), [], width=4)
     policy, _, worker = policy_with(runtime.DRAFT_KV_DIRECT, twin)
-    setattr(worker.server_args, setting, value)
+    if setting is not None:
+        setattr(worker.server_args, setting, value)
+        monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: Probe(twin.pool)))
     policy.log = True
     with caplog.at_level(logging.INFO, logger=v2.logger.name):
         policy._build_direct()
     assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == 1
     assert "forward_batch_generation" not in vars(policy.worker)
     assert f"DYNSPEC_KV_BATCH is not used with {words}" in caplog.text
+    assert twin.log == []  # no check ran
 
 
 @pytest.mark.usefixtures("sglang_side")
@@ -1311,26 +1319,6 @@ def test_a_decode_with_an_extend_in_the_batch_writes_the_staged_rows_first(monke
     draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0))
     policy.worker.forward_batch_generation(SimpleNamespace(forward_mode=Decode(True), is_extend_in_batch=True))
     assert twin.log == ["replay 2", "forward decode"]
-
-
-@pytest.mark.usefixtures("sglang_side")
-@pytest.mark.parametrize(("reason", "words"), [("tp", "tensor parallelism"), ("no-kv-buffers", "a draft KV pool without per-layer")])
-def test_batching_stays_off_where_it_is_not_safe_or_cannot_be_checked(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, reason: str, words: str
-) -> None:
-    monkeypatch.setenv(v2.KV_BATCH_ENV, "4")
-    twin = ZeroStepTwin(MHATokenToKVPool([]), [], width=4)
-    policy, _, worker = policy_with(runtime.DRAFT_KV_DIRECT, twin)
-    if reason == "tp":
-        worker.server_args.tp_size = 2
-        monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: Probe(twin.pool)))
-    policy.log = True
-    with caplog.at_level(logging.INFO, logger=v2.logger.name):
-        policy._build_direct()
-    assert policy.draft_kv.direct is not None and policy.draft_kv.direct.batch_steps == 1
-    assert "forward_batch_generation" not in vars(policy.worker)
-    assert f"DYNSPEC_KV_BATCH is not used with {words}" in caplog.text
-    assert twin.log == []  # no check ran
 
 
 @pytest.mark.usefixtures("sglang_side")
