@@ -941,6 +941,7 @@ class DynspecFallback:
         )
         return verify_input_cls(**fields)
 
+
 def v1_next_draft_input_class(worker: Any) -> Any:
     """0.5.12's ``EagleDraftInput`` (the next draft's input, with ``bonus_tokens``) where the worker's
     module also has the ``EagleDraftExtendInput`` the verify hands the extend; else None."""

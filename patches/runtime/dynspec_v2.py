@@ -1161,13 +1161,11 @@ class DirectKVWrite:
         """
         block = self.sizes[0] * self.width
         probe_rows = probe.inputs(self.buffers, block, self.capacity // block)
-        b, seen, numbers = self.buffers, [], []
+        seen: List[Any] = []
+        numbers: List[int] = []
         for index, size in enumerate(self.sizes):
             filled = size * self.width // block * block  # whole blocks; the rest pads to slot 0
-            for name in self.INPUTS:
-                getattr(b, name)[:filled].copy_(getattr(probe_rows, name)[:filled])
-            for name in ("input_ids", "positions", "out_cache_loc"):
-                getattr(b, name)[filled : size * self.width].zero_()
+            self._fill(filled, size * self.width, probe_rows)
             slots = probe_rows.out_cache_loc[:filled]
             probe.clear(slots)
             self.replay(size)
@@ -1189,7 +1187,7 @@ class DirectKVWrite:
         that graph rounds rows by where they sit."""
         if self.rounding is None:
             return 0
-        at = bisect.bisect_left(self.sizes, -(-rows // self.width))
+        at = self._graph_for(rows)
         if at == len(self.sizes) or self.rounding[at] < 0:
             return 0
         end = at
@@ -1218,18 +1216,28 @@ class DirectKVWrite:
         rows = self.pending
         if rows == 0:
             return
-        if self.staged:
-            for name in self.INPUTS:
-                getattr(self.buffers, name)[:rows].copy_(getattr(self.staging, name)[:rows])
-        at = bisect.bisect_left(self.sizes, -(-rows // self.width))
-        padded = self.sizes[at] * self.width
-        if padded > rows:
-            for name in ("input_ids", "positions", "out_cache_loc"):
-                getattr(self.buffers, name)[rows:padded].zero_()
-        self.replay(self.sizes[at])
+        size = self.sizes[self._graph_for(rows)]
+        self._fill(rows, size * self.width, self.staging if self.staged else None)
+        self.replay(size)
         self.pending = self.pending_steps = 0
         self.members = []
         self.staged = False
+
+    def _graph_for(self, rows: int) -> int:
+        """The index in ``sizes`` of the smallest graph whose ``size * width`` rows hold ``rows``
+        (``len(sizes)`` when none does)."""
+        return bisect.bisect_left(self.sizes, -(-rows // self.width))
+
+    def _fill(self, rows: int, padded: int, source: Any = None) -> None:
+        """The twin's buffers for a replay of ``padded`` rows: the first ``rows`` copied from
+        ``source`` (None: already there), the rest padding that writes slot 0, the pool's reserved
+        slot, as the stock replay pads."""
+        if source is not None:
+            for name in self.INPUTS:
+                getattr(self.buffers, name)[:rows].copy_(getattr(source, name)[:rows])
+        if padded > rows:
+            for name in ("input_ids", "positions", "out_cache_loc"):
+                getattr(self.buffers, name)[rows:padded].zero_()
 
     def _staging(self) -> Any:
         if self.staging is None:  # once, at the first staged row: capacity rows of each input
