@@ -212,12 +212,19 @@ S8_DIAG_17 = PROOF / "0.5.17-v2-s8-lean-diag"
 S8_KV = {"0.5.17": PROOF / "0.5.17-v2-s8-kv-direct", "0.5.12": PROOF / "0.5.12-v2-s8-kv-direct"}
 
 
-def test_session_8_per_step_ratios_with_and_without_the_lean_verify_follow_from_the_logs() -> None:
-    logs = gz_logs(S8_DIAG_17)
+def diag_logs_with_medians(evidence: Path, published: dict[str, tuple[float, float]]) -> dict[str, str]:
+    """A ``diag`` call's server logs, once its per-step ratios at 64 and 100, recomputed from them,
+    are its per_step.json and have the published medians."""
+    logs = gz_logs(evidence)
     ratios = steps.per_step(logs, "base", [64, 100])
-    assert json.loads((S8_DIAG_17 / "per_step.json").read_text()) == ratios
-    published = {"lean-sim": (0.968, 0.984), "stock-sim": (0.966, 0.97), "lean-nosim": (0.975, 0.978)}
+    assert json.loads((evidence / "per_step.json").read_text()) == ratios
     assert {name: (r["64"]["median"], r["100"]["median"]) for name, r in ratios.items()} == published
+    return logs
+
+
+def test_session_8_per_step_ratios_with_and_without_the_lean_verify_follow_from_the_logs() -> None:
+    published = {"lean-sim": (0.968, 0.984), "stock-sim": (0.966, 0.97), "lean-nosim": (0.975, 0.978)}
+    logs = diag_logs_with_medians(S8_DIAG_17, published)
     # Which verify ran: the lean one announced itself and took batches; DYNSPEC_LEAN_VERIFY=0 kept the stock one.
     for name in ("lean-sim", "lean-nosim"):
         assert "the lean zero-step verify took its first batch" in logs[name], name
@@ -227,12 +234,19 @@ def test_session_8_per_step_ratios_with_and_without_the_lean_verify_follow_from_
     assert steps.per_step({"base": logs["stock-sim"], "same": logs["stock-sim"]}, "base", [64])["same"]["64"]["median"] == 1.0
 
 
-@pytest.mark.parametrize("version", sorted(S8_KV))
-def test_session_8_exact_kv_of_the_direct_write_follows_from_the_recordings(version: str) -> None:
-    evidence = S8_KV[version]
+def kv_proof_recordings(evidence: Path) -> tuple[dict[str, exactkv.Recording], dict[str, str]]:
+    """A kv-proof's three recordings (the write under test, the full extend, the no-write control)
+    by role, and the archive's files they came with (recordings and server logs)."""
     names = ("dynspec", "dynspec-full", "dynspec-skip")
     files = members(evidence / "logs.tar.gz", *(f"drafts-{s}.jsonl" for s in names), *(f"{s}.log" for s in names))
     recs = {k: exactkv.parse(files[f"drafts-{s}.jsonl"].splitlines()) for k, s in zip(("kv", "full", "skip"), names)}
+    return recs, files
+
+
+@pytest.mark.parametrize("version", sorted(S8_KV))
+def test_session_8_exact_kv_of_the_direct_write_follows_from_the_recordings(version: str) -> None:
+    evidence = S8_KV[version]
+    recs, files = kv_proof_recordings(evidence)
     entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
     report = json.loads((evidence / "report.json").read_text())
     published = report["exact_kv"]
@@ -258,19 +272,9 @@ S9_KV = PROOF / "0.5.17-v2-s9-kv-direct"  # DYNSPEC_KV_BATCH unset: one iteratio
 S9_KV_BATCH8 = PROOF / "0.5.17-v2-s9-kv-batch8"  # DYNSPEC_KV_BATCH=8: exact_kv failed
 
 
-def s9_recordings(evidence: Path) -> tuple[dict[str, exactkv.Recording], dict[str, str]]:
-    names = ("dynspec", "dynspec-full", "dynspec-skip")
-    files = members(evidence / "logs.tar.gz", *(f"drafts-{s}.jsonl" for s in names), *(f"{s}.log" for s in names))
-    recs = {k: exactkv.parse(files[f"drafts-{s}.jsonl"].splitlines()) for k, s in zip(("kv", "full", "skip"), names)}
-    return recs, files
-
-
 def test_session_9_batched_kv_writes_per_step_ratios_follow_from_the_logs() -> None:
-    logs = gz_logs(S9_DIAG_17)
-    ratios = steps.per_step(logs, "base", [64, 100])
-    assert json.loads((S9_DIAG_17 / "per_step.json").read_text()) == ratios
     published = {"batch4": (0.978, 0.993), "auto": (0.969, 0.986), "batch8": (0.979, 0.996)}
-    assert {name: (r["64"]["median"], r["100"]["median"]) for name, r in ratios.items()} == published
+    logs = diag_logs_with_medians(S9_DIAG_17, published)
     # What each server ran: the batched ones said how many iterations a replay writes, auto did not batch.
     assert "writes the draft KV of up to 4 fallback iterations" in logs["batch4"]
     assert "writes the draft KV of up to 8 fallback iterations" in logs["batch8"]
@@ -281,7 +285,7 @@ def test_session_9_batched_kv_writes_per_step_ratios_follow_from_the_logs() -> N
 
 
 def test_session_9_r16_without_batching_kept_the_draft_kv_exact() -> None:
-    recs, files = s9_recordings(S9_KV)
+    recs, files = kv_proof_recordings(S9_KV)
     entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
     report = json.loads((S9_KV / "report.json").read_text())
     published = report["exact_kv"]
@@ -296,7 +300,7 @@ def test_session_9_r16_without_batching_kept_the_draft_kv_exact() -> None:
 
 def test_session_9_eight_iterations_per_replay_changed_two_proposals() -> None:
     """The failure stays on record: the same judge, on the same recordings, finds the same two."""
-    recs, files = s9_recordings(S9_KV_BATCH8)
+    recs, files = kv_proof_recordings(S9_KV_BATCH8)
     entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
     report = json.loads((S9_KV_BATCH8 / "report.json").read_text())
     assert report["dynspec_env"] == {"DYNSPEC_KV_BATCH": "8"}
