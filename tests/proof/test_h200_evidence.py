@@ -9,12 +9,16 @@ from __future__ import annotations
 import gzip
 import io
 import json
+import re
 import tarfile
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
 from patcher.proof import exactkv, steps
+from patches.runtime import dynspec_v2 as v2
 
 PROOF = Path(__file__).resolve().parents[2] / "docs" / "proof"
 KV = PROOF / "0.5.17-v2-s4-kv"
@@ -310,3 +314,92 @@ def test_session_9_eight_iterations_per_replay_changed_two_proposals() -> None:
     assert report["equivalence"]["passed"] and report["crossings"]["passed"]
     # Control: the full extend's recording in the place of the batched one passes.
     assert exactkv.judge({**recs, "kv": recs["full"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
+
+
+# -- session 10 (runtime r11 / v2 module r17 at 393d631: the start-up rounding check; DYNSPEC_KV_BATCH=4) ----
+
+S10_KV = PROOF / "0.5.17-v2-s10-kv-batch4"
+S10_TPUT = PROOF / "0.5.17-v2-s10-kv-batch4-throughput"
+S10_REVISIONS = {"speculative_dynspec_runtime": 11, "speculative_dynspec_v2": 17, "eagle_worker_v2_dynspec_zero_step": 2}
+
+
+def startup_rounding_groups(log: str) -> str:
+    """The groups the start-up rounding check logged (``1-6:0 | 7:1 | ...``)."""
+    marker = "that round alike, checked at start-up: "
+    line = next(line for line in log.splitlines() if marker in line)
+    return line.split(marker, 1)[1].rstrip(")")
+
+
+def logged_rounding(groups: str, log: str) -> Any:
+    """A stand-in DirectKVWrite with the captured sizes of the ready line and the logged numbers,
+    on which the runtime's ``same_rounding_rows`` runs unchanged (4 rows per graph request)."""
+    sizes = json.loads(re.search(r"CUDA graphs for batch sizes (\[[0-9, ]+\])", log).group(1))
+    number = {}
+    for run in groups.split(" | "):
+        span, n = run.split(":")
+        first, _, last = span.partition("-")
+        for size in sizes:
+            if int(first) <= size <= int(last or first):
+                number[size] = int(n)
+    direct = SimpleNamespace(sizes=sizes, width=4, rounding=[number[size] for size in sizes])
+    direct._graph_for = lambda rows: v2.DirectKVWrite._graph_for(direct, rows)
+    direct.same_rounding_rows = lambda rows: v2.DirectKVWrite.same_rounding_rows(direct, rows)
+    return direct
+
+
+def test_session_10_the_checked_batched_write_kept_the_draft_kv_exact() -> None:
+    recs, files = kv_proof_recordings(S10_KV)
+    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
+    report = json.loads((S10_KV / "report.json").read_text())
+    published = report["exact_kv"]
+    assert report["dynspec_env"] == {"DYNSPEC_KV_BATCH": "4"}
+    assert {k: report["dynspec_revisions"][k] for k in S10_REVISIONS} == S10_REVISIONS
+    assert entry["passed"] and published["passed"]
+    assert {k: published[k] for k in ("compared_requests", "compared_steps", "control_differs")} == {
+        k: entry[k] for k in ("compared_requests", "compared_steps", "control_differs")
+    } == {"compared_requests": 16, "compared_steps": 1026, "control_differs": True}
+    assert report["equivalence"]["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] >= 100
+    assert "writes the draft KV of up to 4 fallback iterations" in files["dynspec.log"]
+    groups = startup_rounding_groups(files["dynspec.log"])
+    assert groups == "1-6:0 | 7:1 | 8-12:0 | 14-28:1 | 30:2 | 32:3 | 40:4 | 44-48:2 | 52:3 | 56-128:2"
+    # Where this load could batch at all: off batches of 9 - 12 requests (two iterations), not 13 - 18.
+    direct = logged_rounding(groups, files["dynspec.log"])
+    assert [r for r in range(9, 19) if direct.same_rounding_rows(r) >= 2 * r] == [9, 10, 11, 12]
+    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
+
+
+def test_session_10_the_rounding_check_left_batching_no_room_at_the_throughput_loads() -> None:
+    """At the 8B shape the graph of 64 requests rounds alone and 128's graph with nothing above it,
+    so 4 iterations per replay wrote one iteration per replay there: the per-step ratio is auto's."""
+    logs = members(S10_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    groups = startup_rounding_groups(logs["dynspec-sim.log"])
+    assert groups == (
+        "1-2:0 | 3:1 | 4:2 | 5:1 | 6:2 | 7:1 | 8-14:2 | 16:0 | 18:1 | 20:2 | 22:1 | 24:2 | 26-44:1 | 48:3 | 52-72:1 | 80-128:3"
+    )
+    # The runtime's own rule on the logged numbers: no fallback batch (33 - 128 requests) has room for two.
+    direct = logged_rounding(groups, logs["dynspec-sim.log"])
+    assert [r for r in range(33, 129) if direct.same_rounding_rows(r) >= 2 * r] == []
+    assert direct.same_rounding_rows(64) == 64 and direct.same_rounding_rows(128) == 176
+    assert direct.same_rounding_rows(4) == 8  # control: at 4 requests two iterations would fit
+    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    report = json.loads((S10_TPUT / "report.json").read_text())
+    assert report["throughput"]["per_step"] == ratios
+    assert {c: r["median"] for c, r in ratios["dynspec"].items()} == {"64": 0.975, "128": 0.992}
+    # Negative control: the base against itself is 1, not the published ratio.
+    assert steps.per_step({"base": logs["base-sim.log"], "same": logs["base-sim.log"]}, "base", [64])["same"]["64"]["median"] == 1.0
+
+
+def test_session_10_throughput_and_mixed_load_pass() -> None:
+    report = json.loads((S10_TPUT / "report.json").read_text())
+    assert {k: report["dynspec_revisions"][k] for k in S10_REVISIONS} == S10_REVISIONS
+    tput = report["throughput"]
+    envelope = [d / max(b, a) for d, b, a in zip(tput["dynspec"], tput["base"], tput["always_on"])]
+    assert [round(r, 4) for r in envelope] == tput["envelope_ratio"]
+    assert min(envelope) >= 0.97 and tput["passed"]
+    mixed = report["mixed_load"]
+    seconds = mixed["seconds"]
+    assert seconds == {k: sorted(v)[1] for k, v in mixed["samples"].items()}  # medians of 3
+    assert seconds["dynspec"] < min(seconds["base"], seconds["always_on"])
+    assert mixed["passed"] and seconds["dynspec"] <= 1.03 * mixed["oracle_seconds"]
+    # Negative control: the same judgement on always-on's time fails the margin.
+    assert not seconds["always_on"] <= 1.03 * mixed["oracle_seconds"]
