@@ -7,6 +7,11 @@
 #   call 2, carry .gpu/kit-V-b.tar.xz and .gpu/patched-V:
 #     tar -xJf .gpu/kit-V-b.tar.xz -C /tmp/site && cp -r .gpu/patched-V/sglang/. /tmp/site/sglang/ &&
 #     PYTHONPATH=/tmp/site:$PWD python3 -m patcher proof --sglang auto --path v2 --out $OUT/proof
+# Also .gpu/kit-V.tar.xz, the kit in one part, where it fits one call with .gpu/patched-V and the
+# working tree: both parts less what a server never loads (xgrammar's static library, the diffusion
+# runtime, the native gRPC server), at xz -9e (~2 min). A call that carries it and .gpu/patched-V
+# needs no earlier kit-a, so a machine that went back costs its start and nothing else
+# (scripts/h200-runs.sh's steps take either).
 set -euo pipefail
 V=${1:?usage: scripts/gpu-prepare.sh VERSION}
 cd "$(dirname "$0")/.."
@@ -29,3 +34,20 @@ for target in json.loads((source / ".dynspec" / "state.json").read_text())["file
     print(f"  {dest / target}")
 PY
 du -sh ".gpu/kit-$V-a.tar.xz" ".gpu/kit-$V-b.tar.xz" ".gpu/patched-$V"
+# The one-part kit, kept only where it fits one call (64 MiB) with the patched files and the tree.
+one=".gpu/kit-$V.tar.xz"
+if [ ! -f "$one" ]; then
+  site=$(mktemp -d)
+  tar -xJf ".gpu/kit-$V-a.tar.xz" -C "$site" && tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
+  (cd "$site" && tar -cf - --exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen \
+    --exclude='./sglang/srt/grpc/_core*.so' . | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
+  rm -rf "$site"
+fi
+tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+total=$(( $(stat -c %s "$one") + $(du -sb ".gpu/patched-$V" | cut -f1) + tree ))
+if [ "$total" -le $(( 64 * 1024 * 1024 - 512 * 1024 )) ]; then
+  echo "one-part kit: $one ($(( total / 1024 / 1024 )) MiB with .gpu/patched-$V and the tree): one call, no kit-a"
+else
+  echo "one-part kit: $(( total / 1024 / 1024 )) MiB with the tree is over a call's 64 MiB; use kit-a and part b"
+  rm -f "$one"
+fi

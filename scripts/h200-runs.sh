@@ -17,7 +17,10 @@
 #   v1-tput        (after kit-a 0.5.12 and v2-proof or v1-proof) v1 throughput with --no-overlap-base
 # Session 4 (KV-only draft extend while off; exact_kv and mixed_load):
 #   kv-proof V P   carry .gpu/kit-V-b.tar.xz .gpu/patched-V (after kit-a V): equivalence, crossings and
-#                  exact_kv (5 servers) on SGLang V, path P (v1 or v2)
+#                  exact_kv (5 servers) on SGLang V, path P (v1 or v2); KV_CHECKS=exact_kv,crossings runs
+#                  fewer (3 servers)
+# Any step that unpacks part b also takes the one-part kit instead (gpu-prepare's .gpu/kit-V.tar.xz,
+# where it fits): carry it and .gpu/patched-V, with no kit-a before, on a fresh machine or a warm one.
 #   kv-tput V P [S] (same warm machine; or carry part b and patched-V as for kv-proof) throughput (median
 #                  of 3) and mixed_load (median of 3) on V, path P, shape S (default 8b; 8b-32k: a 32k draft
 #                  vocabulary); v1 adds --no-overlap-base. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
@@ -51,7 +54,13 @@ set -u
 step=$1; shift
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 need_kit() { [ -d /tmp/site/transformers ] || { echo "kit part a missing: redo kit-a"; exit 3; }; }
-unpack_b() { need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site && cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
+# unpack_kit V: the kit this call carried, then dynspec's patched files: the one-part kit
+# (gpu-prepare's kit-V.tar.xz) into a fresh /tmp/site, or part b over the part a of an earlier kit-a.
+unpack_kit() {
+  if [ -f ".gpu/kit-$1.tar.xz" ]; then rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1.tar.xz" -C /tmp/site || return 1
+  else need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site || return 1; fi
+  cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
+carried_kit() { [ -f ".gpu/kit-$1.tar.xz" ] || [ -f ".gpu/kit-$1-b.tar.xz" ]; }
 finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log $(ls *.jsonl 2>/dev/null) && rm -f *.log *.jsonl); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
 # timeout: a device call's limit is 600 s; a stopped run still leaves its partial report.json
 # EXPECT_READY=words: stop the proof (SIGTERM; it stops its servers) as soon as the dynspec server's
@@ -85,7 +94,7 @@ serve_run() { name=${1%%:*}; local envs="" args="$S --speculative-disable-batch-
   env ${envs//+/ } bash "$K/serve.sh" "$name" $args; }
 case $step in
   kit-a) rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1-a.tar.xz" -C /tmp/site && echo unpacked a ;;
-  v2-proof) unpack_b 0.5.12 || exit 3
+  v2-proof) unpack_kit 0.5.12 || exit 3
     proof proof-v2 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   v2-tput) need_kit
     proof proof-v2-tput --path v2 --checks throughput --threshold 32 --throughput-levels 1,4,16,32,64,128
@@ -94,12 +103,12 @@ case $step in
       | tee "$OUT/nofence.txt"; bash "$K/stop.sh"; gzip -f "$OUT/nofence.log" ;;
   v1-proof) need_kit
     proof proof-v1 --path v1 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
-  smoke-17) unpack_b 0.5.17 || exit 3
+  smoke-17) unpack_kit 0.5.17 || exit 3
     export SGLANG_SIMULATE_ACC_LEN=3 TARGET=target8b
     bash "$K/serve.sh" dyn17 $S --speculative-disable-batch-size 32 && timeout 40 python3 "$K/client.py" \
       http://127.0.0.1:30000 1,64,128 256 | tee "$OUT/dyn17.txt"
     grep -E "dynspec|Error|error" "$OUT/dyn17.log" | head -8; bash "$K/stop.sh"; gzip -f "$OUT/dyn17.log" ;;
-  proof-17) unpack_b 0.5.17 || exit 3
+  proof-17) unpack_kit 0.5.17 || exit 3
     export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.17 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   up-17) need_kit
     export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.17-tput --path v2 --checks throughput --threshold 32 \
@@ -108,9 +117,9 @@ case $step in
     export SGLANG_SIMULATE_ACC_LEN=3 TARGET=target8b DYNSPEC_EARLY_FENCE=1 SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1
     bash "$K/serve.sh" skipde $S --speculative-disable-batch-size 32 && python3 "$K/client.py" \
       http://127.0.0.1:30000 64,128 256 | tee "$OUT/skipde.txt"; bash "$K/stop.sh"; gzip -f "$OUT/skipde.log" ;;
-  proof-13) unpack_b 0.5.13 || exit 3
+  proof-13) unpack_kit 0.5.13 || exit 3
     proof proof-0.5.13 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
-  fence-13) unpack_b 0.5.13 || exit 3
+  fence-13) unpack_kit 0.5.13 || exit 3
     export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.13-fence --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   fence-13-tput) need_kit
     export DYNSPEC_EARLY_FENCE=1; proof proof-0.5.13-fence-tput --path v2 --checks throughput --threshold 32 \
@@ -118,10 +127,11 @@ case $step in
   v1-tput) need_kit
     proof proof-v1-tput --path v1 --checks throughput --threshold 32 --no-overlap-base \
       --throughput-levels 1,4,16,32,64,128 --throughput-repeats 1 ;;
-  kv-proof) unpack_b "$1" || exit 3
-    proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
-  diag) need_kit; export TARGET=target8b
-    if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
+  kv-proof) unpack_kit "$1" || exit 3
+    proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 \
+      --checks "${KV_CHECKS:-equivalence,crossings,exact_kv}" ;;
+  diag) if carried_kit "$1"; then unpack_kit "$1" || exit 3; else need_kit; fi  # the kit came with this call, or is there
+    export TARGET=target8b
     for run in ${DIAG_RUNS:-base dyn-sim:SGLANG_SIMULATE_ACC_LEN=3 upskip-sim:SGLANG_SIMULATE_ACC_LEN=3+SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1}; do
       serve_run "$run" || continue
       grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
@@ -142,8 +152,8 @@ for late in sorted(n for n in logs if n.startswith("base-")):  # the same server
     print(f"against {late}:"); print("\n".join(steps.describe(again)))
 PY
     gzip -f "$OUT"/*.log ;;
-  prof) need_kit; export TARGET=target8b
-    if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi
+  prof) if carried_kit "$1"; then unpack_kit "$1" || exit 3; else need_kit; fi  # the kit came with this call, or is there
+    export TARGET=target8b
     profile() { rm -rf "/tmp/p_$1"; curl -s -m 30 localhost:30000/start_profile -H 'Content-Type: application/json' \
       -d "{\"output_dir\":\"/tmp/p_$1\",\"activities\":$2}"; echo
       for _ in $(seq 120); do python3 -c "import glob,gzip,sys; [gzip.open(f).read() for f in glob.glob(sys.argv[1])] or sys.exit(1)" \
@@ -158,8 +168,8 @@ PY
       python3 scripts/trace_sum.py "/tmp/p_${name}_all" 20 > "$OUT/$name-all.txt" 2>&1
       head -8 "$OUT/$name-gpu.txt" "$OUT/$name-all.txt"; grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
     done; gzip -f "$OUT"/*.log ;;
-  kv-tput) need_kit; extra=""; [ "$2" = v1 ] && extra="--no-overlap-base"
-    if [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_b "$1" || exit 3; fi  # a fresh machine: part b comes with this call
+  kv-tput) if carried_kit "$1"; then unpack_kit "$1" || exit 3; else need_kit; fi  # the kit came with this call, or is there
+    extra=""; [ "$2" = v1 ] && extra="--no-overlap-base"
     [ -n "${3:-}" ] && extra="$extra --shape $3"
     proof "proof-$1-$2-tput${3:+-$3}" --path "$2" --checks throughput,mixed_load --threshold 32 $extra \
       --throughput-levels 1,4,16,32,64,128 ;;
@@ -182,7 +192,7 @@ PY
     rc=$?; grep -v "Loading weights" "$o/train.log" | tail -40; cat "$o/report.json"; echo "train rc=$rc"; [ $rc = 0 ] || exit $rc
     rm -rf /tmp/real/head && mv /tmp/real/head.new /tmp/real/head && python3 -m patcher real install-head /tmp/real/model /tmp/real/head \
       && cp /tmp/real/head/config.json /tmp/real/head/model.safetensors "$o/" && ls -la "$o" ;;
-  real-proof) unpack_b "$1" || exit 3; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+  real-proof) unpack_kit "$1" || exit 3; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     proof "real-$1-$2" --path "$2" --model real --model-dir /tmp/real/model --checks equivalence,crossings \
       --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
   real-accept) need_kit; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
