@@ -36,7 +36,7 @@ PY
 du -sh ".gpu/kit-$V-a.tar.xz" ".gpu/kit-$V-b.tar.xz" ".gpu/patched-$V"
 # The one-part kit, kept only where it fits one call (64 MiB) with the patched files and the tree.
 one=".gpu/kit-$V.tar.xz"
-if [ ! -f "$one" ]; then
+if ! [ "$one" -nt ".gpu/kit-$V-a.tar.xz" ] || ! [ "$one" -nt ".gpu/kit-$V-b.tar.xz" ]; then  # missing or older than a part
   site=$(mktemp -d)
   tar -xJf ".gpu/kit-$V-a.tar.xz" -C "$site" && tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
   (cd "$site" && tar -cf - --exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen \
