@@ -56,11 +56,13 @@ export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 need_kit() { [ -d /tmp/site/transformers ] || { echo "kit part a missing: redo kit-a"; exit 3; }; }
 # unpack_kit V: the kit this call carried, then dynspec's patched files: the one-part kit
 # (gpu-prepare's kit-V.tar.xz) into a fresh /tmp/site, or part b over the part a of an earlier kit-a.
+fresh_site() { rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf "$1" -C /tmp/site; }
 unpack_kit() {
-  if [ -f ".gpu/kit-$1.tar.xz" ]; then rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1.tar.xz" -C /tmp/site || return 1
+  if [ -f ".gpu/kit-$1.tar.xz" ]; then fresh_site ".gpu/kit-$1.tar.xz" || return 1
   else need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site || return 1; fi
   cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
-carried_kit() { [ -f ".gpu/kit-$1.tar.xz" ] || [ -f ".gpu/kit-$1-b.tar.xz" ]; }
+# kit_for V: the kit this call carried (unpack_kit), else the one an earlier call left (need_kit).
+kit_for() { if [ -f ".gpu/kit-$1.tar.xz" ] || [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_kit "$1" || exit 3; else need_kit; fi; }
 finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log $(ls *.jsonl 2>/dev/null) && rm -f *.log *.jsonl); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
 # timeout: a device call's limit is 600 s; a stopped run still leaves its partial report.json
 # EXPECT_READY=words: stop the proof (SIGTERM; it stops its servers) as soon as the dynspec server's
@@ -93,7 +95,7 @@ serve_run() { name=${1%%:*}; local envs="" args="$S --speculative-disable-batch-
   case $name in base|base-*) args=$LIMITS; envs="" ;; esac
   env ${envs//+/ } bash "$K/serve.sh" "$name" $args; }
 case $step in
-  kit-a) rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf ".gpu/kit-$1-a.tar.xz" -C /tmp/site && echo unpacked a ;;
+  kit-a) fresh_site ".gpu/kit-$1-a.tar.xz" && echo unpacked a ;;
   v2-proof) unpack_kit 0.5.12 || exit 3
     proof proof-v2 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   v2-tput) need_kit
@@ -130,7 +132,7 @@ case $step in
   kv-proof) unpack_kit "$1" || exit 3
     proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 \
       --checks "${KV_CHECKS:-equivalence,crossings,exact_kv}" ;;
-  diag) if carried_kit "$1"; then unpack_kit "$1" || exit 3; else need_kit; fi  # the kit came with this call, or is there
+  diag) kit_for "$1"
     export TARGET=target8b
     for run in ${DIAG_RUNS:-base dyn-sim:SGLANG_SIMULATE_ACC_LEN=3 upskip-sim:SGLANG_SIMULATE_ACC_LEN=3+SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1}; do
       serve_run "$run" || continue
@@ -152,7 +154,7 @@ for late in sorted(n for n in logs if n.startswith("base-")):  # the same server
     print(f"against {late}:"); print("\n".join(steps.describe(again)))
 PY
     gzip -f "$OUT"/*.log ;;
-  prof) if carried_kit "$1"; then unpack_kit "$1" || exit 3; else need_kit; fi  # the kit came with this call, or is there
+  prof) kit_for "$1"
     export TARGET=target8b
     profile() { rm -rf "/tmp/p_$1"; curl -s -m 30 localhost:30000/start_profile -H 'Content-Type: application/json' \
       -d "{\"output_dir\":\"/tmp/p_$1\",\"activities\":$2}"; echo
@@ -168,7 +170,7 @@ PY
       python3 scripts/trace_sum.py "/tmp/p_${name}_all" 20 > "$OUT/$name-all.txt" 2>&1
       head -8 "$OUT/$name-gpu.txt" "$OUT/$name-all.txt"; grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
     done; gzip -f "$OUT"/*.log ;;
-  kv-tput) if carried_kit "$1"; then unpack_kit "$1" || exit 3; else need_kit; fi  # the kit came with this call, or is there
+  kv-tput) kit_for "$1"
     extra=""; [ "$2" = v1 ] && extra="--no-overlap-base"
     [ -n "${3:-}" ] && extra="$extra --shape $3"
     proof "proof-$1-$2-tput${3:+-$3}" --path "$2" --checks throughput,mixed_load --threshold 32 $extra \
