@@ -12,8 +12,6 @@ import json
 import re
 import tarfile
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any
 
 import pytest
 
@@ -178,6 +176,11 @@ def gz_logs(directory: Path) -> dict[str, str]:
     return {p.name[: -len(".log.gz")]: gzip.open(p, "rt", errors="replace").read() for p in directory.glob("*.log.gz")}
 
 
+def ratio_against_itself(log: str) -> float:
+    """A server's per-step ratio at 64 against its own log: 1 for the negative controls."""
+    return float(steps.per_step({"base": log, "same": log}, "base", [64])["same"]["64"]["median"])
+
+
 @pytest.mark.parametrize(
     ("evidence", "expected"),
     [
@@ -197,7 +200,7 @@ def test_session_7_per_step_ratios_at_64_and_100_follow_from_the_logs(
     # The kit client holds at most 100 requests in flight (aiohttp's connector limit): no step at 128.
     assert all("128" not in r for r in ratios.values())
     # Negative control: a server whose steps are the base's own has ratio 1, not the published one.
-    assert steps.per_step({"base": logs["base"], "same": logs["base"]}, "base", [64])["same"]["64"]["median"] == 1.0
+    assert ratio_against_itself(logs["base"]) == 1.0
 
 
 def test_session_7_the_write_under_test_was_the_direct_one() -> None:
@@ -235,7 +238,7 @@ def test_session_8_per_step_ratios_with_and_without_the_lean_verify_follow_from_
     assert "zero-step verify samples greedy batches" not in logs["stock-sim"]
     assert all("(from a CUDA graph, replayed directly)" in logs[n] for n in published)
     # Negative control: the stock server measured against itself is 1, not its published ratio.
-    assert steps.per_step({"base": logs["stock-sim"], "same": logs["stock-sim"]}, "base", [64])["same"]["64"]["median"] == 1.0
+    assert ratio_against_itself(logs["stock-sim"]) == 1.0
 
 
 def kv_proof_recordings(evidence: Path) -> tuple[dict[str, exactkv.Recording], dict[str, str]]:
@@ -247,26 +250,34 @@ def kv_proof_recordings(evidence: Path) -> tuple[dict[str, exactkv.Recording], d
     return recs, files
 
 
-@pytest.mark.parametrize("version", sorted(S8_KV))
-def test_session_8_exact_kv_of_the_direct_write_follows_from_the_recordings(version: str) -> None:
-    evidence = S8_KV[version]
+COUNTS = ("compared_requests", "compared_steps", "control_differs")
+
+
+def passed_kv_proof(evidence: Path) -> tuple[dict, dict[str, str], dict]:
+    """A passing kv-proof's report, archive files and exact_kv counts, once its exact_kv verdict,
+    recomputed from the recordings, passes with the published counts, equivalence and >= 100
+    crossings passed, and the control's recording as the candidate fails (negative control)."""
     recs, files = kv_proof_recordings(evidence)
     entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
     report = json.loads((evidence / "report.json").read_text())
     published = report["exact_kv"]
-    assert entry["passed"] and published["passed"] and published["kv_only_extend"] == "from a CUDA graph, replayed directly"
-    assert {k: published[k] for k in ("compared_requests", "compared_steps", "control_differs")} == {
-        k: entry[k] for k in ("compared_requests", "compared_steps", "control_differs")
-    }
+    assert entry["passed"] and published["passed"]
+    assert {k: published[k] for k in COUNTS} == {k: entry[k] for k in COUNTS}
     assert report["equivalence"]["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] >= 100
+    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
+    return report, files, {k: entry[k] for k in COUNTS}
+
+
+@pytest.mark.parametrize("version", sorted(S8_KV))
+def test_session_8_exact_kv_of_the_direct_write_follows_from_the_recordings(version: str) -> None:
+    report, files, _ = passed_kv_proof(S8_KV[version])
+    assert report["exact_kv"]["kv_only_extend"] == "from a CUDA graph, replayed directly"
     # The reference is the fallback as it was: full extend and (0.5.14+) the stock verify.
     env = {s["name"]: s["env"] for s in report["servers"]}
     assert env["dynspec"]["DYNSPEC_DRAFT_KV"] == "kv-direct" and env["dynspec-full"]["DYNSPEC_LEAN_VERIFY"] == "0"
     if version == "0.5.17":
         assert "the lean zero-step verify took its first batch" in files["dynspec.log"]
         assert "zero-step verify samples greedy batches" not in files["dynspec-full.log"]
-    # Negative control: the control's recording as the candidate fails.
-    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
 
 
 # -- session 9 (v2 module r16 at b0dd79c: cached stand-ins, DYNSPEC_KV_BATCH; runtime r10) -----------
@@ -285,21 +296,14 @@ def test_session_9_batched_kv_writes_per_step_ratios_follow_from_the_logs() -> N
     assert "fallback iterations per replay" not in logs["auto"]
     assert all("(from a CUDA graph, replayed directly)" in logs[n] for n in published)
     # Negative control: the base against itself is 1, not a published ratio.
-    assert steps.per_step({"base": logs["base"], "same": logs["base"]}, "base", [64])["same"]["64"]["median"] == 1.0
+    assert ratio_against_itself(logs["base"]) == 1.0
 
 
 def test_session_9_r16_without_batching_kept_the_draft_kv_exact() -> None:
-    recs, files = kv_proof_recordings(S9_KV)
-    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
-    report = json.loads((S9_KV / "report.json").read_text())
-    published = report["exact_kv"]
-    assert entry["passed"] and published["passed"] and report["dynspec_env"] == {}
-    assert {k: published[k] for k in ("compared_requests", "compared_steps", "control_differs")} == {
-        k: entry[k] for k in ("compared_requests", "compared_steps", "control_differs")
-    } == {"compared_requests": 16, "compared_steps": 1082, "control_differs": True}
-    assert report["equivalence"]["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] >= 100
+    report, files, counts = passed_kv_proof(S9_KV)
+    assert report["dynspec_env"] == {}
+    assert counts == {"compared_requests": 16, "compared_steps": 1082, "control_differs": True}
     assert "fallback iterations per replay" not in files["dynspec.log"]
-    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
 
 
 def test_session_9_eight_iterations_per_replay_changed_two_proposals() -> None:
@@ -330,9 +334,9 @@ def startup_rounding_groups(log: str) -> str:
     return line.split(marker, 1)[1].rstrip(")")
 
 
-def logged_rounding(groups: str, log: str) -> Any:
-    """A stand-in DirectKVWrite with the captured sizes of the ready line and the logged numbers,
-    on which the runtime's ``same_rounding_rows`` runs unchanged (4 rows per graph request)."""
+def logged_rounding(groups: str, log: str) -> v2.DirectKVWrite:
+    """A DirectKVWrite holding only the captured sizes of the ready line and the logged numbers
+    (4 rows per graph request), on which the runtime's ``same_rounding_rows`` runs unchanged."""
     sizes = json.loads(re.search(r"CUDA graphs for batch sizes (\[[0-9, ]+\])", log).group(1))
     number = {}
     for run in groups.split(" | "):
@@ -341,31 +345,22 @@ def logged_rounding(groups: str, log: str) -> Any:
         for size in sizes:
             if int(first) <= size <= int(last or first):
                 number[size] = int(n)
-    direct = SimpleNamespace(sizes=sizes, width=4, rounding=[number[size] for size in sizes])
-    direct._graph_for = lambda rows: v2.DirectKVWrite._graph_for(direct, rows)
-    direct.same_rounding_rows = lambda rows: v2.DirectKVWrite.same_rounding_rows(direct, rows)
+    direct = v2.DirectKVWrite.__new__(v2.DirectKVWrite)  # no twin graph: only what the rule reads
+    direct.sizes, direct.width, direct.rounding = sizes, 4, [number[size] for size in sizes]
     return direct
 
 
 def test_session_10_the_checked_batched_write_kept_the_draft_kv_exact() -> None:
-    recs, files = kv_proof_recordings(S10_KV)
-    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
-    report = json.loads((S10_KV / "report.json").read_text())
-    published = report["exact_kv"]
+    report, files, counts = passed_kv_proof(S10_KV)
     assert report["dynspec_env"] == {"DYNSPEC_KV_BATCH": "4"}
     assert {k: report["dynspec_revisions"][k] for k in S10_REVISIONS} == S10_REVISIONS
-    assert entry["passed"] and published["passed"]
-    assert {k: published[k] for k in ("compared_requests", "compared_steps", "control_differs")} == {
-        k: entry[k] for k in ("compared_requests", "compared_steps", "control_differs")
-    } == {"compared_requests": 16, "compared_steps": 1026, "control_differs": True}
-    assert report["equivalence"]["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] >= 100
+    assert counts == {"compared_requests": 16, "compared_steps": 1026, "control_differs": True}
     assert "writes the draft KV of up to 4 fallback iterations" in files["dynspec.log"]
     groups = startup_rounding_groups(files["dynspec.log"])
     assert groups == "1-6:0 | 7:1 | 8-12:0 | 14-28:1 | 30:2 | 32:3 | 40:4 | 44-48:2 | 52:3 | 56-128:2"
     # Where this load could batch at all: off batches of 9 - 12 requests (two iterations), not 13 - 18.
     direct = logged_rounding(groups, files["dynspec.log"])
     assert [r for r in range(9, 19) if direct.same_rounding_rows(r) >= 2 * r] == [9, 10, 11, 12]
-    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
 
 
 def test_session_10_the_rounding_check_left_batching_no_room_at_the_throughput_loads() -> None:
@@ -386,7 +381,7 @@ def test_session_10_the_rounding_check_left_batching_no_room_at_the_throughput_l
     assert report["throughput"]["per_step"] == ratios
     assert {c: r["median"] for c, r in ratios["dynspec"].items()} == {"64": 0.975, "128": 0.992}
     # Negative control: the base against itself is 1, not the published ratio.
-    assert steps.per_step({"base": logs["base-sim.log"], "same": logs["base-sim.log"]}, "base", [64])["same"]["64"]["median"] == 1.0
+    assert ratio_against_itself(logs["base-sim.log"]) == 1.0
 
 
 def test_session_10_throughput_and_mixed_load_pass() -> None:
