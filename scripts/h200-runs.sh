@@ -25,6 +25,8 @@
 #                  of 3) and mixed_load (median of 3) on V, path P, shape S (default 8b; 8b-32k: a 32k draft
 #                  vocabulary); v1 adds --no-overlap-base. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
 #   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
+#   (any proof step) SERVER_ARGS="..." in the env goes to every server (--extra-args), e.g. "--decode-log-interval 1":
+#                  a log line per decode iteration, whose throughput is that iteration's speed
 #   diag V         (same warm machine, part b unpacked) where the last points of a fallback step go at
 #                  C=64,100 (the kit client.py holds at most 100 requests in flight: aiohttp's default
 #                  connector limit): base, dynspec (auto) and dynspec with upstream's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1
@@ -34,7 +36,8 @@
 #                  a later base-N is a second reference, per_step_base-N.json, and its ratio to base is the drift)
 #   prof V         (as diag) torch-profiler traces of 30 decode steps at 64 requests, base and dynspec (auto,
 #                  falling back), GPU only (30 steps) and CPU+GPU with Python stacks (20 steps):
-#                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers
+#                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers;
+#                  PROF_AT=admission: 40 steps (GPU only) from before 64 requests arrive, after one warm-up of that load
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
 #   real-a         carry .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/train-prompts.json .gpu/real/gguf-*.whl
 #                  (and .gpu/real/head where it was trained on the CPU: REAL_HEAD=cpu scripts/real-prepare.sh)
@@ -77,6 +80,7 @@ expect_ready() {
   done
 }
 proof() { local out=$OUT/$1; shift; mkdir -p "$out"
+  [ -n "${SERVER_ARGS:-}" ] && set -- "$@" --extra-args "$SERVER_ARGS"
   timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1 & local pid=$!
   [ -n "${EXPECT_READY:-}" ] && expect_ready "$out" "$pid" &
   wait "$pid"; echo "proof rc=$?"; wait; tail -30 "$out.txt"
@@ -156,12 +160,21 @@ PY
     gzip -f "$OUT"/*.log ;;
   prof) kit_for "$1"
     export TARGET=target8b
-    profile() { rm -rf "/tmp/p_$1"; curl -s -m 30 localhost:30000/start_profile -H 'Content-Type: application/json' \
-      -d "{\"output_dir\":\"/tmp/p_$1\",\"activities\":$2}"; echo
-      for _ in $(seq 120); do python3 -c "import glob,gzip,sys; [gzip.open(f).read() for f in glob.glob(sys.argv[1])] or sys.exit(1)" \
+    profile_start() { rm -rf "/tmp/p_$1"; curl -s -m 30 localhost:30000/start_profile -H 'Content-Type: application/json' \
+      -d "{\"output_dir\":\"/tmp/p_$1\",\"activities\":$2}"; echo; }
+    profile_wait() { for _ in $(seq 120); do python3 -c "import glob,gzip,sys; [gzip.open(f).read() for f in glob.glob(sys.argv[1])] or sys.exit(1)" \
         "/tmp/p_$1/*.trace.json.gz" 2>/dev/null && break; sleep 1; done; }
+    profile() { profile_start "$@"; profile_wait "$1"; }
     for run in ${PROF_SERVERS:-base dyn:SGLANG_SIMULATE_ACC_LEN=3}; do
       serve_run "$run" || continue
+      if [ "${PROF_AT:-steady}" = admission ]; then  # the 64 requests' admission and first steps, GPU only
+        python3 "$K/client.py" http://127.0.0.1:30000 64 256 > /dev/null  # warm-up: the same load once
+        profile_start "${name}_gpu" '["GPU"],"num_steps":40'
+        python3 "$K/client.py" http://127.0.0.1:30000 64 256 > "$OUT/$name-client.txt"; profile_wait "${name}_gpu"
+        bash "$K/stop.sh"; sleep 3
+        python3 scripts/trace_sum.py "/tmp/p_${name}_gpu" 40 > "$OUT/$name-gpu.txt" 2>&1; head -8 "$OUT/$name-gpu.txt"
+        continue
+      fi
       python3 "$K/client.py" http://127.0.0.1:30000 64 2048 > "$OUT/$name-client.txt" & client=$!
       timeout 120 bash -c "until grep -q '#running-req: 64' '$OUT/$name.log'; do sleep 0.5; done"; sleep 2
       profile "${name}_gpu" '["GPU"],"num_steps":30'; profile "${name}_all" '["CPU","GPU"],"with_stack":true,"num_steps":20'

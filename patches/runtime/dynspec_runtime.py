@@ -867,10 +867,10 @@ class DynspecFallback:
 
     def feed_twin_directly(self, worker: Any, log: bool) -> None:
         """``kv-direct`` on v1: in a fallback iteration the draft extend after the verify becomes a
-        ``dynspec_v2.FallbackDirectWrite`` of the twin (the writer of v2's own fallback: the same
-        runner class), where the release hands the extend what it reads (0.5.12's
-        ``EagleDraftExtendInput``); elsewhere it stays kv-graph, said once. The v2 module ships with
-        every release that has that input (0.5.4+), so it is imported only here."""
+        ``dynspec_v2.StockGraphDirectWrite`` of the twin (v2's own fallback's writer, the same runner
+        class, in graphs that round as v1's stock extend graph), where the release hands the extend
+        what it reads (0.5.12's ``EagleDraftExtendInput``); elsewhere it stays kv-graph, said once.
+        The v2 module ships with every release that has that input (0.5.4+), so it is imported only here."""
         if self.draft_kv.mode != DRAFT_KV_DIRECT or self.draft_kv.graph is None:
             return
         next_input_cls = v1_next_draft_input_class(worker)
@@ -878,9 +878,9 @@ class DynspecFallback:
             if log:
                 logger.info("dynspec: this EAGLEWorker's draft extend takes no EagleDraftExtendInput; kv-direct is kv-graph")
             return
-        from sglang.srt.speculative.dynspec_v2 import FallbackDirectWrite, feed_directly
+        from sglang.srt.speculative.dynspec_v2 import StockGraphDirectWrite, feed_directly
 
-        if not feed_directly(self.draft_kv, lambda twin: FallbackDirectWrite.build(twin, worker, self.draft_kv, log), log):
+        if not feed_directly(self.draft_kv, lambda twin: StockGraphDirectWrite.build(twin, worker, self.draft_kv, log), log):
             return
         stock = worker.forward_draft_extend_after_decode
 

@@ -1149,7 +1149,8 @@ class DirectKVWrite:
 
     def check_rounding(self, probe: "RoundingProbe") -> List[int]:
         """Replay every graph on the same probe rows and number the K/V each leaves: graphs with one
-        number (0, 1, ...) round alike. Run once at start-up, before any request: the probe block (as
+        number (0, 1, ...) round alike (read by ``same_rounding_rows`` and by v1's
+        ``StockGraphDirectWrite``). Run once at start-up, before any request: the probe block (as
         many rows as the smallest graph holds) fills each graph, repeated, in slots 1, 2, ..., free
         then; a graph in which the same block rounds differently at another row gets a number of
         its own below 0 and takes no batch.
@@ -1216,7 +1217,7 @@ class DirectKVWrite:
         rows = self.pending
         if rows == 0:
             return
-        size = self.sizes[self._graph_for(rows)]
+        size = self.sizes[self._replay_index(rows)]
         self._fill(rows, size * self.width, self.staging if self.staged else None)
         self.replay(size)
         self.pending = self.pending_steps = 0
@@ -1227,6 +1228,11 @@ class DirectKVWrite:
         """The index in ``sizes`` of the smallest graph whose ``size * width`` rows hold ``rows``
         (``len(sizes)`` when none does)."""
         return bisect.bisect_left(self.sizes, -(-rows // self.width))
+
+    def _replay_index(self, rows: int) -> int:
+        """The index in ``sizes`` of the graph a replay of ``rows`` rows uses: the smallest that
+        holds them (``StockGraphDirectWrite`` picks by rounding)."""
+        return self._graph_for(rows)
 
     def _fill(self, rows: int, padded: int, source: Any = None) -> None:
         """The twin's buffers for a replay of ``padded`` rows: the first ``rows`` copied from
@@ -1397,3 +1403,77 @@ class FallbackDirectWrite(DirectKVWrite):
         stand_in.topk_p = torch.ones((rows, 1), dtype=torch.float32, device=device)
         stand_in.topk_index = torch.zeros((rows, 1), dtype=torch.int64, device=device)
         stand_in.hidden_states = torch.zeros((rows, self.hidden_width), dtype=self.hidden_dtype, device=device)
+
+
+class StockGraphDirectWrite(FallbackDirectWrite):
+    """v1's (0.5.12) direct write: ``FallbackDirectWrite`` in graphs that round the K/V as the stock
+    extend's graph does.
+
+    The own fallback's stock extend runs eagerly while off (``_SavedSteps``), one row per request,
+    and packing the rows into the smallest graph that holds them keeps about that row count. v1
+    keeps its graph: a fallback iteration's stock extend replays the graph for the batch's request
+    count, the tokens at the front of its ``size * width`` rows. Packed into a quarter of those
+    rows, the twin's GEMMs run at another row count, where cuBLAS may take another kernel and round
+    the K/V's low bits apart: on the H200 (session 11) 3 of 1038 proposals after resume differed
+    from the full extend's, at near ties where the no-write control differed too.
+
+    So a batch of ``n`` requests replays the smallest twin graph, from the packed one up to the
+    stock one, that the start-up check (``check_rounding``) numbered as the stock one; its K/V are
+    then those the stock extend writes, bit for bit. Without a check (tensor parallelism, where
+    every rank must replay the same graph for the collectives in it; a pool the probe cannot read;
+    a check that failed) it replays the stock graph itself. A batch larger than the largest graph,
+    which the stock extend runs eagerly, goes to the stock extend (``DraftKV.kv_only``).
+    """
+
+    def __init__(self, twin: Any, hidden: Tuple[int, Any], log: bool = True) -> None:
+        super().__init__(twin, hidden, log)
+        self.replay_index: List[int] = [self.stock_index(n) for n in range(self.sizes[-1] + 1)]
+
+    @classmethod
+    def build(cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True) -> Tuple[Optional["FallbackDirectWrite"], str]:
+        direct, why_not = super().build(twin, worker, draft_kv, log)
+        if isinstance(direct, StockGraphDirectWrite):
+            direct.round_as_stock(worker)
+        return direct, why_not
+
+    def stock_index(self, requests: int) -> int:
+        """The index in ``sizes`` of the graph the stock extend replays for ``requests`` requests."""
+        return bisect.bisect_left(self.sizes, requests)
+
+    def round_as_stock(self, worker: Any) -> None:
+        """Run the start-up check where it may run, then fill ``replay_index``: per request count,
+        the graph to replay (``stock_alike``). At start-up only: the probe writes free slots."""
+        why_not = None
+        if (read_setting(worker, "tp_size", 1) or 1) > 1:
+            why_not = "tensor parallelism (every rank must replay the same graph)"
+        probe = RoundingProbe.of(self.twin) if why_not is None else None
+        if why_not is None and probe is None:
+            why_not = "a draft KV pool without per-layer k_buffer and v_buffer (the start-up check reads them)"
+        if probe is not None:
+            try:
+                self.check_rounding(probe)
+            except Exception as error:  # noqa: BLE001 - the stock graph itself is always exact
+                self.rounding = None
+                why_not = f"a start-up rounding check that failed ({error!r})"
+        self.replay_index = [self.stock_alike(n) for n in range(self.sizes[-1] + 1)]
+        if self.log:
+            if why_not is None:
+                how = f"checked at start-up, by requests of {self.width} rows: {self.rounding_groups()}"
+            else:
+                how = f"the stock graph itself: no start-up check with {why_not}"
+            logger.info(f"dynspec: kv-direct replays, for n requests, the smallest KV-only graph that rounds as the stock extend's graph for n ({how})")
+
+    def stock_alike(self, requests: int) -> int:
+        """The smallest graph, from the one that packs the rows up to the stock one, that
+        ``check_rounding`` numbered as the stock one; the stock one where nothing was checked or
+        it rounds rows by where they sit (then only the stock layout is known to be exact)."""
+        stock = self.stock_index(requests)
+        if self.rounding is None or self.rounding[stock] < 0:
+            return stock
+        return next(i for i in range(self._graph_for(requests), stock + 1) if self.rounding[i] == self.rounding[stock])
+
+    def fits(self, rows: int, hidden: Any, tokens: int, slots: int) -> bool:
+        return rows <= self.sizes[-1] and super().fits(rows, hidden, tokens, slots)
+
+    def _replay_index(self, rows: int) -> int:
+        return self.replay_index[rows]  # one iteration's rows, one per request: fits() bounds them

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ast
 import contextlib
+import inspect
 import logging
 import re
 import sys
@@ -1441,7 +1442,8 @@ def test_v1_fallback_writes_the_accepted_tokens_kv_directly_and_hands_on_the_bon
     fallback, twin, worker = v1_fallback_with()
     batch = v1_batch_of()
     next_input = worker.forward_draft_extend_after_decode(batch)
-    assert twin.log == ["replay 2"] and without_padding(twin.pool) == full_forward_kv(EXTEND)
+    # The stock extend's graph for 3 requests: this pool has no k_buffer list for the start-up check.
+    assert twin.log == ["replay 4"] and without_padding(twin.pool) == full_forward_kv(EXTEND)
     assert isinstance(next_input, EagleDraftInput) and next_input.bonus_tokens.values == EXTEND.tokens
     assert next_input.capture_hidden_mode == "LAST"
     assert next_input.topk_p == Ones((3, 1), "torch.float32", "cuda:0")  # what the eager KV-only extend leaves
@@ -1516,6 +1518,95 @@ def test_v1_before_0_5_12_kv_direct_is_kv_graph_and_says_so(monkeypatch: pytest.
     assert "takes no EagleDraftExtendInput; kv-direct is kv-graph" in caplog.text
 
 
+def stock_graph_write(sizes: list[int], rounding: list[int] | None) -> v2.StockGraphDirectWrite:
+    """A ``StockGraphDirectWrite`` holding only captured sizes, width 4 and a check's numbers."""
+    direct = v2.StockGraphDirectWrite.__new__(v2.StockGraphDirectWrite)  # no twin: only what the rule reads
+    direct.sizes, direct.width, direct.rounding = sizes, 4, rounding
+    return direct
+
+
+ROUNDING_SIZES = [1, 2, 4, 8, 16, 32]
+
+
+@pytest.mark.parametrize(
+    ("rounding", "expected"),
+    [
+        # graph 8 rounds as 32 (another kernel at 32 and 128 rows), 16 as the smaller ones
+        ([0, 0, 0, 1, 0, 1], {3: 0, 5: 3, 8: 3, 12: 2, 16: 2, 17: 3, 32: 3}),
+        ([0, 0, 0, 1, -5, 1], {12: 4, 16: 4, 20: 3}),  # 16 rounds rows by where they sit: only itself
+        (None, {3: 2, 12: 4, 16: 4, 20: 5, 32: 5}),  # nothing checked: the stock graph itself
+    ],
+    ids=["checked", "by-row", "unchecked"],
+)
+def test_v1_replays_the_smallest_graph_that_rounds_as_the_stock_extends(rounding: list[int] | None, expected: dict[int, int]) -> None:
+    direct = stock_graph_write(ROUNDING_SIZES, rounding)
+    assert {n: direct.stock_alike(n) for n in expected} == expected
+    for n in range(1, ROUNDING_SIZES[-1] + 1):
+        chosen, stock = direct.stock_alike(n), direct.stock_index(n)
+        assert ROUNDING_SIZES[chosen] * 4 >= n and chosen <= stock  # holds the rows, no larger than the stock graph
+        if rounding is not None and rounding[stock] >= 0:
+            assert rounding[chosen] == rounding[stock]
+            assert all(rounding[i] != rounding[stock] for i in range(direct._graph_for(n), chosen))
+
+
+def test_v1_packing_the_rows_would_replay_a_graph_that_rounds_apart_from_the_stock_one() -> None:
+    """Negative control for the rule above: the own fallback's packing (the smallest graph that holds
+    the rows) lands in another rounding group at 5 - 8 requests."""
+    rounding = [0, 0, 0, 1, 0, 1]
+    direct = stock_graph_write(ROUNDING_SIZES, rounding)
+    apart = [n for n in range(1, 33) if rounding[direct._graph_for(n)] != rounding[direct.stock_index(n)]]
+    assert apart == [5, 6, 7, 8]  # packed into graph 2 (group 0) where the stock graph is 8 (group 1)
+
+
+@pytest.mark.usefixtures("fake_torch")
+@pytest.mark.parametrize(
+    ("case", "said"),
+    [
+        ("checked", "checked at start-up, by requests of 4 rows: 2-4:0 | 8:1"),
+        ("tp", "the stock graph itself: no start-up check with tensor parallelism"),
+        ("no-probe", "the stock graph itself: no start-up check with a draft KV pool without per-layer k_buffer"),
+        ("check-failed", "the stock graph itself: no start-up check with a start-up rounding check that failed (RuntimeError('out of memory'))"),
+    ],
+)
+def test_v1_start_up_picks_the_graphs_and_says_how(
+    case: str, said: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    twin = FallbackTwin(MHATokenToKVPool([]), [])
+    worker = Worker()
+    worker.server_args = SimpleNamespace(tp_size=2 if case == "tp" else 1)
+    probe = None if case == "no-probe" else object()
+    monkeypatch.setattr(v2.RoundingProbe, "of", classmethod(lambda cls, twin: probe))
+
+    def check(self: v2.DirectKVWrite, probe: Any) -> list[int]:
+        if case == "check-failed":
+            self.rounding = [9, 9, 9]  # a half-done check must not count
+            raise RuntimeError("out of memory")
+        self.rounding = [0, 0, 1]  # graph 8 rounds apart
+        return self.rounding
+
+    monkeypatch.setattr(v2.DirectKVWrite, "check_rounding", check)
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        direct, why_not = v2.StockGraphDirectWrite.build(twin, worker, fallback_draft_kv(), log=True)
+    assert isinstance(direct, v2.StockGraphDirectWrite), why_not
+    assert said in caplog.text
+    # 5 requests: the stock graph is 8; packed they would fit graph 2, which rounds apart from 8 when checked.
+    assert direct.replay_index[5] == 2
+    assert direct.replay_index[3] == (0 if case == "checked" else 1)
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_a_batch_beyond_the_largest_graph_goes_to_the_stock_extend() -> None:
+    """The stock extend runs such a batch eagerly; the twin's packed rows would round as no eager GEMM."""
+    fallback, twin, worker = v1_fallback_with()
+    n = max(SIZES) + 1  # 9 requests: 36 rows fit the size-8 graph's 32 only packed
+    batch = v1_batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(100, 100 + n))))
+    assert worker.forward_draft_extend_after_decode(batch) == "stock" and twin.log == ["stock extend"]
+    n = max(SIZES)  # the control: 8 requests replay the stock graph for 8
+    twin.log.clear()
+    assert worker.forward_draft_extend_after_decode(v1_batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(100, 100 + n))))) != "stock"
+    assert twin.log == ["replay 8"]
+
+
 V1_DIRECT = ["0.5.12"]
 V1_BEFORE = [v for v in RELEASES if Version("0.4.10.post2") <= Version(v) < Version("0.5.12")]
 
@@ -1554,6 +1645,28 @@ def test_v1_extend_after_decode_is_what_the_direct_path_mirrors(version: str) ->
     decode = ast.unparse(method_def(worker, "forward_batch_generation"))
     assert "next_draft_input = self.forward_draft_extend_after_decode(batch)" in decode
     assert "EagleDraftExtendInput" in source_of(version, V1_WORKER).split("class EAGLEWorker")[0]  # a module global
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", V1_DIRECT)
+def test_v1_stock_extend_replays_the_graph_for_its_request_count(version: str) -> None:
+    """What ``StockGraphDirectWrite`` rounds as: 0.5.12's v1 extend after the verify replays its
+    graph whenever the request count fits (one token per request in a fallback iteration too),
+    the graph for that count, the tokens copied to the front of its rows; dynspec's v1 fallback
+    leaves that graph in place for the full extend (the own fallback puts it aside, ``_SavedSteps``)."""
+    runner = class_named(source_of(version, EXTEND_RUNNER), "EAGLEDraftExtendCudaGraphRunner")
+    can_run = ast.unparse(method_def(runner, "can_run"))
+    assert "cuda_graph_bs = forward_batch.seq_lens.numel()" in can_run and "cuda_graph_bs <= self.max_bs" in can_run
+    replay = ast.unparse(method_def(runner, "replay"))
+    assert "index = bisect.bisect_left(self.capture_bs, raw_bs)" in replay and "bs = self.capture_bs[index]" in replay
+    assert "buffers.input_ids[:num_tokens].copy_(forward_batch.input_ids)" in replay
+    assert "buffers.hidden_states[:num_tokens].copy_(forward_batch.spec_info.hidden_states)" in replay
+    assert "self.num_tokens_per_bs = self.speculative_num_steps + 1" in ast.unparse(method_def(runner, "__init__"))
+    extend = ast.unparse(method_def(class_named(source_of(version, V1_WORKER), "EAGLEWorker"), "forward_draft_extend_after_decode"))
+    assert "self.cuda_graph_runner_for_draft_extend.can_run(forward_batch)" in extend
+    fall_back = inspect.getsource(runtime.DynspecFallback.fall_back)
+    assert "cuda_graph_runner_for_draft_extend" not in fall_back and "_SavedSteps" not in fall_back
+    assert "self.draft.cuda_graph_runner_for_draft_extend = None" in inspect.getsource(v2._SavedSteps.one_token)
 
 
 @pytest.mark.releases

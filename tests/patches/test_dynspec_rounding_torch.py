@@ -142,3 +142,69 @@ def test_unchecked_batching_into_a_graph_that_rounds_apart_changes_the_bits() ->
         eight.write(*iteration(requests, step))
     eight.flush()
     assert 12 in batched.replays and not torch.equal(pool_bytes(single), pool_bytes(batched))
+
+
+# -- v1 (0.5.12): the direct write in graphs that round as the stock extend's --------------------------
+
+
+class V1Twin(Twin):
+    """The twin as v1's ``StockGraphDirectWrite`` reads it: ``graphs[size].replay()`` and the width as
+    0.5.12's runner names it."""
+
+    def __init__(self, apart: tuple[int, ...] = (), late_rows: tuple[int, ...] = ()) -> None:
+        super().__init__(apart, late_rows)
+        self.num_tokens_per_bs = WIDTH
+        self.graphs = {size: SimpleNamespace(replay=lambda size=size: self.replay(size)) for size in SIZES}
+
+
+def stock_extend_bytes(twin: Twin, batch: Any, result: Any) -> Any:
+    """What v1's stock extend writes: the batch's rows at the front of the graph for its request count."""
+    n = int(batch.seq_lens.shape[0])
+    size = next(s for s in SIZES if s >= n)
+    b = twin.buffers
+    b.input_ids[:n], b.positions[:n], b.out_cache_loc[:n] = result.next_token_ids, batch.seq_lens, batch.out_cache_loc
+    b.hidden_states[:n] = result.logits_output.hidden_states
+    for name in ("input_ids", "positions", "out_cache_loc"):
+        getattr(b, name)[n : size * WIDTH] = 0
+    twin.replay(size)
+    return pool_bytes(twin)
+
+
+def v1_writer(twin: V1Twin, rounding: list[int] | None = None) -> v2.StockGraphDirectWrite:
+    write = v2.StockGraphDirectWrite(twin, (HIDDEN, torch.bfloat16), log=False)
+    write.round_as_stock(SimpleNamespace(server_args=SimpleNamespace(tp_size=1)))
+    if rounding is not None:  # what a wrong check would have said
+        write.rounding = rounding
+        write.replay_index = [write.stock_alike(n) for n in range(SIZES[-1] + 1)]
+    pool = twin.model_runner.token_to_kv_pool
+    for layer in (*pool.k_buffer, *pool.v_buffer):
+        layer.zero_()
+    twin.replays.clear()
+    return write
+
+
+def v1_iteration(n: int, step: int) -> tuple[Any, Any]:
+    batch, result = iteration([object()] * n, step)
+    result.next_draft_input = SimpleNamespace()
+    return batch, result
+
+
+@pytest.mark.parametrize("requests", [3, 6, 10, 16])
+def test_v1s_direct_write_leaves_the_bits_of_the_stock_extend_in_a_smaller_graph(requests: int) -> None:
+    """Graphs 8 and 16 round apart from the small ones: 6 requests (stock graph 8) replay graph 8,
+    10 and 16 (stock 12 and 16) the smallest of those, 3 (stock graph 4) a packed small one."""
+    direct, stock = V1Twin(apart=(8, 12, 16)), V1Twin(apart=(8, 12, 16))
+    write = v1_writer(direct)
+    assert write.rounding == [0, 0, 0, 1, 1, 1]
+    assert write.write(*v1_iteration(requests, 0))
+    assert torch.equal(pool_bytes(direct), stock_extend_bytes(stock, *v1_iteration(requests, 0)))
+    assert direct.replays == [{3: 1, 6: 8, 10: 8, 16: 8}[requests]]
+
+
+def test_v1s_direct_write_packed_as_the_own_fallbacks_would_change_the_bits() -> None:
+    """Negative control: told that every graph rounds alike, 6 requests pack into graph 2, which
+    rounds apart from the stock extend's graph 8."""
+    direct, stock = V1Twin(apart=(8, 12, 16)), V1Twin(apart=(8, 12, 16))
+    write = v1_writer(direct, rounding=[0] * len(SIZES))
+    assert write.write(*v1_iteration(6, 0))
+    assert direct.replays == [2] and not torch.equal(pool_bytes(direct), stock_extend_bytes(stock, *v1_iteration(6, 0)))

@@ -334,9 +334,9 @@ def startup_rounding_groups(log: str) -> str:
     return line.split(marker, 1)[1].rstrip(")")
 
 
-def logged_rounding(groups: str, log: str) -> v2.DirectKVWrite:
-    """A DirectKVWrite holding only the captured sizes of the ready line and the logged numbers
-    (4 rows per graph request), on which the runtime's ``same_rounding_rows`` runs unchanged."""
+def logged_rounding(groups: str, log: str, kind: type[v2.DirectKVWrite] = v2.DirectKVWrite) -> v2.DirectKVWrite:
+    """A DirectKVWrite (or ``kind``) holding only the captured sizes of the ready line and the logged
+    numbers (4 rows per graph request), on which the runtime's own rules run unchanged."""
     sizes = json.loads(re.search(r"CUDA graphs for batch sizes (\[[0-9, ]+\])", log).group(1))
     number = {}
     for run in groups.split(" | "):
@@ -345,7 +345,7 @@ def logged_rounding(groups: str, log: str) -> v2.DirectKVWrite:
         for size in sizes:
             if int(first) <= size <= int(last or first):
                 number[size] = int(n)
-    direct = v2.DirectKVWrite.__new__(v2.DirectKVWrite)  # no twin graph: only what the rule reads
+    direct = kind.__new__(kind)  # no twin graph: only what the rules read
     direct.sizes, direct.width, direct.rounding = sizes, 4, [number[size] for size in sizes]
     return direct
 
@@ -460,3 +460,20 @@ def test_session_11_the_own_fallbacks_throughput_and_mixed_load_on_0_5_12() -> N
     assert seconds == {k: sorted(v)[1] for k, v in mixed["samples"].items()}  # medians of 3
     assert seconds["dynspec"] < min(seconds["base"], seconds["always_on"])  # faster than either static server
     assert not mixed["passed"] and round(seconds["dynspec"] / mixed["oracle_seconds"], 3) == 1.040
+
+
+def test_session_11_v1s_new_rule_on_the_rounding_groups_session_10_measured() -> None:
+    """r18's StockGraphDirectWrite on the graphs session 10's start-up check numbered (0.5.17's twin:
+    the same runner and GEMM shapes; 0.5.12's own groups have not been logged): on the small shape,
+    exact_kv's off batches of 16 - 18 requests packed into graphs 4 - 5, which round apart from the
+    stock graphs 16 - 18, and now replay graph 7; on the 8B shape 64 requests replay graph 18 and 128
+    graph 48, about the packed graphs' 16 and 32."""
+    logs = {"small": members(S10_KV / "logs.tar.gz", "dynspec.log")["dynspec.log"]}
+    logs["8b"] = members(S10_TPUT / "logs.tar.gz", "dynspec-sim.log")["dynspec-sim.log"]
+    rules = {shape: logged_rounding(startup_rounding_groups(log), log, v2.StockGraphDirectWrite) for shape, log in logs.items()}
+    chosen = {shape: {n: rule.sizes[rule.stock_alike(n)] for n in (16, 17, 18, 64, 128)} for shape, rule in rules.items()}
+    assert chosen == {"small": {16: 7, 17: 7, 18: 7, 64: 30, 128: 44}, "8b": {16: 16, 17: 5, 18: 5, 64: 18, 128: 48}}
+    small = rules["small"]
+    assert all(small.rounding[small.stock_alike(n)] == small.rounding[small.stock_index(n)] for n in range(1, 129))
+    # Negative control: r17's packing put those off batches into graphs that round apart from the stock ones.
+    assert all(small.rounding[small._graph_for(n)] != small.rounding[small.stock_index(n)] for n in (16, 17, 18))
