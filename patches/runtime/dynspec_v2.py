@@ -567,16 +567,8 @@ class ZeroStepPolicy:
         direct = self.draft_kv.direct
         if direct is None or direct.batch_steps == 1:
             return
-        why_not = kv_batch_unsafe(self.worker)
-        probe = RoundingProbe.of(direct.twin) if why_not is None else None
-        if why_not is None and probe is None:
-            why_not = "a draft KV pool without per-layer k_buffer and v_buffer (the start-up check reads them)"
-        if probe is not None:
-            try:
-                direct.check_rounding(probe)
-            except Exception as error:  # noqa: BLE001 - serve with one iteration per replay rather than not at all
-                why_not = f"a start-up rounding check that failed ({error!r})"
-        if why_not is not None:
+        why_not = direct.check_rounding_unless(kv_batch_unsafe(self.worker))
+        if why_not is not None:  # serve with one iteration per replay rather than not at all
             direct.batch_steps = 1
             if self.log:
                 logger.info(f"dynspec: {KV_BATCH_ENV} is not used with {why_not}; every fallback iteration writes its own rows")
@@ -962,6 +954,10 @@ class RoundingProbe:
             hidden_states=hidden.to(buffers.hidden_states.dtype).repeat(blocks, 1),
         )
 
+    def slots(self) -> int:
+        """The pool's slots per layer; the probe writes slots 1 to the largest graph's rows."""
+        return int(min(layer.shape[0] for layer in self._layers()))
+
     def _layers(self) -> Tuple[Any, ...]:
         return (*self.pool.k_buffer, *self.pool.v_buffer)
 
@@ -1146,6 +1142,22 @@ class DirectKVWrite:
             and tokens == rows
             and slots == rows
         )
+
+    def check_rounding_unless(self, why_not: Optional[str]) -> Optional[str]:
+        """Run ``check_rounding`` at start-up unless ``why_not`` already says it may not run; what
+        kept it from running or made it fail (``rounding`` then None), None once it ran."""
+        probe = RoundingProbe.of(self.twin) if why_not is None else None
+        if why_not is None and probe is None:
+            why_not = "a draft KV pool without per-layer k_buffer and v_buffer (the start-up check reads them)"
+        if probe is not None and probe.slots() <= self.capacity:
+            why_not = f"a draft KV pool of {probe.slots()} slots (the start-up check writes slots 1 to {self.capacity})"
+        elif probe is not None:
+            try:
+                self.check_rounding(probe)
+            except Exception as error:  # noqa: BLE001 - the callers serve without the check's numbers
+                self.rounding = None
+                why_not = f"a start-up rounding check that failed ({error!r})"
+        return why_not
 
     def check_rounding(self, probe: "RoundingProbe") -> List[int]:
         """Replay every graph on the same probe rows and number the K/V each leaves: graphs with one
@@ -1421,8 +1433,10 @@ class StockGraphDirectWrite(FallbackDirectWrite):
     stock one, that the start-up check (``check_rounding``) numbered as the stock one; its K/V are
     then those the stock extend writes, bit for bit. Without a check (tensor parallelism, where
     every rank must replay the same graph for the collectives in it; a pool the probe cannot read;
-    a check that failed) it replays the stock graph itself. A batch larger than the largest graph,
-    which the stock extend runs eagerly, goes to the stock extend (``DraftKV.kv_only``).
+    a check that failed) it replays the stock graph itself. A batch the stock extend runs eagerly
+    (more requests than the largest graph holds; with ``--disable-cuda-graph-padding``, a count with
+    no graph of its own) goes to the stock extend (``DraftKV.kv_only``), eager too. The twin must
+    have the stock graph's sizes and width, since it stands for it.
     """
 
     def __init__(self, twin: Any, hidden: Tuple[int, Any], log: bool = True) -> None:
@@ -1432,8 +1446,13 @@ class StockGraphDirectWrite(FallbackDirectWrite):
     @classmethod
     def build(cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True) -> Tuple[Optional["FallbackDirectWrite"], str]:
         direct, why_not = super().build(twin, worker, draft_kv, log)
-        if isinstance(direct, StockGraphDirectWrite):
-            direct.round_as_stock(worker)
+        if not isinstance(direct, StockGraphDirectWrite):
+            return direct, why_not
+        stock = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
+        same = ("capture_bs", "disable_padding")
+        if any(getattr(stock, name, None) != getattr(twin, name, None) for name in same) or cls.width_of(stock) != direct.width:
+            return None, f"the KV-only graphs differ from the stock draft-extend graphs in their sizes or width ({type(stock).__name__})"
+        direct.round_as_stock(worker)
         return direct, why_not
 
     def stock_index(self, requests: int) -> int:
@@ -1443,18 +1462,9 @@ class StockGraphDirectWrite(FallbackDirectWrite):
     def round_as_stock(self, worker: Any) -> None:
         """Run the start-up check where it may run, then fill ``replay_index``: per request count,
         the graph to replay (``stock_alike``). At start-up only: the probe writes free slots."""
-        why_not = None
-        if (read_setting(worker, "tp_size", 1) or 1) > 1:
-            why_not = "tensor parallelism (every rank must replay the same graph)"
-        probe = RoundingProbe.of(self.twin) if why_not is None else None
-        if why_not is None and probe is None:
-            why_not = "a draft KV pool without per-layer k_buffer and v_buffer (the start-up check reads them)"
-        if probe is not None:
-            try:
-                self.check_rounding(probe)
-            except Exception as error:  # noqa: BLE001 - the stock graph itself is always exact
-                self.rounding = None
-                why_not = f"a start-up rounding check that failed ({error!r})"
+        tp = (read_setting(worker, "tp_size", 1) or 1) > 1
+        # Without the check's numbers every batch replays the stock graph itself, which is exact.
+        why_not = self.check_rounding_unless("tensor parallelism (every rank must replay the same graph)" if tp else None)
         self.replay_index = [self.stock_alike(n) for n in range(self.sizes[-1] + 1)]
         if self.log:
             if why_not is None:
@@ -1473,7 +1483,8 @@ class StockGraphDirectWrite(FallbackDirectWrite):
         return next(i for i in range(self._graph_for(requests), stock + 1) if self.rounding[i] == self.rounding[stock])
 
     def fits(self, rows: int, hidden: Any, tokens: int, slots: int) -> bool:
-        return rows <= self.sizes[-1] and super().fits(rows, hidden, tokens, slots)
+        eager = rows > self.sizes[-1] or (getattr(self.twin, "disable_padding", False) and rows not in self.graphs)
+        return not eager and super().fits(rows, hidden, tokens, slots)
 
     def _replay_index(self, rows: int) -> int:
         return self.replay_index[rows]  # one iteration's rows, one per request: fits() bounds them

@@ -920,8 +920,12 @@ def step_of(reqs: list[Any], step: int, slots: list[int] | None = None) -> tuple
 class Probe:
     """``RoundingProbe`` on the fakes: the probe block repeated as buffers, the pool's K/V at their slots."""
 
-    def __init__(self, pool: MHATokenToKVPool) -> None:
+    def __init__(self, pool: MHATokenToKVPool, slots: int = 1 << 20) -> None:
         self.pool = pool
+        self.pool_slots = slots
+
+    def slots(self) -> int:
+        return self.pool_slots
 
     @staticmethod
     def inputs(buffers: Any, block: int, blocks: int) -> Any:
@@ -1386,6 +1390,11 @@ V1_MODULE.EagleDraftInput = EagleDraftInput  # type: ignore[attr-defined]
 V1_MODULE.EagleDraftExtendInput = EagleDraftExtendInput  # type: ignore[attr-defined]
 
 
+def stock_graph(**options: Any) -> Any:
+    """v1's stock draft-extend graph runner as the direct write compares the twin with it."""
+    return SimpleNamespace(**{"capture_bs": list(SIZES), "num_tokens_per_bs": 4, **options})
+
+
 class V1Worker:
     """0.5.12's ``EAGLEWorker``: its stock extend after the verify logs itself."""
 
@@ -1394,6 +1403,7 @@ class V1Worker:
     def __init__(self, log: list[str]) -> None:
         self.log = log
         self.server_args = SimpleNamespace()
+        self.cuda_graph_runner_for_draft_extend = stock_graph()
 
     def forward_draft_extend_after_decode(self, batch: Any) -> str:
         self.log.append("stock extend")
@@ -1426,12 +1436,15 @@ def v1_side(monkeypatch: pytest.MonkeyPatch, sglang_side: None, fake_torch: None
     monkeypatch.setitem(sys.modules, forward_batch_info.__name__, forward_batch_info)
 
 
-def v1_fallback_with(mode: str = runtime.DRAFT_KV_DIRECT) -> tuple[runtime.DynspecFallback, FallbackTwin, V1Worker]:
+def v1_fallback_with(mode: str = runtime.DRAFT_KV_DIRECT, **stock_options: Any) -> tuple[runtime.DynspecFallback, FallbackTwin, V1Worker]:
     twin = FallbackTwin(MHATokenToKVPool([]), [])
+    for name, value in stock_options.items():  # the twin is built as the stock graph was
+        setattr(twin, name, value)
     draft_kv = fallback_draft_kv()
     draft_kv.mode, draft_kv.graph = mode, twin
     fallback = runtime.DynspecFallback(runtime.SwitchController(4, min_steps=1, log=False), None, draft_kv)  # type: ignore[arg-type]
     worker = V1Worker(twin.log)
+    worker.cuda_graph_runner_for_draft_extend = stock_graph(**stock_options)
     fallback.feed_twin_directly(worker, log=False)
     fallback._step, fallback.in_fallback = runtime.FALL_BACK, True
     return fallback, twin, worker
@@ -1566,6 +1579,7 @@ def test_v1_packing_the_rows_would_replay_a_graph_that_rounds_apart_from_the_sto
         ("tp", "the stock graph itself: no start-up check with tensor parallelism"),
         ("no-probe", "the stock graph itself: no start-up check with a draft KV pool without per-layer k_buffer"),
         ("check-failed", "the stock graph itself: no start-up check with a start-up rounding check that failed (RuntimeError('out of memory'))"),
+        ("small-pool", "the stock graph itself: no start-up check with a draft KV pool of 32 slots (the start-up check writes slots 1 to 32)"),
     ],
 )
 def test_v1_start_up_picks_the_graphs_and_says_how(
@@ -1574,7 +1588,8 @@ def test_v1_start_up_picks_the_graphs_and_says_how(
     twin = FallbackTwin(MHATokenToKVPool([]), [])
     worker = Worker()
     worker.server_args = SimpleNamespace(tp_size=2 if case == "tp" else 1)
-    probe = None if case == "no-probe" else object()
+    worker.cuda_graph_runner_for_draft_extend = stock_graph()  # type: ignore[attr-defined]
+    probe = None if case == "no-probe" else Probe(twin.pool, slots=32 if case == "small-pool" else 33)  # 8 x 4 rows from slot 1
     monkeypatch.setattr(v2.RoundingProbe, "of", classmethod(lambda cls, twin: probe))
 
     def check(self: v2.DirectKVWrite, probe: Any) -> list[int]:
@@ -1592,6 +1607,35 @@ def test_v1_start_up_picks_the_graphs_and_says_how(
     # 5 requests: the stock graph is 8; packed they would fit graph 2, which rounds apart from 8 when checked.
     assert direct.replay_index[5] == 2
     assert direct.replay_index[3] == (0 if case == "checked" else 1)
+
+
+@pytest.mark.usefixtures("fake_torch")
+@pytest.mark.parametrize(
+    ("stock", "why"),
+    [
+        (stock_graph(capture_bs=[2, 4]), "differ from the stock draft-extend graphs in their sizes or width"),
+        (stock_graph(num_tokens_per_bs=2), "differ from the stock draft-extend graphs in their sizes or width"),
+        (stock_graph(disable_padding=True), "differ from the stock draft-extend graphs in their sizes or width"),
+        (None, "differ from the stock draft-extend graphs in their sizes or width (NoneType)"),
+    ],
+    ids=["sizes", "width", "padding", "no-stock-graph"],
+)
+def test_v1_a_twin_that_does_not_stand_for_the_stock_graph_is_not_fed_directly(stock: Any, why: str) -> None:
+    twin, worker = FallbackTwin(MHATokenToKVPool([]), []), Worker()
+    worker.cuda_graph_runner_for_draft_extend = stock_graph()  # type: ignore[attr-defined]
+    assert v2.StockGraphDirectWrite.build(twin, worker, fallback_draft_kv())[0] is not None  # the control
+    worker.cuda_graph_runner_for_draft_extend = stock  # type: ignore[attr-defined]
+    direct, why_not = v2.StockGraphDirectWrite.build(twin, worker, fallback_draft_kv())
+    assert direct is None and why in why_not
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_without_cuda_graph_padding_a_count_with_no_graph_goes_to_the_stock_extend() -> None:
+    """With --disable-cuda-graph-padding the stock extend runs a count it has no graph for eagerly."""
+    fallback, twin, worker = v1_fallback_with(disable_padding=True)
+    assert worker.forward_draft_extend_after_decode(v1_batch_of()) == "stock" and twin.log == ["stock extend"]  # 3 requests
+    twin.log.clear()  # the control: 4 requests have a graph of their own
+    assert worker.forward_draft_extend_after_decode(v1_batch_of(FOUR)) != "stock" and twin.log == ["replay 4"]
 
 
 @pytest.mark.usefixtures("v1_side")
@@ -1656,7 +1700,9 @@ def test_v1_stock_extend_replays_the_graph_for_its_request_count(version: str) -
     leaves that graph in place for the full extend (the own fallback puts it aside, ``_SavedSteps``)."""
     runner = class_named(source_of(version, EXTEND_RUNNER), "EAGLEDraftExtendCudaGraphRunner")
     can_run = ast.unparse(method_def(runner, "can_run"))
-    assert "cuda_graph_bs = forward_batch.seq_lens.numel()" in can_run and "cuda_graph_bs <= self.max_bs" in can_run
+    assert "cuda_graph_bs = forward_batch.seq_lens.numel()" in can_run
+    # with --disable-cuda-graph-padding only a count with a graph of its own (StockGraphDirectWrite.fits)
+    assert "cuda_graph_bs in self.graphs if self.disable_padding else cuda_graph_bs <= self.max_bs" in can_run
     replay = ast.unparse(method_def(runner, "replay"))
     assert "index = bisect.bisect_left(self.capture_bs, raw_bs)" in replay and "bs = self.capture_bs[index]" in replay
     assert "buffers.input_ids[:num_tokens].copy_(forward_batch.input_ids)" in replay

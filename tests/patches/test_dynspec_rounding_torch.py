@@ -208,3 +208,18 @@ def test_v1s_direct_write_packed_as_the_own_fallbacks_would_change_the_bits() ->
     write = v1_writer(direct, rounding=[0] * len(SIZES))
     assert write.write(*v1_iteration(6, 0))
     assert direct.replays == [2] and not torch.equal(pool_bytes(direct), stock_extend_bytes(stock, *v1_iteration(6, 0)))
+
+
+def test_v1s_start_up_check_does_not_write_past_a_small_pool() -> None:
+    """A pool of fewer slots than the largest graph's rows: no probe (it would index past the
+    buffers), and every batch replays the stock graph itself."""
+    twin = V1Twin(apart=(8, 12, 16))
+    pool = twin.model_runner.token_to_kv_pool
+    pool.k_buffer, pool.v_buffer = [pool.k_buffer[0][:64]], [pool.v_buffer[0][:64]]  # slots 0 - 63; the probe needs 1 - 64
+    write = v2.StockGraphDirectWrite(twin, (HIDDEN, torch.bfloat16), log=False)
+    write.round_as_stock(SimpleNamespace(server_args=SimpleNamespace(tp_size=1)))
+    assert write.rounding is None and twin.replays == []
+    assert [SIZES[write.replay_index[n]] for n in (3, 6, 10)] == [4, 8, 12]
+    pool.k_buffer, pool.v_buffer = [torch.zeros(65, HEADS, DIM, dtype=torch.bfloat16)], [torch.zeros(65, HEADS, DIM, dtype=torch.bfloat16)]
+    write.round_as_stock(SimpleNamespace(server_args=SimpleNamespace(tp_size=1)))  # the control: 65 slots hold 1 - 64
+    assert write.rounding == [0, 0, 0, 1, 1, 1] and [SIZES[write.replay_index[n]] for n in (3, 6, 10)] == [1, 8, 8]
