@@ -27,6 +27,7 @@
 #   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
 #   (any proof step) SERVER_ARGS="..." in the env goes to every server (--extra-args), e.g. "--decode-log-interval 1":
 #                  a log line per decode iteration, whose throughput is that iteration's speed
+#   (any proof step) PROOF_FLAGS="..." in the env: more dynspec proof flags, e.g. "--exact-kv-cycles 6"
 #   diag V         (same warm machine, part b unpacked) where the last points of a fallback step go at
 #                  C=64,100 (the kit client.py holds at most 100 requests in flight: aiohttp's default
 #                  connector limit): base, dynspec (auto) and dynspec with upstream's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1
@@ -81,6 +82,7 @@ expect_ready() {
 }
 proof() { local out=$OUT/$1; shift; mkdir -p "$out"
   [ -n "${SERVER_ARGS:-}" ] && set -- "$@" --extra-args "$SERVER_ARGS"
+  set -- "$@" ${PROOF_FLAGS:-}  # word-split on purpose: flags and values without spaces
   timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1 & local pid=$!
   [ -n "${EXPECT_READY:-}" ] && expect_ready "$out" "$pid" &
   wait "$pid"; echo "proof rc=$?"; wait; tail -30 "$out.txt"
