@@ -66,8 +66,20 @@ KV_ONLY_MODES = ("kv", "kv-graph", "kv-direct")
 DRAFTS_PER_STEP = 3
 
 
+_OUTPUT = threading.Lock()
+
+
+def say(text: str) -> None:
+    """Print ``text`` as one block: handler threads print at once, and print() writes the text and
+    its newline separately, so an access line could land inside another thread's traceback (where
+    logscan folds it into the traceback's entry)."""
+    with _OUTPUT:
+        sys.stdout.write(text + "\n")
+        sys.stdout.flush()
+
+
 def log(message: str) -> None:
-    print(f"[2026-11-29 12:00:00 TP0] {message}", flush=True)
+    say(f"[2026-11-29 12:00:00 TP0] {message}")
 
 
 def log_decode_steps(speculative: bool, dynspec: bool, adaptive: bool) -> None:
@@ -194,7 +206,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
 
         def log_message(self, format: str, *args: Any) -> None:  # uvicorn's access-log shape
             if not state.quiet:
-                print(f'INFO:     127.0.0.1:1 - "{self.command} {self.path} HTTP/1.1" {args[1]}', flush=True)
+                say(f'INFO:     127.0.0.1:1 - "{self.command} {self.path} HTTP/1.1" {args[1]}')
 
         def reply(self, status: int, body: Any) -> None:
             data = json.dumps(body).encode()
@@ -235,9 +247,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     self.reply(500, {"error": "injected"})
                     return
                 if "traceback" in state.faults and number == 3:
-                    print(
-                        'Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: injected', flush=True
-                    )
+                    say('Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: injected')
                 tokens = [100] * n if state.acc > 0 else outputs(body["input_ids"], n)
                 if "diverge" in state.faults and not on and n > 2:
                     tokens[2] = (tokens[2] + 1) % 32000
@@ -279,7 +289,7 @@ def main(argv: list[str]) -> None:
         f"env SGLANG_SIMULATE_ACC_LEN={os.environ.get('SGLANG_SIMULATE_ACC_LEN')} HF_HUB_OFFLINE={os.environ.get('HF_HUB_OFFLINE')}"
     )
     if "crash" in faults:
-        print("Traceback (most recent call last):\nRuntimeError: CUDA error: injected", flush=True)
+        say("Traceback (most recent call last):\nRuntimeError: CUDA error: injected")
         sys.exit(1)
     if args.speculative_adaptive:
         with open(args.speculative_adaptive_config) as f:
