@@ -1149,8 +1149,9 @@ class DirectKVWrite:
         probe = RoundingProbe.of(self.twin) if why_not is None else None
         if why_not is None and probe is None:
             why_not = "a draft KV pool without per-layer k_buffer and v_buffer (the start-up check reads them)"
-        if probe is not None and probe.slots() <= self.capacity:
-            why_not = f"a draft KV pool of {probe.slots()} slots (the start-up check writes slots 1 to {self.capacity})"
+        slots = probe.slots() if probe is not None else 0
+        if probe is not None and slots <= self.capacity:
+            why_not = f"a draft KV pool of {slots} slots (the start-up check writes slots 1 to {self.capacity})"
         elif probe is not None:
             try:
                 self.check_rounding(probe)
@@ -1442,6 +1443,7 @@ class StockGraphDirectWrite(FallbackDirectWrite):
     def __init__(self, twin: Any, hidden: Tuple[int, Any], log: bool = True) -> None:
         super().__init__(twin, hidden, log)
         self.replay_index: List[int] = [self.stock_index(n) for n in range(self.sizes[-1] + 1)]
+        self.unpadded = bool(getattr(twin, "disable_padding", False))  # the stock extend runs a count without a graph eagerly
 
     @classmethod
     def build(cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True) -> Tuple[Optional["FallbackDirectWrite"], str]:
@@ -1483,7 +1485,7 @@ class StockGraphDirectWrite(FallbackDirectWrite):
         return next(i for i in range(self._graph_for(requests), stock + 1) if self.rounding[i] == self.rounding[stock])
 
     def fits(self, rows: int, hidden: Any, tokens: int, slots: int) -> bool:
-        eager = rows > self.sizes[-1] or (getattr(self.twin, "disable_padding", False) and rows not in self.graphs)
+        eager = rows > self.sizes[-1] or (self.unpadded and rows not in self.graphs)
         return not eager and super().fits(rows, hidden, tokens, slots)
 
     def _replay_index(self, rows: int) -> int:

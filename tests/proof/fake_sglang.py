@@ -71,8 +71,8 @@ _OUTPUT = threading.Lock()
 
 def say(text: str) -> None:
     """Print ``text`` as one block: handler threads print at once, and print() writes the text and
-    its newline separately, so an access line could land inside another thread's traceback (where
-    logscan folds it into the traceback's entry)."""
+    its newline separately, so a line could run into another thread's (``... 500INFO: ...``, where
+    the error pattern finds no word boundary after the status)."""
     with _OUTPUT:
         sys.stdout.write(text + "\n")
         sys.stdout.flush()
