@@ -51,6 +51,10 @@ def test_parse_keeps_each_requests_first_fallback_and_its_drafts_by_position() -
     assert (rec.lines, rec.bad_lines) == (5, 0)
     assert rec.first_off == {A: 11, B: 21}
     assert rec.drafts == {A: {10: [1, 2], 14: [5, 6]}, B: {20: [3, 4]}}
+    assert rec.history == {
+        A: {10: (exactkv.SPECULATE, 2), 11: (exactkv.FALL_BACK, 2), 12: (exactkv.FALL_BACK, 1), 13: (exactkv.RESUME, 1), 14: (exactkv.SPECULATE, 1)},
+        B: {20: (exactkv.SPECULATE, 2), 21: (exactkv.FALL_BACK, 2)},
+    }
 
 
 def test_parse_ignores_requests_not_named_with_the_prefix() -> None:
@@ -146,7 +150,7 @@ def test_compare_looks_only_after_the_references_first_fallback() -> None:
     other = recording({A: 11}, {A: {5: [9], 11: [3], 12: [7], 13: [8]}})  # 5 differs, but before the fallback
     result = compare(reference, other)
     assert (result.requests, result.steps) == (1, 2)  # positions 11 and 12: recorded by both, after 10
-    assert result.mismatches == [{"rid": A, "pos": 12, "reference": [4], "other": [7]}]
+    assert result.mismatches == [{"rid": A, "pos": 12, "reference": [4], "other": [7], "same_history": True}]
     assert result.differs
 
 
@@ -154,6 +158,33 @@ def test_requests_without_a_fallback_or_without_drafts_after_it_are_not_compared
     reference = recording({A: 10, B: 20}, {A: {11: [1]}, B: {19: [1]}, "never-off": {30: [1]}})
     other = recording({}, {A: {12: [1]}, B: {21: [2]}, "never-off": {30: [2]}})
     assert compare(reference, other).requests == 0 and not compare(reference, other).differs
+
+
+def timeline(resume_at: int, batch: int = 4, last: int = 20) -> list[str]:
+    """A speculates at 10, falls back from 11 in a batch of ``batch``, resumes at ``resume_at``."""
+    rows = [spec([A], [10], [[0]])] + [off([A] + [B] * (batch - 1), [p] * batch) for p in range(11, resume_at)]
+    return rows + [line(exactkv.RESUME, [A], [resume_at])] + [spec([A], [p], [[p]]) for p in range(resume_at + 1, last)]
+
+
+@pytest.mark.parametrize(
+    ("other", "pos", "same"),
+    [
+        (timeline(15), 18, True),
+        (timeline(16), 18, False),  # resumed a position later: position 15 ran as a fallback, not a resume
+        (timeline(15, batch=5), 18, False),  # fell back in a bigger batch: other graphs wrote its K/V
+        (timeline(15)[:-3] + [spec([A], [17], [[9]])], 17, True),  # what differs later does not count
+    ],
+)
+def test_same_history_asks_whether_the_request_ran_every_iteration_alike(other: list[str], pos: int, same: bool) -> None:
+    assert exactkv.same_history(parse(timeline(15)), parse(other), A, pos) is same
+
+
+def test_a_mismatch_says_whether_the_timelines_parted_before_it() -> None:
+    reference = parse(timeline(15))
+    parted = parse(timeline(16)[:-1] + [spec([A], [19], [[7]])])
+    alike = parse(timeline(15)[:-1] + [spec([A], [19], [[7]])])
+    assert [m["same_history"] for m in compare(reference, parted).mismatches] == [False]
+    assert [m["same_history"] for m in compare(reference, alike).mismatches] == [True]
 
 
 # -- judge ---------------------------------------------------------------------------------------
@@ -175,9 +206,11 @@ def test_judge_passes_when_kv_equals_full_and_the_control_differs() -> None:
 def test_judge_fails_on_a_mismatch_and_names_the_first() -> None:
     entry = judge({"kv": STALE, "full": EXACT, "skip": STALE}, DIGESTS, 10, [])
     assert not entry["passed"] and entry["mismatches"] == 18
-    assert entry["mismatch_examples"][0] == {"rid": A, "pos": 13, "reference": [13], "other": [14]}
+    assert entry["mismatch_examples"][0] == {"rid": A, "pos": 13, "reference": [13], "other": [14], "same_history": True}
+    assert (entry["mismatches_same_history"], entry["control_mismatches_same_history"]) == (18, 18)
     assert entry["problems"] == [
-        f"18 of 18 proposals differ from the full extend's, first: {A} at position 13: [14] instead of [13]"
+        f"18 of 18 proposals differ from the full extend's (18 where the request's timeline matched the full "
+        f"extend's), first: {A} at position 13: [14] instead of [13]"
     ]
 
 
