@@ -23,7 +23,8 @@
 # where it fits): carry it and .gpu/patched-V, with no kit-a before, on a fresh machine or a warm one.
 #   kv-tput V P [S] (same warm machine; or carry part b and patched-V as for kv-proof) throughput (median
 #                  of 3) and mixed_load (median of 3) on V, path P, shape S (default 8b; 8b-32k: a 32k draft
-#                  vocabulary); v1 adds --no-overlap-base. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
+#                  vocabulary); v1 adds --no-overlap-base (its reference) and runs throughput only: its
+#                  mixed_load is `kv-mixed V v1`, a call of its own. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
 #   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
 #   (any proof step) SERVER_ARGS="..." in the env goes to every server (--extra-args), e.g. "--decode-log-interval 1":
 #                  a log line per decode iteration, whose throughput is that iteration's speed
@@ -188,10 +189,14 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
       python3 scripts/trace_sum.py "/tmp/p_${name}_all" 20 > "$OUT/$name-all.txt" 2>&1
       head -8 "$OUT/$name-gpu.txt" "$OUT/$name-all.txt"; grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
     done; gzip -f "$OUT"/*.log ;;
-  kv-tput) kit_for "$1"
-    extra=""; [ "$2" = v1 ] && extra="--no-overlap-base"
+  kv-tput|kv-mixed) kit_for "$1"
+    # v1 brings a fourth server (plain decode without overlap, its reference): throughput and
+    # mixed_load then need a call each (session 12's both-in-one ran past 570 s), kv-tput and kv-mixed.
+    extra=""; checks=throughput,mixed_load
+    [ "$2" = v1 ] && { extra="--no-overlap-base"; checks=throughput; }
+    [ "$step" = kv-mixed ] && checks=mixed_load
     [ -n "${3:-}" ] && extra="$extra --shape $3"
-    proof "proof-$1-$2-tput${3:+-$3}" --path "$2" --checks throughput,mixed_load --threshold 32 $extra \
+    proof "proof-$1-$2-${step#kv-}${3:+-$3}" --path "$2" --checks "$checks" --threshold 32 $extra \
       --throughput-levels 1,4,16,32,64,128 ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
       && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json /tmp/real/; } \

@@ -227,8 +227,9 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
 @click.option(
     "--no-overlap-base",
     is_flag=True,
-    help="Throughput only: one more server, speculation off with --disable-overlap-schedule, and "
-    "R(C) against it too (a v1 server never overlaps; information, not a pass criterion).",
+    help="Throughput: one more server, speculation off with --disable-overlap-schedule, and R(C) and "
+    "the per-step ratio against it too. With --path v1 (which never overlaps) R(C) is judged against it; "
+    "with v2 it is information.",
 )
 @click.option(
     "--ramp",

@@ -305,3 +305,15 @@ def test_a_v1_run_can_add_plain_decode_on_its_own_scheduler(site, tmp_path):
     expected = reports.envelope_ratio(tp["base_no_overlap"], tp["always_on"], tp["dynspec"])
     assert tp["envelope_ratio_no_overlap"] == expected
     assert "base-noov" in reports.summary(result)
+    # v1 is judged on its own scheduler (the issue's rule), and its steps are read against that base too
+    assert tp["judged_against"] == "base_no_overlap"
+    assert tp["detail"].startswith("R(C) against max(non-overlap base, always-on) >= 0 at all 2 levels")
+    assert set(tp["per_step_no_overlap"]) <= {"dynspec"} and set(tp["per_step"]) >= set(tp["per_step_no_overlap"])
+
+
+def test_a_v2_run_with_the_non_overlap_base_is_still_judged_against_the_overlap_one(site, tmp_path):
+    """Negative control of the rule above: only v1 changes its reference."""
+    opts = options(site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=0.0, no_overlap_base=True)
+    tp = run_proof(opts, lambda m: None)["throughput"]
+    assert tp["judged_against"] == "base" and tp["detail"].startswith("R(C) >= 0 at all 2 levels")
+    assert "base_no_overlap" in tp
