@@ -258,6 +258,13 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     help="exact_kv: waves that take long requests through a fallback span and back.",
 )
 @click.option(
+    "--exact-kv-bits",
+    is_flag=True,
+    help="exact_kv, v1 with kv-direct: the full-extend server also writes each fallback iteration's draft KV "
+    "directly (and packed, as a control) and compares the bits with its full extend's (DYNSPEC_CHECK_KV_BITS); "
+    "then proposals that differ only after a request's timeline parted from the reference's do not fail the check.",
+)
+@click.option(
     "--mixed-phases",
     type=IntList(),
     default=",".join(map(str, DEFAULTS.mixed_phases)),
@@ -337,6 +344,7 @@ def proof(
     ramp_max_waves: int,
     ramp_timeout: float,
     exact_kv_cycles: int,
+    exact_kv_bits: bool,
     mixed_phases: tuple[int, ...],
     mixed_new_tokens: int,
     mixed_repeats: int,
@@ -415,6 +423,7 @@ def proof(
         ramp_max_waves=ramp_max_waves,
         ramp_timeout=ramp_timeout,
         exact_kv_cycles=exact_kv_cycles,
+        exact_kv_bits=exact_kv_bits,
         mixed_phases=mixed_phases,
         mixed_new_tokens=mixed_new_tokens,
         mixed_repeats=mixed_repeats,

@@ -140,9 +140,63 @@ def read(path: Path) -> Recording:
 
 
 @dataclass
+class Bits:
+    """The full-extend server's ``DYNSPEC_CHECK_KV_BITS`` file: per fallback iteration, how many of its
+    rows' K/V the direct write (``direct``) and its packed control (``packed``) left other than the
+    full extend did."""
+
+    iterations: int = 0
+    rows: int = 0
+    differing: int = 0  # rows the direct write left other than the full extend
+    control_rows: int = 0
+    control_differing: int = 0
+    bad_lines: int = 0
+
+    def entry(self) -> dict[str, Any]:
+        return {
+            "passed": self.iterations > 0 and self.differing == 0 and self.control_differing > 0 and not self.bad_lines,
+            "iterations": self.iterations,
+            "rows": self.rows,
+            "rows_differing": self.differing,
+            "control_rows": self.control_rows,
+            "control_rows_differing": self.control_differing,
+            "bad_lines": self.bad_lines,
+        }
+
+
+def read_bits(path: Path) -> Bits | None:
+    """None where the server wrote no such file (the check was not asked for, or ran no iteration)."""
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except FileNotFoundError:
+        return None
+    bits = Bits()
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        try:
+            entry = json.loads(line)
+            rows, direct = int(entry["rows"]), int(entry["direct"])
+            packed = entry.get("packed")
+            if not 0 <= direct <= rows or (packed is not None and not 0 <= int(packed) <= rows):
+                raise ValueError("a count outside the rows")
+        except (ValueError, TypeError, KeyError, OverflowError):
+            bits.bad_lines += 1
+            continue
+        bits.iterations += 1
+        bits.rows += rows
+        bits.differing += direct
+        if packed is not None:
+            bits.control_rows += rows
+            bits.control_differing += int(packed)
+    return bits
+
+
+@dataclass
 class Comparison:
     requests: int = 0  # requests that speculated again after a fallback span, in both recordings
     steps: int = 0  # (request, position) pairs compared
+    steps_same_history: int = 0  # of those, pairs whose request ran every iteration alike on both servers
     mismatches: list[dict[str, Any]] = field(default_factory=list)
 
     @property
@@ -165,6 +219,7 @@ def compare(reference: Recording, other: Recording) -> Comparison:
             continue
         out.requests += 1
         out.steps += len(common)
+        out.steps_same_history += sum(1 for p in common if same_history(reference, other, rid, p))
         out.mismatches += [
             {"rid": rid, "pos": p, "reference": ref[p], "other": got[p], "same_history": same_history(reference, other, rid, p)}
             for p in common
@@ -188,15 +243,29 @@ def judge(
     digests: Mapping[str, Sequence[str]],
     min_steps: int,
     problems: list[str],
+    bits: Bits | None = None,
 ) -> dict[str, Any]:
-    """The report entry: ``recordings`` and ``digests`` (per wave) are keyed ``kv``, ``full``, ``skip``."""
+    """The report entry: ``recordings`` and ``digests`` (per wave) are keyed ``kv``, ``full``, ``skip``.
+
+    With ``bits`` (the full-extend server compared the direct write's K/V with its own, bit for
+    bit, in every fallback iteration) those must be exact, and their control must differ; then a
+    proposal that differs only after the request's timeline parted from the reference's is the
+    timeline's, not the write's, and does not fail the check, provided at least ``min_steps``
+    proposals were compared where the timelines had not parted. Without them every mismatch fails it."""
     kv = compare(recordings["full"], recordings["kv"]) if {"full", "kv"} <= recordings.keys() else Comparison()
     control = compare(recordings["full"], recordings["skip"]) if {"full", "skip"} <= recordings.keys() else Comparison()
     if len({tuple(d) for d in digests.values()}) > 1:
         problems.append(f"greedy outputs of the load differ between the servers: {dict(digests)}")
     if kv.steps < min_steps:
         problems.append(f"only {kv.steps} proposals compared after a fallback span, {min_steps} needed")
-    if kv.differs:
+    bits_entry = bits.entry() if bits is not None else None
+    if bits_entry is not None and not bits_entry["passed"]:
+        problems.append(f"bits: {describe_bits(bits_entry)}")
+    # Only where enough proposals were compared like for like, and none of those differs.
+    explained = (
+        bits_entry is not None and bits_entry["passed"] and kv.with_same_history == 0 and kv.steps_same_history >= min_steps
+    )
+    if kv.differs and not explained:
         first = kv.mismatches[0]
         problems.append(
             f"{len(kv.mismatches)} of {kv.steps} proposals differ from the full extend's ({kv.with_same_history} "
@@ -218,6 +287,7 @@ def judge(
         "control_differs": control.differs,
         "mismatches": len(kv.mismatches),
         "mismatches_same_history": kv.with_same_history,
+        "compared_steps_same_history": kv.steps_same_history,
         "mismatch_examples": kv.mismatches[:MAX_LISTED],
         "control_compared_requests": control.requests,
         "control_compared_steps": control.steps,
@@ -225,9 +295,24 @@ def judge(
         "control_mismatches_same_history": control.with_same_history,
         "recorded_lines": {name: rec.lines for name, rec in sorted(recordings.items())},
         "digests": {name: list(d) for name, d in sorted(digests.items())},
+        "bits": bits_entry,
         "problems": problems,
         "detail": (
-            f"{kv.steps} proposals of {kv.requests} requests after a fallback span equal the full extend's; "
-            f"the control differs at {len(control.mismatches)} of {control.steps}"
+            (
+                f"{len(kv.mismatches)} of {kv.steps} proposals of {kv.requests} requests differ, all after the request's "
+                "timeline parted from the full extend's"
+                if explained
+                else f"{kv.steps} proposals of {kv.requests} requests after a fallback span equal the full extend's"
+            )
+            + f"; the control differs at {len(control.mismatches)} of {control.steps}"
+            + (f"; bits: {describe_bits(bits_entry)}" if bits_entry is not None else "")
         ),
     }
+
+
+def describe_bits(entry: dict[str, Any]) -> str:
+    text = (
+        f"the direct write left {entry['rows_differing']} of {entry['rows']} rows other than the full extend in "
+        f"{entry['iterations']} iterations, its packed control {entry['control_rows_differing']} of {entry['control_rows']}"
+    )
+    return text + (f"; {entry['bad_lines']} unreadable line(s)" if entry["bad_lines"] else "")

@@ -232,6 +232,9 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
     controller = SwitchController(disable_above, enable_at_or_below, min_steps, log=rank0, metrics=metrics)
     fallback = DynspecFallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     fallback.feed_twin_directly(worker, rank0)
+    if os.environ.get(KV_BITS_ENV, "").strip() and fallback.bit_check is None:
+        # Else the server meant as exact_kv's full-extend reference would run a KV-only extend.
+        raise ValueError(f"{KV_BITS_ENV} needs {DRAFT_KV_ENV}=kv-direct fed directly (its start-up line says why not)")
     if fallback.recorder is not None:
         fallback.recorder.watch_drafts(worker, lambda: fallback.in_fallback)
     if rank0:
@@ -774,6 +777,7 @@ def kv_only_unsupported(model: Any) -> Optional[str]:
 # -- recording the drafts, for dynspec proof's exact_kv check -----------------------------------
 
 RECORD_ENV = "DYNSPEC_RECORD_DRAFTS"
+KV_BITS_ENV = "DYNSPEC_CHECK_KV_BITS"  # dynspec_v2.KVBitCheck (v1 only)
 RECORD_RID_PREFIX = "dynspec-record-"  # only requests named so are recorded (dynspec proof names them)
 
 
@@ -838,6 +842,7 @@ class DynspecFallback:
         self.in_fallback = False
         self._step = SPECULATE
         self._tree_indices = TreeIndices()
+        self.bit_check: Any = None  # dynspec_v2.KVBitCheck, with DYNSPEC_CHECK_KV_BITS
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered."""
@@ -858,7 +863,9 @@ class DynspecFallback:
         worker.speculative_num_steps, worker.speculative_num_draft_tokens = 0, 1
         self.in_fallback = True
         try:
-            with self.draft_kv.kv_only(worker) if self._step == FALL_BACK else contextlib.nullcontext():
+            # The bit check runs the full extend (after its direct writes): no KV-only window then.
+            kv_only = self._step == FALL_BACK and self.bit_check is None
+            with self.draft_kv.kv_only(worker) if kv_only else contextlib.nullcontext():
                 return entry(batch)
         finally:
             self.in_fallback = False
@@ -878,15 +885,22 @@ class DynspecFallback:
             if log:
                 logger.info("dynspec: this EAGLEWorker's draft extend takes no EagleDraftExtendInput; kv-direct is kv-graph")
             return
-        from sglang.srt.speculative.dynspec_v2 import StockGraphDirectWrite, feed_directly
+        from sglang.srt.speculative.dynspec_v2 import KVBitCheck, StockGraphDirectWrite, feed_directly
 
         if not feed_directly(self.draft_kv, lambda twin: StockGraphDirectWrite.build(twin, worker, self.draft_kv, log), log):
             return
+        self.bit_check = KVBitCheck.from_env(self.draft_kv.graph, log)
         stock = worker.forward_draft_extend_after_decode
 
         def forward_draft_extend_after_decode(batch: Any) -> Any:
             writer = self.draft_kv.direct  # None once given up
             if self.in_fallback and self._step == FALL_BACK and writer is not None:
+                if self.bit_check is not None:  # the full extend runs and stays, checked or not
+                    if batch.spec_info.input_ids.shape[0] != batch.out_cache_loc.shape[0]:
+                        return stock(batch)  # requests finished in the verify: their slots are not the extend's
+                    return self.bit_check.compare(
+                        batch.out_cache_loc, direct_writes(writer, worker, batch, next_input_cls), lambda: stock(batch)
+                    )
                 next_input = extend_after_decode_directly(writer, worker, batch, next_input_cls)
                 if next_input is not None:
                     return next_input
@@ -952,6 +966,22 @@ def v1_next_draft_input_class(worker: Any) -> Any:
     if not callable(getattr(extend_input, "prepare_extend_after_decode", None)) or "bonus_tokens" not in fields:
         return None
     return next_input
+
+
+def direct_writes(writer: Any, worker: Any, batch: Any, next_input_cls: Any) -> List[Tuple[str, Callable[[], bool]]]:
+    """``KVBitCheck``'s writes of one v1 fallback iteration: the direct write as it serves, and, as
+    the check's control, the same rows in the graph that packs them, where that is another graph."""
+
+    def direct() -> bool:
+        return extend_after_decode_directly(writer, worker, batch, next_input_cls) is not None
+
+    def packed() -> bool:
+        with writer.packing():
+            return direct()
+
+    rows = int(batch.spec_info.input_ids.shape[0])
+    other = rows < len(writer.replay_index) and writer.packed_index(rows) != writer.replay_index[rows]
+    return [("direct", direct), ("packed", packed)] if other else [("direct", direct)]
 
 
 def extend_after_decode_directly(writer: Any, worker: Any, batch: Any, next_input_cls: Any) -> Any:

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import json
 import logging
 import os
 import time
@@ -92,6 +93,13 @@ def dynspec_settings(worker: Any) -> Optional[Tuple[int, int, int]]:
     return disable_above, enable_at_or_below, 8 if min_steps is None else min_steps
 
 
+def _refuse_bit_check() -> None:
+    """``DYNSPEC_CHECK_KV_BITS`` is v1's for now: ignored here, it would make exact_kv's
+    full-extend reference server run a KV-only extend."""
+    if os.environ.get(KV_BITS_ENV, "").strip():
+        raise ValueError(f"{KV_BITS_ENV} is built for v1 (--disable-overlap-schedule) only; unset it")
+
+
 def _refuse_unsupported(worker: Any) -> None:
     from sglang.srt.speculative.dynspec_runtime import unsupported_reason
 
@@ -142,6 +150,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     settings = dynspec_settings(worker)
     if settings is None:
         return None
+    _refuse_bit_check()
     from sglang.srt.speculative.dynspec_runtime import (
         DRAFT_KV_DEFAULT_OWN_FALLBACK,
         DraftKV,
@@ -444,6 +453,7 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     settings = dynspec_settings(worker)
     if settings is None:
         return None
+    _refuse_bit_check()
     _refuse_unsupported(worker)  # includes --speculative-adaptive: one controller per worker
     missing = [
         name
@@ -985,6 +995,73 @@ class RoundingProbe:
 
         return all(torch.equal(a, b) for a, b in zip(kv, other))
 
+    def rows(self, slots: Any) -> List[Any]:
+        """Every layer's K and V at ``slots``, a row of bytes per slot (copies)."""
+        import torch
+
+        return [layer[slots].view(torch.uint8).reshape(slots.shape[0], -1).clone() for layer in self._layers()]
+
+    @staticmethod
+    def rows_differing(kv: List[Any], other: List[Any]) -> int:
+        """How many slots hold other bits in ``other`` than in ``kv``, in any layer."""
+        differ = None
+        for a, b in zip(kv, other):
+            rows = (a != b).any(dim=1)
+            differ = rows if differ is None else differ | rows
+        return 0 if differ is None else int(differ.sum())
+
+
+KV_BITS_ENV = "DYNSPEC_CHECK_KV_BITS"
+
+
+class KVBitCheck:
+    """``DYNSPEC_CHECK_KV_BITS=<file>``: does the direct write leave the full extend's K/V, bit for
+    bit? For ``dynspec proof``'s exact_kv, whose proposal comparison across servers cannot judge a
+    write where the servers' timelines part (session 12, v1). Off by default; unset, nothing runs.
+
+    In every fallback iteration the iteration's slots are zeroed and written directly, their K/V
+    kept; zeroed again and written by the graph that packs the rows (r17's write, which on v1 can
+    round apart: the check's negative control, so that a check that never sees a difference says
+    so); zeroed again, and the stock (full) extend runs and stays: the server drafts as
+    ``DYNSPEC_DRAFT_KV=full`` does. One JSON line per iteration (rank 0): the rows, and per write
+    how many slots' bits differ from the full extend's. v1 with ``kv-direct`` only for now.
+    """
+
+    def __init__(self, probe: RoundingProbe, path: Optional[str]) -> None:
+        self.probe = probe
+        self.path = path  # None on ranks other than 0: they compare, rank 0 writes
+
+    @classmethod
+    def from_env(cls, twin: Any, rank0: bool) -> Optional["KVBitCheck"]:
+        """None when unset; a pool whose bits it cannot read refuses to start (ValueError)."""
+        path = os.environ.get(KV_BITS_ENV, "").strip()
+        if not path:
+            return None
+        probe = RoundingProbe.of(twin) if twin is not None else None
+        if probe is None:
+            raise ValueError(f"{KV_BITS_ENV}: no KV-only graph fed directly, or a draft KV pool whose bits it cannot read")
+        if rank0:
+            logger.warning(f"dynspec: {KV_BITS_ENV}: every fallback iteration writes the draft KV directly, then runs the full extend and compares their bits (a check, not for serving)")
+        return cls(probe, path if rank0 else None)
+
+    def compare(self, slots: Any, writes: List[Tuple[str, Callable[[], bool]]], full_extend: Callable[[], Any]) -> Any:
+        """``writes``: (name, write into ``slots``, False if it did not take the batch); then the full
+        extend, whose result is returned."""
+        slots = slots.clone()  # the extends may hand the batch other tensors
+        kept = {}
+        for name, write in writes:
+            self.probe.clear(slots)
+            if write():
+                kept[name] = self.probe.rows(slots)
+        self.probe.clear(slots)
+        result = full_extend()
+        if kept and self.path is not None:
+            full = self.probe.rows(slots)
+            entry = {"rows": int(slots.shape[0]), **{name: RoundingProbe.rows_differing(kv, full) for name, kv in kept.items()}}
+            with open(self.path, "a", encoding="utf-8") as f:
+                f.write(json.dumps(entry, separators=(",", ":")) + "\n")
+        return result
+
 
 class DirectKVWrite:
     """``kv-direct``: the KV-only twin graph fed straight from a one-token verify's tensors.
@@ -1444,6 +1521,7 @@ class StockGraphDirectWrite(FallbackDirectWrite):
         super().__init__(twin, hidden, log)
         self.replay_index: List[int] = [self.stock_index(n) for n in range(self.sizes[-1] + 1)]
         self.unpadded = bool(getattr(twin, "disable_padding", False))  # the stock extend runs a count without a graph eagerly
+        self.packed = False  # KVBitCheck's control: replay the graph that packs the rows instead
 
     @classmethod
     def build(cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True) -> Tuple[Optional["FallbackDirectWrite"], str]:
@@ -1489,4 +1567,19 @@ class StockGraphDirectWrite(FallbackDirectWrite):
         return not eager and super().fits(rows, hidden, tokens, slots)
 
     def _replay_index(self, rows: int) -> int:
+        if self.packed:
+            return self.packed_index(rows)
         return self.replay_index[rows]  # one iteration's rows, one per request: fits() bounds them
+
+    def packed_index(self, rows: int) -> int:
+        """The graph that packs ``rows`` (r17's choice; ``packing``'s)."""
+        return self._graph_for(rows)
+
+    @contextlib.contextmanager
+    def packing(self) -> Iterator[None]:
+        """Writes in here replay the graph that packs the rows (``KVBitCheck``'s control)."""
+        self.packed = True
+        try:
+            yield
+        finally:
+            self.packed = False

@@ -1822,3 +1822,80 @@ def test_the_mrope_flag_the_direct_write_refuses_is_where_it_looks(version: str)
     forward_batch = source_of(version, FORWARD_BATCH_INFO)
     on_runner = "self.model_is_mrope = " in runner or "def model_is_mrope(self)" in runner
     assert on_runner or "model_runner.model_config.model_is_mrope" in forward_batch, version
+
+
+# -- DYNSPEC_CHECK_KV_BITS on v1: the wrapper hands the check its writes and the full extend -------------
+
+
+class RecordingBitCheck:
+    """Stands in for ``KVBitCheck`` (whose tensor code tests/patches/test_dynspec_rounding_torch.py runs)."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[Any, list[str], list[bool]]] = []
+
+    def compare(self, slots: Any, writes: list[tuple[str, Any]], full_extend: Any) -> Any:
+        self.calls.append((slots, [name for name, _ in writes], [write() for _, write in writes]))
+        return full_extend()
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_under_the_bit_check_writes_directly_and_packed_then_keeps_the_full_extend() -> None:
+    fallback, twin, worker = v1_fallback_with()
+    check = RecordingBitCheck()
+    fallback.bit_check = check
+    batch = v1_batch_of()
+    assert worker.forward_draft_extend_after_decode(batch) == "stock"  # the full extend's result stays
+    [(slots, names, written)] = check.calls
+    assert slots is batch.out_cache_loc and names == ["direct", "packed"] and written == [True, True]
+    # graph 4 for 3 requests (no start-up check on this pool), then the packed one, then the stock extend
+    assert twin.log == ["replay 4", f"replay {SIZES[0]}", "stock extend"]
+    assert not fallback.draft_kv.direct.packed
+
+
+@pytest.mark.usefixtures("v1_side")
+@pytest.mark.parametrize(("step", "inside"), [(runtime.SPECULATE, False), (runtime.RESUME, True)])
+def test_v1_under_the_bit_check_speculation_and_resume_are_not_checked(step: str, inside: bool) -> None:
+    fallback, twin, worker = v1_fallback_with()
+    fallback.bit_check = check = RecordingBitCheck()
+    fallback._step, fallback.in_fallback = step, inside
+    assert worker.forward_draft_extend_after_decode(v1_batch_of()) == "stock" and check.calls == []
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_bit_check_refuses_a_pool_whose_bits_it_cannot_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(v2.KV_BITS_ENV, "/tmp/bits.jsonl")
+    with pytest.raises(ValueError, match="DYNSPEC_CHECK_KV_BITS: no KV-only graph fed directly"):
+        v1_fallback_with()  # this pool has no per-layer buffers
+    monkeypatch.delenv(v2.KV_BITS_ENV)
+    assert v1_fallback_with()[0].bit_check is None  # unset: nothing is built
+
+
+def test_the_bit_check_is_refused_on_the_v2_paths(monkeypatch: pytest.MonkeyPatch) -> None:
+    v2._refuse_bit_check()  # unset: nothing to refuse
+    monkeypatch.setenv(v2.KV_BITS_ENV, "/tmp/bits.jsonl")
+    with pytest.raises(ValueError, match="built for v1"):
+        v2._refuse_bit_check()
+    import inspect
+
+    for attach in (v2.attach_fallback, v2.attach_zero_step_policy):
+        assert "_refuse_bit_check()" in inspect.getsource(attach)
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_bit_check_leaves_out_a_control_that_would_replay_the_direct_writes_graph() -> None:
+    """One request: the packed graph is the stock one, so a control there could not differ."""
+    fallback, twin, worker = v1_fallback_with()
+    fallback.bit_check = check = RecordingBitCheck()
+    worker.forward_draft_extend_after_decode(v1_batch_of(Extend([5], [40], [300])))
+    assert [names for _, names, _ in check.calls] == [["direct"]]
+
+
+@pytest.mark.usefixtures("v1_side")
+def test_v1_bit_check_skips_an_iteration_whose_slots_are_not_the_extends() -> None:
+    """Requests that finished in the verify leave their slots in out_cache_loc but no row in the
+    extend: zeroing those would leave the reference's K/V unlike the full extend's."""
+    fallback, twin, worker = v1_fallback_with()
+    fallback.bit_check = check = RecordingBitCheck()
+    batch = v1_batch_of()
+    batch.out_cache_loc = Tensor(list(EXTEND.slots) + [777])
+    assert worker.forward_draft_extend_after_decode(batch) == "stock" and check.calls == []

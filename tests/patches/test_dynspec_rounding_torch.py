@@ -9,6 +9,7 @@ batch size or by row. Needs torch, which ``make test`` does not install: skipped
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 from typing import Any
 
@@ -223,3 +224,83 @@ def test_v1s_start_up_check_does_not_write_past_a_small_pool() -> None:
     pool.k_buffer, pool.v_buffer = [torch.zeros(65, HEADS, DIM, dtype=torch.bfloat16)], [torch.zeros(65, HEADS, DIM, dtype=torch.bfloat16)]
     write.round_as_stock(SimpleNamespace(server_args=SimpleNamespace(tp_size=1)))  # the control: 65 slots hold 1 - 64
     assert write.rounding == [0, 0, 0, 1, 1, 1] and [SIZES[write.replay_index[n]] for n in (3, 6, 10)] == [1, 8, 8]
+
+
+# -- DYNSPEC_CHECK_KV_BITS: the direct write against the full extend, in one server ---------------------
+
+
+def bit_check(twin: Twin, tmp_path: Any) -> tuple[v2.KVBitCheck, Any]:
+    probe = v2.RoundingProbe.of(twin)
+    assert probe is not None
+    path = tmp_path / "bits.jsonl"
+    return v2.KVBitCheck(probe, str(path)), path
+
+
+def checked_iteration(write: v2.StockGraphDirectWrite, check: v2.KVBitCheck, requests: int, step: int) -> Any:
+    """One v1 fallback iteration under the check: the direct write and its packed control, then the
+    stock extend (its rows at the front of the stock graph), whose result comes back."""
+    batch, result = v1_iteration(requests, step)
+
+    def direct() -> bool:
+        return write.write(batch, result)
+
+    def packed() -> bool:
+        with write.packing():
+            return write.write(batch, result)
+
+    def full_extend() -> str:
+        stock_extend_bytes(write.twin, batch, result)
+        return "the full extend's result"
+
+    return check.compare(batch.out_cache_loc, [("direct", direct), ("packed", packed)], full_extend)
+
+
+def test_the_bit_check_finds_the_direct_write_exact_and_its_packed_control_not(tmp_path: Any) -> None:
+    """Graphs 8 - 16 round apart from the small ones: 10 requests' stock graph is 12, the direct
+    write replays graph 8 (same rounding), the packed control graph 4 (another)."""
+    twin = V1Twin(apart=(8, 12, 16))
+    write, (check, path) = v1_writer(twin), bit_check(twin, tmp_path)
+    assert checked_iteration(write, check, 10, 0) == "the full extend's result"
+    assert twin.replays == [8, 4, 12]
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"rows": 10, "direct": 0, "packed": 10}]
+    assert not write.packed  # the control's graph choice does not outlive it
+    # what the check leaves is the full extend's K/V
+    assert torch.equal(pool_bytes(twin), stock_extend_bytes(V1Twin(apart=(8, 12, 16)), *v1_iteration(10, 0)))
+
+
+def test_the_bit_check_catches_a_direct_write_that_rounds_apart(tmp_path: Any) -> None:
+    """Negative control: told (wrongly) that every graph rounds alike, the direct write packs 10
+    requests into graph 4, and the check counts every row."""
+    twin = V1Twin(apart=(8, 12, 16))
+    write, (check, path) = v1_writer(twin, rounding=[0] * len(SIZES)), bit_check(twin, tmp_path)
+    checked_iteration(write, check, 10, 0)
+    assert json.loads(path.read_text()) == {"rows": 10, "direct": 10, "packed": 10}
+
+
+def test_the_bit_check_counts_a_write_that_leaves_nothing(tmp_path: Any) -> None:
+    """The slots are zeroed before each write, so a write that lands elsewhere cannot pass for exact."""
+    twin = V1Twin()
+    write, (check, path) = v1_writer(twin), bit_check(twin, tmp_path)
+    batch, result = v1_iteration(6, 0)
+
+    def elsewhere() -> bool:
+        batch.out_cache_loc += 500
+        try:
+            return write.write(batch, result)
+        finally:
+            batch.out_cache_loc -= 500
+
+    check.compare(batch.out_cache_loc, [("direct", elsewhere)], lambda: stock_extend_bytes(twin, batch, result))
+    assert json.loads(path.read_text()) == {"rows": 6, "direct": 6}
+
+
+def test_a_write_that_refuses_the_batch_is_not_compared_and_other_ranks_write_nothing(tmp_path: Any) -> None:
+    twin = V1Twin()
+    probe = v2.RoundingProbe.of(twin)
+    assert probe is not None
+    batch, result = v1_iteration(6, 0)
+    quiet = v2.KVBitCheck(probe, None)  # a rank other than 0
+    assert quiet.compare(batch.out_cache_loc, [("direct", lambda: True)], lambda: 7) == 7
+    check, path = bit_check(twin, tmp_path)
+    check.compare(batch.out_cache_loc, [("direct", lambda: False)], lambda: stock_extend_bytes(twin, batch, result))
+    assert not path.exists()

@@ -31,7 +31,10 @@ token per ``FAKE_SGLANG_STEP_DELAY`` seconds, deciding at each step like dynspec
 line per step in the runtime's format: ``fall back`` while off, ``resume`` at the first step back
 on, else ``speculate`` with three drafts that are a fixed function of (prompt, position). Under
 ``DYNSPEC_DRAFT_KV=skip`` (no draft extend while off) they differ after an off span, as a stale
-draft KV makes them.
+draft KV makes them. With ``DYNSPEC_CHECK_KV_BITS`` too it drafts as the full extend does (the
+runtime keeps the full extend's K/V) and appends a line per fallback step to that file as
+``KVBitCheck`` does: its one row exact, its packed control not (faults ``bitsdrift``: the direct
+write differs; ``nobitscontrol``: the control does not).
 
 Once up it logs three ``Decode batch`` lines at 8 running requests, 40 iterations apart, as SGLang
 does every ``decode_log_interval``: plain decode at 1000 tok/s, dynspec's fallback at 0.85x that,
@@ -130,6 +133,9 @@ class State:
         self.rids: list[str | None] = []  # the rid of every /generate, in arrival order
         self.draft_kv = draft_kv_mode(os.environ.get("DYNSPEC_DRAFT_KV"))
         self.record_path = os.environ.get("DYNSPEC_RECORD_DRAFTS", "").strip() if disable is not None else ""
+        self.bits_path = os.environ.get("DYNSPEC_CHECK_KV_BITS", "").strip() if disable is not None else ""
+        if self.bits_path:
+            self.draft_kv = "full"  # the check keeps the full extend's K/V
         self.step_delay = float(os.environ.get("FAKE_SGLANG_STEP_DELAY", "0.002"))
         self.record_lock = threading.Lock()
         self.accept = max(1, int(os.environ.get("FAKE_SGLANG_ACCEPT", "1")))
@@ -189,6 +195,10 @@ class State:
             was_off, had_off = not on, had_off or not on
             with self.record_lock, open(self.record_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, separators=(",", ":")) + "\n")
+            if self.bits_path and not on:
+                bits = {"rows": 1, "direct": int("bitsdrift" in self.faults), "packed": int("nobitscontrol" not in self.faults)}
+                with self.record_lock, open(self.bits_path, "a", encoding="utf-8") as f:
+                    f.write(json.dumps(bits, separators=(",", ":")) + "\n")
 
     def leave(self) -> None:
         with self.lock:

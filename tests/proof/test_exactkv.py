@@ -160,10 +160,10 @@ def test_requests_without_a_fallback_or_without_drafts_after_it_are_not_compared
     assert compare(reference, other).requests == 0 and not compare(reference, other).differs
 
 
-def timeline(resume_at: int, batch: int = 4, last: int = 20) -> list[str]:
-    """A speculates at 10, falls back from 11 in a batch of ``batch``, resumes at ``resume_at``."""
-    rows = [spec([A], [10], [[0]])] + [off([A] + [B] * (batch - 1), [p] * batch) for p in range(11, resume_at)]
-    return rows + [line(exactkv.RESUME, [A], [resume_at])] + [spec([A], [p], [[p]]) for p in range(resume_at + 1, last)]
+def timeline(resume_at: int, batch: int = 4, last: int = 20, rid: str = A) -> list[str]:
+    """``rid`` speculates at 10, falls back from 11 in a batch of ``batch``, resumes at ``resume_at``."""
+    rows = [spec([rid], [10], [[0]])] + [off([rid] + ["unrecorded"] * (batch - 1), [p] * batch) for p in range(11, resume_at)]
+    return rows + [line(exactkv.RESUME, [rid], [resume_at])] + [spec([rid], [p], [[p]]) for p in range(resume_at + 1, last)]
 
 
 @pytest.mark.parametrize(
@@ -430,3 +430,95 @@ def test_exact_kv_asked_to_prove_the_full_extend_fails(site: Any, tmp_path: Path
         "exact_kv proves the KV-only draft extend: DYNSPEC_DRAFT_KV must be unset or one of kv-direct, kv-graph, kv, not 'full'"
     )
     assert kv["problems"][1].startswith("the dynspec server did not run the KV-only draft extend: ")
+
+
+# -- --exact-kv-bits: the full-extend server compares the direct write's bits ---------------------------
+
+
+def bits_file(tmp_path: Path, *lines: str) -> Path:
+    path = tmp_path / "bits.jsonl"
+    path.write_text("".join(line + "\n" for line in lines))
+    return path
+
+
+def test_read_bits_sums_the_iterations_and_counts_bad_lines(tmp_path: Path) -> None:
+    path = bits_file(
+        tmp_path,
+        '{"rows": 16, "direct": 0, "packed": 16}',
+        '{"rows": 18, "direct": 2}',  # no control this iteration
+        "",
+        '{"rows": 4, "direct": 5, "packed": 0}',  # more differing rows than rows
+        "not json",
+    )
+    bits = exactkv.read_bits(path)
+    assert bits == exactkv.Bits(iterations=2, rows=34, differing=2, control_rows=16, control_differing=16, bad_lines=2)
+    assert exactkv.read_bits(tmp_path / "missing.jsonl") is None
+
+
+@pytest.mark.parametrize(
+    ("bits", "passed"),
+    [
+        (exactkv.Bits(iterations=3, rows=48, differing=0, control_rows=48, control_differing=40), True),
+        (exactkv.Bits(iterations=3, rows=48, differing=1, control_rows=48, control_differing=40), False),
+        (exactkv.Bits(iterations=3, rows=48, differing=0, control_rows=48, control_differing=0), False),  # no teeth
+        (exactkv.Bits(), False),  # no iteration compared
+        (exactkv.Bits(iterations=3, rows=48, control_rows=48, control_differing=40, bad_lines=1), False),
+    ],
+)
+def test_bits_pass_when_exact_with_a_control_that_differs(bits: exactkv.Bits, passed: bool) -> None:
+    assert bits.entry()["passed"] is passed
+
+
+EXACT_BITS = exactkv.Bits(iterations=3, rows=48, differing=0, control_rows=48, control_differing=40)
+
+
+def test_exact_bits_excuse_mismatches_only_after_parted_timelines() -> None:
+    """A's timeline parts (it resumes a position later) and one proposal differs; B's does not part."""
+    reference = parse(timeline(15) + timeline(15, rid=B))
+    parted = parse(timeline(16)[:-1] + [spec([A], [19], [[7]])] + timeline(15, rid=B))
+    alike = parse(timeline(15)[:-1] + [spec([A], [19], [[7]])] + timeline(15, rid=B))
+    digests = {"kv": ["d"], "full": ["d"], "skip": ["d"]}
+    stale = parse([x for rid in (A, B) for x in timeline(15, rid=rid)[:-4] + [spec([rid], [p], [[p + 1]]) for p in range(16, 20)]])
+    entry = judge({"kv": parted, "full": reference, "skip": stale}, digests, 4, [], EXACT_BITS)
+    assert entry["passed"] and entry["mismatches"] == 1 and entry["bits"]["passed"], entry["problems"]
+    assert entry["compared_steps_same_history"] == 4  # B's positions 16 - 19
+    assert entry["detail"].startswith("1 of 7 proposals of 2 requests differ, all after the request's timeline parted")
+    # Negative controls: without bits, where the timelines did not part, or with too few proposals
+    # compared like for like, the same mismatch fails
+    assert not judge({"kv": parted, "full": reference, "skip": stale}, digests, 4, [])["passed"]
+    assert not judge({"kv": alike, "full": reference, "skip": stale}, digests, 4, [], EXACT_BITS)["passed"]
+    assert not judge({"kv": parted, "full": reference, "skip": stale}, digests, 5, [], EXACT_BITS)["passed"]
+    inexact = exactkv.Bits(iterations=3, rows=48, differing=1, control_rows=48, control_differing=40)
+    failed = judge({"kv": parted, "full": reference, "skip": stale}, digests, 4, [], inexact)
+    assert not failed["passed"] and failed["problems"][0].startswith("bits: the direct write left 1 of 48 rows")
+
+
+def test_exact_kv_bits_on_fake_servers(site: Any, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    result = run_proof(exact_kv_options(site(), out, exact_kv_bits=True), lambda m: None)
+    kv = result["exact_kv"]
+    assert kv["passed"] and kv["bits"]["passed"] and kv["bits"]["iterations"] > 0, reports.summary(result)
+    full = {s["name"]: s for s in result["servers"]}["dynspec-full"]["env"]
+    assert full["DYNSPEC_DRAFT_KV"] == "kv-direct" and full["DYNSPEC_CHECK_KV_BITS"] == str(out / "bits-dynspec-full.jsonl")
+    assert full["DYNSPEC_LEAN_VERIFY"] == "0"
+
+
+@pytest.mark.parametrize("fault", ["bitsdrift", "nobitscontrol"])
+def test_exact_kv_bits_fail_on_a_write_that_differs_or_a_control_that_does_not(site: Any, tmp_path: Path, fault: str) -> None:
+    kv = run_proof(exact_kv_options(site(), tmp_path / "out", fault, exact_kv_bits=True), lambda m: None)["exact_kv"]
+    assert not kv["passed"] and not kv["bits"]["passed"]
+    assert any(p.startswith("bits: the direct write left") for p in kv["problems"])
+
+
+def test_exact_kv_bits_cannot_vouch_for_another_kv_only_mode(site: Any, tmp_path: Path) -> None:
+    opts = exact_kv_options(site(), tmp_path / "out", exact_kv_bits=True)
+    opts.env = {**opts.env, DRAFT_KV_ENV: "kv-graph"}
+    kv = run_proof(opts, lambda m: None)["exact_kv"]
+    assert not kv["passed"] and kv["bits"] is None
+    assert "--exact-kv-bits checks kv-direct's write, the server under test runs kv-graph" in kv["problems"]
+
+
+def test_without_the_flag_no_server_is_asked_for_bits(site: Any, tmp_path: Path) -> None:
+    result = run_proof(exact_kv_options(site(), tmp_path / "out"), lambda m: None)
+    assert result["exact_kv"]["bits"] is None
+    assert all("DYNSPEC_CHECK_KV_BITS" not in s["env"] for s in result["servers"])
