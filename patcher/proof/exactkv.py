@@ -18,6 +18,7 @@ arrive while speculation is off. Only requests named with ``RID_PREFIX`` are rec
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -219,23 +220,29 @@ def compare(reference: Recording, other: Recording) -> Comparison:
             continue
         out.requests += 1
         out.steps += len(common)
-        out.steps_same_history += sum(1 for p in common if same_history(reference, other, rid, p))
+        parted = timelines_part_at(reference, other, rid)
+        out.steps_same_history += sum(1 for p in common if p < parted)
         out.mismatches += [
-            {"rid": rid, "pos": p, "reference": ref[p], "other": got[p], "same_history": same_history(reference, other, rid, p)}
+            {"rid": rid, "pos": p, "reference": ref[p], "other": got[p], "same_history": p < parted}
             for p in common
             if ref[p] != got[p]
         ]
     return out
 
 
-def same_history(reference: Recording, other: Recording, rid: str, pos: int) -> bool:
-    """Did ``rid`` run every iteration up to ``pos`` in the same step and at the same batch size on
-    both servers? Joiners arrive by the clock, so a faster server can take them a few positions
-    later; where the timelines part, the K/V and hidden states of those positions come from other
-    graphs, which may round apart, and a near tie later on can flip without any KV being wrong.
-    A mismatch with the same history cannot be explained that way."""
+def timelines_part_at(reference: Recording, other: Recording, rid: str) -> float:
+    """The first position at which ``rid`` ran in another step or at another batch size on the two
+    servers (or was recorded on one only); infinity if never. Joiners arrive by the clock, so a
+    faster server can take them a few positions later; where the timelines part, the K/V and hidden
+    states of those positions come from other graphs, which may round apart, and a near tie later
+    on can flip without any KV being wrong. A mismatch before that position cannot be explained so."""
     ref, got = reference.history.get(rid, {}), other.history.get(rid, {})
-    return all(got.get(p) == seen for p, seen in ref.items() if p <= pos) and all(p in ref for p in got if p <= pos)
+    return min((p for p in ref.keys() | got.keys() if ref.get(p) != got.get(p)), default=math.inf)
+
+
+def same_history(reference: Recording, other: Recording, rid: str, pos: int) -> bool:
+    """Did ``rid`` run every iteration up to ``pos`` alike on both servers (``timelines_part_at``)?"""
+    return pos < timelines_part_at(reference, other, rid)
 
 
 def judge(

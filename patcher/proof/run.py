@@ -474,9 +474,10 @@ class Proof:
             bits = exactkv.read_bits(opts.out / KV_BITS_FILE) if opts.exact_kv_bits else None
             if opts.exact_kv_bits and bits is None:
                 kv_problems.append(f"--exact-kv-bits: the full-extend server wrote no {KV_BITS_FILE}")
-            if opts.exact_kv_bits and self.kv_mode([]) != KV_ONLY_MODE:
+            tested = self.kv_mode([])
+            if opts.exact_kv_bits and tested != KV_ONLY_MODE:
                 # the bits vouch for kv-direct's write; they cannot excuse another mode's mismatches
-                kv_problems.append(f"--exact-kv-bits checks {KV_ONLY_MODE}'s write, the server under test runs {self.kv_mode([])}")
+                kv_problems.append(f"--exact-kv-bits checks {KV_ONLY_MODE}'s write, the server under test runs {tested}")
                 bits = None
             entry = exactkv.judge(recordings, kv_digests, opts.exact_kv_min_steps, kv_problems, bits)
             # which KV-only extend was proven, as the server's start-up line says it ran it
