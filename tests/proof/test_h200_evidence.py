@@ -564,3 +564,64 @@ def test_session_12_the_own_fallback_logged_every_iteration() -> None:
     mixed = report["mixed_load"]
     assert not mixed["passed"] and round(mixed["seconds"]["dynspec"] / mixed["oracle_seconds"], 3) == 1.041
     assert mixed["seconds"]["dynspec"] < min(mixed["seconds"]["base"], mixed["seconds"]["always_on"])
+
+
+# -- session 13 (runtime r13 / v2 module r19 at 5723dd0, DYNSPEC_DRAFT_KV=kv-direct) ---------------------
+
+S13_BITS_V1 = PROOF / "0.5.12-v1-s13-kv-bits"
+S13_PROFILE_V1 = PROOF / "0.5.12-v1-s13-fallback-profile"
+S13_REVISIONS = {"speculative_dynspec_runtime": 13, "speculative_dynspec_v2": 19}
+
+
+def test_session_13_v1s_stock_graph_write_is_bit_exact(tmp_path: Path) -> None:
+    """v1 (0.5.12), --exact-kv-bits: in every one of 315 fallback iterations the full-extend server
+    also wrote the rows directly and kept them; 0 of 5424 rows differ from the stock extend's bits,
+    while the same rows packed into another graph differ in 4302 of 5396. Proposals differ at 36 of
+    1794 positions, every one after the request's timeline parted (none where histories agree, of
+    252 such positions), so the check passes on the bits."""
+    report = json.loads((S13_BITS_V1 / "report.json").read_text())
+    assert report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}
+    assert {k: report["dynspec_revisions"][k] for k in S13_REVISIONS} == S13_REVISIONS
+    assert report["path"] == "v1" and report["crossings"]["passed"] and report["crossings"]["count"] >= 100
+    files = members(S13_BITS_V1 / "logs.tar.gz", "bits-dynspec-full.jsonl")
+    (tmp_path / "bits.jsonl").write_text(files["bits-dynspec-full.jsonl"])
+    bits = exactkv.read_bits(tmp_path / "bits.jsonl")
+    assert bits is not None
+    assert bits.entry() == report["exact_kv"]["bits"]
+    assert (bits.iterations, bits.rows, bits.differing, bits.control_rows, bits.control_differing) == (315, 5424, 0, 5396, 4302)
+    recs, _ = kv_proof_recordings(S13_BITS_V1)
+    entry = exactkv.judge(recs, report["exact_kv"]["digests"], 100, [], bits)
+    assert entry["passed"] and report["exact_kv"]["passed"]
+    assert (entry["mismatches_same_history"], entry["compared_steps_same_history"]) == (0, 252)
+    # Negative control: the same proposals without the bits fail (the timelines parted), and bits
+    # with one differing row fail too.
+    assert not exactkv.judge(recs, report["exact_kv"]["digests"], 100, [])["passed"]
+    bits.differing = 1
+    assert not exactkv.judge(recs, report["exact_kv"]["digests"], 100, [], bits)["passed"]
+
+
+def profile_totals(text: str) -> dict[str, float]:
+    span = re.search(r"per step: span (\d+) us, busy (\d+) us, idle (\d+) us", text)
+    calls = dict((name, float(n)) for n, name in re.findall(r"^\s+[\d.]+ us x\s+([\d.]+)\s+(\w+)$", text, re.M))
+    assert span is not None
+    return {
+        "span": float(span[1]),
+        "busy": float(span[2]),
+        "launches": calls.get("cudaLaunchKernel", 0.0),
+        "copies": calls.get("cudaMemcpyAsync", 0.0),
+    }
+
+
+def test_session_13_v1s_fallback_step_loses_its_time_on_the_host() -> None:
+    """A torch profile of 64 requests, v1 (non-overlap) plain decode against a v1 fallback step: the
+    GPU is busy alike (6.14 vs 6.21 ms a step), but the fallback step launches 51 kernels and makes
+    11.6 host copies where a plain step makes 11 and 2, and its span is 11.2 ms against 8.4: the
+    verify path's host work, which a lean fallback step would drop."""
+    base = profile_totals((S13_PROFILE_V1 / "base-gpu.txt").read_text())
+    dyn = profile_totals((S13_PROFILE_V1 / "dyn-gpu.txt").read_text())
+    assert abs(dyn["busy"] / base["busy"] - 1) < 0.02
+    assert dyn["span"] / base["span"] > 1.3
+    assert (round(base["launches"]), round(dyn["launches"])) == (11, 51)
+    assert (round(base["copies"]), round(dyn["copies"])) == (2, 12)
+    # Negative control: the plain step's host leaves the GPU idle far less.
+    assert base["span"] / base["busy"] < 1.4 < dyn["span"] / dyn["busy"]
