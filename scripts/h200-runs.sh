@@ -24,7 +24,8 @@
 #   kv-tput V P [S] (same warm machine; or carry part b and patched-V as for kv-proof) throughput (median
 #                  of 3) and mixed_load (median of 3) on V, path P, shape S (default 8b; 8b-32k: a 32k draft
 #                  vocabulary); v1 adds --no-overlap-base (its reference) and runs throughput only: its
-#                  mixed_load is `kv-mixed V v1`, a call of its own. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec
+#                  mixed_load is `kv-mixed V v1`, a call of its own. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec;
+#                  TPUT_LEVELS="16,64,128" runs fewer throughput levels (a call that must fit beside another)
 #   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
 #   (any proof step) SERVER_ARGS="..." in the env goes to every server (--extra-args), e.g. "--decode-log-interval 1":
 #                  a log line per decode iteration, whose throughput is that iteration's speed
@@ -198,7 +199,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     [ "$step" = kv-mixed ] && checks=mixed_load
     [ -n "${3:-}" ] && extra="$extra --shape $3"
     proof "proof-$1-$2-${step#kv-}${3:+-$3}" --path "$2" --checks "$checks" --threshold 32 $extra \
-      --throughput-levels 1,4,16,32,64,128 ;;
+      --throughput-levels "${TPUT_LEVELS:-1,4,16,32,64,128}" ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
       && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json /tmp/real/; } \
       && { [ ! -d .gpu/real/head ] || cp -r .gpu/real/head /tmp/real/head; } && ls -la /tmp/real ;;

@@ -221,7 +221,7 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
     rank0 = getattr(worker, "tp_rank", 0) == 0
 
     tic = time.perf_counter()
-    draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0, auto=DRAFT_KV_DEFAULT_V1)
+    draft_kv = DraftKV.build(worker.draft_model_runner, log=rank0, auto=v1_draft_kv_default(worker))
     target = SingleTokenTarget.build(worker.target_worker.model_runner, enable_at_or_below)
     # After the target's graphs: the twin replays after them in an iteration, so it is captured
     # after them from the shared graph pool and cannot reuse memory their outputs live in.
@@ -525,7 +525,7 @@ _GRAPH_MODES = (DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # a KV-only twin graph is capt
 # dynspec's own v2 fallback (0.5.4 - 0.5.13; 0.5.12 eagerly): kv. v1 (not yet proven exact): full.
 DRAFT_KV_DEFAULT = DRAFT_KV_DIRECT
 DRAFT_KV_DEFAULT_OWN_FALLBACK = DRAFT_KV_ONLY
-DRAFT_KV_DEFAULT_V1 = DRAFT_KV_FULL
+DRAFT_KV_DEFAULT_V1 = DRAFT_KV_DIRECT  # where v1 feeds it directly (0.5.12); full on older v1 releases
 
 # Draft model classes whose K/V at a position depend only on that position's inputs: the token's
 # embedding and the target's hidden states there, through ``fc``, the two input norms, the K/V
@@ -843,6 +843,7 @@ class DynspecFallback:
         self._step = SPECULATE
         self._tree_indices = TreeIndices()
         self.bit_check: Any = None  # dynspec_v2.KVBitCheck, with DYNSPEC_CHECK_KV_BITS
+        self.lean: Optional["LeanFallbackStep"] = None  # kv-direct fed directly, unless switched off
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered."""
@@ -863,6 +864,8 @@ class DynspecFallback:
         worker.speculative_num_steps, worker.speculative_num_draft_tokens = 0, 1
         self.in_fallback = True
         try:
+            if self._step == FALL_BACK and self.lean is not None and self.lean.takes(batch):
+                return self.lean.step(worker, batch, self)
             # The bit check runs the full extend (after its direct writes): no KV-only window then.
             kv_only = self._step == FALL_BACK and self.bit_check is None
             with self.draft_kv.kv_only(worker) if kv_only else contextlib.nullcontext():
@@ -890,6 +893,8 @@ class DynspecFallback:
         if not feed_directly(self.draft_kv, lambda twin: StockGraphDirectWrite.build(twin, worker, self.draft_kv, log), log):
             return
         self.bit_check = KVBitCheck.from_env(self.draft_kv.graph, log)
+        if self.bit_check is None:  # the bit check's server is the full extend's reference: stock steps
+            self.lean = LeanFallbackStep.build(worker, next_input_cls, log)
         stock = worker.forward_draft_extend_after_decode
 
         def forward_draft_extend_after_decode(batch: Any) -> Any:
@@ -954,6 +959,232 @@ class DynspecFallback:
             seq_lens_cpu=seq_lens_cpu,
         )
         return verify_input_cls(**fields)
+
+
+class LeanFallbackStep:
+    """v1 (0.5.12) with ``kv-direct`` fed directly: a fallback iteration as a plain decode step.
+
+    The one-node verify through the stock ``draft()`` / ``verify()`` / extend does, around the same
+    target forward, work a plain decode step does not: the tree kernel, boolean-index gathers,
+    four host syncs, a gather of the logits, the extend's preparation kernel; on the H200 (session
+    13's profile, 64 requests) 51 kernel launches and 12 host copies a step against plain decode's 11
+    and 2, which left the GPU idle long enough to make the step 1.28x a plain one. For a greedy batch
+    the outcome of that verify is known in advance: every request accepts its root, whose next token
+    is the target's argmax. So this step keeps the release's verify preparation (the one-node tree,
+    ``prepare_for_verify``: slots and ``req_to_token``) and the target forward through the one-token
+    graphs, takes the argmax, waits once for it, does the verify's per-request bookkeeping for one
+    accepted token, and hands the draft KV rows straight to the direct write, in the same rows and
+    order as the stock extend would get them (the unfinished requests), so the same graph is
+    replayed. The scheduler and the next iteration see what the stock verify and extend leave.
+
+    A batch it does not take (sampling, penalties, logit bias, a custom logit processor, grammar,
+    logprobs, not a decode) runs the stock path, and the first is logged, with the reason. A batch
+    the direct write cannot take (no graph for its row count) runs the stock extend KV-only.
+    ``DYNSPEC_LEAN_VERIFY=0`` turns it off, for A/B runs.
+    """
+
+    def __init__(self, worker_module: Any, extend_input_cls: Any, next_input_cls: Any, simulated_token: Optional[int], log: bool) -> None:
+        self.module = worker_module  # the release's eagle_worker module: its classes and contexts
+        self.extend_input_cls = extend_input_cls
+        self.next_input_cls = next_input_cls
+        self.simulated_token = simulated_token  # SGLANG_SIMULATE_ACC_LEN's token for every accepted one, or None
+        self.log = log  # rank 0
+        self.said_no = False  # the first batch left to the stock path has been logged
+
+    @classmethod
+    def build(cls, worker: Any, next_input_cls: Any, log: bool) -> Optional["LeanFallbackStep"]:
+        """The lean step for this worker, or None (the stock path; why is logged on rank 0)."""
+        from sglang.srt.speculative.dynspec_v2 import LeanVerify, lean_verify_enabled
+
+        if not lean_verify_enabled():
+            return None
+        module: Any = sys.modules.get(type(worker).__module__)
+        why_not = cls.unfit(worker, module)
+        simulated: Optional[int] = None
+        if why_not is None:
+            import importlib
+
+            simulated, why_not = LeanVerify.simulated_token_of(importlib.import_module("sglang.srt.speculative.spec_utils"))
+        if why_not:
+            if log:
+                logger.info(f"dynspec: a fallback iteration runs the stock one-node verify ({why_not})")
+            return None
+        if log:
+            logger.info("dynspec: a fallback iteration of a greedy batch runs as a plain decode step (the target's argmax, one host sync, the draft KV written directly)")
+        return cls(module, module.EagleDraftExtendInput, next_input_cls, simulated, log)
+
+    # What the per-request bookkeeping (``commit``) calls on a request, as 0.5.12's verify does.
+    REQ_NEEDS = ("check_finished", "finished", "update_spec_correct_drafts_histogram", "update_reasoning_tokens")
+
+    @classmethod
+    def unfit(cls, worker: Any, module: Any) -> Optional[str]:
+        """Why this release or server may not take the lean step (static checks); None if it may."""
+        if not callable(getattr(getattr(module, "EagleVerifyInput", None), "prepare_for_verify", None)):
+            return "the worker's module has no EagleVerifyInput.prepare_for_verify"
+        if not callable(getattr(getattr(module, "EagleDraftExtendInput", None), "create_idle_input", None)):
+            return "the worker's module has no EagleDraftExtendInput"
+        req_cls = getattr(sys.modules.get("sglang.srt.managers.schedule_batch"), "Req", None)
+        missing = [name for name in cls.REQ_NEEDS if not callable(getattr(req_cls, name, None))]
+        if missing:
+            return f"this release's Req has no {missing[0]}"
+        runner = worker.target_worker.model_runner
+        hybrid = ("hybrid_gdn_config", "mamba2_config", "hybrid_lightning_config")
+        if any(getattr(runner, name, None) is not None for name in hybrid):
+            return "a hybrid (mamba) target, whose verify updates its state"
+        if not callable(getattr(module, "GenerationBatchResult", None)):
+            return "the worker's module has no GenerationBatchResult"
+        return None
+
+    def refusal(self, batch: Any) -> Optional[str]:
+        """Why this batch's fallback iteration must run the stock path; None if the lean step takes it."""
+        if not batch.forward_mode.is_decode():
+            return "not a decode batch"
+        if batch.has_grammar:
+            return "grammar"
+        if batch.return_logprob:
+            return "logprobs"
+        info = batch.sampling_info
+        if not info.is_all_greedy:
+            return "sampling"
+        if info.penalizer_orchestrator.is_required or getattr(info, "logit_bias", None) is not None:
+            return "penalties or a logit bias"
+        if getattr(info, "has_custom_logit_processor", False):
+            return "a custom logit processor"
+        return None
+
+    def takes(self, batch: Any) -> bool:
+        why_not = self.refusal(batch)
+        if why_not is not None and self.log and not self.said_no:
+            self.said_no = True
+            logger.info(f"dynspec: a fallback batch ran the stock one-node verify ({why_not}); said once")
+        return why_not is None
+
+    def step(self, worker: Any, batch: Any, fallback: "DynspecFallback") -> Any:
+        """One fallback iteration; returns the release's ``GenerationBatchResult``."""
+        import torch
+        from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+        # The verify's preparation: the one-node tree, its slot per request, req_to_token.
+        verify_input = fallback.trivial_verify_input(worker, batch, self.module.EagleVerifyInput)
+        positions = verify_input.positions  # the pre-step seq_lens: where each bonus token goes
+        verify_input.prepare_for_verify(batch, worker.page_size)
+        verify_input.num_tokens_per_req = 1
+        batch.spec_info = verify_input
+        batch.forward_mode = ForwardMode.TARGET_VERIFY
+        model_worker_batch = batch.get_model_worker_batch(seq_lens_cpu_cache=verify_input.seq_lens_cpu)
+        result = worker.target_worker.forward_batch_generation(model_worker_batch, is_verify=True)
+        logits_output = result.logits_output
+
+        # verify_tree_greedy on a one-node tree: the root is accepted, the argmax is the next token.
+        predict = torch.argmax(logits_output.next_token_logits, dim=-1).to(torch.int32)
+        if self.simulated_token is not None:
+            predict.fill_(self.simulated_token)
+        bs = len(batch.reqs)
+        unfinished = commit_one_token(batch, predict.tolist())  # the step's one wait for the GPU
+
+        hidden = logits_output.hidden_states
+        rows = (positions, batch.out_cache_loc, predict, hidden)
+        keep = None
+        if len(unfinished) < bs:  # as the verify hands the extend only the unfinished requests
+            keep = torch.tensor(unfinished, dtype=torch.int64, device=predict.device)
+            rows = tuple(t[keep] for t in rows)
+        batch.seq_lens.add_(1)
+        batch.seq_lens_cpu.add_(1)
+        batch.out_cache_loc, batch.input_ids = rows[1], rows[2]
+        batch.forward_mode = ForwardMode.DECODE
+        with self.draft_contexts(worker):
+            if unfinished:
+                batch.spec_info = self.next_draft_input(worker, batch, rows, keep, fallback)
+            else:
+                worker._draft_preprocess_idle(batch)
+        return self.module.GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=predict,
+            num_correct_drafts=0,
+            num_correct_drafts_per_req_cpu=[0] * bs,
+            can_run_cuda_graph=result.can_run_cuda_graph,
+        )
+
+    def draft_contexts(self, worker: Any) -> contextlib.ExitStack:
+        """The contexts the stock decode branch runs the draft extend in (draft TP group, MoE backends)."""
+        stack = contextlib.ExitStack()
+        if callable(getattr(worker, "draft_tp_context", None)):
+            stack.enter_context(worker.draft_tp_context(worker.draft_model_runner.tp_group))
+        for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+            context = getattr(self.module, name, None)
+            if callable(context):
+                stack.enter_context(context())
+        return stack
+
+    def next_draft_input(self, worker: Any, batch: Any, rows: Tuple[Any, ...], keep: Any, fallback: "DynspecFallback") -> Any:
+        """Write the rows' draft KV and return the next iteration's ``EagleDraftInput``: the direct
+        write's stand-ins (never drafted from: ``RESUME`` runs the full extend), or, where the direct
+        write cannot take the rows, what the stock extend returns, run KV-only."""
+        from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
+
+        positions, slots, tokens, hidden = rows
+        writer = fallback.draft_kv.direct
+        verified = types.SimpleNamespace(
+            next_token_ids=tokens,
+            logits_output=types.SimpleNamespace(hidden_states=hidden),
+            next_draft_input=types.SimpleNamespace(),
+        )
+        rows_in = types.SimpleNamespace(forward_mode=batch.forward_mode, seq_lens=positions, out_cache_loc=slots)
+        if writer is not None and writer.write(rows_in, verified):
+            stand_in = verified.next_draft_input
+            return self.next_input_cls(
+                bonus_tokens=tokens,  # read only: the next iteration copies it (trivial_verify_input)
+                hidden_states=stand_in.hidden_states,
+                topk_p=stand_in.topk_p,
+                topk_index=stand_in.topk_index,
+                capture_hidden_mode=CaptureHiddenMode.LAST,
+            )
+        import torch
+
+        count = int(tokens.shape[0])
+        accepted = torch.ones(count, dtype=torch.int32, device=tokens.device)
+        seq_lens, seq_lens_cpu, req_pool_indices = batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices
+        if keep is not None:
+            seq_lens, seq_lens_cpu, req_pool_indices = seq_lens[keep], seq_lens_cpu[keep.cpu()], req_pool_indices[keep]
+        batch.spec_info = self.extend_input_cls(
+            hidden_states=hidden,
+            num_correct_drafts=accepted - 1,
+            num_accept_tokens=accepted,
+            num_accept_tokens_cpu=[1] * count,
+            input_ids=tokens,
+            seq_lens=seq_lens,
+            seq_lens_cpu=seq_lens_cpu,
+            req_pool_indices=req_pool_indices,
+        )
+        with fallback.draft_kv.kv_only(worker):
+            return worker.forward_draft_extend_after_decode(batch)
+
+
+def commit_one_token(batch: Any, tokens: List[int]) -> List[int]:
+    """0.5.12's verify bookkeeping for a one-node tree whose root every request accepted: append
+    the token, update reasoning, check finished, commit one KV slot, count the verify; returns the
+    indices of the requests that have not finished. Grammar is not here: the lean step refuses it."""
+    think_end_id = getattr(batch.model_config, "think_end_id", None)
+    unfinished = []
+    for i, (req, token) in enumerate(zip(batch.reqs, tokens)):
+        req.output_ids.append(token)
+        if req.require_reasoning and think_end_id is not None:
+            req.update_reasoning_tokens(token, think_end_id)
+        req.check_finished()
+        req.kv_committed_len += 1
+        req.kv_allocated_len = req.kv_committed_len
+        if not req.finished():
+            unfinished.append(i)
+        req.spec_verify_ct += 1
+        req.update_spec_correct_drafts_histogram(0)
+    return unfinished
+
+
+def v1_draft_kv_default(worker: Any) -> str:
+    """``auto`` on v1: ``kv-direct`` where the worker's extend takes the input the direct write feeds
+    from (0.5.12, whose direct write left the stock extend's bits on the H200, session 13), ``full``
+    on older v1 releases, where no KV-only extend has run."""
+    return DRAFT_KV_DEFAULT_V1 if v1_next_draft_input_class(worker) is not None else DRAFT_KV_FULL
 
 
 def v1_next_draft_input_class(worker: Any) -> Any:

@@ -1413,6 +1413,13 @@ class V1Worker:
 V1Worker.__module__ = V1_MODULE.__name__
 
 
+def test_v1s_auto_is_kv_direct_where_the_twin_is_fed_directly_and_full_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, V1_MODULE.__name__, V1_MODULE)
+    assert runtime.v1_draft_kv_default(V1Worker([])) == runtime.DRAFT_KV_DIRECT
+    monkeypatch.delattr(V1_MODULE, "EagleDraftExtendInput")  # before 0.5.12: the extend takes the draft input
+    assert runtime.v1_draft_kv_default(V1Worker([])) == runtime.DRAFT_KV_FULL
+
+
 def v1_batch_of(extend: Extend = EXTEND, accepted: list[int] | None = None) -> Any:
     """The batch as v1's verify leaves it for the extend: its ``spec_info`` the extend input, its
     ``out_cache_loc`` the accepted tokens' slots, its own lengths (unfiltered) still its own."""

@@ -283,14 +283,15 @@ def test_skip_mode_writes_no_kv_and_returns_the_placeholder() -> None:
 def test_auto_is_what_exact_kv_proved_on_each_path() -> None:
     """Measured on the H200: on the zero-step state (0.5.17) fed directly and from a graph, 0.97 / 0.99
     of a plain decode step at 64 / 128 requests fed directly; on dynspec's own v2 fallback (0.5.12)
-    eagerly; v1 has not run exact_kv yet."""
+    eagerly; on v1 (0.5.12) fed directly, bit for bit (session 13), and full on older v1 releases
+    (``v1_draft_kv_default``, in test_dynspec_direct_kv.py)."""
     assert (runtime.DRAFT_KV_DEFAULT, runtime.DRAFT_KV_DEFAULT_OWN_FALLBACK, runtime.DRAFT_KV_DEFAULT_V1) == (
         runtime.DRAFT_KV_DIRECT,
         KV,
-        FULL,
+        runtime.DRAFT_KV_DIRECT,
     )
     assert runtime.DraftKV.build(draft_stack().runner, log=False).mode == runtime.DRAFT_KV_DIRECT
-    assert runtime.DraftKV.build(draft_stack().runner, log=False, auto=runtime.DRAFT_KV_DEFAULT_V1).mode == FULL
+    assert runtime.DraftKV.build(draft_stack().runner, log=False, auto=FULL).mode == FULL
 
 
 # Drafts the KV-only extend cannot serve, and the words that say why.
@@ -342,7 +343,7 @@ def test_unproven_auto_is_full_for_any_draft_and_says_nothing(
     stack_options: dict[str, Any], caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.INFO, logger=runtime.__name__):
-        draft_kv = runtime.DraftKV.build(draft_stack(**stack_options).runner, auto=runtime.DRAFT_KV_DEFAULT_V1)
+        draft_kv = runtime.DraftKV.build(draft_stack(**stack_options).runner, auto=FULL)  # older v1 releases
     assert draft_kv.mode == FULL and draft_kv.graph is None
     assert caplog.records == []
 

@@ -9,7 +9,10 @@ batch size or by row. Needs torch, which ``make test`` does not install: skipped
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -304,3 +307,265 @@ def test_a_write_that_refuses_the_batch_is_not_compared_and_other_ranks_write_no
     check, path = bit_check(twin, tmp_path)
     check.compare(batch.out_cache_loc, [("direct", lambda: False)], lambda: stock_extend_bytes(twin, batch, result))
     assert not path.exists()
+
+
+# -- v1's lean fallback step (LeanFallbackStep) in a fake 0.5.12 around a real direct write --------------
+
+VOCAB = 100  # the twin's embedding rows
+
+
+class ForwardMode:
+    DECODE, TARGET_VERIFY, IDLE = "decode", "target verify", "idle"
+
+    def __init__(self, mode: str) -> None:
+        self.mode = mode
+
+    def is_decode(self) -> bool:
+        return self.mode == self.DECODE
+
+    def is_idle(self) -> bool:
+        return self.mode == self.IDLE
+
+
+def fake_forward_batch_info() -> Any:
+    import types
+
+    module = types.ModuleType("sglang.srt.model_executor.forward_batch_info")
+    module.ForwardMode = SimpleNamespace(  # type: ignore[attr-defined]
+        DECODE=ForwardMode(ForwardMode.DECODE), TARGET_VERIFY=ForwardMode(ForwardMode.TARGET_VERIFY)
+    )
+    module.CaptureHiddenMode = SimpleNamespace(FULL="full", LAST="last")  # type: ignore[attr-defined]
+    return module
+
+
+class Req:
+    """0.5.12's Req as the verify's loop uses it; finishes after ``max_new`` output tokens."""
+
+    def __init__(self, max_new: int) -> None:
+        self.max_new = max_new
+        self.output_ids: list[int] = []
+        self.require_reasoning = False
+        self.decode_batch_idx = 0
+        self.kv_committed_len = self.kv_allocated_len = 40
+        self.spec_verify_ct = 0
+        self.histogram: list[int] = []
+        self._finished = False
+
+    def check_finished(self) -> None:
+        self._finished = len(self.output_ids) >= self.max_new
+
+    def finished(self) -> bool:
+        return self._finished
+
+    def update_spec_correct_drafts_histogram(self, correct: int) -> None:
+        self.histogram.append(correct)
+
+    def update_reasoning_tokens(self, token: int, think_end_id: int) -> None:
+        raise AssertionError("no reasoning in these requests")
+
+
+@dataclasses.dataclass
+class EagleVerifyInput:
+    draft_token: Any
+    custom_mask: Any
+    positions: Any
+    retrieve_index: Any
+    retrieve_next_token: Any
+    retrieve_next_sibling: Any
+    retrieve_cum_len: Any
+    spec_steps: int
+    topk: int
+    draft_token_num: int
+    capture_hidden_mode: Any
+    seq_lens_sum: int
+    seq_lens_cpu: Any
+    num_tokens_per_req: int = -1
+
+    def prepare_for_verify(self, batch: Any, page_size: int) -> None:
+        """0.5.12's, page size 1: the tokens, a new slot per request, req_to_token at seq_lens."""
+        batch.input_ids = self.draft_token
+        batch.out_cache_loc = torch.arange(300, 300 + len(batch.reqs), dtype=torch.int64)
+        batch.req_to_token_writes.append((batch.seq_lens.clone(), batch.out_cache_loc.clone()))
+
+
+@dataclasses.dataclass
+class EagleDraftInput:
+    bonus_tokens: Any
+    hidden_states: Any
+    topk_p: Any
+    topk_index: Any
+    capture_hidden_mode: Any
+
+
+@dataclasses.dataclass
+class GenerationBatchResult:
+    logits_output: Any
+    next_token_ids: Any
+    num_correct_drafts: int
+    num_correct_drafts_per_req_cpu: list[int]
+    can_run_cuda_graph: bool
+
+
+class Target:
+    """The target's one-token verify forward: per request a next token and a hidden-state row."""
+
+    def __init__(self, tokens: list[int]) -> None:
+        self.tokens = tokens
+        self.seen: list[Any] = []
+
+    def forward_batch_generation(self, model_worker_batch: Any, is_verify: bool = False) -> Any:
+        assert is_verify and model_worker_batch.forward_mode.mode == ForwardMode.TARGET_VERIFY
+        self.seen.append(model_worker_batch)
+        n = len(self.tokens)
+        logits = torch.zeros(n, VOCAB)
+        logits[torch.arange(n), torch.tensor(self.tokens)] = 1.0
+        hidden = torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden), can_run_cuda_graph=True)
+
+
+def lean_world(monkeypatch: pytest.MonkeyPatch, reqs: list[Req], tokens: list[int], writer: Any) -> tuple[Any, Any, Any, Any]:
+    """(lean step, worker, batch, fallback) of a fake 0.5.12 v1 server at a fallback iteration."""
+    import types
+
+    from patches.runtime import dynspec_runtime as rt
+
+    monkeypatch.setitem(sys.modules, "sglang.srt.model_executor.forward_batch_info", fake_forward_batch_info())
+    module = types.ModuleType("fake_eagle_worker")
+    module.EagleVerifyInput = EagleVerifyInput  # type: ignore[attr-defined]
+    module.GenerationBatchResult = GenerationBatchResult  # type: ignore[attr-defined]
+    n = len(reqs)
+    batch = SimpleNamespace(
+        reqs=reqs,
+        seq_lens=torch.arange(40, 40 + n, dtype=torch.int64),
+        seq_lens_cpu=torch.arange(40, 40 + n, dtype=torch.int64),
+        req_pool_indices=torch.arange(n, dtype=torch.int64),
+        forward_mode=ForwardMode(ForwardMode.DECODE),
+        spec_info=SimpleNamespace(bonus_tokens=torch.arange(n, dtype=torch.int32)),
+        sampling_info=SimpleNamespace(
+            is_all_greedy=True, penalizer_orchestrator=SimpleNamespace(is_required=False), logit_bias=None, has_custom_logit_processor=False
+        ),
+        has_grammar=False,
+        return_logprob=False,
+        model_config=SimpleNamespace(think_end_id=None),
+        maybe_evict_swa=lambda: None,
+        req_to_token_writes=[],
+    )
+    batch.get_model_worker_batch = lambda seq_lens_cpu_cache: SimpleNamespace(
+        forward_mode=batch.forward_mode, input_ids=batch.input_ids.clone(), seq_lens_cpu=seq_lens_cpu_cache
+    )
+    idle: list[Any] = []
+    worker = SimpleNamespace(target_worker=Target(tokens), page_size=1, _draft_preprocess_idle=idle.append)
+    fallback = rt.DynspecFallback(
+        rt.SwitchController(2, 2, 1, log=False), SimpleNamespace(), SimpleNamespace(direct=writer)
+    )
+    step = rt.LeanFallbackStep(module, EagleDraftInput, EagleDraftInput, None, log=False)
+    return step, worker, batch, fallback
+
+
+def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfinished_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Five requests, the second and fourth finish in this step: the verify hands the extend the
+    other three (tokens, pre-step positions, their slots, their hidden rows), whose stock graph is
+    4; the lean step's direct write leaves those bits. The scheduler then sees every request's
+    token, one more KV slot committed, lengths + 1 for all, and a next draft input of the three."""
+    reqs = [Req(max_new=1 if i in (1, 3) else 8) for i in range(5)]
+    tokens = [11, 12, 13, 14, 15]
+    direct, stock = V1Twin(apart=(8, 12, 16)), V1Twin(apart=(8, 12, 16))
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, tokens, v1_writer(direct))
+    assert step.takes(batch)
+    result = step.step(worker, batch, fallback)
+
+    keep = torch.tensor([0, 2, 4])
+    hidden = worker.target_worker.forward_batch_generation(worker.target_worker.seen[0], True).logits_output.hidden_states
+    reference = SimpleNamespace(seq_lens=torch.arange(40, 45)[keep], out_cache_loc=torch.arange(300, 305)[keep])
+    stock_rows = SimpleNamespace(next_token_ids=torch.tensor(tokens)[keep], logits_output=SimpleNamespace(hidden_states=hidden[keep]))
+    assert torch.equal(pool_bytes(direct), stock_extend_bytes(stock, reference, stock_rows))
+    assert direct.replays == [1]  # 3 requests: stock graph 4, which rounds as the packed graph 1
+
+    assert [r.output_ids for r in reqs] == [[t] for t in tokens]
+    assert [r.kv_committed_len for r in reqs] == [41] * 5 and all(r.kv_allocated_len == 41 for r in reqs)
+    assert [r.spec_verify_ct for r in reqs] == [1] * 5 and all(r.histogram == [0] for r in reqs)
+    assert [r.decode_batch_idx for r in reqs] == [1] * 5
+    assert batch.seq_lens.tolist() == list(range(41, 46)) and batch.seq_lens_cpu.tolist() == list(range(41, 46))
+    assert batch.out_cache_loc.tolist() == [300, 302, 304] and batch.input_ids.tolist() == [11, 13, 15]
+    assert batch.forward_mode.is_decode()
+    assert batch.spec_info.bonus_tokens.tolist() == [11, 13, 15] and batch.spec_info.bonus_tokens.dtype == torch.int32
+    assert batch.spec_info.topk_p.shape == (3, 1) and batch.spec_info.hidden_states.shape == (3, HIDDEN)
+    assert result.next_token_ids.tolist() == tokens and result.num_correct_drafts == 0
+    assert result.num_correct_drafts_per_req_cpu == [0] * 5 and result.can_run_cuda_graph
+    # The verify's preparation ran: the bonus tokens went in at the pre-step lengths.
+    (positions, slots), = batch.req_to_token_writes
+    assert positions.tolist() == list(range(40, 45)) and slots.tolist() == list(range(300, 305))
+    assert worker.target_worker.seen[0].input_ids.tolist() == [0, 1, 2, 3, 4]
+    # Negative control: writing every request's row (finished ones too) replays graph 8 and leaves other bits.
+    everyone = V1Twin(apart=(8, 12, 16))
+    v1_writer(everyone).write(
+        SimpleNamespace(forward_mode=ForwardMode(ForwardMode.TARGET_VERIFY), seq_lens=torch.arange(40, 45), out_cache_loc=torch.arange(300, 305)),
+        SimpleNamespace(next_token_ids=torch.tensor(tokens), logits_output=SimpleNamespace(hidden_states=hidden), next_draft_input=SimpleNamespace()),
+    )
+    assert not torch.equal(pool_bytes(everyone), pool_bytes(direct))
+
+
+def test_a_step_in_which_every_request_finishes_leaves_an_idle_draft_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    reqs = [Req(max_new=1) for _ in range(3)]
+    direct = V1Twin()
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, [5, 6, 7], v1_writer(direct))
+    step.step(worker, batch, fallback)
+    assert worker._draft_preprocess_idle.__self__ == [batch] and direct.replays == []
+    assert all(r.finished() for r in reqs) and batch.seq_lens.tolist() == [41, 42, 43]
+
+
+def test_simulated_acceptance_fills_the_tokens_as_the_stock_verify_does(monkeypatch: pytest.MonkeyPatch) -> None:
+    reqs = [Req(max_new=8) for _ in range(2)]
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, [5, 6], v1_writer(V1Twin()))
+    step.simulated_token = 100 - 1  # within the twin's embedding; 0.5.12 fills 100
+    result = step.step(worker, batch, fallback)
+    assert result.next_token_ids.tolist() == [99, 99] and [r.output_ids for r in reqs] == [[99], [99]]
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (lambda b: setattr(b.sampling_info, "is_all_greedy", False), "sampling"),
+        (lambda b: setattr(b.sampling_info.penalizer_orchestrator, "is_required", True), "penalties or a logit bias"),
+        (lambda b: setattr(b.sampling_info, "logit_bias", torch.zeros(1)), "penalties or a logit bias"),
+        (lambda b: setattr(b.sampling_info, "has_custom_logit_processor", True), "a custom logit processor"),
+        (lambda b: setattr(b, "has_grammar", True), "grammar"),
+        (lambda b: setattr(b, "return_logprob", True), "logprobs"),
+        (lambda b: setattr(b, "forward_mode", ForwardMode(ForwardMode.IDLE)), "not a decode batch"),
+    ],
+)
+def test_batches_the_lean_step_cannot_mirror_go_to_the_stock_path(monkeypatch: pytest.MonkeyPatch, change: Any, why: str) -> None:
+    step, _, batch, _ = lean_world(monkeypatch, [Req(8)], [5], None)
+    assert step.refusal(batch) is None  # the control: the unchanged batch is taken
+    change(batch)
+    assert step.refusal(batch) == why and not step.takes(batch)
+
+
+def test_rows_the_direct_write_cannot_take_go_to_the_stock_extend_kv_only(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No direct writer (given up): the stock extend runs, KV-only, on the extend input the verify
+    would have made for the unfinished requests."""
+    reqs = [Req(max_new=1), Req(max_new=8)]
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, [5, 6], None)
+    seen: list[Any] = []
+    windows: list[str] = []
+
+    @contextlib.contextmanager
+    def kv_only(w: Any) -> Any:
+        windows.append("open")
+        yield
+        windows.append("closed")
+
+    def extend(b: Any) -> str:
+        seen.append((b.spec_info, list(windows)))
+        return "the stock extend's next input"
+
+    fallback.draft_kv.kv_only = kv_only
+    worker.forward_draft_extend_after_decode = extend
+    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
+    step.step(worker, batch, fallback)
+    (extend_input, open_then), = seen
+    assert open_then == ["open"] and windows == ["open", "closed"]
+    assert batch.spec_info == "the stock extend's next input"
+    assert extend_input.input_ids.tolist() == [6] and extend_input.num_accept_tokens_cpu == [1]
+    assert extend_input.seq_lens.tolist() == [42] and extend_input.req_pool_indices.tolist() == [1]
+    assert extend_input.num_correct_drafts.tolist() == [0] and extend_input.hidden_states.shape == (1, HIDDEN)
