@@ -309,6 +309,8 @@ def judge(
                 f"{len(kv.mismatches)} of {kv.steps} proposals of {kv.requests} requests differ, all after the request's "
                 "timeline parted from the full extend's"
                 if explained
+                else f"{len(kv.mismatches)} of {kv.steps} proposals of {kv.requests} requests differ from the full extend's"
+                if kv.differs
                 else f"{kv.steps} proposals of {kv.requests} requests after a fallback span equal the full extend's"
             )
             + f"; the control differs at {len(control.mismatches)} of {control.steps}"

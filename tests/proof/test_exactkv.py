@@ -212,6 +212,9 @@ def test_judge_fails_on_a_mismatch_and_names_the_first() -> None:
         f"18 of 18 proposals differ from the full extend's (18 where the request's timeline matched the full "
         f"extend's), first: {A} at position 13: [14] instead of [13]"
     ]
+    assert entry["detail"].startswith("18 of 18 proposals of 1 requests differ from the full extend's;")
+    # The control: a pass says they are equal.
+    assert "equal the full extend's" in judge({"kv": EXACT, "full": EXACT, "skip": STALE}, DIGESTS, 10, [])["detail"]
 
 
 def test_judge_fails_when_the_control_cannot_tell_a_stale_kv() -> None:

@@ -625,3 +625,65 @@ def test_session_13_v1s_fallback_step_loses_its_time_on_the_host() -> None:
     assert (round(base["copies"]), round(dyn["copies"])) == (2, 12)
     # Negative control: the plain step's host leaves the GPU idle far less.
     assert base["span"] / base["busy"] < 1.4 < dyn["span"] / dyn["busy"]
+
+
+# -- session 13, runtime r14 (v2 module r19) at 907f979: v1's lean fallback step ----------------------
+
+S13_LEAN_PROOF = PROOF / "0.5.12-v1-s13-lean-proof"
+S13_LEAN_TPUT = PROOF / "0.5.12-v1-s13-lean-throughput"
+S13_LEAN_PROFILE = PROOF / "0.5.12-v1-s13-lean-profile"
+S13_LEAN_REVISIONS = {"speculative_dynspec_runtime": 14, "speculative_dynspec_v2": 19}
+
+
+def lean_report(evidence: Path) -> dict:
+    report = json.loads((evidence / "report.json").read_text())
+    assert report["path"] == "v1" and report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}
+    assert {k: report["dynspec_revisions"][k] for k in S13_LEAN_REVISIONS} == S13_LEAN_REVISIONS
+    return report
+
+
+def test_session_13_the_lean_step_serves_stock_tokens_across_100_crossings() -> None:
+    """v1 (0.5.12) with the lean fallback step: greedy outputs token-identical to stock at 1 - 48
+    requests and after the ramp, 100 crossings with 3250 requests answered; its start-up says it
+    runs. exact_kv has no verdict: 20 of 1894 proposals differ, none where the request's timeline
+    matched the full extend's, and none did match (the lean server runs faster, so the joiners
+    arrive elsewhere), while the control differs at 32 positions where timelines matched."""
+    report = lean_report(S13_LEAN_PROOF)
+    assert report["equivalence"]["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] == 100
+    recs, files = kv_proof_recordings(S13_LEAN_PROOF)
+    assert "runs as a plain decode step" in files["dynspec.log"]
+    assert "runs as a plain decode step" not in files["dynspec-full.log"]  # the reference runs the stock verify
+    entry = exactkv.judge(recs, report["exact_kv"]["digests"], 100, [])
+    assert not entry["passed"] and not report["exact_kv"]["passed"]
+    assert (entry["mismatches"], entry["compared_steps"], entry["mismatches_same_history"]) == (20, 1894, 0)
+    assert (entry["compared_steps_same_history"], entry["control_mismatches_same_history"]) == (0, 32)
+    assert entry["detail"].startswith("20 of 1894 proposals of 28 requests differ from the full extend's")
+
+
+def test_session_13_the_lean_step_brings_v1_to_a_plain_step() -> None:
+    """v1 throughput at 16 / 64 / 128 requests (TPUT_LEVELS): R against the better of non-overlap
+    plain decode and always-on 0.99 / 0.97 / 1.11 (session 12, stock verify: 1.04 / 0.76 / 0.76);
+    a fallback step 0.959 / 1.087 of a non-overlap plain step (0.779 / 0.736 before)."""
+    report = lean_report(S13_LEAN_TPUT)
+    tput = report["throughput"]
+    assert tput["passed"] and tput["judged_against"] == "base_no_overlap" and tput["levels"] == [16, 64, 128]
+    assert [round(r, 2) for r in tput["envelope_ratio_no_overlap"]] == [0.99, 0.97, 1.11]
+    best = [max(b, a) for b, a in zip(tput["base_no_overlap"], tput["always_on"])]
+    assert [round(d / b, 4) for d, b in zip(tput["dynspec"], best)] == tput["envelope_ratio_no_overlap"]
+    logs = members(S13_LEAN_TPUT / "logs.tar.gz", "base-no-overlap-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-no-overlap-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    assert {c: r["median"] for c, r in ratios["dynspec"].items()} == {"64": 0.959, "128": 1.087}
+    assert ratios["dynspec"] == tput["per_step_no_overlap"]["dynspec"]
+    assert ratio_against_itself(logs["base-no-overlap-sim.log"]) == 1.0  # negative control
+
+
+def test_session_13_the_lean_step_launches_and_copies_about_what_a_plain_step_does() -> None:
+    """The same profile as the stock-verify one (64 requests, v1): 20 kernel launches and 6 host
+    copies a step (51 and 12 before; plain decode 11 and 2), a span of 8.9 ms against plain
+    decode's 8.4 (11.2 before), the GPU as busy."""
+    lean = profile_totals((S13_LEAN_PROFILE / "dyn-gpu.txt").read_text())
+    stock_verify = profile_totals((S13_PROFILE_V1 / "dyn-gpu.txt").read_text())
+    plain = profile_totals((S13_PROFILE_V1 / "base-gpu.txt").read_text())
+    assert (round(lean["launches"]), round(lean["copies"])) == (20, 6)
+    assert round(plain["span"] / lean["span"], 2) == 0.94 and round(plain["span"] / stock_verify["span"], 2) == 0.75
+    assert abs(lean["busy"] / plain["busy"] - 1) < 0.02
