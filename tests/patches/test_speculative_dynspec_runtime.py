@@ -650,3 +650,25 @@ def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatc
     assert shipped.SwitchController(8, log=False).step(9) == shipped.FALL_BACK
     again, steps, _ = patch_file([SpeculativeDynspecRuntime], SpeculativeDynspecRuntime.TARGET, new, "0.5.12")
     assert again == new and steps[0].outcome.value == "already applied"
+
+
+def test_a_replay_reads_the_metadata_signature_once_per_method(monkeypatch: pytest.MonkeyPatch) -> None:
+    """inspect.signature cost about as much as the rest of a replay's preparation (session 13's v1
+    profile): it is read once per backend method, not per replay, and the arguments land the same."""
+    runtime._signature_of.cache_clear()
+    read: list[Any] = []
+    signature = inspect.signature
+    monkeypatch.setattr(runtime.inspect, "signature", lambda f: read.append(f) or signature(f))
+    backend = runtime.serve_verify_as_decode(TritonAttnBackend())
+    seen = []
+    for lens in ([10, 20], [11, 21], [12, 22]):
+        backend.init_forward_metadata_replay_cuda_graph(2, "rpi", Lens(lens), 30, None, Mode.TARGET_VERIFY, "tree", Lens(lens))
+        seen.append(list(backend.calls[-1][3].values))  # the persistent buffer: read before the next replay
+    assert seen == [[11, 21], [12, 22], [13, 23]]
+    assert len(read) == 1
+    # The control: another backend class's method is another signature.
+    other = runtime.serve_verify_as_decode(FlashInferAttnBackend())
+    other.init_forward_metadata_replay_cuda_graph(2, "rpi", Lens([1, 2]), 3, None, Mode.TARGET_VERIFY, "tree", Lens([1, 2]))
+    assert len(read) == 1  # FlashInfer inherits the same function from LegacyBackend: still one
+    backend.init_forward_metadata_capture_cuda_graph(4, 4, "rpi", Lens([1, 1, 1, 1]), None, Mode.TARGET_VERIFY, "tree")
+    assert len(read) == 2

@@ -602,7 +602,7 @@ def test_session_13_v1s_stock_graph_write_is_bit_exact(tmp_path: Path) -> None:
 
 def profile_totals(text: str) -> dict[str, float]:
     span = re.search(r"per step: span (\d+) us, busy (\d+) us, idle (\d+) us", text)
-    calls = dict((name, float(n)) for n, name in re.findall(r"^\s+[\d.]+ us x\s+([\d.]+)\s+(\w+)$", text, re.M))
+    calls = {name: float(n) for n, name in re.findall(r"^\s+[\d.]+ us x\s+([\d.]+)\s+(\w+)$", text, re.M)}
     assert span is not None
     return {
         "span": float(span[1]),
