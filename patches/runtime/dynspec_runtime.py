@@ -20,6 +20,11 @@ asks for while speculation is off. The iteration at which speculation comes back
 (``RESUME``) runs the full draft extend, so the first draft after it starts from exactly the
 state a full extend in every iteration would have left.
 
+On 0.5.12, where the draft KV is written directly (``kv-direct``), a greedy fallback iteration skips
+the stock ``draft()`` / ``verify()`` / extend altogether (``LeanFallbackStep``): the verify's
+preparation, the one-token target forward, the argmax, one wait for the GPU, the verify's
+per-request bookkeeping, and the direct write, so it costs about a plain decode step.
+
 The decision uses the decode batch size only, so every tensor-parallel rank decides the same.
 Torch and SGLang are imported inside functions: the controller runs anywhere.
 """
