@@ -265,6 +265,14 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "then proposals that differ only after a request's timeline parted from the reference's do not fail the check.",
 )
 @click.option(
+    "--exact-kv-bits-on",
+    type=click.Choice(["reference", "tested"]),
+    default=DEFAULTS.exact_kv_bits_on,
+    show_default=True,
+    help="--exact-kv-bits: the server that compares: the full-extend reference (the stock verify's rows) or the "
+    "server under test (on v1 0.5.12 the lean fallback step's rows; it then keeps the full extend's draft KV).",
+)
+@click.option(
     "--mixed-phases",
     type=IntList(),
     default=",".join(map(str, DEFAULTS.mixed_phases)),
@@ -345,6 +353,7 @@ def proof(
     ramp_timeout: float,
     exact_kv_cycles: int,
     exact_kv_bits: bool,
+    exact_kv_bits_on: str,
     mixed_phases: tuple[int, ...],
     mixed_new_tokens: int,
     mixed_repeats: int,
@@ -424,6 +433,7 @@ def proof(
         ramp_timeout=ramp_timeout,
         exact_kv_cycles=exact_kv_cycles,
         exact_kv_bits=exact_kv_bits,
+        exact_kv_bits_on=exact_kv_bits_on,
         mixed_phases=mixed_phases,
         mixed_new_tokens=mixed_new_tokens,
         mixed_repeats=mixed_repeats,

@@ -142,7 +142,8 @@ def read(path: Path) -> Recording:
 
 @dataclass
 class Bits:
-    """The full-extend server's ``DYNSPEC_CHECK_KV_BITS`` file: per fallback iteration, how many of its
+    """A server's ``DYNSPEC_CHECK_KV_BITS`` file (the full-extend reference's, or with ``--exact-kv-bits-on
+    tested`` the tested server's): per fallback iteration, how many of its
     rows' K/V the direct write (``direct``) and its packed control (``packed``) left other than the
     full extend did."""
 

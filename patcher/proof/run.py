@@ -45,7 +45,9 @@ NEVER_OFF_NAME = "always-on-recorded"
 DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
 RECORD_ENV = "DYNSPEC_RECORD_DRAFTS"
 KV_BITS_ENV = "DYNSPEC_CHECK_KV_BITS"  # the runtime's KVBitCheck
-KV_BITS_FILE = "bits-dynspec-full.jsonl"
+# Which server compares the direct write's bits with its full extend's (--exact-kv-bits-on), and its file:
+# the full-extend reference (the stock verify's rows) or the server under test (v1: the lean step's rows).
+KV_BITS_FILES = {"reference": "bits-dynspec-full.jsonl", "tested": "bits-dynspec.jsonl"}
 # exact_kv's full-extend reference runs the stock zero-step verify too: the fallback as it was, so
 # that the lean verify's tokens and hidden states are under test with the KV-only extend
 LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
@@ -90,7 +92,8 @@ class ProofOptions:
     exact_kv_long_tokens: int = 128
     exact_kv_short_tokens: int = 64
     exact_kv_min_steps: int = 100  # proposals compared after a fallback span, at least
-    exact_kv_bits: bool = False  # the full-extend server compares the direct write's bits (v1, kv-direct)
+    exact_kv_bits: bool = False  # a server compares the direct write's bits with its full extend's (v1, kv-direct)
+    exact_kv_bits_on: str = "reference"  # which: a key of KV_BITS_FILES
     mixed_phases: tuple[int, ...] = mixed.DEFAULT_PHASES
     mixed_per_phase: int = 2  # requests per phase = this x its concurrency
     mixed_new_tokens: int = 128
@@ -415,11 +418,12 @@ class Proof:
                     env[DRAFT_KV_ENV] = variant or self.kv_mode(kv_problems if exact_kv else [])
                 if variant == "full":
                     env[LEAN_VERIFY_ENV] = "0"
-                    if opts.exact_kv_bits and exact_kv:
-                        # it writes directly first, then runs and keeps the full extend: still the reference
-                        (opts.out / KV_BITS_FILE).unlink(missing_ok=True)
-                        env[DRAFT_KV_ENV] = KV_ONLY_MODE
-                        env[KV_BITS_ENV] = str(opts.out / KV_BITS_FILE)
+                checked = "reference" if variant == "full" else "tested" if variant is None and not never_off else None
+                if opts.exact_kv_bits and exact_kv and checked == opts.exact_kv_bits_on:
+                    # it writes directly first, then runs and keeps the full extend
+                    (opts.out / KV_BITS_FILES[checked]).unlink(missing_ok=True)
+                    env[DRAFT_KV_ENV] = KV_ONLY_MODE
+                    env[KV_BITS_ENV] = str(opts.out / KV_BITS_FILES[checked])
             # above anything the load reaches, below --max-running-requests: speculation never turns off
             flags = launch.Dynspec(launch.MAX_RUNNING_REQUESTS - 1) if never_off else None
             try:
@@ -471,15 +475,18 @@ class Proof:
             self.report["acceptance"] = entry
         if exact_kv:
             kv_digests.pop(acceptance.NEVER_OFF, None)
-            bits = exactkv.read_bits(opts.out / KV_BITS_FILE) if opts.exact_kv_bits else None
+            bits_file = KV_BITS_FILES[opts.exact_kv_bits_on]
+            bits = exactkv.read_bits(opts.out / bits_file) if opts.exact_kv_bits else None
             if opts.exact_kv_bits and bits is None:
-                kv_problems.append(f"--exact-kv-bits: the full-extend server wrote no {KV_BITS_FILE}")
+                kv_problems.append(f"--exact-kv-bits: the {opts.exact_kv_bits_on} server wrote no {bits_file}")
             tested = self.kv_mode([])
             if opts.exact_kv_bits and tested != KV_ONLY_MODE:
                 # the bits vouch for kv-direct's write; they cannot excuse another mode's mismatches
                 kv_problems.append(f"--exact-kv-bits checks {KV_ONLY_MODE}'s write, the server under test runs {tested}")
                 bits = None
             entry = exactkv.judge(recordings, kv_digests, opts.exact_kv_min_steps, kv_problems, bits)
+            if entry["bits"] is not None:
+                entry["bits"]["server"] = opts.exact_kv_bits_on
             # which KV-only extend was proven, as the server's start-up line says it ran it
             entry.update(load=opts.exact_kv_load.describe(), shape=shape, threshold=opts.threshold, kv_only_extend=kv_path)
             self.report["exact_kv"] = entry

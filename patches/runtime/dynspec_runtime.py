@@ -859,6 +859,7 @@ class DynspecFallback:
         self._tree_indices = TreeIndices()
         self.bit_check: Any = None  # dynspec_v2.KVBitCheck, with DYNSPEC_CHECK_KV_BITS
         self.lean: Optional["LeanFallbackStep"] = None  # kv-direct fed directly, unless switched off
+        self.stock_extend: Optional[Callable[[Any], Any]] = None  # the release's extend after the verify (kv-direct)
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered."""
@@ -908,9 +909,11 @@ class DynspecFallback:
         if not feed_directly(self.draft_kv, lambda twin: StockGraphDirectWrite.build(twin, worker, self.draft_kv, log), log):
             return
         self.bit_check = KVBitCheck.from_env(self.draft_kv.graph, log)
-        if self.bit_check is None:  # the bit check's server is the full extend's reference: stock steps
-            self.lean = LeanFallbackStep.build(worker, next_input_cls, log)
+        # With the bit check too: its lean iterations compare the lean rows' direct write with the full
+        # extend (exact_kv's reference server turns the lean step off, DYNSPEC_LEAN_VERIFY=0).
+        self.lean = LeanFallbackStep.build(worker, next_input_cls, log)
         stock = worker.forward_draft_extend_after_decode
+        self.stock_extend = stock
 
         def forward_draft_extend_after_decode(batch: Any) -> Any:
             writer = self.draft_kv.direct  # None once given up
@@ -1145,6 +1148,13 @@ class LeanFallbackStep:
             next_draft_input=types.SimpleNamespace(),
         )
         rows_in = types.SimpleNamespace(forward_mode=batch.forward_mode, seq_lens=positions, out_cache_loc=slots)
+        if fallback.bit_check is not None and writer is not None and fallback.stock_extend is not None:
+            # The check: these rows written directly, then the full extend of the input the verify would
+            # have made, on the same slots; the full extend's draft KV and next input stay.
+            batch.spec_info = self.extend_input(batch, rows, keep)
+            full_extend = fallback.stock_extend
+            writes = checked_writes(writer, int(slots.shape[0]), lambda: writer.write(rows_in, verified))
+            return fallback.bit_check.compare(slots, writes, lambda: full_extend(batch))
         if writer is not None and writer.write(rows_in, verified):
             stand_in = verified.next_draft_input
             return self.next_input_cls(
@@ -1154,14 +1164,22 @@ class LeanFallbackStep:
                 topk_index=stand_in.topk_index,
                 capture_hidden_mode=CaptureHiddenMode.LAST,
             )
+        batch.spec_info = self.extend_input(batch, rows, keep)
+        with fallback.draft_kv.kv_only(worker):
+            return worker.forward_draft_extend_after_decode(batch)
+
+    def extend_input(self, batch: Any, rows: Tuple[Any, ...], keep: Any) -> Any:
+        """The ``EagleDraftExtendInput`` 0.5.12's verify makes for these rows: one accepted token each,
+        the post-step lengths and pool indices of the requests kept."""
         import torch
 
+        _, _, tokens, hidden = rows
         count = int(tokens.shape[0])
         accepted = torch.ones(count, dtype=torch.int32, device=tokens.device)
         seq_lens, seq_lens_cpu, req_pool_indices = batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices
         if keep is not None:
             seq_lens, seq_lens_cpu, req_pool_indices = seq_lens[keep], seq_lens_cpu[keep.cpu()], req_pool_indices[keep]
-        batch.spec_info = self.extend_input_cls(
+        return self.extend_input_cls(
             hidden_states=hidden,
             num_correct_drafts=accepted - 1,
             num_accept_tokens=accepted,
@@ -1171,8 +1189,6 @@ class LeanFallbackStep:
             seq_lens_cpu=seq_lens_cpu,
             req_pool_indices=req_pool_indices,
         )
-        with fallback.draft_kv.kv_only(worker):
-            return worker.forward_draft_extend_after_decode(batch)
 
 
 def commit_one_token(batch: Any, tokens: List[int]) -> List[int]:
@@ -1215,17 +1231,19 @@ def v1_next_draft_input_class(worker: Any) -> Any:
 
 
 def direct_writes(writer: Any, worker: Any, batch: Any, next_input_cls: Any) -> List[Tuple[str, Callable[[], bool]]]:
-    """``KVBitCheck``'s writes of one v1 fallback iteration: the direct write as it serves, and, as
-    the check's control, the same rows in the graph that packs them, where that is another graph."""
+    """``KVBitCheck``'s writes of one v1 fallback iteration through the stock verify (see ``checked_writes``)."""
+    rows = int(batch.spec_info.input_ids.shape[0])
+    return checked_writes(writer, rows, lambda: extend_after_decode_directly(writer, worker, batch, next_input_cls) is not None)
 
-    def direct() -> bool:
-        return extend_after_decode_directly(writer, worker, batch, next_input_cls) is not None
+
+def checked_writes(writer: Any, rows: int, direct: Callable[[], bool]) -> List[Tuple[str, Callable[[], bool]]]:
+    """``KVBitCheck``'s writes of ``rows`` rows: the direct write as it serves, and, as the check's
+    control, the same rows in the graph that packs them, where that is another graph."""
 
     def packed() -> bool:
         with writer.packing():
             return direct()
 
-    rows = int(batch.spec_info.input_ids.shape[0])
     other = rows < len(writer.replay_index) and writer.packed_index(rows) != writer.replay_index[rows]
     return [("direct", direct), ("packed", packed)] if other else [("direct", direct)]
 

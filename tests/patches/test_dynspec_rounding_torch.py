@@ -569,3 +569,48 @@ def test_rows_the_direct_write_cannot_take_go_to_the_stock_extend_kv_only(monkey
     assert extend_input.input_ids.tolist() == [6] and extend_input.num_accept_tokens_cpu == [1]
     assert extend_input.seq_lens.tolist() == [42] and extend_input.req_pool_indices.tolist() == [1]
     assert extend_input.num_correct_drafts.tolist() == [0] and extend_input.hidden_states.shape == (1, HIDDEN)
+
+
+def stock_extend_of(twin: V1Twin, off_by: int = 0) -> Any:
+    """0.5.12's extend after the verify, as the bit check runs it: the rows from the extend input
+    (tokens, positions = post-step lengths - 1, the batch's slots, hidden rows) at the front of the
+    stock graph for their count; ``off_by`` shifts the positions (a wrong derivation)."""
+
+    def extend(batch: Any) -> str:
+        extend_input = batch.spec_info
+        result = SimpleNamespace(next_token_ids=extend_input.input_ids, logits_output=SimpleNamespace(hidden_states=extend_input.hidden_states))
+        rows = SimpleNamespace(seq_lens=extend_input.seq_lens - 1 + off_by, out_cache_loc=batch.out_cache_loc)
+        stock_extend_bytes(twin, rows, result)
+        return "the full extend's next input"
+
+    return extend
+
+
+@pytest.mark.parametrize(("off_by", "differing"), [(0, 0), (1, 3)], ids=["as-stock", "control-wrong-positions"])
+def test_the_bit_check_on_the_lean_server_compares_its_rows_with_the_full_extend(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any, off_by: int, differing: int
+) -> None:
+    """DYNSPEC_CHECK_KV_BITS with the lean step: its rows written directly, then the full extend of
+    the extend input the verify would have made; the full extend's result stays. Five requests, two
+    finish: three rows, all equal; with the full extend's positions shifted (the control), all three differ."""
+    reqs = [Req(max_new=1 if i in (1, 3) else 8) for i in range(5)]
+    twin = V1Twin(apart=(8, 12, 16))
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, [11, 12, 13, 14, 15], v1_writer(twin))
+    fallback.bit_check, path = bit_check(twin, tmp_path)
+    fallback.stock_extend = stock_extend_of(twin, off_by)
+    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
+    step.step(worker, batch, fallback)
+    assert batch.spec_info == "the full extend's next input"
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"rows": 3, "direct": differing}]
+
+
+def test_the_bit_check_on_the_lean_server_has_its_packed_control(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Six requests: the stock graph 8 rounds apart from graph 2, which packs six rows; the direct
+    write replays graph 8 and leaves the full extend's bits, the packed control does not."""
+    twin = V1Twin(apart=(8, 12, 16))
+    step, worker, batch, fallback = lean_world(monkeypatch, [Req(8) for _ in range(6)], [11, 12, 13, 14, 15, 16], v1_writer(twin))
+    fallback.bit_check, path = bit_check(twin, tmp_path)
+    fallback.stock_extend = stock_extend_of(twin)
+    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
+    step.step(worker, batch, fallback)
+    assert [json.loads(line) for line in path.read_text().splitlines()] == [{"rows": 6, "direct": 0, "packed": 6}]

@@ -132,6 +132,7 @@ class State:
         self.flushes = 0
         self.rids: list[str | None] = []  # the rid of every /generate, in arrival order
         self.draft_kv = draft_kv_mode(os.environ.get("DYNSPEC_DRAFT_KV"))
+        self.configured_kv = self.draft_kv  # what its start-up line names, as the runtime's does
         self.record_path = os.environ.get("DYNSPEC_RECORD_DRAFTS", "").strip() if disable is not None else ""
         self.bits_path = os.environ.get("DYNSPEC_CHECK_KV_BITS", "").strip() if disable is not None else ""
         if self.bits_path:
@@ -206,8 +207,8 @@ class State:
 
     def draft_kv_words(self) -> str:
         """The start-up line's words for the draft extend while off (``kvoff``: a KV-only server's say full)."""
-        kv_only = self.draft_kv in KV_ONLY_MODES
-        return DRAFT_KV_WORDS["full" if kv_only and "kvoff" in self.faults else self.draft_kv]
+        kv_only = self.configured_kv in KV_ONLY_MODES
+        return DRAFT_KV_WORDS["full" if kv_only and "kvoff" in self.faults else self.configured_kv]
 
 
 def make_handler(state: State) -> type[BaseHTTPRequestHandler]:

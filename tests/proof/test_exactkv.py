@@ -525,3 +525,22 @@ def test_without_the_flag_no_server_is_asked_for_bits(site: Any, tmp_path: Path)
     result = run_proof(exact_kv_options(site(), tmp_path / "out"), lambda m: None)
     assert result["exact_kv"]["bits"] is None
     assert all("DYNSPEC_CHECK_KV_BITS" not in s["env"] for s in result["servers"])
+
+
+def test_exact_kv_bits_on_the_server_under_test(site: Any, tmp_path: Path) -> None:
+    """--exact-kv-bits-on tested: the server under test (v1: the lean step) compares its rows' direct
+    write with its full extend; the reference runs as always, unchecked."""
+    out = tmp_path / "out"
+    opts = exact_kv_options(site(), out, exact_kv_bits=True)
+    opts.exact_kv_bits_on = "tested"
+    result = run_proof(opts, lambda m: None)
+    kv = result["exact_kv"]
+    assert kv["passed"] and kv["bits"]["passed"] and kv["bits"]["server"] == "tested", reports.summary(result)
+    env = {s["name"]: s["env"] for s in result["servers"]}
+    assert env["dynspec"]["DYNSPEC_CHECK_KV_BITS"] == str(out / "bits-dynspec.jsonl")
+    assert "DYNSPEC_CHECK_KV_BITS" not in env["dynspec-full"] and env["dynspec-full"]["DYNSPEC_DRAFT_KV"] == "full"
+    assert not (out / "bits-dynspec-full.jsonl").exists()
+    # The control: the same run with a write that differs fails on the bits.
+    faulty = exact_kv_options(site(), tmp_path / "faulty", "bitsdrift", exact_kv_bits=True)
+    faulty.exact_kv_bits_on = "tested"
+    assert not run_proof(faulty, lambda m: None)["exact_kv"]["bits"]["passed"]
