@@ -687,3 +687,23 @@ def test_session_13_the_lean_step_launches_and_copies_about_what_a_plain_step_do
     assert (round(lean["launches"]), round(lean["copies"])) == (20, 6)
     assert round(plain["span"] / lean["span"], 2) == 0.94 and round(plain["span"] / stock_verify["span"], 2) == 0.75
     assert abs(lean["busy"] / plain["busy"] - 1) < 0.02
+
+
+S13_R15_DIAG = PROOF / "0.5.12-v1-s13-r15-diag"
+
+
+def test_session_13_r15s_lean_step_per_step_in_a_short_diag() -> None:
+    """r15 (e451714: r14 plus the cached signature and the lean bit check, off here), v1, in the
+    session's last 220 s: base and dynspec both without overlap, two client runs at 64 and 100
+    requests: a fallback step 0.984 (64) and 0.948 (100) of a plain one, from 10 steady pairs each:
+    too few to tell r15 from r14's 0.959 at 64."""
+    logs = {}
+    for name in ("base", "dyn-sim"):
+        with gzip.open(S13_R15_DIAG / f"{name}.log.gz", "rt", errors="replace") as f:
+            logs[name] = f.read()
+        assert "disable_overlap_schedule=True" in logs[name]
+    assert "runs as a plain decode step" in logs["dyn-sim"] and "dynspec:" not in logs["base"]
+    ratios = steps.per_step(logs, "base", [64, 100])
+    assert ratios == json.loads((S13_R15_DIAG / "per_step.json").read_text())
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dyn-sim"].items()} == {"64": (0.984, 10), "100": (0.948, 10)}
+    assert ratio_against_itself(logs["base"]) == 1.0  # negative control
