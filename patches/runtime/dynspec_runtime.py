@@ -998,7 +998,10 @@ class LeanFallbackStep:
     A batch it does not take (sampling, penalties, logit bias, a custom logit processor, grammar,
     logprobs, not a decode) runs the stock path, and the first is logged, with the reason. A batch
     the direct write cannot take (no graph for its row count) runs the stock extend KV-only.
-    ``DYNSPEC_LEAN_VERIFY=0`` turns it off, for A/B runs.
+    ``DYNSPEC_LEAN_VERIFY=0`` turns it off, for A/B runs. Not recorded for these iterations: the stock
+    decode branch's tracing spans (``set_time_batch``, on only with request tracing) and the verify's
+    ``maybe_detect_nan`` (a debug setting); ``extend_lens`` keeps its last value (no TARGET_VERIFY or
+    decode batch reads it).
     """
 
     def __init__(self, worker_module: Any, extend_input_cls: Any, next_input_cls: Any, simulated_token: Optional[int], log: bool) -> None:
@@ -1101,6 +1104,11 @@ class LeanFallbackStep:
         unfinished = commit_one_token(batch, predict.tolist())  # the step's one wait for the GPU
 
         hidden = logits_output.hidden_states
+        if fallback.bit_check is not None and hidden is not None:
+            # The check replays the stock extend graph, captured before the one-token target graph from
+            # the same pool, so it may reuse the memory these live in; the scheduler reads them after
+            # (return_hidden_states). The stock verify gathers them into a copy too.
+            logits_output.hidden_states = hidden.clone()
         rows = (positions, batch.out_cache_loc, predict, hidden)
         keep = None
         if len(unfinished) < bs:  # as the verify hands the extend only the unfinished requests

@@ -412,6 +412,7 @@ class Target:
     def __init__(self, tokens: list[int]) -> None:
         self.tokens = tokens
         self.seen: list[Any] = []
+        self.outputs: list[Any] = []  # the hidden states of each forward, as the graph's output buffer holds them
 
     def forward_batch_generation(self, model_worker_batch: Any, is_verify: bool = False) -> Any:
         assert is_verify and model_worker_batch.forward_mode.mode == ForwardMode.TARGET_VERIFY
@@ -420,6 +421,7 @@ class Target:
         logits = torch.zeros(n, VOCAB)
         logits[torch.arange(n), torch.tensor(self.tokens)] = 1.0
         hidden = torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
+        self.outputs.append(hidden)
         return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden), can_run_cuda_graph=True)
 
 
@@ -612,5 +614,11 @@ def test_the_bit_check_on_the_lean_server_has_its_packed_control(monkeypatch: py
     fallback.bit_check, path = bit_check(twin, tmp_path)
     fallback.stock_extend = stock_extend_of(twin)
     step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
-    step.step(worker, batch, fallback)
+    result = step.step(worker, batch, fallback)
     assert [json.loads(line) for line in path.read_text().splitlines()] == [{"rows": 6, "direct": 0, "packed": 6}]
+    # What the scheduler reads for return_hidden_states is a copy: the stock extend graph the check
+    # replays may reuse the target graph's output memory. The control: without the check, no copy.
+    output = worker.target_worker.outputs[-1]
+    assert result.logits_output.hidden_states is not output and torch.equal(result.logits_output.hidden_states, output)
+    step, worker, batch, fallback = lean_world(monkeypatch, [Req(8) for _ in range(6)], [11, 12, 13, 14, 15, 16], v1_writer(V1Twin()))
+    assert step.step(worker, batch, fallback).logits_output.hidden_states is worker.target_worker.outputs[-1]
