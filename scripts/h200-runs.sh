@@ -39,7 +39,8 @@
 #                  a later base-N is a second reference, per_step_base-N.json, and its ratio to base is the drift)
 #   prof V         (as diag) torch-profiler traces of 30 decode steps at 64 requests, base and dynspec (auto,
 #                  falling back), GPU only (30 steps) and CPU+GPU with Python stacks (20 steps):
-#                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers;
+#                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers
+#                  (as in DIAG_RUNS: base* plain decode, on* always-on speculation, any other name dynspec);
 #                  PROF_AT=admission: 40 steps (GPU only) from before 64 requests arrive, after one warm-up of that load;
 #                  SERVE_ARGS="--disable-overlap-schedule": every diag / prof server on v1's scheduler
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
@@ -101,7 +102,7 @@ S="$S --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-dra
 # Sets $name for the caller.
 serve_run() { name=${1%%:*}; local envs="" args="$S --speculative-disable-batch-size 32"
   case $1 in *:*) envs=${1#*:} ;; esac
-  case $name in base|base-*) args=$LIMITS; envs="" ;; esac
+  case $name in base|base-*) args=$LIMITS; envs="" ;; on|on-*) args=$S ;; esac  # on: always-on speculation, no dynspec flag
   env ${envs//+/ } bash "$K/serve.sh" "$name" $args ${SERVE_ARGS:-}; }  # SERVE_ARGS: e.g. --disable-overlap-schedule (v1)
 case $step in
   kit-a) fresh_site ".gpu/kit-$1-a.tar.xz" && echo unpacked a ;;

@@ -10,6 +10,7 @@ import gzip
 import io
 import json
 import re
+import statistics
 import tarfile
 from pathlib import Path
 
@@ -707,3 +708,36 @@ def test_session_13_r15s_lean_step_per_step_in_a_short_diag() -> None:
     assert ratios == json.loads((S13_R15_DIAG / "per_step.json").read_text())
     assert {c: (r["median"], r["pairs"]) for c, r in ratios["dyn-sim"].items()} == {"64": (0.984, 10), "100": (0.948, 10)}
     assert ratio_against_itself(logs["base"]) == 1.0  # negative control
+
+
+def admission_windows(log: str, concurrency: int) -> list[float]:
+    """Per run at ``concurrency`` (every decode at that batch size), the milliseconds of its first
+    ``Decode batch`` line with --decode-log-interval 1: the run's prefills and its first decode step."""
+    windows, first, seen = [], None, False
+    for line in log.splitlines():
+        if "Prefill batch" in line and "#running-req: 0," in line:
+            if first is not None and seen:
+                windows.append(first)
+            first, seen = None, True
+            continue
+        m = re.search(r"Decode batch, #running-req: (\d+),.*?(?:accept len: ([\d.]+),.*?)?gen throughput \(token/s\): ([\d.]+)", line)
+        if m and seen and first is None:
+            first = int(m[1]) * float(m[2] or 1) / float(m[3]) * 1000 if int(m[1]) == concurrency else -1.0
+    if first is not None and seen:
+        windows.append(first)
+    return [w for w in windows if w >= 0]
+
+
+def test_session_12_the_own_fallbacks_admission_loss_is_the_speculative_servers_prefill() -> None:
+    """Re-read in session 13: the ~30 ms per run at 64 requests that session 12 could not place sit in
+    each run's admission window (its prefills and first decode step), and always-on pays it too: the
+    speculative server's prefill (the draft model's prefill extend), not the fallback. Medians over the
+    runs whose decode steps all held 64 (and 128) requests."""
+    logs = members(S12_TPUT_12 / "logs.tar.gz", "base-sim.log", "always-on-sim.log", "dynspec-sim.log")
+    medians = {
+        name: [round(statistics.median(admission_windows(logs[f"{name}.log"], c))) for c in (64, 128)]
+        for name in ("base-sim", "always-on-sim", "dynspec-sim")
+    }
+    assert medians == {"base-sim": [102, 173], "always-on-sim": [130, 213], "dynspec-sim": [132, 245]}
+    # Negative control: a window read at a concurrency no run held is empty.
+    assert admission_windows(logs["base-sim.log"], 96) == []
