@@ -752,11 +752,12 @@ def _already_done(*args: Any, **kwargs: Any) -> None:
 
 
 def placeholder_rows(input_ids: Any, forward_batch: Any) -> int:
-    """Rows the stock draft forward returns: one per request for v1's DRAFT_EXTEND (its logits
-    keep each request's last token), one per token for v2's DRAFT_EXTEND_V2."""
+    """Rows the stock draft forward returns: one per request for v1's DRAFT_EXTEND and for a
+    prefill's EXTEND (their logits keep each request's last token), one per token for v2's
+    DRAFT_EXTEND_V2."""
     mode = getattr(forward_batch, "forward_mode", None)
     is_v1_extend = getattr(mode, "is_draft_extend", None)
-    if callable(is_v1_extend) and is_v1_extend():
+    if (callable(is_v1_extend) and is_v1_extend()) or getattr(mode, "name", None) == "EXTEND":
         return int(forward_batch.batch_size)
     return int(input_ids.shape[0])
 

@@ -174,6 +174,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
         logger.info(f"dynspec: {KV_BATCH_ENV} applies to 0.5.14+ only; every fallback iteration writes its own rows")
     fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     fallback.feed_twin_directly(worker, log=rank0)
+    fallback.prefill_kv_only(worker.draft_worker, log=rank0)
     worker.draft_worker._dynspec = fallback
     if fallback.recorder is not None:
         fallback.recorder.watch_drafts(worker.draft_worker, lambda: fallback.in_fallback)
@@ -295,6 +296,29 @@ class V2Fallback:
             return stock(*args, **kwargs)
 
         draft_worker._draft_extend_for_decode = draft_extend_for_decode
+
+    def prefill_kv_only(self, draft_worker: Any, log: bool) -> None:
+        """``DYNSPEC_PREFILL_KV=1`` (opt-in, not yet measured on a GPU): while speculation is off, the
+        draft model's prefill extend of newly admitted requests writes only their draft KV, eagerly
+        (``DraftKV.kv_only``), as a fallback iteration's extend does. The draft K/V at a prompt position
+        depend on that position's inputs alone; the top-k and hidden states the prefill leaves for the
+        request's first draft are never read, since speculation comes back on only through ``RESUME``,
+        whose full extend makes them for every request. Session 12's logs put about 30 ms per admission of
+        64 requests in the speculative server's prefill, which plain decode does not pay."""
+        if not on_off_setting(PREFILL_KV_ENV, False) or not self.draft_kv.saves_work:
+            return
+        stock = draft_worker._draft_extend_for_prefill
+        draft_kv = self.draft_kv
+
+        def draft_extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if self.controller.speculating or batch.forward_mode.is_idle() or not draft_kv.saves_work:
+                return stock(batch, *args, **kwargs)
+            with draft_kv.kv_only(draft_worker):
+                return stock(batch, *args, **kwargs)
+
+        draft_worker._draft_extend_for_prefill = draft_extend_for_prefill
+        if log:
+            logger.info(f"dynspec: {PREFILL_KV_ENV}=1: while off, a prefill's draft extend writes only the draft KV")
 
     def publish_early(self, batch: Any, on_publish: Any) -> Any:
         """0.5.13: called by the hook before ``fall_back``; returns the callback the re-run gets.
@@ -677,6 +701,7 @@ class ZeroStepPolicy:
 
 
 LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
+PREFILL_KV_ENV = "DYNSPEC_PREFILL_KV"  # V2Fallback.prefill_kv_only (0.5.4 - 0.5.13, opt-in)
 KV_BATCH_ENV = "DYNSPEC_KV_BATCH"
 KV_BATCH_MAX = 8  # beyond a few iterations the GEMMs of one replay stop being bound by the weight read
 

@@ -335,6 +335,26 @@ class DraftWorker:
 
     _draft_extend_for_decode = draft_extend  # the v2 name
 
+    def _draft_extend_for_prefill(self, batch: Any, *args: Any, **kwargs: Any) -> Any:
+        """v2's prefill extend as the fallback sees it (0.5.4 - 0.5.13): one eager forward over every
+        prompt token (mode EXTEND), then top-k over its logits: one row per request, as the logits
+        processor keeps each request's last token (the fake model returns one per token on its own)."""
+        prompt = batch.prompt
+        forward_batch = SimpleNamespace(
+            forward_mode=batch.forward_mode,
+            batch_size=batch.batch_size,
+            input_ids=Rows(list(prompt.tokens)),
+            positions=Rows(list(prompt.positions)),
+            out_cache_loc=Rows(list(prompt.slots)),
+            spec_info=SimpleNamespace(hidden_states=list(prompt.hidden)),
+            attn_backend=self.draft_runner.attn_backend,
+            token_to_kv_pool=self.draft_runner.token_to_kv_pool,
+        )
+        out = self.draft_runner.forward(forward_batch)
+        self.log.append("topk")
+        self.outputs.append(out)
+        return out
+
 
 GRAPH_ATTRIBUTES = (
     "cuda_graph_runner_for_draft_extend",

@@ -847,6 +847,7 @@ def test_eager_kv_graph_windows_count_towards_the_verdict(caplog: pytest.LogCapt
 class ForwardMode(enum.IntEnum):
     """0.4.10 - 0.5.13's, as far as ``placeholder_rows`` asks: ``is_draft_extend()`` is v1's mode only."""
 
+    EXTEND = 0
     DRAFT_EXTEND = 1
     DRAFT_EXTEND_V2 = 2
 
@@ -870,11 +871,12 @@ SIX_TOKENS = Extend(tokens=[11, 12, 13, 21, 22, 23], positions=[40, 41, 42, 70, 
     ("forward_mode", "rows"),
     [
         (ForwardMode.DRAFT_EXTEND, 2),
+        (ForwardMode.EXTEND, 2),  # a prefill: its logits keep each request's last token
         (ForwardMode.DRAFT_EXTEND_V2, 6),
         (ForwardModeV2Only.DRAFT_EXTEND_V2, 6),
         ("DRAFT_EXTEND", 6),  # a mode with no is_draft_extend at all
     ],
-    ids=["v1", "v2", "v2-without-is-draft-extend", "plain"],
+    ids=["v1", "prefill", "v2", "v2-without-is-draft-extend", "plain"],
 )
 def test_placeholder_rows(forward_mode: Any, rows: int) -> None:
     input_ids = Rows(list(SIX_TOKENS.tokens))
@@ -2008,3 +2010,57 @@ def test_is_draft_extend_means_v1s_draft_extend_where_there_is_one(version: str)
     is_draft_extend = namespace["is_draft_extend"]
     forward_mode = namespace["ForwardMode"]
     assert {m.name for m in forward_mode if is_draft_extend(m)} == {"DRAFT_EXTEND"}
+
+
+# -- DYNSPEC_PREFILL_KV (opt-in): while off, a prefill's draft extend writes only the draft KV ----------
+
+PROMPTS = Extend(tokens=[5, 6, 7, 8, 9], positions=[0, 1, 2, 0, 1], slots=[300, 301, 302, 400, 401])  # two requests
+
+
+def prefill_batch() -> SimpleNamespace:
+    mode = SimpleNamespace(name="EXTEND", is_idle=lambda: False, is_draft_extend=lambda include_v2=False: False)
+    return SimpleNamespace(forward_mode=mode, batch_size=2, prompt=PROMPTS)
+
+
+def prefill_fallback(monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str = KV) -> tuple[DraftStack, v2.V2Fallback]:
+    if setting is None:
+        monkeypatch.delenv(v2.PREFILL_KV_ENV, raising=False)
+    else:
+        monkeypatch.setenv(v2.PREFILL_KV_ENV, setting)
+    stack = draft_stack(graph=False)
+    controller = runtime.SwitchController(8, min_steps=1, log=False)
+    fallback = v2.V2Fallback(controller, SimpleNamespace(), draft_kv_for(stack, mode, log=False))
+    fallback.prefill_kv_only(stack.worker, log=False)
+    return stack, fallback
+
+
+def test_while_off_a_prefill_writes_the_draft_kv_of_a_full_prefill_and_nothing_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack, fallback = prefill_fallback(monkeypatch, "1")
+    fallback.controller.step(9)  # off
+    out = stack.worker._draft_extend_for_prefill(prefill_batch())
+    assert stack.log == ["embed", "qkv 0", "set_kv_buffer", "topk"]
+    reference = draft_stack(graph=False, runner_graphs=())
+    reference.worker._draft_extend_for_prefill(prefill_batch())
+    assert stack.pool.kv == reference.pool.kv and len(stack.pool.kv) == 5
+    # one placeholder row per request (the logits processor keeps each request's last token)
+    assert out.next_token_logits == Zeros((2, 1), "torch.float32", DEVICE)
+
+
+@pytest.mark.parametrize(
+    ("setting", "mode", "off"),
+    [("1", KV, False), (None, KV, True), ("0", KV, True), ("1", FULL, True)],
+    ids=["speculating", "unset", "off-by-setting", "full-extend-mode"],
+)
+def test_a_prefill_runs_the_full_draft_extend_otherwise(monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str, off: bool) -> None:
+    """The controls: while speculating, without the setting, or in the full-extend mode, the prefill
+    runs to the lm_head."""
+    stack, fallback = prefill_fallback(monkeypatch, setting, mode)
+    if off:
+        fallback.controller.step(9)
+    stack.worker._draft_extend_for_prefill(prefill_batch())
+    assert what_ran(stack.log) == "full"
+
+
+def test_a_bad_prefill_kv_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(ValueError, match="DYNSPEC_PREFILL_KV must be 0 or 1, not 'on'"):
+        prefill_fallback(monkeypatch, "on")
