@@ -627,6 +627,11 @@ class DraftKV:
         """True when a fallback iteration's draft extend does less than the stock one."""
         return self.mode != DRAFT_KV_FULL
 
+    @property
+    def writes_kv_only(self) -> bool:
+        """True when the draft forward is stopped right after its KV write (not ``full``, not ``skip``)."""
+        return self.mode in _KV_ONLY_MODES
+
     def capture_graph(self, build: Callable[[], Any], backend: Any) -> None:
         """``kv-graph``: build the KV-only twin of the draft-extend graph runner (``build`` makes a
         new instance of the release's runner class); it captures through the stand-in forward.
@@ -655,8 +660,10 @@ class DraftKV:
             logger.info(f"dynspec: KV-only draft-extend CUDA graph captured in {time.perf_counter() - tic:.2f} s")
 
     @contextlib.contextmanager
-    def kv_only(self, worker: Any) -> Iterator[None]:
-        """Around one fallback iteration's draft extend (``worker`` holds its CUDA graph runner)."""
+    def kv_only(self, worker: Any, counted: bool = True) -> Iterator[None]:
+        """Around one fallback iteration's draft extend (``worker`` holds its CUDA graph runner).
+        ``counted``: the window counts toward the verdict that the stand-in is reached (a prefill's,
+        which always reaches it, does not: it would hide a decode path that never does)."""
         if not self.saves_work:
             yield
             return
@@ -674,7 +681,7 @@ class DraftKV:
         finally:
             for owner, name, value in saved:
                 setattr(owner, name, value)
-        if graph is None:
+        if graph is None and counted:
             # A window whose requests all finished runs no extend; a path that never calls the
             # stand-in (a graph this module does not know) shows as none of the first windows doing so.
             self._windows += 1

@@ -304,16 +304,20 @@ class V2Fallback:
         depend on that position's inputs alone; the top-k and hidden states the prefill leaves for the
         request's first draft are never read, since speculation comes back on only through ``RESUME``,
         whose full extend makes them for every request. Session 12's logs put about 30 ms per admission of
-        64 requests in the speculative server's prefill, which plain decode does not pay."""
-        if not on_off_setting(PREFILL_KV_ENV, False) or not self.draft_kv.saves_work:
+        64 requests in the speculative server's prefill, which plain decode does not pay. What it saves
+        depends on the backend: Triton and FA3 write the KV before the attention, FlashInfer's ragged
+        prefill after it (only o_proj, the MLP and the lm_head are saved there)."""
+        # Only where the forward stops after the KV write: skip (the negative control) would leave
+        # the prompts without draft KV.
+        if not on_off_setting(PREFILL_KV_ENV, False) or not self.draft_kv.writes_kv_only:
             return
         stock = draft_worker._draft_extend_for_prefill
         draft_kv = self.draft_kv
 
         def draft_extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.controller.speculating or batch.forward_mode.is_idle() or not draft_kv.saves_work:
-                return stock(batch, *args, **kwargs)
-            with draft_kv.kv_only(draft_worker):
+            if self.controller.speculating or batch.forward_mode.is_idle() or not draft_kv.writes_kv_only:
+                return stock(batch, *args, **kwargs)  # (writes_kv_only: not after the stand-in gave up)
+            with draft_kv.kv_only(draft_worker, counted=False):
                 return stock(batch, *args, **kwargs)
 
         draft_worker._draft_extend_for_prefill = draft_extend_for_prefill

@@ -2048,12 +2048,12 @@ def test_while_off_a_prefill_writes_the_draft_kv_of_a_full_prefill_and_nothing_a
 
 @pytest.mark.parametrize(
     ("setting", "mode", "off"),
-    [("1", KV, False), (None, KV, True), ("0", KV, True), ("1", FULL, True)],
-    ids=["speculating", "unset", "off-by-setting", "full-extend-mode"],
+    [("1", KV, False), (None, KV, True), ("0", KV, True), ("1", FULL, True), ("1", SKIP, True)],
+    ids=["speculating", "unset", "off-by-setting", "full-extend-mode", "skip-control"],
 )
 def test_a_prefill_runs_the_full_draft_extend_otherwise(monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str, off: bool) -> None:
-    """The controls: while speculating, without the setting, or in the full-extend mode, the prefill
-    runs to the lm_head."""
+    """The controls: while speculating, without the setting, in the full-extend mode, or in the skip
+    control (which would leave the prompts without draft KV), the prefill runs to the lm_head."""
     stack, fallback = prefill_fallback(monkeypatch, setting, mode)
     if off:
         fallback.controller.step(9)
@@ -2064,3 +2064,15 @@ def test_a_prefill_runs_the_full_draft_extend_otherwise(monkeypatch: pytest.Monk
 def test_a_bad_prefill_kv_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     with pytest.raises(ValueError, match="DYNSPEC_PREFILL_KV must be 0 or 1, not 'on'"):
         prefill_fallback(monkeypatch, "on")
+
+
+def test_prefill_windows_do_not_count_toward_the_stand_in_verdict(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A decode path that never reaches the stand-in must still be found out: prefills, which always
+    reach it, are not counted. The control: a counted window is."""
+    stack, fallback = prefill_fallback(monkeypatch, "1")
+    fallback.controller.step(9)
+    stack.worker._draft_extend_for_prefill(prefill_batch())
+    assert (fallback.draft_kv._windows, fallback.draft_kv._windows_called) == (0, 0)
+    with fallback.draft_kv.kv_only(stack.worker):
+        stack.extend()
+    assert (fallback.draft_kv._windows, fallback.draft_kv._windows_called) == (1, 1)
