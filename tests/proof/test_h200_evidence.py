@@ -832,3 +832,38 @@ def test_session_14_v1s_speculative_steps_ran_faster_on_dynspec_than_on_always_o
     ratios = [round(median_rate(logs["dynspec-sim.log"], c) / median_rate(logs["always-on-sim.log"], c), 2) for c in (1, 4, 16)]
     assert ratios == [1.11, 1.09, 1.12]
     assert median_rate(logs["always-on-sim.log"], 1) / median_rate(logs["always-on-sim.log"], 1) == 1.0  # control
+
+
+S14_PREFILL_KV = PROOF / "0.5.12-v2-s14-prefill-kv"
+
+
+def prefills_by_state(log: str) -> dict[str, int]:
+    """Requests admitted (``#new-seq`` of each ``Prefill batch`` line) while the log's last switch
+    line said speculation was ON or OFF."""
+    state, admitted = "ON", {"ON": 0, "OFF": 0}
+    for line in log.splitlines():
+        if "dynspec: speculation OFF" in line or "dynspec: speculation ON" in line:
+            state = "OFF" if "speculation OFF" in line else "ON"
+        elif m := re.search(r"Prefill batch, #new-seq: (\d+)", line):
+            admitted[state] += int(m[1])
+    return admitted
+
+
+def test_session_14_the_kv_only_prefill_keeps_the_draft_kv_exact() -> None:
+    """v2 (0.5.12, own fallback) with the opt-in DYNSPEC_PREFILL_KV=1 on the tested server: 880
+    requests were admitted while speculation was off, their prefill writing only the draft KV; every
+    one of 1876 proposals after a fallback span equals the full extend's (the control differs at 58),
+    output digests agree, 100 crossings with 3251 requests answered. Its speed was not measured."""
+    report = json.loads((S14_PREFILL_KV / "report.json").read_text())
+    assert report["path"] == "v2" and report["dynspec_env"] == {"DYNSPEC_PREFILL_KV": "1"}
+    assert {k: report["dynspec_revisions"][k] for k in S14_REVISIONS} == S14_REVISIONS
+    assert report["crossings"]["passed"] and report["crossings"]["count"] == 100
+    recs, files = kv_proof_recordings(S14_PREFILL_KV)
+    assert "DYNSPEC_PREFILL_KV=1: while off, a prefill's draft extend writes only the draft KV" in files["dynspec.log"]
+    assert "DYNSPEC_PREFILL_KV" not in files["dynspec-full.log"]  # the reference prefills in full
+    assert prefills_by_state(files["dynspec.log"]) == {"ON": 2462, "OFF": 880}
+    entry = exactkv.judge(recs, report["exact_kv"]["digests"], 100, [])
+    assert entry["passed"] and report["exact_kv"]["passed"]
+    assert (entry["mismatches"], entry["compared_steps"], entry["control_mismatches"]) == (0, 1876, 58)
+    # Negative control: the skip server's recording as the candidate fails.
+    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {}, 100, [])["passed"]
