@@ -5,6 +5,7 @@ Register it with ``main.add_command(proof)``; ``python -m patcher.proof`` runs i
 
 from __future__ import annotations
 
+import re
 import shlex
 import signal
 import sys
@@ -43,6 +44,28 @@ class IntList(click.ParamType):  # type: ignore[type-arg]  # generic only in new
         if self.length is not None and len(items) != self.length:
             self.fail(f"{value!r}: give exactly {self.length} integers", param, ctx)
         return items
+
+
+class EnvVariant(click.ParamType):  # type: ignore[type-arg]
+    """``NAME:ENV=VALUE[+ENV=VALUE...]``, e.g. ``prefill-kv:DYNSPEC_PREFILL_KV=1``."""
+
+    name = "NAME:ENV=V[+ENV=V]"
+
+    def convert(
+        self, value: object, param: click.Parameter | None, ctx: click.Context | None
+    ) -> tuple[str, tuple[tuple[str, str], ...]]:
+        if isinstance(value, tuple):
+            return value
+        name, sep, assignments = str(value).partition(":")
+        if not sep or not re.fullmatch(r"[a-z0-9][a-z0-9-]*", name):
+            self.fail(f"{value!r}: start with a name of lower-case letters, digits and '-', then ':'", param, ctx)
+        env = []
+        for item in assignments.split("+"):
+            key, eq, val = item.partition("=")
+            if not eq or not re.fullmatch(r"[A-Z_][A-Z0-9_]*", key):
+                self.fail(f"{value!r}: {item!r} is not ENV=VALUE", param, ctx)
+            env.append((key, val))
+        return name, tuple(env)
 
 
 def _command_line(ctx: click.Context) -> str:
@@ -289,6 +312,15 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     show_default=True,
     help="mixed_load: timed passes per server; per phase and in total the median counts.",
 )
+@click.option(
+    "--mixed-variant",
+    "mixed_variants",
+    type=EnvVariant(),
+    multiple=True,
+    help="mixed_load: one more dynspec server with these environment variables, run right after dynspec "
+    "(an A/B in one call; reported under mixed_load.variants, not judged), e.g. prefill-kv:DYNSPEC_PREFILL_KV=1. "
+    "Repeatable.",
+)
 @click.option("--tp", type=click.IntRange(1), default=None, help="Pass --tp-size N to every server.")
 @click.option(
     "--port", type=click.IntRange(1024, 65000), default=DEFAULTS.port, show_default=True, help="First port to try."
@@ -357,6 +389,7 @@ def proof(
     mixed_phases: tuple[int, ...],
     mixed_new_tokens: int,
     mixed_repeats: int,
+    mixed_variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
     tp: int | None,
     port: int,
     start_timeout: float,
@@ -437,6 +470,7 @@ def proof(
         mixed_phases=mixed_phases,
         mixed_new_tokens=mixed_new_tokens,
         mixed_repeats=mixed_repeats,
+        mixed_variants=mixed_variants,
         tp=tp,
         port=port,
         start_timeout=start_timeout,

@@ -8,7 +8,8 @@ markers in the tree name}, ``passed``, ``equivalence`` {``passed``,
 ``base``, ``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``, and
 ``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} (``steps``),
 ``mixed_load`` {``passed``, ``seconds`` {``base``, ``always_on``, ``dynspec``},
-``oracle_seconds``, ``phases``}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
+``oracle_seconds``, ``phases``, and with ``--mixed-variant`` ``variants`` {name: {``env``,
+``seconds``, ``over_dynspec``, ``dynspec_over_oracle``}}}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
 ``skip_resumed``, ``requests``}, and ``model`` (``dummy``, or the real model's name). A check that was not run is absent and named in ``skipped``
 with the reason; without dynspec applied, ``throughput.dynspec`` and
 ``throughput.envelope_ratio`` are null.
@@ -175,6 +176,12 @@ def summary(report: Report) -> str:
             lines.append(
                 f"{row['C']:>5}  {_fmt(row.get('base_s'), 2):>7}  {_fmt(row.get('always_on_s'), 2):>9}  "
                 f"{_fmt(row.get('dynspec_s'), 2):>7}  {_fmt(row.get('oracle_s'), 2):>7}"
+            )
+        for variant, v in (ml.get("variants") or {}).items():
+            env = " ".join(f"{k}={val}" for k, val in v.get("env", {}).items())
+            lines.append(
+                f"    variant {variant} ({env}): {_fmt(v.get('seconds'), 2)} s, "
+                f"{_fmt(v.get('over_dynspec'), 3)}x dynspec's, {_fmt(v.get('dynspec_over_oracle'), 3)}x the oracle"
             )
 
     lines.append("")

@@ -78,7 +78,7 @@ class ProofOptions:
     throughput_warmup: bool = True  # an untimed run of each level first
     throughput_repeats: int = 3  # timed runs per level; the median counts
     simulate_acc_len: float = 3.0
-    min_envelope_ratio: float = 0.9
+    min_envelope_ratio: float = 0.97  # issue 13's R(C) target (0.9 before session 14)
     upstream_adaptive: bool = False  # a 4th throughput server: always on + upstream's adaptive mode
     no_overlap_base: bool = False  # another throughput server: speculation off, non-overlap scheduler
     min_upstream_ratio: float = 2.0  # dynspec / upstream adaptive needed at every level > threshold
@@ -99,6 +99,8 @@ class ProofOptions:
     mixed_new_tokens: int = 128
     mixed_repeats: int = 3  # timed passes per server; the median counts
     max_mixed_ratio: float = 1.03  # dynspec's total / the per-phase oracle's, at most
+    # more dynspec servers on the mixed load, each (name, its own env): an A/B in the same call
+    mixed_variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     acceptance_min_verifies: int = 50  # verifies after a switch back on, at least
     model: str = "dummy"  # "dummy" (config-only dirs of this package) or "real" (model_dir)
     model_dir: Path | None = None  # dynspec real prepare's output: target/, draft/, prompts.json, model.json
@@ -188,6 +190,11 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             raise ProofUsageError(
                 f"--mixed-phases {','.join(map(str, opts.mixed_phases))} must have a phase <= {m} and one > {n}"
             )
+    if opts.mixed_variants and "mixed_load" not in checks:
+        raise ProofUsageError("--mixed-variant needs the mixed_load check (--checks mixed_load) and dynspec applied")
+    names = [name for name, _ in opts.mixed_variants]
+    if len(set(names)) != len(names):
+        raise ProofUsageError(f"--mixed-variant names must differ, got {', '.join(names)}")
     if opts.upstream_adaptive:
         if "throughput" not in checks:
             raise ProofUsageError("--upstream-adaptive needs the throughput check (--checks throughput)")
@@ -709,11 +716,25 @@ class Proof:
         problems: list[str] = []
         mixed_runs: dict[str, list[mixed.Run]] = {}
         mixed_problems: list[str] = []
+        variant_runs: dict[str, list[mixed.Run]] = {}
+        # Each variant right after the dynspec server it is compared with, on the mixed load only.
+        servers: list[tuple[str, str | None]] = []
         for mode in modes:
-            name = SERVER_NAMES[mode] + "-sim"
+            servers.append((mode, None))
+            if mode == "dynspec" and mixed_load:
+                servers += [(mode, variant) for variant, _ in opts.mixed_variants]
+        variant_env = dict(opts.mixed_variants)
+        for mode, variant in servers:
+            label = f"{SERVER_NAMES[mode]}-{variant}" if variant else SERVER_NAMES[mode]
+            name = label + "-sim"
             results: list[tuple[LevelResult, list[Transition]]] = []
             try:
-                with self.serve(mode, shape, opts.simulate_acc_len, suffix="-sim") as server:
+                with self.serve(
+                    mode, shape, opts.simulate_acc_len, suffix="-sim", name=label, env=dict(variant_env[variant]) if variant else None
+                ) as server:
+                    if variant:
+                        variant_runs[variant] = self.mixed_load(server, name, warmup=True)
+                        continue
                     if throughput:
                         results = self.levels(
                             server,
@@ -751,7 +772,7 @@ class Proof:
                 if r.failures:
                     problems.append(f"{name} C={r.concurrency}: {len(r.failures)} failed request(s): {r.failures[0]}")
         if mixed_load:
-            self.report["mixed_load"] = self.judge_mixed(mixed_runs, mixed_problems, shape)
+            self.report["mixed_load"] = self.judge_mixed(mixed_runs, mixed_problems, shape, variant_runs)
         if not throughput:
             return
         levels = list(opts.throughput_levels)
@@ -818,7 +839,13 @@ class Proof:
             self.progress(f"  {name} mixed load: {run.seconds:.2f} s (phases {phases}){failed}")
         return runs
 
-    def judge_mixed(self, runs: dict[str, list[mixed.Run]], problems: list[str], shape: str) -> dict[str, Any]:
+    def judge_mixed(
+        self,
+        runs: dict[str, list[mixed.Run]],
+        problems: list[str],
+        shape: str,
+        variant_runs: Mapping[str, list[mixed.Run]] | None = None,
+    ) -> dict[str, Any]:
         opts = self.opts
         main = {m: r for m, r in runs.items() if m != launch.BASE_NO_OVERLAP}
         entry = mixed.judge(opts.mixed_schedule, main, opts.max_mixed_ratio, problems)
@@ -828,6 +855,24 @@ class Proof:
             other = {**main, "base": runs[launch.BASE_NO_OVERLAP]}
             no_overlap = mixed.judge(opts.mixed_schedule, other, opts.max_mixed_ratio, [])
             entry["no_overlap"] = {k: no_overlap[k] for k in ("seconds", "oracle_seconds", "dynspec_over_oracle", "passed")}
+        if variant_runs:
+            # Information, not the verdict: each variant judged as dynspec would be, against the same
+            # static servers, and its total against dynspec's own.
+            entry["variants"] = {}
+            for variant, env in opts.mixed_variants:
+                judged = mixed.judge(opts.mixed_schedule, {**main, "dynspec": variant_runs.get(variant, [])}, opts.max_mixed_ratio, [])
+                total = judged["seconds"]["dynspec"]
+                dyn = entry["seconds"]["dynspec"]
+                entry["variants"][variant] = {
+                    "env": dict(env),
+                    "seconds": total,
+                    "samples": judged["samples"].get("dynspec", []),
+                    "phases_s": [row.get("dynspec_s") for row in judged["phases"]],
+                    "dynspec_over_oracle": judged["dynspec_over_oracle"],
+                    "over_dynspec": round(total / dyn, 4) if total is not None and dyn else None,
+                    "passed": judged["passed"],
+                    "problems": judged["problems"],
+                }
         return entry
 
     def judge_upstream(

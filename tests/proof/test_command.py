@@ -64,6 +64,12 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
         (["--checks", "mixed_load", "--mixed-phases", "1,4"], "--mixed-phases 1,4 must have a phase <= 32 and one > 32"),
         (["--mixed-phases", "1,x"], "not a comma-separated list"),
         (["--exact-kv-cycles", "0"], "0 is not in the range x>=1"),
+        (["--mixed-variant", "prefill-kv"], "start with a name"),
+        (["--mixed-variant", "Up:A=1"], "start with a name"),
+        (["--mixed-variant", "x:lower=1"], "'lower=1' is not ENV=VALUE"),
+        (["--mixed-variant", "x:A=1+B"], "'B' is not ENV=VALUE"),
+        (["--checks", "equivalence", "--mixed-variant", "x:A=1"], "--mixed-variant needs the mixed_load check"),
+        (["--checks", "mixed_load", "--mixed-variant", "x:A=1", "--mixed-variant", "x:B=2"], "names must differ"),
     ]
     for args, message in cases:
         result = runner.invoke(proof, [*args, "--out", str(tmp_path / "o")], env=env_for(root))
@@ -91,6 +97,13 @@ def test_the_exact_kv_and_mixed_load_options_reach_the_proof(tmp_path, monkeypat
     assert opts.checks == ("exact_kv", "mixed_load")
     assert (opts.exact_kv_cycles, opts.exact_kv_load.cycles) == (5, 5)
     assert opts.mixed_schedule == mixed.Schedule((1, 64, 1), opts.mixed_per_phase, 16) and opts.mixed_repeats == 2
+    assert opts.mixed_variants == ()
+    args += ["--mixed-variant", "prefill-kv:DYNSPEC_PREFILL_KV=1+DYNSPEC_DRAFT_KV=kv-direct", "--mixed-variant", "b:X="]
+    assert CliRunner().invoke(proof, args).exit_code == 0
+    assert seen[2].mixed_variants == (
+        ("prefill-kv", (("DYNSPEC_PREFILL_KV", "1"), ("DYNSPEC_DRAFT_KV", "kv-direct"))),
+        ("b", (("X", ""),)),
+    )
 
 
 def test_plot_only_reads_a_report_and_says_why_it_cannot_draw(tmp_path, monkeypatch):

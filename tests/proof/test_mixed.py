@@ -11,7 +11,7 @@ import pytest
 from patcher.proof import mixed
 from patcher.proof import report as reports
 from patcher.proof.client import LevelResult, Reply, Request
-from patcher.proof.run import run_proof
+from patcher.proof.run import Proof, run_proof
 
 from .test_run import options
 
@@ -184,3 +184,43 @@ def test_mixed_load_runs_on_the_three_throughput_servers(site: Any, tmp_path: Pa
     assert all(p.startswith("dynspec is not faster than") for p in ml["problems"])  # nothing failed or is missing
     assert "throughput" not in result
     assert "mixed load: total s, median of 2" in reports.summary(result)
+
+
+def test_a_variant_runs_right_after_dynspec_with_its_own_env_and_is_reported_not_judged(
+    site: Any, tmp_path: Path
+) -> None:
+    opts = options(
+        site(),
+        tmp_path / "out",
+        checks=("mixed_load",),
+        mixed_phases=(1, 8, 1),
+        mixed_per_phase=1,
+        mixed_new_tokens=4,
+        mixed_repeats=2,
+        max_mixed_ratio=100.0,
+        mixed_variants=(("prefill-kv", (("DYNSPEC_PREFILL_KV", "1"),)),),
+    )
+    result = run_proof(opts, lambda m: None)
+    servers = result["servers"]
+    assert [s["name"] for s in servers] == ["dynspec-sim", "dynspec-prefill-kv-sim", "always-on-sim", "base-sim"]
+    assert [s["env"].get("DYNSPEC_PREFILL_KV") for s in servers] == [None, "1", None, None]
+    assert servers[1]["mode"] == "dynspec" and "--speculative-disable-batch-size" in servers[1]["argv"]
+    ml = result["mixed_load"]
+    variant = ml["variants"]["prefill-kv"]
+    assert variant["env"] == {"DYNSPEC_PREFILL_KV": "1"} and len(variant["samples"]) == 2
+    assert variant["over_dynspec"] == round(variant["seconds"] / ml["seconds"]["dynspec"], 4)
+    assert len(variant["phases_s"]) == 3 and variant["dynspec_over_oracle"] > 0
+    assert set(ml["seconds"]) == {"base", "always_on", "dynspec"}  # the verdict's servers are unchanged
+    assert "variant prefill-kv (DYNSPEC_PREFILL_KV=1)" in reports.summary(result)
+
+
+def test_a_variant_without_a_complete_pass_is_reported_as_such(site: Any, tmp_path: Path) -> None:
+    """Negative control: a variant whose server gave no runs is not passed and says why."""
+    opts = options(site(), tmp_path / "out", checks=("mixed_load",), mixed_phases=(1, 8, 1),
+                   mixed_variants=(("x", (("A", "1"),)),))  # fmt: skip
+    run = Proof(opts, lambda m: None)
+    runs = {"base": passes([3, 1, 3]), "always_on": passes([1, 2, 1]), "dynspec": passes([1, 1, 1])}
+    entry = run.judge_mixed(runs, [], "8b", {"x": []})
+    assert entry["passed"]  # dynspec's own verdict is not the variant's
+    assert not entry["variants"]["x"]["passed"] and entry["variants"]["x"]["seconds"] is None
+    assert "no complete pass of the load on dynspec" in entry["variants"]["x"]["problems"][0]
