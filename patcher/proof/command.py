@@ -321,6 +321,16 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "(an A/B in one call; reported under mixed_load.variants, not judged), e.g. prefill-kv:DYNSPEC_PREFILL_KV=1. "
     "Repeatable.",
 )
+@click.option(
+    "--parallel-starts",
+    type=click.IntRange(1, 8),
+    default=DEFAULTS.parallel_starts,
+    show_default=True,
+    help="Start up to N servers at once (a check's next ones), wait for all, then measure each alone while "
+    "the others idle: fewer minutes of GPU time for server starts. With N > 1 every server gets "
+    "--max-total-tokens 131072 and an --nccl-port of its own so that they share the GPU (the 8B shape "
+    "fits 3).",
+)
 @click.option("--tp", type=click.IntRange(1), default=None, help="Pass --tp-size N to every server.")
 @click.option(
     "--port", type=click.IntRange(1024, 65000), default=DEFAULTS.port, show_default=True, help="First port to try."
@@ -390,6 +400,7 @@ def proof(
     mixed_new_tokens: int,
     mixed_repeats: int,
     mixed_variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
+    parallel_starts: int,
     tp: int | None,
     port: int,
     start_timeout: float,
@@ -471,6 +482,7 @@ def proof(
         mixed_new_tokens=mixed_new_tokens,
         mixed_repeats=mixed_repeats,
         mixed_variants=mixed_variants,
+        parallel_starts=parallel_starts,
         tp=tp,
         port=port,
         start_timeout=start_timeout,

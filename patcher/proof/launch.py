@@ -18,6 +18,13 @@ MODELS = Path(__file__).resolve().parent / "models"
 # (draft8b's 128k lm_head is the pessimistic case for the draft extend's cost)
 SHAPES = {"small": ("target", "draft"), "8b": ("target8b", "draft8b"), "8b-32k": ("target8b", "draft8b-32k")}
 MAX_RUNNING_REQUESTS = 128
+# With --parallel-starts > 1, several servers share the GPU. SGLang sizes a KV pool from the memory
+# free before and after it loads its weights (pool = after - (1 - fraction) x before), which servers
+# loading side by side make meaningless: each gets a fixed pool instead, far above any load here (128
+# requests of a few hundred tokens), and a fraction that leaves it room to allocate that pool whatever
+# its neighbours hold at the moment it looks. The 8B shape (16 GB of weights, 16 GB of pool) fits 3.
+SHARED_GPU_MAX_TOTAL_TOKENS = 131072
+SHARED_GPU_MEM_FRACTION = "0.85"
 
 BASE_FLAGS = (
     "--load-format", "dummy",
@@ -113,9 +120,12 @@ def server_args(
     extra: Sequence[str] = (),
     adaptive_config_path: Path | None = None,
     real: Path | None = None,
+    shared_gpu_nccl_port: int | None = None,
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one mode; ``real``: a model dir
-    of ``dynspec real prepare`` whose weights are loaded (the shape is then ignored)."""
+    of ``dynspec real prepare`` whose weights are loaded (the shape is then ignored).
+    ``shared_gpu_nccl_port``: the server starts beside others on the GPU (--parallel-starts): a
+    fixed KV pool (``SHARED_GPU_MAX_TOTAL_TOKENS``) and a port of its own for torch.distributed."""
     if mode not in (*MODES, UPSTREAM_ADAPTIVE, BASE_NO_OVERLAP):
         raise ValueError(f"unknown mode {mode!r}")
     target, draft = model_dirs(shape) if real is None else real_dirs(real)
@@ -124,6 +134,9 @@ def server_args(
     args += ["--max-running-requests", str(MAX_RUNNING_REQUESTS), "--cuda-graph-max-bs", str(MAX_RUNNING_REQUESTS)]
     if tp is not None:
         args += ["--tp-size", str(tp)]
+    if shared_gpu_nccl_port is not None:
+        args[args.index("--mem-fraction-static") + 1] = SHARED_GPU_MEM_FRACTION
+        args += ["--max-total-tokens", str(SHARED_GPU_MAX_TOTAL_TOKENS), "--nccl-port", str(shared_gpu_nccl_port)]
     if mode == BASE_NO_OVERLAP:
         args.append("--disable-overlap-schedule")
     elif mode != "base":

@@ -18,7 +18,7 @@ import os
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -101,6 +101,7 @@ class ProofOptions:
     max_mixed_ratio: float = 1.03  # dynspec's total / the per-phase oracle's, at most
     # more dynspec servers on the mixed load, each (name, its own env): an A/B in the same call
     mixed_variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    parallel_starts: int = 1  # servers started at once (each measured alone); > 1 shares the GPU
     acceptance_min_verifies: int = 50  # verifies after a switch back on, at least
     model: str = "dummy"  # "dummy" (config-only dirs of this package) or "real" (model_dir)
     model_dir: Path | None = None  # dynspec real prepare's output: target/, draft/, prompts.json, model.json
@@ -221,6 +222,22 @@ def _states(transitions: Sequence[Transition], before: str) -> tuple[str, str]:
     return "->".join(seq), transitions[-1].direction
 
 
+NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One server a check will start: its mode, model shape, simulated acceptance (None: off),
+    name in logs and the report, its own environment, and dynspec flags other than the run's."""
+
+    mode: str
+    shape: str
+    simulate: float | None
+    name: str
+    env: Mapping[str, str] = field(default_factory=dict)
+    dynspec: launch.Dynspec | None = None
+
+
 class Proof:
     def __init__(self, opts: ProofOptions, progress: Progress = stderr_progress) -> None:
         self.opts = opts
@@ -229,7 +246,11 @@ class Proof:
         self.report: dict[str, Any] = {}
         self.aborted: str | None = None
         self.sglang: detect.SGLang | None = None
-        self.server_info: dict[str, Any] = {}  # the report entry of the server started last
+        self.server_info: dict[str, Any] = {}  # the report entry of the server served last
+        self._queue: list[Plan] = []  # what ``starting`` was told will be served, not started yet
+        self._started: dict[str, tuple[Server, dict[str, Any]]] = {}  # up or starting, not yet served
+        self._start_errors: dict[str, ServerStartError] = {}  # started in a group, failed to come up
+        self._ports: set[int] = set()  # given to servers that may not listen yet
         self.ramp_final_state = "ON"
         self.prompts: list[list[int]] = []  # real tokenized prompts; none: the synthetic ids of client.prompt
         self.model_name = "dummy"
@@ -293,73 +314,120 @@ class Proof:
         reports.write(self.report, self.opts.out)
 
     @contextlib.contextmanager
-    def serve(
-        self,
-        mode: str,
-        shape: str,
-        simulate: float | None,
-        suffix: str = "",
-        *,
-        name: str | None = None,
-        env: Mapping[str, str] | None = None,
-        dynspec: launch.Dynspec | None = None,
-    ) -> Iterator[Server]:
-        """Start one server, wait for it, send the warm-up request; stop it on leaving.
-
-        ``env`` adds variables for this server only (e.g. ``DYNSPEC_DRAFT_KV``); ``name`` replaces
-        the mode's name in logs and the report.
-        """
-        opts = self.opts
-        assert self.sglang is not None
-        name = (name or SERVER_NAMES[mode]) + suffix
-        self.server_info = {"name": name, "mode": mode, "shape": shape}
-        port = free_port(opts.port)
-        args = launch.server_args(
-            mode,
-            shape=shape,
-            port=port,
-            path=opts.path,
-            dynspec=dynspec or opts.dynspec,
-            tp=opts.tp,
-            extra=opts.extra_args,
-            adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
-            real=opts.model_dir,
-        )
-        argv = launch.server_argv(opts.python, args)
-        changes = launch.env_changes(simulate_acc_len=simulate, pythonpath=self.sglang.pythonpath, base=self.env)
-        changes.update(env or {})
-        spec = ServerSpec(
-            name, tuple(argv), launch.apply_env(changes, self.env), opts.out / f"{name}.log", port, changes
-        )
-        info = self.server_info
-        info.update(port=port, argv=argv, env=changes, log=str(spec.log))
-        self.report["servers"].append(info)
-        self.progress(f"starting {name} server on port {port} (takes 1-3 minutes; log {spec.log})")
-        self.progress("  " + " ".join(argv))
-        server = Server(spec, stop_timeout=opts.stop_timeout, progress=self.progress)
+    def starting(self, plans: Sequence[Plan]) -> Iterator[None]:
+        """The servers the caller will ``serve``, in that order: with ``--parallel-starts N`` the
+        first ``serve`` of a group starts N of them at once and waits for all; each is then measured
+        alone, while the others idle. On leaving, any still up are stopped."""
+        self._queue = list(plans)
         try:
-            with server:
-                server.wait_ready(opts.start_timeout, opts.poll_interval, opts.progress_every)
-                info["start_seconds"] = round(server.start_seconds, 1)
-                self.progress(f"{name} is up after {server.start_seconds:.0f} s")
-                warm = self.client(server).generate(WARMUP_PROMPT, 8)
-                if warm.error:
-                    raise ServerStartError(f"{name}: the warm-up request failed: {warm.error}")
-                yield server
+            yield
+        finally:
+            self._queue = []
+            self._start_errors.clear()
+            for server, info in list(self._started.values()):
+                self._finish(server, info)
+            self._started.clear()
+
+    @contextlib.contextmanager
+    def serve(self, plan: Plan) -> Iterator[Server]:
+        """The server of ``plan``, up and warmed up; stopped on leaving."""
+        if plan.name not in self._started:
+            self._start_group(plan)
+        server, info = self._started.pop(plan.name)
+        self.server_info = info
+        try:
+            error = self._start_errors.pop(plan.name, None)
+            if error is not None:
+                raise error
+            yield server
         except ServerStartError as error:
             info["start_error"] = str(error)
             raise
         finally:
-            info["stopped_by"] = server.stopped_by
-            if server.popen is not None:
-                startup = logscan.scan_file(spec.log, 0, server.ready_offset)
-                serving = logscan.scan_file(spec.log, server.ready_offset, server.stop_offset)
-                info["startup_notes"] = [str(e) for e in startup.errors[:10]]
-                info["errors"] = [str(e) for e in serving.errors[:MAX_LISTED]]
-                info["error_count"] = len(serving.errors)
-                info["switches"] = {"off": serving.off, "on": serving.on}
-            self.progress(f"stopped {name} ({server.stopped_by or 'never started'})")
-            self._save()
+            self._finish(server, info)
+
+    def _start_group(self, plan: Plan) -> None:
+        """Start ``plan`` and, with --parallel-starts N, the next N - 1 queued plans; wait for ``plan``,
+        then for the others (a failure is raised when that plan is served)."""
+        waiting = [p for p in self._queue if p.name != plan.name]
+        group = [plan, *waiting[: self.opts.parallel_starts - 1]]
+        for p in group:
+            self._started[p.name] = self._launch(p)
+        self._queue = [p for p in self._queue if p.name not in {g.name for g in group}]  # not started yet
+        for p in group:
+            server, info = self._started[p.name]
+            try:
+                self._wait(server, info)
+            except ServerStartError as error:
+                if p is plan:
+                    self._start_errors[p.name] = error
+                    return  # the caller stops here: do not wait for the rest
+                self._start_errors[p.name] = error
+
+    def _launch(self, plan: Plan) -> tuple[Server, dict[str, Any]]:
+        opts = self.opts
+        assert self.sglang is not None
+        shared = opts.parallel_starts > 1
+        port = free_port(opts.port, taken=self._ports)
+        self._ports.add(port)
+        nccl_port = None
+        if shared:  # torch.distributed's port, chosen here so that servers starting together differ
+            nccl_port = free_port(opts.port + NCCL_PORT_OFFSET, taken=self._ports)
+            self._ports.add(nccl_port)
+        args = launch.server_args(
+            plan.mode,
+            shape=plan.shape,
+            port=port,
+            path=opts.path,
+            dynspec=plan.dynspec or opts.dynspec,
+            tp=opts.tp,
+            extra=opts.extra_args,
+            adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
+            real=opts.model_dir,
+            shared_gpu_nccl_port=nccl_port,
+        )
+        argv = launch.server_argv(opts.python, args)
+        changes = launch.env_changes(simulate_acc_len=plan.simulate, pythonpath=self.sglang.pythonpath, base=self.env)
+        changes.update(plan.env)
+        spec = ServerSpec(
+            plan.name, tuple(argv), launch.apply_env(changes, self.env), opts.out / f"{plan.name}.log", port, changes
+        )
+        info: dict[str, Any] = {"name": plan.name, "mode": plan.mode, "shape": plan.shape}
+        info.update(port=port, argv=argv, env=changes, log=str(spec.log))
+        if nccl_port is not None:
+            info["nccl_port"] = nccl_port
+        self.report["servers"].append(info)
+        self.progress(f"starting {plan.name} server on port {port} (takes 1-3 minutes; log {spec.log})")
+        self.progress("  " + " ".join(argv))
+        server = Server(spec, stop_timeout=opts.stop_timeout, progress=self.progress)
+        server.start()
+        return server, info
+
+    def _wait(self, server: Server, info: dict[str, Any]) -> None:
+        opts = self.opts
+        name = server.spec.name
+        server.wait_ready(opts.start_timeout, opts.poll_interval, opts.progress_every)
+        info["start_seconds"] = round(server.start_seconds, 1)
+        self.progress(f"{name} is up after {server.start_seconds:.0f} s")
+        warm = self.client(server).generate(WARMUP_PROMPT, 8)
+        if warm.error:
+            raise ServerStartError(f"{name}: the warm-up request failed: {warm.error}")
+
+    def _finish(self, server: Server, info: dict[str, Any]) -> None:
+        """Stop ``server`` and record in ``info`` how it ended and what its log holds."""
+        spec = server.spec
+        server.stop()
+        self._ports.difference_update({spec.port, info.get("nccl_port")})
+        info["stopped_by"] = server.stopped_by
+        if server.popen is not None:
+            startup = logscan.scan_file(spec.log, 0, server.ready_offset)
+            serving = logscan.scan_file(spec.log, server.ready_offset, server.stop_offset)
+            info["startup_notes"] = [str(e) for e in startup.errors[:10]]
+            info["errors"] = [str(e) for e in serving.errors[:MAX_LISTED]]
+            info["error_count"] = len(serving.errors)
+            info["switches"] = {"off": serving.off, "on": serving.on}
+        self.progress(f"stopped {spec.name} ({server.stopped_by or 'never started'})")
+        self._save()
 
     def client(self, server: Server) -> Client:
         return Client("127.0.0.1", server.spec.port, timeout=self.opts.request_timeout, prompts=self.prompts)
@@ -413,6 +481,9 @@ class Proof:
         acc_problems: list[str] = []
         traces: dict[str, acceptance.Trace] = {}
         cr: dict[str, Any] = {"passed": False, "count": 0, "off": 0, "on": 0, "errors": [], "problems": []}
+        # Every server's plan first (and the files it will write removed), so that --parallel-starts
+        # can start a group of them before the first is measured.
+        planned: list[tuple[str, str | None, Plan]] = []
         for mode, variant in servers:
             never_off = variant == acceptance.NEVER_OFF
             name = NEVER_OFF_NAME if never_off else DRAFT_KV_VARIANTS[variant] if variant else SERVER_NAMES[mode]
@@ -433,42 +504,47 @@ class Proof:
                     env[KV_BITS_ENV] = str(opts.out / KV_BITS_FILES[checked])
             # above anything the load reaches, below --max-running-requests: speculation never turns off
             flags = launch.Dynspec(launch.MAX_RUNNING_REQUESTS - 1) if never_off else None
-            try:
-                with self.serve(mode, shape, None, name=name, env=env, dynspec=flags) as server:
+            planned.append((mode, variant, Plan(mode, shape, None, name, env, flags)))
+        with self.starting([plan for _, _, plan in planned]):
+            for mode, variant, plan in planned:
+                name, never_off = plan.name, variant == acceptance.NEVER_OFF
+                record = opts.out / f"drafts-{name}.jsonl"
+                try:
+                    with self.serve(plan) as server:
+                        if recorded and mode == "dynspec":
+                            kv_digests[variant or "kv"] = self.exact_kv_load(server, name, kv_problems)
+                        if variant:
+                            continue
+                        if equivalence:
+                            runs[mode] = self.levels(server, opts.levels, opts.new_tokens, name)
+                        if mode == "dynspec" and crossings:
+                            self.crossings(server, cr)
+                            if equivalence and self.flush_cache(server):
+                                so_far = logscan.scan_file(server.spec.log, 0, logscan.size(server.spec.log))
+                                self.ramp_final_state = so_far.transitions[-1].direction if so_far.transitions else "ON"
+                                runs["dynspec_after_ramp"] = self.levels(server, opts.levels, opts.new_tokens, "after ramp")
+                except ServerStartError as error:
+                    self.aborted = f"the {name} server did not start"
+                    first = str(error).splitlines()[0]
+                    for problems in (eq_problems, cr["problems"], kv_problems, acc_problems):
+                        problems.append(first)
+                    self.progress(f"ERROR: {error}")
+                    break
+                finally:
+                    info = self.server_info
+                    errors = [f"{name}: {e}" for e in info.get("errors", [])]
+                    if errors:
+                        note = f"{info.get('error_count')} error line(s) in {name}.log: {errors[0]}"
+                        (kv_problems if variant else eq_problems).append(note)
+                        if mode == "dynspec" and not variant:
+                            cr["errors"].extend(errors)
+                            kv_problems.append(note)
                     if recorded and mode == "dynspec":
-                        kv_digests[variant or "kv"] = self.exact_kv_load(server, name, kv_problems)
-                    if variant:
-                        continue
-                    if equivalence:
-                        runs[mode] = self.levels(server, opts.levels, opts.new_tokens, name)
-                    if mode == "dynspec" and crossings:
-                        self.crossings(server, cr)
-                        if equivalence and self.flush_cache(server):
-                            so_far = logscan.scan_file(server.spec.log, 0, logscan.size(server.spec.log))
-                            self.ramp_final_state = so_far.transitions[-1].direction if so_far.transitions else "ON"
-                            runs["dynspec_after_ramp"] = self.levels(server, opts.levels, opts.new_tokens, "after ramp")
-            except ServerStartError as error:
-                self.aborted = f"the {name} server did not start"
-                first = str(error).splitlines()[0]
-                for problems in (eq_problems, cr["problems"], kv_problems, acc_problems):
-                    problems.append(first)
-                self.progress(f"ERROR: {error}")
-                break
-            finally:
-                info = self.server_info
-                errors = [f"{name}: {e}" for e in info.get("errors", [])]
-                if errors:
-                    note = f"{info.get('error_count')} error line(s) in {name}.log: {errors[0]}"
-                    (kv_problems if variant else eq_problems).append(note)
-                    if mode == "dynspec" and not variant:
-                        cr["errors"].extend(errors)
-                        kv_problems.append(note)
-                if recorded and mode == "dynspec":
-                    if not never_off:
-                        recordings[variant or "kv"] = exactkv.read(record)
-                    traces[variant or "kv"] = acceptance.read(record)
-                    if not variant and exact_kv:
-                        kv_path = self.check_kv_only_path(Path(info.get("log", "")), kv_problems)
+                        if not never_off:
+                            recordings[variant or "kv"] = exactkv.read(record)
+                        traces[variant or "kv"] = acceptance.read(record)
+                        if not variant and exact_kv:
+                            kv_path = self.check_kv_only_path(Path(info.get("log", "")), kv_problems)
         if equivalence:
             self.report["equivalence"] = self.judge_equivalence(runs, modes, shape, eq_problems)
         if crossings:
@@ -724,53 +800,61 @@ class Proof:
             if mode == "dynspec" and mixed_load:
                 servers += [(mode, variant) for variant, _ in opts.mixed_variants]
         variant_env = dict(opts.mixed_variants)
-        for mode, variant in servers:
-            label = f"{SERVER_NAMES[mode]}-{variant}" if variant else SERVER_NAMES[mode]
-            name = label + "-sim"
-            results: list[tuple[LevelResult, list[Transition]]] = []
-            try:
-                with self.serve(
-                    mode, shape, opts.simulate_acc_len, suffix="-sim", name=label, env=dict(variant_env[variant]) if variant else None
-                ) as server:
-                    if variant:
-                        variant_runs[variant] = self.mixed_load(server, name, warmup=True)
-                        continue
-                    if throughput:
-                        results = self.levels(
-                            server,
-                            opts.throughput_levels,
-                            opts.throughput_new_tokens,
-                            name,
-                            warmup=opts.throughput_warmup,
-                            repeats=opts.throughput_repeats,
-                        )
-                    if mixed_load and mode in mixed_modes:
-                        mixed_runs[mode] = self.mixed_load(server, name, warmup=not throughput)
-            except ServerStartError as error:
-                self.aborted = f"the {name} server did not start"
-                problems.append(str(error).splitlines()[0])
-                mixed_problems.append(str(error).splitlines()[0])
-                self.progress(f"ERROR: {error}")
-                break
-            finally:
-                info = self.server_info
-                if info.get("errors"):
-                    note = f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}"
-                    problems.append(note)
-                    mixed_problems.append(note)
-            logs[mode] = Path(self.server_info["log"]).read_text(errors="replace")
-            if not throughput:
-                continue
-            if mode == launch.UPSTREAM_ADAPTIVE:
-                off = [line for line in logs[mode].splitlines() if ADAPTIVE_OFF in line]
-                if off:
-                    problems.append(f"{name}: SGLang turned its adaptive mode off: {off[0].strip()[:200]}")
-            tok_s[mode] = [round(r.tok_s, 1) if not r.failures else None for r, _ in results]
-            samples[mode] = [list(r.samples) for r, _ in results]
-            accept[mode] = [None if r.accept_length is None else round(r.accept_length, 2) for r, _ in results]
-            for r, _ in results:
-                if r.failures:
-                    problems.append(f"{name} C={r.concurrency}: {len(r.failures)} failed request(s): {r.failures[0]}")
+        plans = [
+            Plan(
+                mode,
+                shape,
+                opts.simulate_acc_len,
+                (f"{SERVER_NAMES[mode]}-{variant}" if variant else SERVER_NAMES[mode]) + "-sim",
+                dict(variant_env[variant]) if variant else {},
+            )
+            for mode, variant in servers
+        ]
+        with self.starting(plans):
+            for (mode, variant), plan in zip(servers, plans):
+                name = plan.name
+                results: list[tuple[LevelResult, list[Transition]]] = []
+                try:
+                    with self.serve(plan) as server:
+                        if variant:
+                            variant_runs[variant] = self.mixed_load(server, name, warmup=True)
+                            continue
+                        if throughput:
+                            results = self.levels(
+                                server,
+                                opts.throughput_levels,
+                                opts.throughput_new_tokens,
+                                name,
+                                warmup=opts.throughput_warmup,
+                                repeats=opts.throughput_repeats,
+                            )
+                        if mixed_load and mode in mixed_modes:
+                            mixed_runs[mode] = self.mixed_load(server, name, warmup=not throughput)
+                except ServerStartError as error:
+                    self.aborted = f"the {name} server did not start"
+                    problems.append(str(error).splitlines()[0])
+                    mixed_problems.append(str(error).splitlines()[0])
+                    self.progress(f"ERROR: {error}")
+                    break
+                finally:
+                    info = self.server_info
+                    if info.get("errors"):
+                        note = f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}"
+                        problems.append(note)
+                        mixed_problems.append(note)
+                logs[mode] = Path(self.server_info["log"]).read_text(errors="replace")
+                if not throughput:
+                    continue
+                if mode == launch.UPSTREAM_ADAPTIVE:
+                    off = [line for line in logs[mode].splitlines() if ADAPTIVE_OFF in line]
+                    if off:
+                        problems.append(f"{name}: SGLang turned its adaptive mode off: {off[0].strip()[:200]}")
+                tok_s[mode] = [round(r.tok_s, 1) if not r.failures else None for r, _ in results]
+                samples[mode] = [list(r.samples) for r, _ in results]
+                accept[mode] = [None if r.accept_length is None else round(r.accept_length, 2) for r, _ in results]
+                for r, _ in results:
+                    if r.failures:
+                        problems.append(f"{name} C={r.concurrency}: {len(r.failures)} failed request(s): {r.failures[0]}")
         if mixed_load:
             self.report["mixed_load"] = self.judge_mixed(mixed_runs, mixed_problems, shape, variant_runs)
         if not throughput:

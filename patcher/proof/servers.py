@@ -15,7 +15,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import TracebackType
@@ -53,10 +53,11 @@ def port_is_free(port: int, host: str = "127.0.0.1") -> bool:
     return True
 
 
-def free_port(first: int, tries: int = 200) -> int:
-    """The first free port from ``first`` on; a busy port may be an old server we must not talk to."""
+def free_port(first: int, tries: int = 200, taken: Collection[int] = ()) -> int:
+    """The first free port from ``first`` on, other than ``taken`` (given to servers that may not
+    listen yet); a busy port may be an old server we must not talk to."""
     for port in range(first, first + tries):
-        if port_is_free(port):
+        if port not in taken and port_is_free(port):
             return port
     raise ServerStartError(f"no free port in {first}..{first + tries - 1}")
 
@@ -137,6 +138,7 @@ class Server:
         self.ready_offset = 0  # log size when the server first answered
         self.stop_offset = 0  # log size just before it was asked to stop
         self.start_seconds = 0.0
+        self.started_at: float | None = None  # time.monotonic() at start()
         self.stopped_by = ""  # "exited", "SIGTERM" or "SIGKILL"
 
     @property
@@ -149,6 +151,7 @@ class Server:
         return self.popen.pid  # start_new_session=True: the launcher leads its own group
 
     def start(self) -> None:
+        self.started_at = time.monotonic()
         self.spec.log.parent.mkdir(parents=True, exist_ok=True)
         with self.spec.log.open("wb") as log:
             self.popen = subprocess.Popen(
@@ -167,14 +170,14 @@ class Server:
         progress_every: float = 10.0,
         probe_timeout: float = 5.0,
     ) -> float:
-        """Block until ``/health`` answers 200; return the seconds it took.
+        """Block until ``/health`` answers 200; return the seconds since ``start()``.
 
         Prints a progress line every ``progress_every`` seconds with the last log line. Raises
         ``ServerStartError`` (with the log tail) if the process exits or ``timeout`` passes.
         """
         assert self.popen is not None
         client = Client("127.0.0.1", self.spec.port, timeout=probe_timeout)
-        start = time.monotonic()
+        start = time.monotonic() if self.started_at is None else self.started_at
         next_note = start + progress_every
         paths = ["/health", "/model_info", "/get_model_info"]
         while True:

@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from patcher.proof import command, mixed
@@ -118,27 +119,32 @@ def test_plot_only_reads_a_report_and_says_why_it_cannot_draw(tmp_path, monkeypa
     assert CliRunner().invoke(proof, ["--plot", str(bad)]).exit_code == 2
 
 
-def test_sigterm_stops_the_servers_and_leaves_a_report(site, tmp_path):
+@pytest.mark.parametrize("parallel", [1, 3], ids=["one-at-a-time", "parallel-starts"])
+def test_sigterm_stops_the_servers_and_leaves_a_report(site, tmp_path, parallel):
+    """With --parallel-starts 3 the servers waiting their turn (always-on, base) are up too: stopped as well."""
     out = tmp_path / "out"
     given = {**os.environ, **env_for(site(), FAKE_SGLANG_DELAY="30")}
     env = {k: v for k, v in given.items() if v is not None}
     env["PYTHONPATH"] = f"{env['PYTHONPATH']}{os.pathsep}{REPO}"
     cmd = [sys.executable, "-m", "patcher.proof", "--threshold", "4", "--levels", "1,8", "--checks", "equivalence",
-           "--port", str(some_port()), "--out", str(out)]  # fmt: skip
+           "--port", str(some_port()), "--out", str(out), "--parallel-starts", str(parallel)]  # fmt: skip
     run = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path)
     log = out / "dynspec.log"
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and "ready to roll" not in (log.read_text() if log.exists() else ""):
         time.sleep(0.1)
     time.sleep(0.5)  # a level is in flight now
-    pid = int(re.findall(r"scheduler pid (\d+)", log.read_text())[0])
-    assert alive(pid)
+    logs = [out / f"{name}.log" for name in ("dynspec", "always-on", "base")[:parallel]]
+    pids = [int(re.findall(r"scheduler pid (\d+)", f.read_text())[0]) for f in logs]
+    assert all(alive(pid) for pid in pids)
+    assert (out / "always-on.log").exists() is (parallel > 1)  # one at a time: not started yet
     run.send_signal(signal.SIGTERM)
     _, err = run.communicate(timeout=60)
     assert run.returncode == 128 + signal.SIGTERM, err
-    assert not alive(pid)
+    assert not [pid for pid in pids if alive(pid)]
     saved = json.loads((out / "report.json").read_text())
-    assert saved["complete"] is False and saved["servers"][0]["stopped_by"] == "SIGTERM"
+    assert saved["complete"] is False
+    assert [s["stopped_by"] for s in saved["servers"]] == ["SIGTERM"] * parallel
 
 
 def test_the_package_imports_neither_click_nor_the_engines_libraries():

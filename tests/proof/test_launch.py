@@ -23,6 +23,20 @@ def test_base_is_serve_sh_plus_the_two_max_bs_flags():
     assert server_argv("/py", args)[:3] == ["/py", "-m", "sglang.launch_server"]
 
 
+def test_a_server_sharing_the_gpu_gets_a_fixed_pool_and_its_own_nccl_port():
+    shared = server_args("always_on", shape="8b", port=30001, path="v2", shared_gpu_nccl_port=30501)
+    alone = server_args("always_on", shape="8b", port=30001, path="v2")
+    assert shared[shared.index("--mem-fraction-static") + 1] == "0.85"
+    assert shared[shared.index("--max-total-tokens") + 1] == "131072"
+    assert shared[shared.index("--nccl-port") + 1] == "30501"
+    # the control: alone, the command line is serve.sh's; and nothing else differs
+    assert alone[alone.index("--mem-fraction-static") + 1] == "0.5"
+    assert not {"--max-total-tokens", "--nccl-port"} & set(alone)
+    assert [a for a in shared if a not in ("0.85", "0.5", "--max-total-tokens", "131072", "--nccl-port", "30501")] == [
+        a for a in alone if a != "0.5"
+    ]
+
+
 def test_always_on_adds_eagle3_and_v1_disables_overlap():
     v2 = server_args("always_on", shape="small", port=30001, path="v2")
     assert v2 == ["--model-path", str(MODELS / "target"), *SERVE_SH, *TAIL, *EAGLE3]

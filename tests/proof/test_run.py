@@ -317,3 +317,78 @@ def test_a_v2_run_with_the_non_overlap_base_is_still_judged_against_the_overlap_
     tp = run_proof(opts, lambda m: None)["throughput"]
     assert tp["judged_against"] == "base" and tp["detail"].startswith("R(C) >= 0 at all 2 levels")
     assert "base_no_overlap" in tp
+
+
+# -- --parallel-starts: a group of servers starts at once, each is measured alone ----------------
+
+
+def order_of(notes: list[str]) -> list[str]:
+    """The start, ready and stop events of the progress lines, as ``+name``, ``=name`` and ``-name``."""
+    events = []
+    for note in notes:
+        if m := re.match(r"starting (\S+) server on port", note):
+            events.append("+" + m[1])
+        elif m := re.match(r"(\S+) is up after", note):
+            events.append("=" + m[1])
+        elif m := re.match(r"stopped (\S+) \(", note):
+            events.append("-" + m[1])
+    return events
+
+
+def test_parallel_starts_start_a_group_and_measure_each_server_alone(site, tmp_path):
+    out = tmp_path / "out"
+    notes: list[str] = []
+    opts = options(site(), out, checks=("equivalence", "crossings", "exact_kv"), parallel_starts=3)
+    result = run_proof(opts, notes.append)
+    assert result["passed"] is True, reports.summary(result)
+    assert order_of(notes) == [
+        "+dynspec", "+dynspec-full", "+dynspec-skip", "=dynspec", "=dynspec-full", "=dynspec-skip",
+        "-dynspec", "-dynspec-full", "-dynspec-skip",
+        "+always-on", "+base", "=always-on", "=base", "-always-on", "-base",
+    ]  # fmt: skip
+    servers = result["servers"]
+    assert [s["name"] for s in servers] == ["dynspec", "dynspec-full", "dynspec-skip", "always-on", "base"]
+    for s in servers:
+        argv = s["argv"]
+        assert argv[argv.index("--max-total-tokens") + 1] == "131072"
+        assert argv[argv.index("--nccl-port") + 1] == str(s["nccl_port"])
+    group = servers[:3]
+    assert len({s["port"] for s in group} | {s["nccl_port"] for s in group}) == 6  # no port given twice at once
+    assert all(s["stopped_by"] == "SIGTERM" and s["start_seconds"] > 0 for s in servers)
+    assert not [p for p in server_pids(out) if alive(p)]
+
+
+def test_one_start_at_a_time_is_todays_command_line(site, tmp_path):
+    """Negative control: without --parallel-starts nothing starts early and no flag is added."""
+    notes: list[str] = []
+    result = run_proof(options(site(), tmp_path / "out", checks=("equivalence",)), notes.append)
+    assert result["passed"] is True
+    assert order_of(notes) == ["+dynspec", "=dynspec", "-dynspec", "+always-on", "=always-on", "-always-on",
+                               "+base", "=base", "-base"]  # fmt: skip
+    assert not {"--max-total-tokens", "--nccl-port"} & {a for s in result["servers"] for a in s["argv"]}
+
+
+def test_a_group_member_that_fails_to_start_stops_the_check_and_every_server(site, tmp_path):
+    out = tmp_path / "out"
+    notes: list[str] = []
+    opts = options(
+        site(),
+        out,
+        checks=("mixed_load",),
+        mixed_phases=(1, 8, 1),
+        mixed_per_phase=1,
+        mixed_new_tokens=4,
+        mixed_repeats=1,
+        max_mixed_ratio=100.0,
+        parallel_starts=4,
+        mixed_variants=(("broken", (("FAKE_SGLANG_FAULT", "crash"),)),),
+    )
+    result = run_proof(opts, notes.append)
+    events = order_of(notes)
+    assert events[:4] == ["+dynspec-sim", "+dynspec-broken-sim", "+always-on-sim", "+base-sim"]
+    assert "=dynspec-broken-sim" not in events and "-base-sim" in events  # the rest stopped, never measured
+    assert result["passed"] is False and result["complete"] is False
+    assert result["mixed_load"]["problems"][0].startswith("dynspec-broken-sim server exited with code 1 before answering")
+    broken = next(s for s in result["servers"] if s["name"] == "dynspec-broken-sim")
+    assert "exited with code 1" in broken["start_error"]
+    assert not [p for p in server_pids(out) if alive(p)]
