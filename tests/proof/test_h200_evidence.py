@@ -636,11 +636,16 @@ S13_LEAN_PROFILE = PROOF / "0.5.12-v1-s13-lean-profile"
 S13_LEAN_REVISIONS = {"speculative_dynspec_runtime": 14, "speculative_dynspec_v2": 19}
 
 
-def lean_report(evidence: Path) -> dict:
+def v1_kv_direct_report(evidence: Path, revisions: dict[str, int]) -> dict:
+    """A v1 run's report with DYNSPEC_DRAFT_KV=kv-direct, once it names ``revisions``."""
     report = json.loads((evidence / "report.json").read_text())
     assert report["path"] == "v1" and report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}
-    assert {k: report["dynspec_revisions"][k] for k in S13_LEAN_REVISIONS} == S13_LEAN_REVISIONS
+    assert {k: report["dynspec_revisions"][k] for k in revisions} == revisions
     return report
+
+
+def lean_report(evidence: Path) -> dict:
+    return v1_kv_direct_report(evidence, S13_LEAN_REVISIONS)
 
 
 def test_session_13_the_lean_step_serves_stock_tokens_across_100_crossings() -> None:
@@ -752,10 +757,7 @@ S14_REVISIONS = {"speculative_dynspec_runtime": 15, "speculative_dynspec_v2": 20
 
 
 def r15_report(evidence: Path) -> dict:
-    report = json.loads((evidence / "report.json").read_text())
-    assert report["path"] == "v1" and report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}
-    assert {k: report["dynspec_revisions"][k] for k in S14_REVISIONS} == S14_REVISIONS
-    return report
+    return v1_kv_direct_report(evidence, S14_REVISIONS)
 
 
 def test_session_14_r15s_lean_step_serves_stock_tokens_across_100_crossings() -> None:

@@ -18,6 +18,19 @@ from .test_run import options
 SCHEDULE = mixed.Schedule((1, 8, 1), per_phase=2, new_tokens=8)
 
 
+def mixed_options(root: Path, out: Path, **kw: Any) -> Any:
+    """A mixed_load run small enough for fake servers; timing on a CPU is noise, so no verdict on it."""
+    base: dict[str, Any] = {
+        "checks": ("mixed_load",),
+        "mixed_phases": (1, 8, 1),
+        "mixed_per_phase": 1,
+        "mixed_new_tokens": 4,
+        "mixed_repeats": 2,
+        "max_mixed_ratio": 100.0,
+    }
+    return options(root, out, **{**base, **kw})
+
+
 def phase(c: int, seconds: float, failed: bool = False) -> LevelResult:
     reply = Reply(0, 500 if failed else 200, [1] * 8, {}, seconds, "HTTP 500" if failed else None)
     return LevelResult(c, 8, seconds, [reply])
@@ -161,16 +174,7 @@ def test_measure_warms_up_untimed_and_stops_at_the_first_failing_pass(monkeypatc
 
 
 def test_mixed_load_runs_on_the_three_throughput_servers(site: Any, tmp_path: Path) -> None:
-    opts = options(
-        site(),
-        tmp_path / "out",
-        checks=("mixed_load",),
-        mixed_phases=(1, 8, 1),
-        mixed_per_phase=1,
-        mixed_new_tokens=4,
-        mixed_repeats=2,
-        max_mixed_ratio=100.0,  # timing on a CPU is noise: the verdict is tested above
-    )
+    opts = mixed_options(site(), tmp_path / "out")
     result = run_proof(opts, lambda m: None)
     ml = result["mixed_load"]
     assert [s["name"] for s in result["servers"]] == ["dynspec-sim", "always-on-sim", "base-sim"]
@@ -189,17 +193,7 @@ def test_mixed_load_runs_on_the_three_throughput_servers(site: Any, tmp_path: Pa
 def test_a_variant_runs_right_after_dynspec_with_its_own_env_and_is_reported_not_judged(
     site: Any, tmp_path: Path
 ) -> None:
-    opts = options(
-        site(),
-        tmp_path / "out",
-        checks=("mixed_load",),
-        mixed_phases=(1, 8, 1),
-        mixed_per_phase=1,
-        mixed_new_tokens=4,
-        mixed_repeats=2,
-        max_mixed_ratio=100.0,
-        mixed_variants=(("prefill-kv", (("DYNSPEC_PREFILL_KV", "1"),)),),
-    )
+    opts = mixed_options(site(), tmp_path / "out", mixed_variants=(("prefill-kv", (("DYNSPEC_PREFILL_KV", "1"),)),))
     result = run_proof(opts, lambda m: None)
     servers = result["servers"]
     assert [s["name"] for s in servers] == ["dynspec-sim", "dynspec-prefill-kv-sim", "always-on-sim", "base-sim"]

@@ -371,18 +371,10 @@ def test_one_start_at_a_time_is_todays_command_line(site, tmp_path):
 def test_a_group_member_that_fails_to_start_stops_the_check_and_every_server(site, tmp_path):
     out = tmp_path / "out"
     notes: list[str] = []
-    opts = options(
-        site(),
-        out,
-        checks=("mixed_load",),
-        mixed_phases=(1, 8, 1),
-        mixed_per_phase=1,
-        mixed_new_tokens=4,
-        mixed_repeats=1,
-        max_mixed_ratio=100.0,
-        parallel_starts=4,
-        mixed_variants=(("broken", (("FAKE_SGLANG_FAULT", "crash"),)),),
-    )
+    from .test_mixed import mixed_options
+
+    broken = (("broken", (("FAKE_SGLANG_FAULT", "crash"),)),)
+    opts = mixed_options(site(), out, mixed_repeats=1, parallel_starts=4, mixed_variants=broken)
     result = run_proof(opts, notes.append)
     events = order_of(notes)
     assert events[:4] == ["+dynspec-sim", "+dynspec-broken-sim", "+always-on-sim", "+base-sim"]
