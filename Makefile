@@ -4,7 +4,8 @@
 # make bench  apply time on 0.5.12, the static round trip over every release, and `dynspec matrix`
 # make fuzz   the whole fault suite (make test runs a sample): every fuzzed variant, every second kill
 # make docs   regenerate README's supported-releases table from matrix.json
-# make test-torch  the runtime tests that need real torch (CPU), in their own venv .venv-torch (torch: ~3 GB)
+# make test-torch  the tests that need real torch (CPU): the runtime's tensor code and the real-weights
+#                  tools (the [real] extra), in their own venv .venv-torch (torch: ~3 GB)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -31,9 +32,9 @@ test: setup
 TORCH_VENV ?= .venv-torch
 test-torch:
 	@[ -x $(TORCH_VENV)/bin/python ] || $(PYTHON) -m venv $(TORCH_VENV)
-	@$(TORCH_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[test]' torch
-	@$(TORCH_VENV)/bin/python -c "import torch"  # the tests skip without it: fail here instead
-	$(TORCH_VENV)/bin/python -m pytest -q tests/patches/test_dynspec_rounding_torch.py
+	@$(TORCH_VENV)/bin/python -m pip install -q --disable-pip-version-check -e '.[test,real]'
+	@$(TORCH_VENV)/bin/python -c "import torch, transformers, tokenizers"  # the tests skip without them: fail here instead
+	$(TORCH_VENV)/bin/python -m pytest -q tests/patches/test_dynspec_rounding_torch.py tests/real
 
 fuzz: setup
 	DYNSPEC_FAULTS=full $(BIN)/python -m pytest -q -s tests/faults
