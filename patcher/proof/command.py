@@ -328,8 +328,8 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     show_default=True,
     help="Start up to N servers at once (a check's next ones), wait for all, then measure each alone while "
     "the others idle: fewer minutes of GPU time for server starts. With N > 1 every server gets "
-    "--max-total-tokens 131072 and an --nccl-port of its own so that they share the GPU (the 8B shape "
-    "fits 3).",
+    "--mem-fraction-static 0.85, --max-total-tokens 131072, an --nccl-port of its own and --sleep-on-idle "
+    "so that they share the GPU; at most 3 with throughput or mixed_load (the 8B shape), --tp 1 only.",
 )
 @click.option("--tp", type=click.IntRange(1), default=None, help="Pass --tp-size N to every server.")
 @click.option(

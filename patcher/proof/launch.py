@@ -125,7 +125,8 @@ def server_args(
     """The arguments after ``python -m sglang.launch_server`` for one mode; ``real``: a model dir
     of ``dynspec real prepare`` whose weights are loaded (the shape is then ignored).
     ``shared_gpu_nccl_port``: the server starts beside others on the GPU (--parallel-starts): a
-    fixed KV pool (``SHARED_GPU_MAX_TOTAL_TOKENS``) and a port of its own for torch.distributed."""
+    fixed KV pool (``SHARED_GPU_MAX_TOTAL_TOKENS``), a port of its own for torch.distributed, and
+    an idle loop that sleeps."""
     if mode not in (*MODES, UPSTREAM_ADAPTIVE, BASE_NO_OVERLAP):
         raise ValueError(f"unknown mode {mode!r}")
     target, draft = model_dirs(shape) if real is None else real_dirs(real)
@@ -137,6 +138,7 @@ def server_args(
     if shared_gpu_nccl_port is not None:
         args[args.index("--mem-fraction-static") + 1] = SHARED_GPU_MEM_FRACTION
         args += ["--max-total-tokens", str(SHARED_GPU_MAX_TOTAL_TOKENS), "--nccl-port", str(shared_gpu_nccl_port)]
+        args.append("--sleep-on-idle")  # else a server waiting its turn spins a core at 100 % (SGLang's IdleSleeper)
     if mode == BASE_NO_OVERLAP:
         args.append("--disable-overlap-schedule")
     elif mode != "base":

@@ -193,6 +193,14 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             )
     if opts.mixed_variants and "mixed_load" not in checks:
         raise ProofUsageError("--mixed-variant needs the mixed_load check (--checks mixed_load) and dynspec applied")
+    if opts.parallel_starts > 1:
+        if (opts.tp or 1) > 1:
+            raise ProofUsageError("--parallel-starts needs --tp 1: SGLang checks that its GPUs' free memory is balanced")
+        if {"throughput", "mixed_load"} & set(checks) and opts.parallel_starts > SHARED_GPU_8B_SERVERS:
+            raise ProofUsageError(
+                f"--parallel-starts {opts.parallel_starts}: throughput and mixed_load serve the 8B shape, "
+                f"and {SHARED_GPU_8B_SERVERS} of those fit one GPU"
+            )
     names = [name for name, _ in opts.mixed_variants]
     if len(set(names)) != len(names):
         raise ProofUsageError(f"--mixed-variant names must differ, got {', '.join(names)}")
@@ -223,6 +231,7 @@ def _states(transitions: Sequence[Transition], before: str) -> tuple[str, str]:
 
 
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
+SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers that fit one H200 side by side (launch.SHARED_GPU_MAX_TOTAL_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -331,7 +340,11 @@ class Proof:
     @contextlib.contextmanager
     def serve(self, plan: Plan) -> Iterator[Server]:
         """The server of ``plan``, up and warmed up; stopped on leaving."""
+        self.server_info = {"name": plan.name, "mode": plan.mode, "shape": plan.shape}  # until it is launched
         if plan.name not in self._started:
+            launch_error = self._start_errors.pop(plan.name, None)  # a group member that could not launch
+            if launch_error is not None:
+                raise launch_error
             self._start_group(plan)
         server, info = self._started.pop(plan.name)
         self.server_info = info
@@ -339,6 +352,9 @@ class Proof:
             error = self._start_errors.pop(plan.name, None)
             if error is not None:
                 raise error
+            assert server.popen is not None
+            if server.popen.poll() is not None:  # came up, then died while others were measured
+                raise ServerStartError(f"{plan.name} server exited with code {server.popen.returncode} before its turn")
             yield server
         except ServerStartError as error:
             info["start_error"] = str(error)
@@ -351,8 +367,12 @@ class Proof:
         then for the others (a failure is raised when that plan is served)."""
         waiting = [p for p in self._queue if p.name != plan.name]
         group = [plan, *waiting[: self.opts.parallel_starts - 1]]
-        for p in group:
-            self._started[p.name] = self._launch(p)
+        self._started[plan.name] = self._launch(plan)
+        for p in group[1:]:
+            try:
+                self._started[p.name] = self._launch(p)
+            except ServerStartError as error:  # (no free port) said when its turn comes
+                self._start_errors[p.name] = error
         self._queue = [p for p in self._queue if p.name not in {g.name for g in group}]  # not started yet
         for p in group:
             server, info = self._started[p.name]
@@ -369,11 +389,18 @@ class Proof:
         assert self.sglang is not None
         shared = opts.parallel_starts > 1
         port = free_port(opts.port, taken=self._ports)
-        self._ports.add(port)
-        nccl_port = None
-        if shared:  # torch.distributed's port, chosen here so that servers starting together differ
-            nccl_port = free_port(opts.port + NCCL_PORT_OFFSET, taken=self._ports)
-            self._ports.add(nccl_port)
+        # torch.distributed's port, chosen here so that servers starting together differ
+        nccl_port = free_port(opts.port + NCCL_PORT_OFFSET, taken={*self._ports, port}) if shared else None
+        self._ports.update(p for p in (port, nccl_port) if p is not None)
+        try:
+            return self._start(plan, port, nccl_port)
+        except BaseException:
+            self._ports.difference_update({port, nccl_port})
+            raise
+
+    def _start(self, plan: Plan, port: int, nccl_port: int | None) -> tuple[Server, dict[str, Any]]:
+        opts = self.opts
+        assert self.sglang is not None
         args = launch.server_args(
             plan.mode,
             shape=plan.shape,
@@ -400,7 +427,11 @@ class Proof:
         self.progress(f"starting {plan.name} server on port {port} (takes 1-3 minutes; log {spec.log})")
         self.progress("  " + " ".join(argv))
         server = Server(spec, stop_timeout=opts.stop_timeout, progress=self.progress)
-        server.start()
+        try:
+            server.start()
+        except BaseException:
+            info["stopped_by"] = server.stopped_by
+            raise
         return server, info
 
     def _wait(self, server: Server, info: dict[str, Any]) -> None:

@@ -28,11 +28,12 @@ def test_a_server_sharing_the_gpu_gets_a_fixed_pool_and_its_own_nccl_port():
     alone = server_args("always_on", shape="8b", port=30001, path="v2")
     assert shared[shared.index("--mem-fraction-static") + 1] == "0.85"
     assert shared[shared.index("--max-total-tokens") + 1] == "131072"
-    assert shared[shared.index("--nccl-port") + 1] == "30501"
+    assert shared[shared.index("--nccl-port") + 1] == "30501" and "--sleep-on-idle" in shared
     # the control: alone, the command line is serve.sh's; and nothing else differs
     assert alone[alone.index("--mem-fraction-static") + 1] == "0.5"
-    assert not {"--max-total-tokens", "--nccl-port"} & set(alone)
-    assert [a for a in shared if a not in ("0.85", "0.5", "--max-total-tokens", "131072", "--nccl-port", "30501")] == [
+    assert not {"--max-total-tokens", "--nccl-port", "--sleep-on-idle"} & set(alone)
+    added = ("0.85", "0.5", "--max-total-tokens", "131072", "--nccl-port", "30501", "--sleep-on-idle")
+    assert [a for a in shared if a not in added] == [
         a for a in alone if a != "0.5"
     ]
 

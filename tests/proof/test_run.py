@@ -374,13 +374,34 @@ def test_a_group_member_that_fails_to_start_stops_the_check_and_every_server(sit
     from .test_mixed import mixed_options
 
     broken = (("broken", (("FAKE_SGLANG_FAULT", "crash"),)),)
-    opts = mixed_options(site(), out, mixed_repeats=1, parallel_starts=4, mixed_variants=broken)
+    opts = mixed_options(site(), out, mixed_repeats=1, parallel_starts=3, mixed_variants=broken)
     result = run_proof(opts, notes.append)
     events = order_of(notes)
-    assert events[:4] == ["+dynspec-sim", "+dynspec-broken-sim", "+always-on-sim", "+base-sim"]
-    assert "=dynspec-broken-sim" not in events and "-base-sim" in events  # the rest stopped, never measured
+    assert events[:3] == ["+dynspec-sim", "+dynspec-broken-sim", "+always-on-sim"]
+    assert "=dynspec-broken-sim" not in events and "-always-on-sim" in events  # stopped, never measured
+    assert "+base-sim" not in events
     assert result["passed"] is False and result["complete"] is False
     assert result["mixed_load"]["problems"][0].startswith("dynspec-broken-sim server exited with code 1 before answering")
     broken = next(s for s in result["servers"] if s["name"] == "dynspec-broken-sim")
     assert "exited with code 1" in broken["start_error"]
     assert not [p for p in server_pids(out) if alive(p)]
+
+
+def test_a_server_that_died_while_waiting_its_turn_is_not_handed_out(tmp_path):
+    from patcher.proof.run import Plan, Proof
+    from patcher.proof.servers import Server, ServerSpec, ServerStartError
+
+    opts = options(tmp_path, tmp_path / "out", parallel_starts=2)
+    proof = Proof(opts, lambda m: None)
+    proof.report = {"servers": []}
+    spec = ServerSpec("base", (sys.executable, "-c", "raise SystemExit(3)"), dict(os.environ), tmp_path / "base.log", 1)
+    server = Server(spec, stop_timeout=5)
+    server.start()
+    assert server.popen is not None and server.popen.wait(timeout=30) == 3
+    info: dict[str, object] = {"name": "base"}
+    proof._started["base"] = (server, info)
+    turn = proof.serve(Plan("base", "small", None, "base"))
+    with pytest.raises(ServerStartError, match="base server exited with code 3 before its turn"), turn:
+        pass
+    assert info["stopped_by"] == "exited" and "before its turn" in str(info["start_error"])
+    assert proof._started == {}
