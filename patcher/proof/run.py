@@ -246,6 +246,10 @@ class Plan:
     env: Mapping[str, str] = field(default_factory=dict)
     dynspec: launch.Dynspec | None = None
 
+    def entry(self) -> dict[str, Any]:
+        """The start of its entry in the report's ``servers``."""
+        return {"name": self.name, "mode": self.mode, "shape": self.shape}
+
 
 class Proof:
     def __init__(self, opts: ProofOptions, progress: Progress = stderr_progress) -> None:
@@ -340,7 +344,7 @@ class Proof:
     @contextlib.contextmanager
     def serve(self, plan: Plan) -> Iterator[Server]:
         """The server of ``plan``, up and warmed up; stopped on leaving."""
-        self.server_info = {"name": plan.name, "mode": plan.mode, "shape": plan.shape}  # until it is launched
+        self.server_info = plan.entry()  # until it is launched
         if plan.name not in self._started:
             launch_error = self._start_errors.pop(plan.name, None)  # a group member that could not launch
             if launch_error is not None:
@@ -375,18 +379,18 @@ class Proof:
                 self._start_errors[p.name] = error
         self._queue = [p for p in self._queue if p.name not in {g.name for g in group}]  # not started yet
         for p in group:
+            if p.name not in self._started:
+                continue  # did not launch
             server, info = self._started[p.name]
             try:
                 self._wait(server, info)
             except ServerStartError as error:
-                if p is plan:
-                    self._start_errors[p.name] = error
-                    return  # the caller stops here: do not wait for the rest
                 self._start_errors[p.name] = error
+                if p is plan:
+                    return  # the caller stops here: do not wait for the rest
 
     def _launch(self, plan: Plan) -> tuple[Server, dict[str, Any]]:
         opts = self.opts
-        assert self.sglang is not None
         shared = opts.parallel_starts > 1
         port = free_port(opts.port, taken=self._ports)
         # torch.distributed's port, chosen here so that servers starting together differ
@@ -419,7 +423,7 @@ class Proof:
         spec = ServerSpec(
             plan.name, tuple(argv), launch.apply_env(changes, self.env), opts.out / f"{plan.name}.log", port, changes
         )
-        info: dict[str, Any] = {"name": plan.name, "mode": plan.mode, "shape": plan.shape}
+        info = plan.entry()
         info.update(port=port, argv=argv, env=changes, log=str(spec.log))
         if nccl_port is not None:
             info["nccl_port"] = nccl_port
@@ -974,10 +978,10 @@ class Proof:
             # Information, not the verdict: each variant judged as dynspec would be, against the same
             # static servers, and its total against dynspec's own.
             entry["variants"] = {}
+            dyn = entry["seconds"]["dynspec"]
             for variant, env in opts.mixed_variants:
                 judged = mixed.judge(opts.mixed_schedule, {**main, "dynspec": variant_runs.get(variant, [])}, opts.max_mixed_ratio, [])
                 total = judged["seconds"]["dynspec"]
-                dyn = entry["seconds"]["dynspec"]
                 entry["variants"][variant] = {
                     "env": dict(env),
                     "seconds": total,

@@ -405,3 +405,28 @@ def test_a_server_that_died_while_waiting_its_turn_is_not_handed_out(tmp_path):
         pass
     assert info["stopped_by"] == "exited" and "before its turn" in str(info["start_error"])
     assert proof._started == {}
+
+
+def test_a_group_member_that_cannot_launch_fails_at_its_turn(site, tmp_path, monkeypatch):
+    """The second server of a group gets no port: the first is still measured, the second's turn
+    reports why, nothing is left running."""
+    from patcher.proof import run as proof_run
+    from patcher.proof.servers import ServerStartError
+
+    calls = []
+    real_free_port = proof_run.free_port
+
+    def free_port(first, tries=200, taken=()):
+        calls.append(first)
+        if len(calls) == 3:  # dynspec: port and NCCL port; always-on: its port
+            raise ServerStartError(f"no free port in {first}..{first + tries - 1}")
+        return real_free_port(first, tries, taken)
+
+    monkeypatch.setattr(proof_run, "free_port", free_port)
+    out = tmp_path / "out"
+    notes: list[str] = []
+    result = run_proof(options(site(), out, checks=("equivalence",), parallel_starts=2), notes.append)
+    assert order_of(notes)[:3] == ["+dynspec", "=dynspec", "-dynspec"]
+    assert result["equivalence"]["problems"][0].startswith("no free port in")
+    assert [s["name"] for s in result["servers"]] == ["dynspec"] and result["complete"] is False
+    assert not [p for p in server_pids(out) if alive(p)]
