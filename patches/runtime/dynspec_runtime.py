@@ -116,6 +116,15 @@ class SwitchController:
             self.metrics.iteration(step == SPECULATE)
         return step
 
+    def switch_off_at_admission(self, admitted: int) -> bool:
+        """Before the draft prefill of ``admitted`` new requests: switch off now if they alone make
+        the next decode batch larger than ``disable_above`` and the dwell allows, which the next
+        iteration would do anyway (only a request that finishes at its prefill makes it smaller).
+        Not an iteration. True when speculation is off after it."""
+        if self.speculating and admitted > self.disable_above and self.iterations_since_switch >= self.min_steps:
+            self._switch(False, admitted)
+        return not self.speculating
+
     def _switch(self, speculating: bool, batch_size: int) -> None:
         self.speculating = speculating
         self.iterations_since_switch = 0

@@ -303,7 +303,10 @@ class V2Fallback:
         (``DraftKV.kv_only``), as a fallback iteration's extend does. The draft K/V at a prompt position
         depend on that position's inputs alone; the top-k and hidden states the prefill leaves for the
         request's first draft are never read, since speculation comes back on only through ``RESUME``,
-        whose full extend makes them for every request. Session 12's logs put about 30 ms per admission of
+        whose full extend makes them for every request. A prefill that alone brings more than the
+        threshold's requests switches speculation off first (``SwitchController.switch_off_at_admission``):
+        the first wave of a burst is admitted while still speculating, and would otherwise pay the full
+        draft prefill that plain decode never does. Session 12's logs put about 30 ms per admission of
         64 requests in the speculative server's prefill, which plain decode does not pay. What it saves
         depends on the backend: Triton and FA3 write the KV before the attention, FlashInfer's ragged
         prefill after it (only o_proj, the MLP and the lm_head are saved there)."""
@@ -315,8 +318,12 @@ class V2Fallback:
         draft_kv = self.draft_kv
 
         def draft_extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            if self.controller.speculating or batch.forward_mode.is_idle() or not draft_kv.writes_kv_only:
+            if batch.forward_mode.is_idle() or not draft_kv.writes_kv_only:
                 return stock(batch, *args, **kwargs)  # (writes_kv_only: not after the stand-in gave up)
+            # A wave of requests arriving together at a speculating server (a closed loop's, a burst)
+            # is where the draft prefill costs most: switched off first, it writes only their KV too.
+            if not self.controller.switch_off_at_admission(batch_size_of(batch)):
+                return stock(batch, *args, **kwargs)
             with draft_kv.kv_only(draft_worker, counted=False):
                 return stock(batch, *args, **kwargs)
 

@@ -2019,7 +2019,7 @@ PROMPTS = Extend(tokens=[5, 6, 7, 8, 9], positions=[0, 1, 2, 0, 1], slots=[300, 
 
 def prefill_batch() -> SimpleNamespace:
     mode = SimpleNamespace(name="EXTEND", is_idle=lambda: False, is_draft_extend=lambda include_v2=False: False)
-    return SimpleNamespace(forward_mode=mode, batch_size=2, prompt=PROMPTS)
+    return SimpleNamespace(forward_mode=mode, batch_size=2, prompt=PROMPTS, seq_lens=SimpleNamespace(shape=(2,)))
 
 
 def prefill_fallback(monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str = KV) -> tuple[DraftStack, v2.V2Fallback]:
@@ -2059,6 +2059,29 @@ def test_a_prefill_runs_the_full_draft_extend_otherwise(monkeypatch: pytest.Monk
         fallback.controller.step(9)
     stack.worker._draft_extend_for_prefill(prefill_batch())
     assert what_ran(stack.log) == "full"
+
+
+@pytest.mark.parametrize(("threshold", "kv_only"), [(1, True), (2, False)], ids=["more-than-threshold", "at-threshold"])
+def test_a_wave_larger_than_the_threshold_switches_off_and_writes_only_its_kv(
+    monkeypatch: pytest.MonkeyPatch, threshold: int, kv_only: bool
+) -> None:
+    """Two requests admitted at once while speculating: above a threshold of 1 speculation goes off
+    before their prefill, which then writes only the draft KV; at a threshold of 2 (the control) it
+    stays on and the prefill runs to the lm_head."""
+    stack, fallback = prefill_fallback(monkeypatch, "1")
+    fallback.controller = runtime.SwitchController(threshold, min_steps=1, log=False)
+    stack.worker._draft_extend_for_prefill(prefill_batch())
+    assert fallback.controller.speculating is not kv_only
+    assert what_ran(stack.log) == ("kv" if kv_only else "full")
+    if kv_only:
+        assert stack.log == ["embed", "qkv 0", "set_kv_buffer", "topk"]
+
+
+def test_without_the_setting_a_wave_does_not_switch_at_admission(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack, fallback = prefill_fallback(monkeypatch, None)
+    fallback.controller = runtime.SwitchController(1, min_steps=1, log=False)
+    stack.worker._draft_extend_for_prefill(prefill_batch())
+    assert fallback.controller.speculating and what_ran(stack.log) == "full"
 
 
 def test_a_bad_prefill_kv_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -64,6 +64,36 @@ def test_a_switch_waits_min_steps_iterations_after_the_previous_one() -> None:
     assert decisions(controller, [9, 1, 1, 1, 1, 9, 9, 9, 9]) == "----rSSS-"
 
 
+def test_an_admission_of_more_than_the_threshold_switches_off_before_its_prefill() -> None:
+    controller = SwitchController(8, 4, min_steps=2, log=False)
+    assert not controller.switch_off_at_admission(8)  # 8 alone do not make the batch larger than 8
+    assert controller.speculating and controller.switches == 0
+    assert controller.switch_off_at_admission(9) and not controller.speculating
+    # not an iteration: the dwell counts from the switch, and the next iterations fall back
+    assert (controller.spec_iterations, controller.fallback_iterations) == (0, 0)
+    assert decisions(controller, [9, 2, 2]) == "--r"
+    assert controller.switches == 2
+
+
+def test_an_admission_waits_for_the_dwell_and_says_when_already_off() -> None:
+    controller = SwitchController(8, 4, min_steps=3, log=False)
+    assert decisions(controller, [9, 9, 9, 2]) == "---r"  # back on at the 4th iteration
+    assert not controller.switch_off_at_admission(100)  # 1 iteration since the switch on: too soon
+    assert decisions(controller, [2, 2]) == "SS"
+    assert controller.switch_off_at_admission(100)  # 3 since the switch
+    assert controller.switch_off_at_admission(1)  # off already, whatever the admission
+    assert decisions(controller, [9]) == "-"
+
+
+def test_an_admission_switch_logs_like_any_switch(caplog: pytest.LogCaptureFixture) -> None:
+    controller = SwitchController(32, min_steps=1)
+    with caplog.at_level(logging.INFO, logger=runtime.__name__):
+        controller.switch_off_at_admission(64)
+    assert [r.getMessage() for r in caplog.records] == [
+        "dynspec: speculation OFF at batch size 64 (off above 32, on at or below 32)"
+    ]
+
+
 def test_counters() -> None:
     controller = SwitchController(8, 4, min_steps=2, log=False)
     assert decisions(controller, [9, 9, 6, 4, 4, 9, 9]) == "---rS--"
