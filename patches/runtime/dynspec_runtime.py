@@ -117,10 +117,11 @@ class SwitchController:
         return step
 
     def switch_off_at_admission(self, admitted: int) -> bool:
-        """Before the draft prefill of ``admitted`` new requests: switch off now if they alone make
-        the next decode batch larger than ``disable_above`` and the dwell allows, which the next
-        iteration would do anyway (only a request that finishes at its prefill makes it smaller).
-        Not an iteration. True when speculation is off after it."""
+        """Before the draft prefill of ``admitted`` new requests that will decode: switch off now if
+        they alone make the next decode batch larger than ``disable_above`` and the dwell allows,
+        which the next iteration would do anyway. If fewer join it (retracted, aborted), the dwell's
+        iterations fall back and a ``RESUME`` follows: slower, never wrong. Not an iteration. True
+        when speculation is off after it."""
         if self.speculating and admitted > self.disable_above and self.iterations_since_switch >= self.min_steps:
             self._switch(False, admitted)
         return not self.speculating

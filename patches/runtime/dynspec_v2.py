@@ -138,6 +138,24 @@ def batch_size_of(batch: Any) -> int:
     return int(batch.seq_lens.shape[0])
 
 
+def admitted_to_decode(batch: Any) -> int:
+    """Requests of a prefill batch that join the next decode batch: none of a prefill-only batch
+    (scoring), and not a request whose prompt this chunk does not finish (chunked prefill). Read from
+    the requests, which every tensor-parallel rank receives alike; every row where a batch has none."""
+    if getattr(batch, "is_prefill_only", False):
+        return 0
+    reqs = getattr(batch, "reqs", None)
+    if reqs is None:
+        return batch_size_of(batch)
+    return sum(1 for req in reqs if _prompt_filled(req))
+
+
+def _prompt_filled(req: Any) -> bool:
+    fill = getattr(req, "fill_ids", None)  # up to 0.5.12; 0.5.13 keeps only its length
+    filled = len(fill) if fill is not None else getattr(req, "fill_len", None)
+    return filled is None or filled >= len(req.origin_input_ids) + len(req.output_ids)
+
+
 # -- 0.5.4 to 0.5.13: dynspec's own fallback ---------------------------------------------------
 
 
@@ -174,7 +192,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
         logger.info(f"dynspec: {KV_BATCH_ENV} applies to 0.5.14+ only; every fallback iteration writes its own rows")
     fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     fallback.feed_twin_directly(worker, log=rank0)
-    fallback.prefill_kv_only(worker.draft_worker, log=rank0)
+    fallback.prefill_kv_only(worker.draft_worker, log=rank0, disaggregation=read_setting(worker, "disaggregation_mode", "null"))
     worker.draft_worker._dynspec = fallback
     if fallback.recorder is not None:
         fallback.recorder.watch_drafts(worker.draft_worker, lambda: fallback.in_fallback)
@@ -297,7 +315,7 @@ class V2Fallback:
 
         draft_worker._draft_extend_for_decode = draft_extend_for_decode
 
-    def prefill_kv_only(self, draft_worker: Any, log: bool) -> None:
+    def prefill_kv_only(self, draft_worker: Any, log: bool, disaggregation: Optional[str] = "null") -> None:
         """``DYNSPEC_PREFILL_KV=1`` (opt-in, not yet measured on a GPU): while speculation is off, the
         draft model's prefill extend of newly admitted requests writes only their draft KV, eagerly
         (``DraftKV.kv_only``), as a fallback iteration's extend does. The draft K/V at a prompt position
@@ -314,6 +332,12 @@ class V2Fallback:
         # the prompts without draft KV.
         if not on_off_setting(PREFILL_KV_ENV, False) or not self.draft_kv.writes_kv_only:
             return
+        if disaggregation not in (None, "null"):
+            # A PD prefill server never decodes, so never resumes: it would hand the decode server
+            # the placeholder top-k and hidden states of every request after its first large wave.
+            if log:
+                logger.info(f"dynspec: {PREFILL_KV_ENV}=1 is not used with PD disaggregation ({disaggregation})")
+            return
         stock = draft_worker._draft_extend_for_prefill
         draft_kv = self.draft_kv
 
@@ -322,7 +346,7 @@ class V2Fallback:
                 return stock(batch, *args, **kwargs)  # (writes_kv_only: not after the stand-in gave up)
             # A wave of requests arriving together at a speculating server (a closed loop's, a burst)
             # is where the draft prefill costs most: switched off first, it writes only their KV too.
-            if not self.controller.switch_off_at_admission(batch_size_of(batch)):
+            if self.controller.speculating and not self.controller.switch_off_at_admission(admitted_to_decode(batch)):
                 return stock(batch, *args, **kwargs)
             with draft_kv.kv_only(draft_worker, counted=False):
                 return stock(batch, *args, **kwargs)

@@ -2077,6 +2077,50 @@ def test_a_wave_larger_than_the_threshold_switches_off_and_writes_only_its_kv(
         assert stack.log == ["embed", "qkv 0", "set_kv_buffer", "topk"]
 
 
+def req(prompt: int, filled: int, output: int = 0, length_only: bool = False) -> SimpleNamespace:
+    fill = {"fill_len": filled} if length_only else {"fill_ids": [0] * filled}
+    return SimpleNamespace(origin_input_ids=[0] * prompt, output_ids=[0] * output, **fill)
+
+
+@pytest.mark.parametrize(
+    ("reqs", "prefill_only", "admitted"),
+    [
+        ([req(5, 5), req(3, 3)], False, 2),
+        ([req(5, 5), req(9, 4)], False, 1),  # the second's prompt goes on in the next chunk
+        ([req(5, 5, length_only=True), req(9, 4, length_only=True)], False, 1),  # 0.5.13
+        ([req(5, 7, output=2), req(3, 3)], False, 2),  # a retracted request prefills its output too
+        ([req(5, 5), req(3, 3)], True, 0),  # scoring: never decodes
+    ],
+    ids=["whole-prompts", "a-chunk", "a-chunk-0.5.13", "retracted", "prefill-only"],
+)
+def test_only_requests_that_will_decode_count_at_admission(reqs: list[Any], prefill_only: bool, admitted: int) -> None:
+    batch = prefill_batch()
+    batch.reqs, batch.is_prefill_only = reqs, prefill_only
+    assert v2.admitted_to_decode(batch) == admitted
+
+
+def test_a_wave_of_one_whole_prompt_and_a_chunk_does_not_switch_at_a_threshold_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    stack, fallback = prefill_fallback(monkeypatch, "1")
+    fallback.controller = runtime.SwitchController(1, min_steps=1, log=False)
+    batch = prefill_batch()
+    batch.reqs = [req(5, 5), req(9, 4)]
+    stack.worker._draft_extend_for_prefill(batch)
+    assert fallback.controller.speculating and what_ran(stack.log) == "full"
+
+
+def test_a_pd_disaggregated_server_keeps_the_stock_prefill(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A PD prefill server never decodes, so it would never resume: no KV-only prefill there, even
+    while off; the control (no disaggregation) is the test above it."""
+    monkeypatch.setenv(v2.PREFILL_KV_ENV, "1")
+    stack = draft_stack(graph=False)
+    controller = runtime.SwitchController(1, min_steps=1, log=False)
+    fallback = v2.V2Fallback(controller, SimpleNamespace(), draft_kv_for(stack, KV, log=False))
+    fallback.prefill_kv_only(stack.worker, log=False, disaggregation="prefill")
+    controller.step(9)  # off
+    stack.worker._draft_extend_for_prefill(prefill_batch())
+    assert what_ran(stack.log) == "full"
+
+
 def test_without_the_setting_a_wave_does_not_switch_at_admission(monkeypatch: pytest.MonkeyPatch) -> None:
     stack, fallback = prefill_fallback(monkeypatch, None)
     fallback.controller = runtime.SwitchController(1, min_steps=1, log=False)
@@ -2099,3 +2143,27 @@ def test_prefill_windows_do_not_count_toward_the_stand_in_verdict(monkeypatch: p
     with fallback.draft_kv.kv_only(stack.worker):
         stack.extend()
     assert (fallback.draft_kv._windows, fallback.draft_kv._windows_called) == (1, 1)
+
+
+SCHEDULE_BATCH = "srt/managers/schedule_batch.py"
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", OWN_FALLBACK)
+def test_a_prefill_batch_carries_what_admitted_to_decode_reads(version: str) -> None:
+    """``admitted_to_decode`` reads ``reqs`` (and ``is_prefill_only``) of the worker batch and each
+    request's ``fill_ids``, ``origin_input_ids`` and ``output_ids``; where a release's batch had no
+    ``reqs`` it would count every row (``seq_lens``)."""
+    source = (releases.unpacked(version, [SCHEDULE_BATCH]) / "sglang" / SCHEDULE_BATCH).read_text()
+    # 0.5.13 hands the prefill's ScheduleBatch itself to the draft extend
+    worker_batch = class_def(source, "ModelWorkerBatch") or class_def(source, "ScheduleBatch")
+    request = class_def(source, "Req")
+    assert worker_batch is not None and request is not None
+    fields = {ast.unparse(n.target) for n in worker_batch.body if isinstance(n, ast.AnnAssign)}
+    assert "seq_lens" in fields
+    assigned = {ast.unparse(t) for n in ast.walk(request) if isinstance(n, ast.Assign | ast.AnnAssign)
+                for t in (n.targets if isinstance(n, ast.Assign) else [n.target])}  # fmt: skip
+    if "reqs" in fields:
+        assert {"self.origin_input_ids", "self.output_ids"} <= assigned, version
+        assert {"self.fill_ids", "self.fill_len"} & assigned, version  # 0.5.13: only the length
+    assert "reqs" in fields or Version(version) < Version("0.5.10"), version  # where it is known to be
