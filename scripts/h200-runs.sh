@@ -30,7 +30,7 @@
 #   (any proof step) SERVER_ARGS="..." in the env goes to every server (--extra-args), e.g. "--decode-log-interval 1":
 #                  a log line per decode iteration, whose throughput is that iteration's speed
 #   (any proof step) PROOF_FLAGS="..." in the env: more dynspec proof flags, e.g. "--exact-kv-cycles 6";
-#                  "--parallel-starts 3": a check's servers start 3 at a time, each measured alone (not yet run on the H200)
+#                  "--parallel-starts 3": a check's servers start 3 at a time, each measured alone (session 15: kv-proof in 96 s)
 #   diag V         (same warm machine, part b unpacked) where the last points of a fallback step go at
 #                  C=64,100 (the kit client.py holds at most 100 requests in flight: aiohttp's default
 #                  connector limit): base, dynspec (auto) and dynspec with upstream's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1
@@ -79,7 +79,8 @@ finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log $(
 expect_ready() {
   for _ in $(seq 400); do
     kill -0 "$2" 2>/dev/null || return 0
-    line=$(grep -h "dynspec:.* ready in " "$1"/dynspec*.log 2>/dev/null | tail -1)
+    # the server under test only: with --parallel-starts its -full / -skip references start beside it
+    line=$(grep -h "dynspec:.* ready in " "$1"/dynspec.log "$1"/dynspec-sim.log 2>/dev/null | tail -1)
     case $line in "") ;; *"$EXPECT_READY"*) echo "ready line has '$EXPECT_READY'"; return 0 ;;
       *) echo "STOPPING: the ready line lacks '$EXPECT_READY': $(echo "$line" | tail -c 200)"; kill -TERM "$2"; return 0 ;; esac
     sleep 2

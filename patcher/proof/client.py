@@ -130,23 +130,69 @@ class Client:
         except (OSError, http.client.HTTPException) as error:
             return Reply(index, 0, [], {}, time.perf_counter() - start, f"no answer: {error!r}")
         seconds = time.perf_counter() - start
-        try:
-            data = json.loads(raw)
-        except ValueError:
-            data = None
+        data = parse_json(raw)
         if status != 200:
             return Reply(index, status, [], {}, seconds, f"HTTP {status}: {raw[:200]!r}")
         if isinstance(data, list) and len(data) == 1:  # some versions wrap a single request
             data = data[0]
-        if not isinstance(data, dict) or not isinstance(data.get("output_ids"), list):
-            return Reply(index, status, [], {}, seconds, f"HTTP 200 without output_ids: {raw[:200]!r}")
-        output_ids = [int(t) for t in data["output_ids"]]
-        found = data.get("meta_info")
-        meta: dict[str, Any] = found if isinstance(found, dict) else {}
-        problem = None
-        if len(output_ids) != new_tokens:
-            problem = f"{len(output_ids)} tokens instead of {new_tokens} (ignore_eos is set)"
-        return Reply(index, status, output_ids, meta, seconds, problem)
+        return reply_of(index, new_tokens, status, data, seconds, raw)
+
+    def generate_batch(self, requests: Sequence["Request"]) -> list[Reply]:
+        """All ``requests`` in one greedy ``/generate`` call (lists of prompts, sampling parameters
+        and rids), a reply each, in order; a server's failure is in each ``Reply.error``.
+
+        SGLang 0.5.4+ hands a pre-tokenized batch to its scheduler as one message, so the requests
+        are admitted in one prefill whatever the timing. Sent one by one, the same 16 requests were
+        prefilled 1 + 15 by one server and 2 + 14 by another (session 15), and prefill graphs of
+        other sizes round apart.
+        """
+        if not requests:
+            return []
+        body: dict[str, Any] = {
+            "input_ids": [self.prompt(r.index) for r in requests],
+            "sampling_params": [
+                {"temperature": 0, "max_new_tokens": r.new_tokens, "ignore_eos": True} for r in requests
+            ],
+        }
+        rids = [r.rid for r in requests]
+        if any(rid is not None for rid in rids):
+            if None in rids:
+                raise ValueError("a batch names every request's rid or none")
+            body["rid"] = rids
+        start = time.perf_counter()
+        try:
+            status, raw = self.request("POST", "/generate", body)
+        except (OSError, http.client.HTTPException) as error:
+            seconds = time.perf_counter() - start
+            return [Reply(r.index, 0, [], {}, seconds, f"no answer: {error!r}") for r in requests]
+        seconds = time.perf_counter() - start
+        data = parse_json(raw)
+        if status != 200:
+            return [Reply(r.index, status, [], {}, seconds, f"HTTP {status}: {raw[:200]!r}") for r in requests]
+        if not isinstance(data, list) or len(data) != len(requests):
+            problem = f"HTTP 200 without {len(requests)} replies: {raw[:200]!r}"
+            return [Reply(r.index, status, [], {}, seconds, problem) for r in requests]
+        return [reply_of(r.index, r.new_tokens, status, d, seconds, raw) for r, d in zip(requests, data)]
+
+
+def parse_json(raw: bytes) -> Any:
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return None
+
+
+def reply_of(index: int, new_tokens: int, status: int, data: Any, seconds: float, raw: bytes) -> Reply:
+    """One request's reply from its decoded JSON ``data`` (an HTTP 200's)."""
+    if not isinstance(data, dict) or not isinstance(data.get("output_ids"), list):
+        return Reply(index, status, [], {}, seconds, f"HTTP 200 without output_ids: {raw[:200]!r}")
+    output_ids = [int(t) for t in data["output_ids"]]
+    found = data.get("meta_info")
+    meta: dict[str, Any] = found if isinstance(found, dict) else {}
+    problem = None
+    if len(output_ids) != new_tokens:
+        problem = f"{len(output_ids)} tokens instead of {new_tokens} (ignore_eos is set)"
+    return Reply(index, status, output_ids, meta, seconds, problem)
 
 
 @dataclass(frozen=True)
@@ -199,6 +245,32 @@ def run_requests(client: Client, requests: Sequence[Request], concurrency: int) 
     replies.sort(key=lambda r: r.index)
     new_tokens = requests[0].new_tokens if requests else 0
     return LevelResult(concurrency, new_tokens, seconds, replies)
+
+
+def run_batches(client: Client, requests: Sequence[Request]) -> LevelResult:
+    """Send ``requests`` as one ``Client.generate_batch`` call per ``Request.delay`` (each held back
+    from the start that long), so each group is admitted together; time them all."""
+    groups: dict[float, list[Request]] = {}
+    for r in requests:
+        groups.setdefault(r.delay, []).append(r)
+    replies: list[Reply] = []
+    lock = threading.Lock()
+    start = time.perf_counter()
+
+    def one(delay: float, group: list[Request]) -> None:
+        wait = start + delay - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        got = client.generate_batch(group)
+        with lock:
+            replies.extend(got)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="proof-batch") as pool:
+        for f in [pool.submit(one, d, g) for d, g in sorted(groups.items())]:
+            f.result()
+    seconds = time.perf_counter() - start
+    replies.sort(key=lambda r: r.index)
+    return LevelResult(len(requests), requests[0].new_tokens if requests else 0, seconds, replies)
 
 
 def measure_level(client: Client, indices: Sequence[int], new_tokens: int, *, warmup: bool, repeats: int) -> LevelResult:

@@ -5,9 +5,11 @@ the default (KV-only draft extend while off), ``DYNSPEC_DRAFT_KV=full`` (the sto
 fallback iteration) and ``DYNSPEC_DRAFT_KV=skip`` (no extend while off: holes in the draft KV).
 A draft proposal at a position depends only on the request's draft KV below it and the draft
 state handed on, so with the same greedy tokens, equal KV means equal proposals at every
-position, whatever the batch around it. The check passes when the default's proposals equal
-full's at every position after each request's first fallback iteration, and skip's differ
-somewhere: a control that does not differ shows the comparison cannot see the KV.
+position, up to rounding: a graph of another batch size rounds apart, and a near tie can flip
+(``timelines_part_at``). Each wave's requests are therefore sent in one call, so every server
+prefills them together. The check passes when the default's proposals equal full's at every
+position after each request's first fallback iteration, and skip's differ somewhere: a control
+that does not differ shows the comparison cannot see the KV.
 
 The load is ``cycles`` waves, each of ``long`` requests that outlive the wave and ``short`` ones
 that push the batch above the threshold and finish early, so the long requests decode through a
@@ -236,7 +238,10 @@ def timelines_part_at(reference: Recording, other: Recording, rid: str) -> float
     servers (or was recorded on one only); infinity if never. Joiners arrive by the clock, so a
     faster server can take them a few positions later; where the timelines part, the K/V and hidden
     states of those positions come from other graphs, which may round apart, and a near tie later
-    on can flip without any KV being wrong. A mismatch before that position cannot be explained so."""
+    on can flip without any KV being wrong. A mismatch before that position cannot be explained so,
+    provided the request was prefilled alike: prefills are not recorded (session 15's waves, sent
+    request by request, were prefilled 1 + 15 on one server and 2 + 14 on another; they are now
+    sent in one call)."""
     ref, got = reference.history.get(rid, {}), other.history.get(rid, {})
     return min((p for p in ref.keys() | got.keys() if ref.get(p) != got.get(p)), default=math.inf)
 

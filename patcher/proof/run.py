@@ -25,7 +25,7 @@ from typing import Any
 
 from patcher.proof import acceptance, detect, exactkv, launch, logscan, mixed, steps
 from patcher.proof import report as reports
-from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, measure_level, run_level, run_requests
+from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, measure_level, run_batches, run_level, run_requests
 from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
 from patcher.proof.ramp import RampSchedule, run_ramp
@@ -620,11 +620,12 @@ class Proof:
         return mode
 
     def exact_kv_load(self, server: Server, name: str, problems: list[str]) -> list[str]:
-        """Send exact_kv's waves, one after the other; the digest of each wave's outputs."""
+        """Send exact_kv's waves, one after the other, each group of a wave (its first requests, its
+        joiners) in one call, so that every server prefills them alike; the digest of each wave's outputs."""
         client = self.client(server)
         digests = []
         for i, wave in enumerate(self.opts.exact_kv_load.waves()):
-            result = run_requests(client, wave, concurrency=len(wave))
+            result = run_batches(client, wave)
             digests.append(result.digest)
             problems += [f"{name} wave {i}: {f}" for f in result.failures[:3]]
         self.progress(f"  {name}: exact_kv load, {len(digests)} waves, digests {' '.join(digests)}")

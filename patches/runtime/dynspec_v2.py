@@ -316,7 +316,7 @@ class V2Fallback:
         draft_worker._draft_extend_for_decode = draft_extend_for_decode
 
     def prefill_kv_only(self, draft_worker: Any, log: bool, disaggregation: Optional[str] = "null") -> None:
-        """``DYNSPEC_PREFILL_KV=1`` (opt-in, not yet measured on a GPU): while speculation is off, the
+        """``DYNSPEC_PREFILL_KV`` (on unless set to 0; session 15 measured it on 0.5.12): while speculation is off, the
         draft model's prefill extend of newly admitted requests writes only their draft KV, eagerly
         (``DraftKV.kv_only``), as a fallback iteration's extend does. The draft K/V at a prompt position
         depend on that position's inputs alone; the top-k and hidden states the prefill leaves for the
@@ -325,18 +325,19 @@ class V2Fallback:
         threshold's requests switches speculation off first (``SwitchController.switch_off_at_admission``):
         the first wave of a burst is admitted while still speculating, and would otherwise pay the full
         draft prefill that plain decode never does. Session 12's logs put about 30 ms per admission of
-        64 requests in the speculative server's prefill, which plain decode does not pay. What it saves
+        64 requests in the speculative server's prefill, which plain decode does not pay; with it, session
+        15's mixed load took 0.993x and 1.006x the per-phase oracle on 0.5.12 (1.102x without). What it saves
         depends on the backend: Triton and FA3 write the KV before the attention, FlashInfer's ragged
         prefill after it (only o_proj, the MLP and the lm_head are saved there)."""
         # Only where the forward stops after the KV write: skip (the negative control) would leave
         # the prompts without draft KV.
-        if not on_off_setting(PREFILL_KV_ENV, False) or not self.draft_kv.writes_kv_only:
+        if not on_off_setting(PREFILL_KV_ENV, True) or not self.draft_kv.writes_kv_only:
             return
         if disaggregation not in (None, "null"):
             # A PD prefill server never decodes, so never resumes: it would hand the decode server
             # the placeholder top-k and hidden states of every request after its first large wave.
             if log:
-                logger.info(f"dynspec: {PREFILL_KV_ENV}=1 is not used with PD disaggregation ({disaggregation})")
+                logger.info(f"dynspec: the KV-only prefill ({PREFILL_KV_ENV}) is not used with PD disaggregation ({disaggregation})")
             return
         stock = draft_worker._draft_extend_for_prefill
         draft_kv = self.draft_kv
@@ -353,7 +354,7 @@ class V2Fallback:
 
         draft_worker._draft_extend_for_prefill = draft_extend_for_prefill
         if log:
-            logger.info(f"dynspec: {PREFILL_KV_ENV}=1: while off, a prefill's draft extend writes only the draft KV")
+            logger.info(f"dynspec: while off, a prefill's draft extend writes only the draft KV ({PREFILL_KV_ENV}=0 turns it off)")
 
     def publish_early(self, batch: Any, on_publish: Any) -> Any:
         """0.5.13: called by the hook before ``fall_back``; returns the callback the re-run gets.
@@ -736,7 +737,7 @@ class ZeroStepPolicy:
 
 
 LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
-PREFILL_KV_ENV = "DYNSPEC_PREFILL_KV"  # V2Fallback.prefill_kv_only (0.5.4 - 0.5.13, opt-in)
+PREFILL_KV_ENV = "DYNSPEC_PREFILL_KV"  # V2Fallback.prefill_kv_only (0.5.4 - 0.5.13; on unless 0)
 KV_BATCH_ENV = "DYNSPEC_KV_BATCH"
 KV_BATCH_MAX = 8  # beyond a few iterations the GEMMs of one replay stop being bound by the weight read
 

@@ -2012,7 +2012,7 @@ def test_is_draft_extend_means_v1s_draft_extend_where_there_is_one(version: str)
     assert {m.name for m in forward_mode if is_draft_extend(m)} == {"DRAFT_EXTEND"}
 
 
-# -- DYNSPEC_PREFILL_KV (opt-in): while off, a prefill's draft extend writes only the draft KV ----------
+# -- DYNSPEC_PREFILL_KV (on unless 0): while off, a prefill's draft extend writes only the draft KV ------
 
 PROMPTS = Extend(tokens=[5, 6, 7, 8, 9], positions=[0, 1, 2, 0, 1], slots=[300, 301, 302, 400, 401])  # two requests
 
@@ -2048,11 +2048,11 @@ def test_while_off_a_prefill_writes_the_draft_kv_of_a_full_prefill_and_nothing_a
 
 @pytest.mark.parametrize(
     ("setting", "mode", "off"),
-    [("1", KV, False), (None, KV, True), ("0", KV, True), ("1", FULL, True), ("1", SKIP, True)],
-    ids=["speculating", "unset", "off-by-setting", "full-extend-mode", "skip-control"],
+    [("1", KV, False), (None, KV, False), ("0", KV, True), ("1", FULL, True), ("1", SKIP, True)],
+    ids=["speculating", "speculating-by-default", "off-by-setting", "full-extend-mode", "skip-control"],
 )
 def test_a_prefill_runs_the_full_draft_extend_otherwise(monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str, off: bool) -> None:
-    """The controls: while speculating, without the setting, in the full-extend mode, or in the skip
+    """The controls: while speculating, with the setting 0, in the full-extend mode, or in the skip
     control (which would leave the prompts without draft KV), the prefill runs to the lm_head."""
     stack, fallback = prefill_fallback(monkeypatch, setting, mode)
     if off:
@@ -2121,11 +2121,15 @@ def test_a_pd_disaggregated_server_keeps_the_stock_prefill(monkeypatch: pytest.M
     assert what_ran(stack.log) == "full"
 
 
-def test_without_the_setting_a_wave_does_not_switch_at_admission(monkeypatch: pytest.MonkeyPatch) -> None:
-    stack, fallback = prefill_fallback(monkeypatch, None)
+@pytest.mark.parametrize(("setting", "switches"), [("0", False), (None, True)], ids=["turned-off", "default-on"])
+def test_with_the_setting_0_a_wave_does_not_switch_at_admission(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, switches: bool
+) -> None:
+    stack, fallback = prefill_fallback(monkeypatch, setting)
     fallback.controller = runtime.SwitchController(1, min_steps=1, log=False)
     stack.worker._draft_extend_for_prefill(prefill_batch())
-    assert fallback.controller.speculating and what_ran(stack.log) == "full"
+    assert fallback.controller.speculating is not switches
+    assert what_ran(stack.log) == ("kv" if switches else "full")
 
 
 def test_a_bad_prefill_kv_setting_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

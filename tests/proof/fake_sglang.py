@@ -246,20 +246,42 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if self.path != "/generate":
                 self.reply(404, {"error": "not found"})
                 return
-            rid = body.get("rid")
+            if body.get("input_ids") and isinstance(body["input_ids"][0], list):  # a batch, as SGLang takes one
+                self.batch(body)
+                return
+            status, reply = self.one(body["input_ids"], body["sampling_params"], body.get("rid"))
+            self.reply(status, reply)
+
+        def batch(self, body: dict[str, Any]) -> None:
+            """Every request of the batch at once, each as its own; one failure fails the call, as in SGLang."""
+            n = len(body["input_ids"])
+            params = body["sampling_params"] if isinstance(body["sampling_params"], list) else [body["sampling_params"]] * n
+            rids = body.get("rid") or [None] * n
+            results: list[tuple[int, Any]] = [(0, None)] * n
+
+            def run(i: int) -> None:
+                results[i] = self.one(body["input_ids"][i], params[i], rids[i])
+
+            threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join()
+            failed = [r for r in results if r[0] != 200]
+            self.reply(*(failed[0] if failed else (200, [r[1] for r in results])))
+
+        def one(self, input_ids: list[int], params: dict[str, Any], rid: Any) -> tuple[int, Any]:
             number, on = state.arrive(rid)
             try:
                 time.sleep(state.delay)
-                params = body["sampling_params"]
                 n = int(params["max_new_tokens"])
                 if state.records(rid):
-                    state.decode_recorded(rid, body["input_ids"], n)
+                    state.decode_recorded(rid, input_ids, n)
                 if "http500" in state.faults and number % 5 == 0:
-                    self.reply(500, {"error": "injected"})
-                    return
+                    return 500, {"error": "injected"}
                 if "traceback" in state.faults and number == 3:
                     say('Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: injected')
-                tokens = [100] * n if state.acc > 0 else outputs(body["input_ids"], n)
+                tokens = [100] * n if state.acc > 0 else outputs(input_ids, n)
                 if "diverge" in state.faults and not on and n > 2:
                     tokens[2] = (tokens[2] + 1) % 32000
                 if "short" in state.faults:
@@ -268,7 +290,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 if state.speculative:
                     per_step = max(1.0, state.acc) if on else 1.0
                     meta["spec_verify_ct"] = max(1, round(len(tokens) / per_step))
-                self.reply(200, {"output_ids": tokens, "meta_info": meta})
+                return 200, {"output_ids": tokens, "meta_info": meta}
             finally:
                 state.leave()
 

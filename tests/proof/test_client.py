@@ -18,6 +18,7 @@ from patcher.proof.client import (
     measure_level,
     prompt,
     run_level,
+    run_batches,
     run_requests,
 )
 
@@ -178,3 +179,64 @@ def test_run_requests_sends_each_requests_rid(fake_server):
 def test_run_requests_with_nothing_to_send():
     level = run_requests(RecordingClient(0.0), [], concurrency=4)  # type: ignore[arg-type]
     assert (level.replies, level.new_tokens, level.concurrency) == ([], 0, 4)
+
+
+def test_a_batch_is_one_call_with_a_reply_per_request_in_order(fake_server):
+    port, state = fake_server()
+    requests = [Request(3, 4, rid="dynspec-record-0-long-3"), Request(1, 2, rid="dynspec-record-0-short-1")]
+    replies = Client("127.0.0.1", port).generate_batch(requests)
+    assert [(r.index, r.error, r.output_ids) for r in replies] == [
+        (3, None, outputs(prompt(3), 4)),
+        (1, None, outputs(prompt(1), 2)),
+    ]
+    assert sorted(state.rids, key=str) == ["dynspec-record-0-long-3", "dynspec-record-0-short-1"]
+    assert Client("127.0.0.1", port).generate_batch([]) == []
+
+
+def test_a_failed_batch_fails_every_request_of_it(fake_server):
+    port, _ = fake_server(faults="http500")  # the 5th request of the server fails, so the call does
+    replies = Client("127.0.0.1", port).generate_batch([Request(i, 2) for i in range(6)])
+    assert len(replies) == 6 and all(r.status == 500 and "HTTP 500" in (r.error or "") for r in replies)
+    port2, _ = fake_server(faults="short")
+    assert all(r.error == "1 tokens instead of 2 (ignore_eos is set)" for r in Client("127.0.0.1", port2).generate_batch([Request(0, 2)]))
+
+
+def test_a_batch_names_every_rid_or_none():
+    with pytest.raises(ValueError, match="every request's rid or none"):
+        Client("127.0.0.1", 1).generate_batch([Request(0, 1, rid="a"), Request(1, 1)])
+
+
+class BatchRecordingClient:
+    """Stands in for Client in run_batches: logs each batch call's start and indices."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[float, list[int]]] = []
+        self.lock = threading.Lock()
+
+    def generate_batch(self, requests: list[Request]) -> list[Reply]:
+        with self.lock:
+            self.calls.append((time.perf_counter(), [r.index for r in requests]))
+        return [Reply(r.index, 200, [r.index] * r.new_tokens, {}, 0.0) for r in requests]
+
+
+def test_run_batches_sends_each_delay_group_as_one_call_at_its_delay():
+    client = BatchRecordingClient()
+    requests = [Request(0, 2), Request(1, 2, delay=0.2), Request(2, 2), Request(3, 1, delay=0.2), Request(4, 2, delay=0.1)]
+    started = time.perf_counter()
+    level = run_batches(client, requests)  # type: ignore[arg-type]
+    calls = sorted((round(at - started, 2), indices) for at, indices in client.calls)
+    assert [indices for _, indices in calls] == [[0, 2], [4], [1, 3]]  # one call per delay, requests in order
+    assert calls[0][0] < 0.05 and 0.1 <= calls[1][0] < 0.2 <= calls[2][0]
+    assert [r.index for r in level.replies] == [0, 1, 2, 3, 4] and level.tokens == 9
+    assert (level.concurrency, level.new_tokens) == (5, 2)
+    # Negative control: run_requests sends the same requests one call each.
+    single = RecordingClient(0.0)
+    run_requests(single, requests, concurrency=len(requests))  # type: ignore[arg-type]
+    assert len(single.calls) == 5
+
+
+def test_a_batched_wave_is_admitted_together(fake_server):
+    port, state = fake_server(delay=0.2)
+    level = run_batches(Client("127.0.0.1", port), [Request(i, 3, rid=f"r{i}") for i in range(8)])
+    assert level.failures == [] and state.max_inflight == 8
+    assert level.outputs == {i: outputs(prompt(i), 3) for i in range(8)}

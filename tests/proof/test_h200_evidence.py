@@ -873,3 +873,146 @@ def test_session_14_the_kv_only_prefill_keeps_the_draft_kv_exact() -> None:
     assert (entry["mismatches"], entry["compared_steps"], entry["control_mismatches"]) == (0, 1876, 58)
     # Negative control: the skip server's recording as the candidate fails.
     assert not exactkv.judge({**recs, "kv": recs["skip"]}, {}, 100, [])["passed"]
+
+
+# -- session 15, runtime r16 / v2 module r21 at 84d8de2 (branch s14-admission), SGLang 0.5.12 -----------
+
+S15_AB = PROOF / "0.5.12-v2-s15-r16-mixed-ab"
+S15_PARALLEL = PROOF / "0.5.12-v2-s15-r16-prefill-kv-parallel"
+S15_TPUT = PROOF / "0.5.12-v2-s15-r16-prefill-kv-tput"
+S15_PROOF = PROOF / "0.5.12-v2-s15-r16-prefill-kv-proof"
+S15_V1 = PROOF / "0.5.12-v1-s15-r16-proof-bits"
+S15_V1_STOPPED = PROOF / "0.5.12-v1-s15-r16-ready-check-stopped"
+S15_REVISIONS = {"speculative_dynspec_runtime": 16, "speculative_dynspec_v2": 21}
+PREFILL_KV = {"DYNSPEC_PREFILL_KV": "1"}
+
+
+def s15_report(evidence: Path, env: dict[str, str]) -> dict:
+    report = json.loads((evidence / "report.json").read_text())
+    assert report["dynspec_env"] == env
+    assert {k: report["dynspec_revisions"][k] for k in S15_REVISIONS} == S15_REVISIONS
+    return report
+
+
+def test_session_15_the_kv_only_prefill_brings_the_own_fallbacks_mixed_load_to_the_oracle() -> None:
+    """The A/B in one call (fresh machine, medians of 3): r16 without the KV-only prefill 10.84 s,
+    1.102x the per-phase oracle (session 12: 1.041x); with DYNSPEC_PREFILL_KV=1 9.77 s, 0.993x. The
+    phases at 64 and 128 requests (admission) gain 0.10 - 0.20 s each; the low phases gain too (0.75
+    vs 0.65 s at 1), where both speculate with the stock step: the first server of the fresh machine
+    ran its speculative phases slower, so 0.901x overstates what the setting alone saves."""
+    mixed = s15_report(S15_AB, {"DYNSPEC_DRAFT_KV": "kv-direct"})["mixed_load"]
+    assert mixed["seconds"] == {k: sorted(v)[1] for k, v in mixed["samples"].items()}
+    assert mixed["seconds"] == {"base": 13.056, "always_on": 11.094, "dynspec": 10.842}
+    assert not mixed["passed"] and mixed["dynspec_over_oracle"] == 1.1021
+    variant = mixed["variants"]["prefill-kv"]
+    assert variant["env"] == {**PREFILL_KV, "DYNSPEC_DRAFT_KV": "kv-direct"}
+    assert variant["seconds"] == sorted(variant["samples"])[1] == 9.771
+    assert variant["passed"] and variant["dynspec_over_oracle"] == 0.9932
+    assert round(variant["seconds"] / mixed["oracle_seconds"], 4) == variant["dynspec_over_oracle"]
+    dynspec_phases = [p["dynspec_s"] for p in mixed["phases"]]
+    gains = [round(d - v, 2) for d, v in zip(dynspec_phases, variant["phases_s"])]
+    assert [p["C"] for p in mixed["phases"]] == [1, 4, 16, 64, 128, 64, 16, 4, 1]
+    assert gains == [0.1, 0.17, 0.09, 0.1, 0.2, 0.1, 0.08, 0.09, 0.11]
+    # Negative control: always-on, judged as the candidate, is not within 3 % of the oracle.
+    assert mixed["seconds"]["always_on"] > 1.03 * mixed["oracle_seconds"]
+
+
+def test_session_15_the_kv_only_prefills_throughput_and_mixed_load() -> None:
+    """kv-tput with DYNSPEC_PREFILL_KV=1 (warm machine): mixed_load passes, 10.17 s against the
+    oracle's 10.10 (1.006x), faster than always-on (11.38) and base (12.95); throughput misses the
+    0.97 envelope at 64 requests only (0.956) and the per-step ratio there is 0.971 (45 pairs; the
+    issue asks 0.98)."""
+    report = s15_report(S15_TPUT, {"DYNSPEC_DRAFT_KV": "kv-direct", **PREFILL_KV})
+    mixed = report["mixed_load"]
+    assert mixed["seconds"] == {k: sorted(v)[1] for k, v in mixed["samples"].items()}
+    assert mixed["passed"] and mixed["dynspec_over_oracle"] == 1.0062
+    assert mixed["seconds"]["dynspec"] < min(mixed["seconds"]["base"], mixed["seconds"]["always_on"])
+    tput = report["throughput"]
+    envelope = [d / max(b, a) for d, b, a in zip(tput["dynspec"], tput["base"], tput["always_on"])]
+    assert [round(r, 2) for r in envelope] == [1.04, 1.0, 1.05, 1.02, 0.96, 1.0]
+    assert not tput["passed"]
+    logs = members(S15_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    assert tput["per_step"] == ratios
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.971, 45), "128": (0.984, 28)}
+    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+
+
+@pytest.mark.parametrize("evidence", [S15_PROOF, S15_PARALLEL], ids=["proof", "parallel-starts"])
+def test_session_15_the_kv_only_prefill_keeps_outputs_and_the_draft_kv_exact(evidence: Path) -> None:
+    """DYNSPEC_PREFILL_KV=1 with the admission switch (r16): every proposal after a fallback span
+    equals the full extend's (1908 and 1932; the control differs at 58), 100 crossings, and (the
+    full proof) greedy outputs token-identical to stock at 1 - 48 requests and after the ramp. The
+    second ran with --parallel-starts 3: its three servers were up after 59 - 61 s, the call took 96 s."""
+    report = json.loads((evidence / "report.json").read_text())
+    assert report["dynspec_env"]["DYNSPEC_PREFILL_KV"] == "1"
+    recs, files = kv_proof_recordings(evidence)
+    assert "a prefill's draft extend writes only the draft KV" in files["dynspec.log"]
+    assert "DYNSPEC_PREFILL_KV" not in files["dynspec-full.log"]
+    admitted = prefills_by_state(files["dynspec.log"])
+    assert admitted["OFF"] > 800 and admitted["ON"] > 0
+    entry = exactkv.judge(recs, report["exact_kv"]["digests"], 100, [])
+    assert entry["passed"] and report["exact_kv"]["passed"] and report["crossings"]["count"] == 100
+    expected = {S15_PROOF: 1908, S15_PARALLEL: 1932}[evidence]
+    assert (entry["mismatches"], entry["compared_steps"], entry["control_mismatches"]) == (0, expected, 58)
+    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {}, 100, [])["passed"]  # negative control
+    if evidence is S15_PROOF:
+        assert report["equivalence"]["passed"]
+    else:
+        assert "--parallel-starts 3" in report["command"]
+        assert [s["start_seconds"] for s in report["servers"]] == [59.1, 60.1, 61.2]
+
+
+def prefill_sizes(log: str, warmups: int = 3, requests: int = 88) -> list[int]:
+    """``#new-seq`` of the prefills of exact_kv's load (5 waves, 88 requests), after the warm-ups."""
+    sizes = [int(n) for n in re.findall(r"Prefill batch, #new-seq: (\d+)", log)][warmups:]
+    taken, total = [], 0
+    for n in sizes:
+        if total >= requests:
+            break
+        taken.append(n)
+        total += n
+    return taken
+
+
+def test_session_15_v1s_bits_are_exact_and_its_proposals_part_at_a_prefill() -> None:
+    """v1 (r16, the lean step): equivalence passes and 100 crossings; in all 2063 fallback iterations
+    the direct write left the stock extend's K/V bits (0 of 109280 rows differ; the packed control
+    89891 of 109252). exact_kv still failed: 9 proposals differ where the request's recorded decode
+    history matched, all in one request at one near tie (1123 / 499). What the history did not see:
+    the load sent each request alone, and the servers prefilled the same waves in other groups
+    (1 + 15 against 2 + 14), so prompts' K/V and hidden states came from graphs of other sizes.
+    Waves are now sent one call each (patcher.proof.client.run_batches)."""
+    report = v1_kv_direct_report(S15_V1, S15_REVISIONS)
+    assert report["equivalence"]["passed"] and report["crossings"]["count"] == 100
+    assert not report["exact_kv"]["passed"]
+    bits = report["exact_kv"]["bits"]
+    assert bits["passed"] and (bits["iterations"], bits["rows"], bits["rows_differing"]) == (2063, 109280, 0)
+    recs, files = kv_proof_recordings(S15_V1)
+    entry = exactkv.judge(recs, report["exact_kv"]["digests"], 100, [])
+    assert (entry["mismatches"], entry["mismatches_same_history"], entry["compared_steps_same_history"]) == (33, 9, 1066)
+    same = exactkv.compare(recs["full"], recs["kv"]).mismatches
+    same = [m for m in same if m["same_history"]]
+    assert {m["rid"] for m in same} == {"dynspec-record-3-long-200055"}
+    assert {t for m in same for t in m["reference"] + m["other"]} == {1123, 499}
+    sizes = {name: prefill_sizes(files[f"{name}.log"]) for name in ("dynspec", "dynspec-full")}
+    assert sizes["dynspec"][:2] == [1, 15] and sizes["dynspec-full"][:2] == [2, 14]
+    assert sum(sizes["dynspec"]) == sum(sizes["dynspec-full"]) == 88  # the same requests, grouped otherwise
+    # Negative control: a server's prefills against its own are alike.
+    assert prefill_sizes(files["dynspec.log"]) == sizes["dynspec"]
+
+
+def test_session_15_the_stopped_v1_call_read_the_negative_controls_ready_line() -> None:
+    """With --parallel-starts the three kv-proof servers start together, and scripts/h200-runs.sh's
+    EXPECT_READY read the last ready line of dynspec*.log: the skip control's, up first, so it stopped
+    the run before the server under test had said what it runs (the next call, without EXPECT_READY,
+    shows it ran the direct write). It now reads the tested server's log only."""
+    report = json.loads((S15_V1_STOPPED / "report.json").read_text())
+    assert not report["complete"]
+    assert "STOPPING: the ready line lacks 'replayed directly'" in (S15_V1_STOPPED / "call-output.txt").read_text()
+    logs = members(S15_V1_STOPPED / "logs.tar.gz", "dynspec.log", "dynspec-skip.log")
+    ready = {n: [l for l in logs[f"{n}.log"].splitlines() if "dynspec:" in l and " ready in " in l] for n in ("dynspec", "dynspec-skip")}
+    assert ready["dynspec"] == []  # the server under test was still capturing its graphs
+    assert "negative control" in ready["dynspec-skip"][-1] and "replayed directly" not in ready["dynspec-skip"][-1]
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "h200-runs.sh").read_text()
+    assert '"$1"/dynspec.log "$1"/dynspec-sim.log' in script and '"$1"/dynspec*.log' not in script
