@@ -137,7 +137,7 @@ class Client:
             data = data[0]
         return reply_of(index, new_tokens, status, data, seconds, raw)
 
-    def generate_batch(self, requests: Sequence["Request"]) -> list[Reply]:
+    def generate_batch(self, requests: Sequence[Request]) -> list[Reply]:
         """All ``requests`` in one greedy ``/generate`` call (lists of prompts, sampling parameters
         and rids), a reply each, in order; a server's failure is in each ``Reply.error``.
 

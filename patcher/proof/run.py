@@ -25,7 +25,7 @@ from typing import Any
 
 from patcher.proof import acceptance, detect, exactkv, launch, logscan, mixed, steps
 from patcher.proof import report as reports
-from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, measure_level, run_batches, run_level, run_requests
+from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, measure_level, run_batches, run_level
 from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
 from patcher.proof.ramp import RampSchedule, run_ramp

@@ -17,8 +17,8 @@ from patcher.proof.client import (
     digest,
     measure_level,
     prompt,
-    run_level,
     run_batches,
+    run_level,
     run_requests,
 )
 

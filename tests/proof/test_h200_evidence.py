@@ -1011,7 +1011,7 @@ def test_session_15_the_stopped_v1_call_read_the_negative_controls_ready_line() 
     assert not report["complete"]
     assert "STOPPING: the ready line lacks 'replayed directly'" in (S15_V1_STOPPED / "call-output.txt").read_text()
     logs = members(S15_V1_STOPPED / "logs.tar.gz", "dynspec.log", "dynspec-skip.log")
-    ready = {n: [l for l in logs[f"{n}.log"].splitlines() if "dynspec:" in l and " ready in " in l] for n in ("dynspec", "dynspec-skip")}
+    ready = {n: [line for line in logs[f"{n}.log"].splitlines() if "dynspec:" in line and " ready in " in line] for n in ("dynspec", "dynspec-skip")}
     assert ready["dynspec"] == []  # the server under test was still capturing its graphs
     assert "negative control" in ready["dynspec-skip"][-1] and "replayed directly" not in ready["dynspec-skip"][-1]
     script = (Path(__file__).resolve().parents[2] / "scripts" / "h200-runs.sh").read_text()
