@@ -339,7 +339,11 @@ class V2Fallback:
             if log:
                 logger.info(f"dynspec: the KV-only prefill ({PREFILL_KV_ENV}) is not used with PD disaggregation ({disaggregation})")
             return
-        stock = draft_worker._draft_extend_for_prefill
+        stock = getattr(draft_worker, "_draft_extend_for_prefill", None)
+        if stock is None:  # every release 0.5.4 - 0.5.13 has it (pinned in the tests); a patched tree may not
+            if log:
+                logger.info("dynspec: this draft worker has no _draft_extend_for_prefill; prefills write the full draft state")
+            return
         draft_kv = self.draft_kv
 
         def draft_extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:

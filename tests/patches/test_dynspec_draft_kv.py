@@ -2171,3 +2171,33 @@ def test_a_prefill_batch_carries_what_admitted_to_decode_reads(version: str) -> 
         assert {"self.origin_input_ids", "self.output_ids"} <= assigned, version
         assert {"self.fill_ids", "self.fill_len"} & assigned, version  # 0.5.13: only the length
     assert "reqs" in fields or Version(version) < Version("0.5.10"), version  # where it is known to be
+
+
+WORKER_V2 = "srt/speculative/eagle_worker_v2.py"
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", OWN_FALLBACK)
+def test_the_draft_worker_has_the_prefill_extend_the_kv_only_prefill_wraps(version: str) -> None:
+    """``prefill_kv_only`` wraps ``EagleDraftWorker._draft_extend_for_prefill`` (on by default)."""
+    source = (releases.unpacked(version, [WORKER_V2]) / "sglang" / WORKER_V2).read_text()
+    draft_worker = class_def(source, "EagleDraftWorker")
+    assert draft_worker is not None, version
+    methods = {n.name for n in draft_worker.body if isinstance(n, ast.FunctionDef)}
+    assert "_draft_extend_for_prefill" in methods, version
+    assert "_draft_extend_for_prefill_missing" not in methods  # negative control: the set is read
+
+
+def test_a_draft_worker_without_the_prefill_extend_keeps_its_prefills(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A tree whose draft worker lacks the method starts, says so once, and wraps nothing."""
+    monkeypatch.delenv(v2.PREFILL_KV_ENV, raising=False)
+    stack = draft_stack(graph=False)
+    fallback = v2.V2Fallback(runtime.SwitchController(8, min_steps=1, log=False), SimpleNamespace(), draft_kv_for(stack, KV, log=False))
+    worker = SimpleNamespace()
+    with caplog.at_level(logging.INFO):
+        fallback.prefill_kv_only(worker, log=True)
+    assert vars(worker) == {}
+    assert "has no _draft_extend_for_prefill" in caplog.text
+    # The control: a worker that has it gets the wrapper.
+    fallback.prefill_kv_only(stack.worker, log=False)
+    assert stack.worker._draft_extend_for_prefill.__name__ == "draft_extend_for_prefill"
