@@ -255,9 +255,11 @@ def run_batches(client: Client, requests: Sequence[Request]) -> LevelResult:
         groups.setdefault(r.delay, []).append(r)
     replies: list[Reply] = []
     lock = threading.Lock()
-    start = time.perf_counter()
+    go = threading.Event()
+    start = 0.0
 
     def one(delay: float, group: list[Request]) -> None:
+        go.wait()
         wait = start + delay - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
@@ -265,10 +267,19 @@ def run_batches(client: Client, requests: Sequence[Request]) -> LevelResult:
         with lock:
             replies.extend(got)
 
-    with ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="proof-batch") as pool:
-        for f in [pool.submit(one, d, g) for d, g in sorted(groups.items())]:
+    pool = ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="proof-batch")
+    try:
+        futures = [pool.submit(one, d, g) for d, g in sorted(groups.items())]
+        start = time.perf_counter()
+        go.set()
+        for f in futures:
             f.result()
-    seconds = time.perf_counter() - start
+        seconds = time.perf_counter() - start
+    except BaseException:  # an interrupt does not wait for the calls in flight
+        go.set()
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown(wait=True)
     replies.sort(key=lambda r: r.index)
     return LevelResult(len(requests), requests[0].new_tokens if requests else 0, seconds, replies)
 

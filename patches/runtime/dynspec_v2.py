@@ -139,14 +139,13 @@ def batch_size_of(batch: Any) -> int:
 
 
 def admitted_to_decode(batch: Any) -> int:
-    """Requests of a prefill batch that join the next decode batch: none of a prefill-only batch
-    (scoring), and not a request whose prompt this chunk does not finish (chunked prefill). Read from
-    the requests, which every tensor-parallel rank receives alike; every row where a batch has none."""
-    if getattr(batch, "is_prefill_only", False):
-        return 0
+    """Requests of a prefill batch that join the next decode batch: not a request whose prompt this
+    chunk does not finish (chunked prefill). Read from the requests, which every tensor-parallel rank
+    receives alike. A batch without them (0.5.4 - 0.5.5) counts none: its rows would include such a
+    chunk, and the switch at admission is only a speed-up, which ``step`` makes at the next decode."""
     reqs = getattr(batch, "reqs", None)
     if reqs is None:
-        return batch_size_of(batch)
+        return 0
     return sum(1 for req in reqs if _prompt_filled(req))
 
 

@@ -2018,8 +2018,10 @@ PROMPTS = Extend(tokens=[5, 6, 7, 8, 9], positions=[0, 1, 2, 0, 1], slots=[300, 
 
 
 def prefill_batch() -> SimpleNamespace:
+    """Two whole prompts (``reqs``: what ``admitted_to_decode`` counts)."""
     mode = SimpleNamespace(name="EXTEND", is_idle=lambda: False, is_draft_extend=lambda include_v2=False: False)
-    return SimpleNamespace(forward_mode=mode, batch_size=2, prompt=PROMPTS, seq_lens=SimpleNamespace(shape=(2,)))
+    reqs = [SimpleNamespace(origin_input_ids=[0] * n, output_ids=[], fill_ids=[0] * n) for n in (3, 2)]
+    return SimpleNamespace(forward_mode=mode, batch_size=2, prompt=PROMPTS, seq_lens=SimpleNamespace(shape=(2,)), reqs=reqs)
 
 
 def prefill_fallback(monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str = KV) -> tuple[DraftStack, v2.V2Fallback]:
@@ -2083,19 +2085,19 @@ def req(prompt: int, filled: int, output: int = 0, length_only: bool = False) ->
 
 
 @pytest.mark.parametrize(
-    ("reqs", "prefill_only", "admitted"),
+    ("reqs", "admitted"),
     [
-        ([req(5, 5), req(3, 3)], False, 2),
-        ([req(5, 5), req(9, 4)], False, 1),  # the second's prompt goes on in the next chunk
-        ([req(5, 5, length_only=True), req(9, 4, length_only=True)], False, 1),  # 0.5.13
-        ([req(5, 7, output=2), req(3, 3)], False, 2),  # a retracted request prefills its output too
-        ([req(5, 5), req(3, 3)], True, 0),  # scoring: never decodes
+        ([req(5, 5), req(3, 3)], 2),
+        ([req(5, 5), req(9, 4)], 1),  # the second's prompt goes on in the next chunk
+        ([req(5, 5, length_only=True), req(9, 4, length_only=True)], 1),  # 0.5.13
+        ([req(5, 7, output=2), req(3, 3)], 2),  # a retracted request prefills its output too
+        (None, 0),  # 0.5.4 - 0.5.5: no requests to read, so no switch at admission
     ],
-    ids=["whole-prompts", "a-chunk", "a-chunk-0.5.13", "retracted", "prefill-only"],
+    ids=["whole-prompts", "a-chunk", "a-chunk-0.5.13", "retracted", "no-reqs"],
 )
-def test_only_requests_that_will_decode_count_at_admission(reqs: list[Any], prefill_only: bool, admitted: int) -> None:
+def test_only_requests_that_will_decode_count_at_admission(reqs: list[Any] | None, admitted: int) -> None:
     batch = prefill_batch()
-    batch.reqs, batch.is_prefill_only = reqs, prefill_only
+    batch.reqs = reqs
     assert v2.admitted_to_decode(batch) == admitted
 
 
@@ -2155,9 +2157,9 @@ SCHEDULE_BATCH = "srt/managers/schedule_batch.py"
 @pytest.mark.releases
 @pytest.mark.parametrize("version", OWN_FALLBACK)
 def test_a_prefill_batch_carries_what_admitted_to_decode_reads(version: str) -> None:
-    """``admitted_to_decode`` reads ``reqs`` (and ``is_prefill_only``) of the worker batch and each
-    request's ``fill_ids``, ``origin_input_ids`` and ``output_ids``; where a release's batch had no
-    ``reqs`` it would count every row (``seq_lens``)."""
+    """``admitted_to_decode`` reads ``reqs`` of the worker batch and each request's ``fill_ids``
+    (0.5.13: ``fill_len``), ``origin_input_ids`` and ``output_ids``; where a release's batch has no
+    ``reqs`` (0.5.4 - 0.5.5) it counts none."""
     source = (releases.unpacked(version, [SCHEDULE_BATCH]) / "sglang" / SCHEDULE_BATCH).read_text()
     # 0.5.13 hands the prefill's ScheduleBatch itself to the draft extend
     worker_batch = class_def(source, "ModelWorkerBatch") or class_def(source, "ScheduleBatch")
@@ -2170,7 +2172,7 @@ def test_a_prefill_batch_carries_what_admitted_to_decode_reads(version: str) -> 
     if "reqs" in fields:
         assert {"self.origin_input_ids", "self.output_ids"} <= assigned, version
         assert {"self.fill_ids", "self.fill_len"} & assigned, version  # 0.5.13: only the length
-    assert "reqs" in fields or Version(version) < Version("0.5.10"), version  # where it is known to be
+    assert ("reqs" in fields) is (Version(version) >= Version("0.5.6")), version  # where it is known to be
 
 
 WORKER_V2 = "srt/speculative/eagle_worker_v2.py"

@@ -260,7 +260,10 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             results: list[tuple[int, Any]] = [(0, None)] * n
 
             def run(i: int) -> None:
-                results[i] = self.one(body["input_ids"][i], params[i], rids[i])
+                try:
+                    results[i] = self.one(body["input_ids"][i], params[i], rids[i])
+                except Exception as error:  # a thread's exception would otherwise leave no status
+                    results[i] = (500, {"error": repr(error)})
 
             threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
             for t in threads:
