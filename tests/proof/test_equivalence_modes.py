@@ -1,0 +1,91 @@
+"""Equivalence where SGLang's own two modes disagree (``run.matches_its_mode``).
+
+On real weights the verify's kernels and the decode's can round a near tie apart, so always-on may
+give another greedy output than base. There dynspec is held to the server of the mode it ran the
+level in; where always-on gave base's output, to base's.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from patcher.proof.client import LevelResult, Reply
+from patcher.proof.logscan import Transition
+from patcher.proof.run import Proof, matches_its_mode, outputs_differ
+
+BASE, OTHER, THIRD = [1, 2, 3], [1, 2, 4], [1, 5, 6]
+
+
+@pytest.mark.parametrize(
+    ("tokens", "always_on", "state", "matches"),
+    [
+        (BASE, BASE, "ON", True),
+        (OTHER, BASE, "ON", False),  # always-on gave base's: dynspec must too
+        (OTHER, None, "ON", False),  # no always-on to compare with
+        (OTHER, OTHER, "ON", True),  # speculating, it gave always-on's
+        (OTHER, OTHER, "OFF", False),  # falling back, it must give base's
+        (OTHER, OTHER, "OFF->ON", True),  # crossed: either
+        (THIRD, OTHER, "OFF->ON", False),  # neither
+        (THIRD, OTHER, "ON", False),
+        (BASE, OTHER, "ON", False),  # speculating, it gave base's where always-on differs
+        (BASE, OTHER, "OFF", True),
+    ],
+)
+def test_a_dynspec_output_is_judged_by_its_mode_where_the_modes_differ(tokens: list[int], always_on: list[int] | None, state: str, matches: bool) -> None:
+    assert matches_its_mode(tokens, BASE, always_on, state) is matches
+
+
+def level(outputs: dict[int, list[int]]) -> LevelResult:
+    return LevelResult(len(outputs), 3, 1.0, [Reply(i, 200, t, {}, 1.0) for i, t in outputs.items()])
+
+
+def judge(dynspec: dict[int, list[int]], switched_off: bool) -> dict:
+    """One level of two prompts at C = 16 (above a threshold of 8, or below one of 32): prompt 1 is
+    where always-on's output differs from base's."""
+    threshold = 8 if switched_off else 32
+    opts = SimpleNamespace(threshold=threshold, dynspec=SimpleNamespace(on_at_most=threshold), levels=[16], new_tokens=3)
+    runs = {
+        "base": [(level({0: BASE, 1: BASE}), [])],
+        "always_on": [(level({0: BASE, 1: OTHER}), [])],
+        "dynspec": [(level(dynspec), [Transition("OFF", 16, 1)] if switched_off else [])],
+    }
+    return Proof.judge_equivalence(SimpleNamespace(opts=opts, ramp_final_state="ON"), runs, ["base", "always_on", "dynspec"], "small", [])  # type: ignore[arg-type]
+
+
+def test_where_the_modes_differ_a_speculating_dynspec_is_held_to_always_on() -> None:
+    entry = judge({0: BASE, 1: OTHER}, switched_off=False)
+    assert entry["passed"] and entry["mismatch_count"] == 0
+    assert entry["modes_differ_count"] == 1 and entry["modes_differ"][0] == {"C": 16, "server": "always_on", "prompt": 1, "first_diff": 2}
+    assert entry["detail"].startswith("always-on differs from base in 1 output(s)")
+
+
+def test_where_the_modes_differ_a_level_that_crossed_may_match_either() -> None:
+    assert judge({0: BASE, 1: OTHER}, switched_off=True)["passed"]  # ON->OFF
+    assert judge({0: BASE, 1: BASE}, switched_off=True)["passed"]
+
+
+@pytest.mark.parametrize(
+    ("dynspec", "switched_off", "prompt"),
+    [
+        ({0: OTHER, 1: OTHER}, False, 0),  # prompt 0: always-on gave base's, dynspec did not
+        ({0: BASE, 1: BASE}, False, 1),  # speculating, it gave base's where always-on differs
+        ({0: BASE, 1: THIRD}, True, 1),  # crossed, and matches neither
+    ],
+    ids=["modes-agree", "wrong-mode", "neither"],
+)
+def test_the_negative_controls_fail(dynspec: dict[int, list[int]], switched_off: bool, prompt: int) -> None:
+    entry = judge(dynspec, switched_off)
+    assert not entry["passed"] and [m["prompt"] for m in entry["mismatches"]] == [prompt]
+    assert "differ from base" in entry["problems"][0]
+
+
+def test_on_real_weights_only_the_tested_server_and_full_must_give_the_same_outputs() -> None:
+    digests = {"kv": ["a"], "full": ["a"], "skip": ["b"], "never-off": ["c"]}
+    assert outputs_differ(digests, real=True) is None
+    assert outputs_differ(digests, real=False) == (
+        "greedy outputs of the load differ between the servers: {'kv': ['a'], 'full': ['a'], 'skip': ['b'], 'never-off': ['c']}"
+    )
+    # Negative control: the server under test apart from full fails on real weights too.
+    assert outputs_differ({**digests, "kv": ["d"]}, real=True) is not None
