@@ -227,8 +227,6 @@ def _generate(
     temperature: float,
     seed: int,
 ) -> list[Sample]:
-    eos = target.config.get("eos_token_id")
-    suppress = [int(eos)] if isinstance(eos, int) else []
     pad = int(target.config.get("pad_token_id") or 0)
     device = target.device
     store = torch.float16 if device.type == "cpu" else torch.bfloat16
@@ -243,7 +241,7 @@ def _generate(
         chunk = order[b : b + batch]
         rows = [prompts[i][1] for i, _ in chunk]
         tokens, aux, labels, width = _continue(
-            target, rows, [c == 0 for _, c in chunk], new_tokens, generator, temperature, suppress, pad, store
+            target, rows, [c == 0 for _, c in chunk], new_tokens, generator, temperature, pad, store
         )
         for row, (i, c) in enumerate(chunk):
             p = len(prompts[i][1])
@@ -264,7 +262,6 @@ def _continue(
     new_tokens: int,
     generator: torch.Generator,
     temperature: float,
-    suppress: Sequence[int],
     pad: int,
     store: torch.dtype,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
@@ -298,9 +295,9 @@ def _continue(
         aux[:, at : at + n] = torch.cat([out.hidden_states[layer + 1] for layer in target.aux_layers], -1).to(store)
         labels[:, at : at + n] = _argmax(lm_head, out.last_hidden_state)  # last_hidden_state is normed
         at += n
+        # EOS is generated where it is the argmax and the text goes on after it, as SGLang serves a
+        # request with ignore_eos (it skips only the finish check): the head trains on what it will see
         logits = lm_head(out.last_hidden_state[:, -1]).float()
-        if suppress:
-            logits[:, list(suppress)] = float("-inf")
         choice = logits.argmax(-1)
         if sample:
             drawn = torch.multinomial(torch.softmax(logits / temperature, -1), 1, generator=generator)[:, 0]
@@ -344,8 +341,6 @@ def generate_hf(
 def _generate_hf(
     target: Target, prompts: Sequence[tuple[str, list[int]]], new_tokens: int, batch: int, log: Callable[[str], None]
 ) -> list[Sample]:
-    eos = target.config.get("eos_token_id")
-    suppress = [int(eos)] if isinstance(eos, int) else []
     order = sorted(range(len(prompts)), key=lambda i: (len(prompts[i][1]), i))  # similar lengths pad less
     out: dict[int, Sample] = {}
     start = time.perf_counter()
@@ -363,9 +358,8 @@ def _generate_hf(
             input_ids=ids,
             attention_mask=mask,
             max_new_tokens=new_tokens,
-            min_new_tokens=new_tokens,
             do_sample=False,
-            suppress_tokens=suppress or None,
+            eos_token_id=None,  # never stop: past an EOS too, as SGLang with ignore_eos
             output_hidden_states=True,
             return_dict_in_generate=True,
             pad_token_id=pad,
@@ -836,6 +830,7 @@ def cached_samples(
 
     weights = sha256(target_dir / "model.safetensors")
     what: list[Any] = [weights, [[p.id, p.text if p.text is not None else p.ids] for p in chosen], new_tokens]
+    what.append("eos generated")  # (session 15) before, EOS was suppressed: those continuations are not reused
     if continuations > 1:
         what.append({"continuations": continuations, "temperature": recipe.temperature, "seed": recipe.seed, "batch": recipe.gen_batch})
     key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
