@@ -23,7 +23,8 @@ $BIN/dynspec real prompts "$cache/target" .gpu/real/prompts.json
 $BIN/dynspec real prompts "$cache/target" .gpu/real/train-prompts.json --split train
 rm -rf .gpu/real/head .gpu/real/wheel.part-*
 if [ "${REAL_HEAD:-gpu}" = cpu ]; then
-  [ -f "$cache/head/config.json" ] || $BIN/dynspec real train "$cache/target" "$cache/head"
+  # a head trained before the recipe said how it treats EOS (it was suppressed then) is trained again
+  grep -q '"eos": "generated"' "$cache/head/config.json" 2>/dev/null || { rm -rf "$cache/head"; $BIN/dynspec real train "$cache/target" "$cache/head"; }
   $BIN/dynspec real check "$cache/target" --head "$cache/head"
   cp -r "$cache/head" .gpu/real/head
 fi

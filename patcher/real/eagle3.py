@@ -67,6 +67,7 @@ class Recipe:
     device: str = "cpu"  # cpu: the target in float32; cuda: in bfloat16, as SGLang serves it
     continuations: int = 1  # per training prompt: the greedy one, then continuations - 1 sampled ones
     temperature: float = 0.8  # of the sampled continuations
+    eos: str = "generated"  # continuations run through EOS, as SGLang serves ignore_eos (until session 15: suppressed)
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)

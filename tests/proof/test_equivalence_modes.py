@@ -13,7 +13,7 @@ import pytest
 
 from patcher.proof.client import LevelResult, Reply
 from patcher.proof.logscan import Transition
-from patcher.proof.run import Proof, matches_its_mode, outputs_differ
+from patcher.proof.run import Proof, level_mode, matches_its_mode, outputs_differ
 
 BASE, OTHER, THIRD = [1, 2, 3], [1, 2, 4], [1, 5, 6]
 
@@ -41,15 +41,18 @@ def level(outputs: dict[int, list[int]]) -> LevelResult:
     return LevelResult(len(outputs), 3, 1.0, [Reply(i, 200, t, {}, 1.0) for i, t in outputs.items()])
 
 
-def judge(dynspec: dict[int, list[int]], switched_off: bool) -> dict:
+def judge(dynspec: dict[int, list[int]], switched_off: bool, *, real: bool = True, switch_at: int = 12) -> dict:
     """One level of two prompts at C = 16 (above a threshold of 8, or below one of 32): prompt 1 is
-    where always-on's output differs from base's."""
+    where always-on's output differs from base's. Speculation goes off at batch size ``switch_at``
+    (16: at the level's first decode; 12: within it, once requests finished)."""
     threshold = 8 if switched_off else 32
-    opts = SimpleNamespace(threshold=threshold, dynspec=SimpleNamespace(on_at_most=threshold), levels=[16], new_tokens=3)
+    opts = SimpleNamespace(
+        threshold=threshold, dynspec=SimpleNamespace(on_at_most=threshold), levels=[16], new_tokens=3, model_dir="real" if real else None
+    )
     runs = {
         "base": [(level({0: BASE, 1: BASE}), [])],
         "always_on": [(level({0: BASE, 1: OTHER}), [])],
-        "dynspec": [(level(dynspec), [Transition("OFF", 16, 1)] if switched_off else [])],
+        "dynspec": [(level(dynspec), [Transition("OFF", switch_at, 1)] if switched_off else [])],
     }
     return Proof.judge_equivalence(SimpleNamespace(opts=opts, ramp_final_state="ON"), runs, ["base", "always_on", "dynspec"], "small", [])  # type: ignore[arg-type]
 
@@ -57,12 +60,26 @@ def judge(dynspec: dict[int, list[int]], switched_off: bool) -> dict:
 def test_where_the_modes_differ_a_speculating_dynspec_is_held_to_always_on() -> None:
     entry = judge({0: BASE, 1: OTHER}, switched_off=False)
     assert entry["passed"] and entry["mismatch_count"] == 0
-    assert entry["modes_differ_count"] == 1 and entry["modes_differ"][0] == {"C": 16, "server": "always_on", "prompt": 1, "first_diff": 2}
-    assert entry["detail"].startswith("always-on differs from base in 1 output(s)")
+    assert entry["modes_differ_count"] == 1 and entry["modes_differ"][0] == {"C": 16, "prompt": 1, "first_diff": 2}
+    assert "always-on differs from base in 1 output(s)" in entry["detail"]
+
+
+def test_on_dummy_weights_always_on_must_give_bases_outputs() -> None:
+    """The rule is for real weights: dummy weights never showed SGLang's modes apart, so there an
+    always-on output other than base's fails, as does a dynspec that follows it."""
+    entry = judge({0: BASE, 1: OTHER}, switched_off=False, real=False)
+    assert not entry["passed"] and entry["modes_differ_count"] == 0
+    assert sorted((m["server"], m["prompt"]) for m in entry["mismatches"]) == [("always_on", 1), ("dynspec", 1)]
+
+
+def test_a_switch_at_the_levels_first_decode_judges_it_by_the_mode_after() -> None:
+    assert judge({0: BASE, 1: BASE}, switched_off=True, switch_at=16)["passed"]  # OFF: base's
+    entry = judge({0: BASE, 1: OTHER}, switched_off=True, switch_at=16)  # ON->OFF at once: not either
+    assert not entry["passed"] and entry["mismatches"][0]["against"] == "base"
 
 
 def test_where_the_modes_differ_a_level_that_crossed_may_match_either() -> None:
-    assert judge({0: BASE, 1: OTHER}, switched_off=True)["passed"]  # ON->OFF
+    assert judge({0: BASE, 1: OTHER}, switched_off=True)["passed"]  # ON->OFF within the level
     assert judge({0: BASE, 1: BASE}, switched_off=True)["passed"]
 
 
@@ -78,7 +95,7 @@ def test_where_the_modes_differ_a_level_that_crossed_may_match_either() -> None:
 def test_the_negative_controls_fail(dynspec: dict[int, list[int]], switched_off: bool, prompt: int) -> None:
     entry = judge(dynspec, switched_off)
     assert not entry["passed"] and [m["prompt"] for m in entry["mismatches"]] == [prompt]
-    assert "differ from base" in entry["problems"][0]
+    assert "output(s) differ from" in entry["problems"][0]
 
 
 def test_on_real_weights_only_the_tested_server_and_full_must_give_the_same_outputs() -> None:
@@ -89,3 +106,10 @@ def test_on_real_weights_only_the_tested_server_and_full_must_give_the_same_outp
     )
     # Negative control: the server under test apart from full fails on real weights too.
     assert outputs_differ({**digests, "kv": ["d"]}, real=True) is not None
+
+
+def test_a_levels_mode() -> None:
+    first_decode, within = [Transition("OFF", 16, 1)], [Transition("OFF", 12, 1)]
+    assert level_mode(first_decode, 16, "ON->OFF", "OFF") == "OFF"
+    assert level_mode(within, 16, "ON->OFF", "OFF") == "ON->OFF"  # the control
+    assert level_mode([], 16, "ON", "ON") == "ON"

@@ -30,6 +30,8 @@ def tiny_target(eos: int | None = None) -> Any:
     )  # fmt: skip
     model = transformers.LlamaForCausalLM(config)
     model.train(False)
+    if eos is not None:  # where transformers' generate would stop, unless told not to
+        model.config.eos_token_id = model.generation_config.eos_token_id = eos
     return eagle3.Target(model, {**config.to_dict(), "eos_token_id": eos}, eagle3.default_aux_layers(6))
 
 
@@ -75,9 +77,11 @@ def test_batched_generation_is_transformers_generate_one_prompt_at_a_time(
         assert same(a, b), a.id
         assert int(b.labels[-1]) == -1 and not b.aux[-1].any()  # the last token: never fed, never a label
     eos = eos_target.config["eos_token_id"]
-    # generated where it is the argmax, and the continuation goes on after it (SGLang's ignore_eos)
+    # generated where it is the argmax, and the continuation goes on after it (SGLang's ignore_eos),
+    # in transformers' generate too, whose generation config names that EOS
+    assert eos_target.model.generation_config.eos_token_id == eos
     assert any(eos in s.tokens[s.prompt_len : -1].tolist() for s in got)
-    assert all(s.tokens.shape[0] == s.prompt_len + NEW for s in got)
+    assert all(s.tokens.shape[0] == s.prompt_len + NEW for s in got + reference)
 
 
 def test_the_comparison_fails_when_padding_is_attended(
@@ -222,3 +226,13 @@ def test_a_build_from_prompt_files_with_sampled_continuations(tmp_path: Path, mo
     head_config = json.loads((tmp_path / "head" / "config.json").read_text())
     assert head_config["dynspec_recipe"]["continuations"] == 2 and head_config["dynspec_recipe"]["device"] == "cpu"
     heads.check_head(tmp_path / "head", {**config, "num_hidden_layers": 6})
+
+
+def test_the_eos_target_stops_transformers_generate_unless_told_not_to(eos_target: Any, reference: list[eagle3.Sample]) -> None:
+    """The negative control of the EOS test: the fixture's EOS does end a plain ``generate``."""
+    eos = eos_target.config["eos_token_id"]
+    sample = next(s for s in reference if eos in s.tokens[s.prompt_len : -1].tolist())
+    prompt = sample.tokens[: sample.prompt_len].view(1, -1)
+    with torch.no_grad():
+        plain = eos_target.model.generate(input_ids=prompt, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
+    assert plain.shape[1] < sample.prompt_len + NEW
