@@ -23,8 +23,16 @@ $BIN/dynspec real prompts "$cache/target" .gpu/real/prompts.json
 $BIN/dynspec real prompts "$cache/target" .gpu/real/train-prompts.json --split train
 rm -rf .gpu/real/head .gpu/real/wheel.part-*
 if [ "${REAL_HEAD:-gpu}" = cpu ]; then
-  # a head trained before the recipe said how it treats EOS (it was suppressed then) is trained again
-  grep -q '"eos": "generated"' "$cache/head/config.json" 2>/dev/null || { rm -rf "$cache/head"; $BIN/dynspec real train "$cache/target" "$cache/head"; }
+  # a head of another recipe's EOS rule (before session 15 it was suppressed) is trained again
+  $BIN/python - "$cache/head/config.json" <<'PY' || { rm -rf "$cache/head"; $BIN/dynspec real train "$cache/target" "$cache/head"; }
+import json, sys
+from patcher.real.eagle3 import Recipe
+try:
+    recipe = json.load(open(sys.argv[1])).get("dynspec_recipe", {})
+except OSError:
+    sys.exit(1)
+sys.exit(recipe.get("eos") != Recipe.eos)
+PY
   $BIN/dynspec real check "$cache/target" --head "$cache/head"
   cp -r "$cache/head" .gpu/real/head
 fi

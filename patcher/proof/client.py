@@ -12,7 +12,7 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -120,7 +120,7 @@ class Client:
         """
         body: dict[str, Any] = {
             "input_ids": self.prompt(index),
-            "sampling_params": {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True},
+            "sampling_params": greedy(new_tokens),
         }
         if rid is not None:
             body["rid"] = rid
@@ -150,9 +150,7 @@ class Client:
             return []
         body: dict[str, Any] = {
             "input_ids": [self.prompt(r.index) for r in requests],
-            "sampling_params": [
-                {"temperature": 0, "max_new_tokens": r.new_tokens, "ignore_eos": True} for r in requests
-            ],
+            "sampling_params": [greedy(r.new_tokens) for r in requests],
         }
         rids = [r.rid for r in requests]
         if any(rid is not None for rid in rids):
@@ -173,6 +171,11 @@ class Client:
             problem = f"HTTP 200 without {len(requests)} replies: {raw[:200]!r}"
             return [Reply(r.index, status, [], {}, seconds, problem) for r in requests]
         return [reply_of(r.index, r.new_tokens, status, d, seconds, raw) for r, d in zip(requests, data)]
+
+
+def greedy(new_tokens: int) -> dict[str, Any]:
+    """Sampling parameters of every proof request: greedy, exactly ``new_tokens`` of them."""
+    return {"temperature": 0, "max_new_tokens": new_tokens, "ignore_eos": True}
 
 
 def parse_json(raw: bytes) -> Any:
@@ -215,23 +218,43 @@ def run_requests(client: Client, requests: Sequence[Request], concurrency: int) 
     slot for the next request in order), and time them all. ``Request.delay`` holds a request
     back from the start that long. The result's ``concurrency`` is ``concurrency``; its
     ``new_tokens`` that of the first request."""
+    calls = [(r.delay, lambda r=r: [client.generate(r.index, r.new_tokens, r.rid)]) for r in requests]
+    replies, seconds = _timed(calls, min(concurrency, len(requests)), "proof-client")
+    return LevelResult(concurrency, requests[0].new_tokens if requests else 0, seconds, replies)
+
+
+def run_batches(client: Client, requests: Sequence[Request]) -> LevelResult:
+    """Send ``requests`` as one ``Client.generate_batch`` call per ``Request.delay`` (each held back
+    from the start that long), so each group is admitted together; time them all."""
+    groups: dict[float, list[Request]] = {}
+    for r in requests:
+        groups.setdefault(r.delay, []).append(r)
+    calls = [(delay, lambda g=group: client.generate_batch(g)) for delay, group in sorted(groups.items())]
+    replies, seconds = _timed(calls, len(calls), "proof-batch")
+    return LevelResult(len(requests), requests[0].new_tokens if requests else 0, seconds, replies)
+
+
+def _timed(calls: Sequence[tuple[float, Callable[[], list[Reply]]]], workers: int, name: str) -> tuple[list[Reply], float]:
+    """Run ``calls`` (each ``delay`` s after the start at the earliest) on ``workers`` threads, in
+    order as threads free up; their replies sorted by prompt, and the seconds from start to the
+    last. An interrupt does not wait for the calls in flight."""
     replies: list[Reply] = []
     lock = threading.Lock()
     go = threading.Event()
     start = 0.0
 
-    def one(request: Request) -> None:
+    def one(delay: float, call: Callable[[], list[Reply]]) -> None:
         go.wait()
-        wait = start + request.delay - time.perf_counter()
+        wait = start + delay - time.perf_counter()
         if wait > 0:
             time.sleep(wait)
-        reply = client.generate(request.index, request.new_tokens, request.rid)
+        got = call()
         with lock:
-            replies.append(reply)
+            replies.extend(got)
 
-    pool = ThreadPoolExecutor(max_workers=max(1, min(concurrency, len(requests))), thread_name_prefix="proof-client")
+    pool = ThreadPoolExecutor(max_workers=max(1, workers), thread_name_prefix=name)
     try:
-        futures = [pool.submit(one, r) for r in requests]
+        futures = [pool.submit(one, delay, call) for delay, call in calls]
         start = time.perf_counter()
         go.set()
         for f in futures:
@@ -243,45 +266,7 @@ def run_requests(client: Client, requests: Sequence[Request], concurrency: int) 
         raise
     pool.shutdown(wait=True)
     replies.sort(key=lambda r: r.index)
-    new_tokens = requests[0].new_tokens if requests else 0
-    return LevelResult(concurrency, new_tokens, seconds, replies)
-
-
-def run_batches(client: Client, requests: Sequence[Request]) -> LevelResult:
-    """Send ``requests`` as one ``Client.generate_batch`` call per ``Request.delay`` (each held back
-    from the start that long), so each group is admitted together; time them all."""
-    groups: dict[float, list[Request]] = {}
-    for r in requests:
-        groups.setdefault(r.delay, []).append(r)
-    replies: list[Reply] = []
-    lock = threading.Lock()
-    go = threading.Event()
-    start = 0.0
-
-    def one(delay: float, group: list[Request]) -> None:
-        go.wait()
-        wait = start + delay - time.perf_counter()
-        if wait > 0:
-            time.sleep(wait)
-        got = client.generate_batch(group)
-        with lock:
-            replies.extend(got)
-
-    pool = ThreadPoolExecutor(max_workers=max(1, len(groups)), thread_name_prefix="proof-batch")
-    try:
-        futures = [pool.submit(one, d, g) for d, g in sorted(groups.items())]
-        start = time.perf_counter()
-        go.set()
-        for f in futures:
-            f.result()
-        seconds = time.perf_counter() - start
-    except BaseException:  # an interrupt does not wait for the calls in flight
-        go.set()
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown(wait=True)
-    replies.sort(key=lambda r: r.index)
-    return LevelResult(len(requests), requests[0].new_tokens if requests else 0, seconds, replies)
+    return replies, seconds
 
 
 def measure_level(client: Client, indices: Sequence[int], new_tokens: int, *, warmup: bool, repeats: int) -> LevelResult:

@@ -240,19 +240,22 @@ def first_difference(tokens: Sequence[int], want: Sequence[int]) -> int:
     return next((k for k, (a, b) in enumerate(zip(tokens, want)) if a != b), min(len(tokens), len(want)))
 
 
-def matches_its_mode(tokens: list[int], base: list[int], always_on: list[int] | None, state: str) -> bool:
-    """Equivalence of one dynspec output. Where always-on gave base's output (or did not run), it
-    must be base's. Where SGLang's own two modes disagree (on real weights a near tie can round
-    apart in the verify's and the decode's kernels), it must be the output of the server of the
-    mode it ran the level in (``state``: ``ON``, ``OFF``, or both, e.g. ``OFF->ON``), and a level
-    that crossed may give either."""
-    if always_on is None or always_on == base:
-        return tokens == base
+def references(base: list[int], always_on: list[int] | None, state: str) -> list[tuple[str, list[int]]]:
+    """The outputs one dynspec output may equal, by server. Where always-on gave base's output (or
+    did not run): base's. Where SGLang's own two modes disagree (on real weights a near tie can
+    round apart in the verify's and the decode's kernels): the output of the server of the mode it
+    ran the level in (``state``: ``ON``, ``OFF``, or both, e.g. ``OFF->ON``), either for a level
+    that crossed."""
+    if always_on is None or always_on == base or state == "OFF":
+        return [("base", base)]
     if state == "ON":
-        return tokens == always_on
-    if state == "OFF":
-        return tokens == base
-    return tokens in (base, always_on)
+        return [("always_on", always_on)]
+    return [("always_on", always_on), ("base", base)]
+
+
+def matches_its_mode(tokens: list[int], base: list[int], always_on: list[int] | None, state: str) -> bool:
+    """Equivalence of one dynspec output (``references``)."""
+    return any(tokens == output for _, output in references(base, always_on, state))
 
 
 def level_mode(transitions: Sequence[Transition], c: int, happened: str, after: str) -> str:
@@ -838,13 +841,12 @@ class Proof:
                             if tokens != want:  # not dynspec's to answer for: reported
                                 modes_differ.append({"C": c, "prompt": prompt, "first_diff": first_difference(tokens, want)})
                             continue
-                        other = on.get(prompt)
-                        if not matches_its_mode(tokens, want, other, mode):
-                            against = want if other is None or other == want or mode == "OFF" else other
+                        allowed = references(want, on.get(prompt), mode)
+                        if tokens not in [output for _, output in allowed]:
+                            against, output = allowed[0]
                             mismatches.append(
-                                {"C": c, "server": col, "prompt": prompt, "first_diff": first_difference(tokens, against),
-                                 "against": "base" if against is want else "always_on"}
-                            )  # fmt: skip
+                                {"C": c, "server": col, "prompt": prompt, "first_diff": first_difference(tokens, output), "against": against}
+                            )
             row["identical"] = len({row[col] for col in columns if col in row}) == 1
             row["dynspec_state"] = " / ".join(row[k] for k in ("dynspec_state", "dynspec_after_ramp_state") if k in row)
             per_level.append(row)

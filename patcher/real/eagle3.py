@@ -831,7 +831,7 @@ def cached_samples(
 
     weights = sha256(target_dir / "model.safetensors")
     what: list[Any] = [weights, [[p.id, p.text if p.text is not None else p.ids] for p in chosen], new_tokens]
-    what.append("eos generated")  # (session 15) before, EOS was suppressed: those continuations are not reused
+    what.append({"eos": recipe.eos})  # until session 15 EOS was suppressed: those continuations are not reused
     if continuations > 1:
         what.append({"continuations": continuations, "temperature": recipe.temperature, "seed": recipe.seed, "batch": recipe.gen_batch})
     key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
