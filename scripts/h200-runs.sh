@@ -56,7 +56,7 @@
 #                  /tmp/real/head and makes it /tmp/real/model/draft; $OUT/real-train/ gets report.json (the
 #                  held-out acceptance), train.log and the head (config.json, model.safetensors). FLAGS go to
 #                  dynspec real train (e.g. --epochs 10)
-#   real-proof V P carry .gpu/kit-V-b.tar.xz .gpu/patched-V: equivalence and crossings on real weights (3 servers)
+#   real-proof V P carry .gpu/kit-V-b.tar.xz .gpu/patched-V (or nothing, after a call that unpacked V): equivalence and crossings on real weights (3 servers)
 #   real-accept V P (same warm machine) the acceptance check: the KV-only fallback, full, skip and a never-off
 #                  server on exact_kv's load with real prompts (4 servers); DYNSPEC_DRAFT_KV in the env picks the
 #                  fallback under test (default kv-direct). Both take PROOF_FLAGS="--parallel-starts 3" (or 4)
@@ -72,7 +72,10 @@ unpack_kit() {
   else need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site || return 1; fi
   cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
 # kit_for V: the kit this call carried (unpack_kit), else the one an earlier call left (need_kit).
-kit_for() { if [ -f ".gpu/kit-$1.tar.xz" ] || [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_kit "$1" || exit 3; else need_kit; fi; }
+# With no kit carried, a carried .gpu/patched-V still goes over the earlier kit.
+kit_for() {
+  if [ -f ".gpu/kit-$1.tar.xz" ] || [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_kit "$1" || exit 3
+  else need_kit; [ ! -d ".gpu/patched-$1" ] || { cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }; fi; }
 finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log $(ls *.jsonl 2>/dev/null) && rm -f *.log *.jsonl); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
 # timeout: a device call's limit is 600 s; a stopped run still leaves its partial report.json
 # EXPECT_READY=words: stop the proof (SIGTERM; it stops its servers) as soon as the dynspec server's
@@ -142,7 +145,7 @@ case $step in
   v1-tput) need_kit
     proof proof-v1-tput --path v1 --checks throughput --threshold 32 --no-overlap-base \
       --throughput-levels 1,4,16,32,64,128 --throughput-repeats 1 ;;
-  kv-proof) unpack_kit "$1" || exit 3
+  kv-proof) kit_for "$1"
     proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 \
       --checks "${KV_CHECKS:-equivalence,crossings,exact_kv}" ;;
   diag) kit_for "$1"
@@ -226,7 +229,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     rc=$?; grep -v "Loading weights" "$o/train.log" | tail -40; cat "$o/report.json"; echo "train rc=$rc"; [ $rc = 0 ] || exit $rc
     rm -rf /tmp/real/head && mv /tmp/real/head.new /tmp/real/head && python3 -m patcher real install-head /tmp/real/model /tmp/real/head \
       && cp /tmp/real/head/config.json /tmp/real/head/model.safetensors "$o/" && ls -la "$o" ;;
-  real-proof) unpack_kit "$1" || exit 3; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+  real-proof) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     proof "real-$1-$2" --path "$2" --model real --model-dir /tmp/real/model --checks equivalence,crossings \
       --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
   real-accept) need_kit; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
