@@ -196,6 +196,13 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     default=None,
     help="With --model real: a dir made by `dynspec real prepare` (target/, draft/, prompts.json, model.json).",
 )
+@click.option(
+    "--deterministic",
+    type=click.Choice(["auto", "on", "off"]),
+    default="auto",
+    show_default=True,
+    help="SGLang's --enable-deterministic-inference on every server. auto: with --model real, where the release has it.",
+)
 @click.option("--throughput", is_flag=True, help="Add the throughput check (3 more servers, simulated acceptance).")
 @click.option(
     "--throughput-levels",
@@ -378,6 +385,7 @@ def proof(
     checks: str,
     model: str,
     model_dir: Path | None,
+    deterministic: str,
     throughput: bool,
     throughput_levels: tuple[int, ...],
     throughput_new_tokens: int,
@@ -460,6 +468,7 @@ def proof(
         checks=chosen,
         model=model,
         model_dir=model_dir,
+        deterministic=deterministic,
         throughput_levels=throughput_levels,
         throughput_new_tokens=throughput_new_tokens,
         throughput_warmup=throughput_warmup,

@@ -23,6 +23,8 @@ FLAG_FIELD = "speculative_disable_batch_size"
 # Upstream's adaptive mode (0.5.17 has it): the ServerArgs field declaration, not any mention; a
 # patched older tree mentions ``speculative_adaptive`` in dynspec's own start-up check.
 ADAPTIVE_FIELD = re.compile(r"^\s*speculative_adaptive_config\s*:", re.M)
+# SGLang's batch-invariant mode: a request's greedy tokens then do not depend on what it is batched with
+DETERMINISTIC_FIELD = re.compile(r"^\s*enable_deterministic_inference\s*:", re.M)
 WORKERS = {"v1": "speculative/eagle_worker.py", "v2": "speculative/eagle_worker_v2.py"}
 FIND_SPEC = (
     "import importlib.util, json\n"
@@ -39,6 +41,7 @@ class SGLang:
     dynspec_applied: bool
     pythonpath: str | None  # what servers need on PYTHONPATH to import this package, if anything
     adaptive_supported: bool = False  # ServerArgs has --speculative-adaptive(-config)
+    deterministic_supported: bool = False  # ServerArgs has --enable-deterministic-inference (0.5.3+)
 
     def has_worker(self, path: str) -> bool:
         return (self.package / "srt" / WORKERS[path]).is_file()
@@ -117,6 +120,11 @@ def adaptive_supported(package: Path) -> bool:
     return any(ADAPTIVE_FIELD.search(text) for text in _server_args_texts(package))
 
 
+def deterministic_supported(package: Path) -> bool:
+    """True when ServerArgs declares ``enable_deterministic_inference`` (batch-invariant kernels)."""
+    return any(DETERMINISTIC_FIELD.search(text) for text in _server_args_texts(package))
+
+
 def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
     """Resolve ``--sglang``: ``auto`` (what ``python`` imports) or a path to put first on PYTHONPATH."""
     pythonpath = None
@@ -137,7 +145,10 @@ def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
         seen = find_spec_dir(python, {**env, "PYTHONPATH": f"{pythonpath}{os.pathsep}{old}" if old else pythonpath})
         if seen is None or seen.resolve() != package.resolve():
             raise ProofUsageError(f"--sglang {sglang}: {python} would import sglang from {seen}, not {package}")
-    return SGLang(package, read_version(package), dynspec_applied(package), pythonpath, adaptive_supported(package))
+    return SGLang(
+        package, read_version(package), dynspec_applied(package), pythonpath, adaptive_supported(package),
+        deterministic_supported(package),
+    )  # fmt: skip
 
 
 def gpu_name() -> str:

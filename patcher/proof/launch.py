@@ -86,6 +86,9 @@ def model_dirs(shape: str) -> tuple[Path, Path]:
     return MODELS / target, MODELS / draft
 
 
+# SGLang's batch-invariant kernels (0.5.3+): greedy tokens that do not depend on the batch
+DETERMINISTIC_FLAGS = ("--enable-deterministic-inference",)
+
 REAL_TARGET, REAL_DRAFT, REAL_PROMPTS, REAL_INFO = "target", "draft", "prompts.json", "model.json"
 
 

@@ -125,6 +125,11 @@ def summary(report: Report) -> str:
                 mark = "*" if row.get(c) and row.get("base") and d != row["base"] else " "
                 cells.append(f"{d + mark:<18}")
             lines.append(f"{row['C']:>5}  " + "  ".join(cells) + f"  {row.get('dynspec_state', '')}")
+        if "base_repeat" in eq:
+            again = "gave the same tokens" if eq.get("base_repeatable") else "gave other tokens: nothing can be held to base's"
+            lines.append(f"    base, asked again: {again} ({', '.join(d or '-' for d in eq['base_repeat'])})")
+        if "deterministic" in report:
+            lines.append(f"    deterministic inference: {'on' if report['deterministic'] else 'off'}")
 
     tp = report.get("throughput")
     if tp and tp.get("levels"):

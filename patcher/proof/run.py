@@ -105,6 +105,10 @@ class ProofOptions:
     acceptance_min_verifies: int = 50  # verifies after a switch back on, at least
     model: str = "dummy"  # "dummy" (config-only dirs of this package) or "real" (model_dir)
     model_dir: Path | None = None  # dynspec real prepare's output: target/, draft/, prompts.json, model.json
+    # SGLang's batch-invariant mode on every server: "auto" turns it on for --model real where the
+    # release has it. Without it, real weights round near ties by batch (session 16: dynspec at 48
+    # requests, off throughout, gave other tokens than base and than itself a minute later).
+    deterministic: str = "auto"
     tp: int | None = None
     port: int = 30000
     start_timeout: float = 600.0
@@ -170,6 +174,10 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
         raise ProofUsageError(f"--model {opts.model!r}: choose dummy or real")
     if (opts.model == "real") != (opts.model_dir is not None):
         raise ProofUsageError("--model real needs --model-dir (the output of `dynspec real prepare`), and only it")
+    if opts.deterministic not in ("auto", "on", "off"):
+        raise ProofUsageError(f"--deterministic {opts.deterministic!r}: choose auto, on or off")
+    if opts.deterministic == "on" and not sglang.deterministic_supported:
+        raise ProofUsageError(f"--deterministic on: SGLang {sglang.version} has no --enable-deterministic-inference")
     if opts.model == "real" and "exact_kv" in opts.checks:
         # its skip control accepts otherwise, so on real weights its outputs may round apart: the acceptance check covers it
         raise ProofUsageError("exact_kv runs on dummy weights; with --model real the acceptance check measures the same load")
@@ -238,6 +246,23 @@ def outputs_differ(digests: Mapping[str, Sequence[str]], real: bool) -> str | No
 
 def first_difference(tokens: Sequence[int], want: Sequence[int]) -> int:
     return next((k for k, (a, b) in enumerate(zip(tokens, want)) if a != b), min(len(tokens), len(want)))
+
+
+BASE_REPEAT = "base_repeat"  # base's second pass over the levels (real weights)
+
+
+def unrepeated(
+    levels: Sequence[int],
+    first: Sequence[tuple[LevelResult, list[Transition]]],
+    second: Sequence[tuple[LevelResult, list[Transition]]] | None,
+) -> list[tuple[int, int]]:
+    """(C, outputs that differ) for each level where base's second pass gave other tokens than its first."""
+    out = []
+    for c, (a, _), (b, _) in zip(levels, first, second or []):
+        count = sum(1 for prompt, tokens in b.outputs.items() if a.outputs.get(prompt, tokens) != tokens)
+        if count:
+            out.append((c, count))
+    return out
 
 
 def references(base: list[int], always_on: list[int] | None, state: str) -> list[tuple[str, list[int]]]:
@@ -317,6 +342,13 @@ class Proof:
 
     # -- running ------------------------------------------------------------------------------
 
+    @property
+    def deterministic(self) -> bool:
+        """Whether every server gets ``--enable-deterministic-inference`` (plan() has checked "on")."""
+        assert self.sglang is not None
+        wanted = self.opts.deterministic == "on" or (self.opts.deterministic == "auto" and self.opts.model_dir is not None)
+        return wanted and self.sglang.deterministic_supported
+
     def run(self) -> dict[str, Any]:
         opts = self.opts
         self.sglang = sglang = detect.locate(opts.sglang, opts.python, self.env)
@@ -338,6 +370,7 @@ class Proof:
             # the runtime's switches (DYNSPEC_ONE_TOKEN_ATTENTION, DYNSPEC_EARLY_FENCE), as the servers got them
             "dynspec_env": {k: v for k, v in sorted(self.env.items()) if k.startswith("DYNSPEC_")},
             "tp": opts.tp,
+            "deterministic": self.deterministic,
             "checks": checks,
             "skipped": skipped,
             "out": str(opts.out),
@@ -457,7 +490,7 @@ class Proof:
             path=opts.path,
             dynspec=plan.dynspec or opts.dynspec,
             tp=opts.tp,
-            extra=opts.extra_args,
+            extra=(*opts.extra_args, *(launch.DETERMINISTIC_FLAGS if self.deterministic else ())),
             adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
             real=opts.model_dir,
             shared_gpu_nccl_port=nccl_port,
@@ -611,6 +644,9 @@ class Proof:
                             continue
                         if equivalence:
                             runs[mode] = self.levels(server, opts.levels, opts.new_tokens, name, batched=True)
+                            if mode == "base" and opts.model_dir is not None:
+                                # the control of the comparison: real weights must give base's tokens twice
+                                runs[BASE_REPEAT] = self.levels(server, opts.levels, opts.new_tokens, "base repeat", batched=True)
                         if mode == "dynspec" and crossings:
                             self.crossings(server, cr)
                             if equivalence and self.flush_cache(server):
@@ -852,6 +888,15 @@ class Proof:
             per_level.append(row)
         if "base" not in runs and "base" in modes:
             problems.append("no base outputs to compare with")
+        repeat = unrepeated(opts.levels, runs.get("base", []), runs.get(BASE_REPEAT))
+        if repeat:
+            c, count = repeat[0]
+            problems.insert(
+                0,
+                f"base gave other tokens on a second pass ({count} output(s) at C={c}, {sum(n for _, n in repeat)} in all): "
+                f"its greedy outputs depend on the batch, so no server can be held to them "
+                f"(deterministic inference {'on' if self.deterministic else 'off'})",
+            )
         if mismatches:
             first = mismatches[0]
             problems.insert(
@@ -877,6 +922,11 @@ class Proof:
             "mismatch_count": len(mismatches),
             "modes_differ": modes_differ[:MAX_LISTED],
             "modes_differ_count": len(modes_differ),
+            **(
+                {"base_repeat": [r.digest for r, _ in runs[BASE_REPEAT]], "base_repeatable": not repeat}
+                if BASE_REPEAT in runs
+                else {}
+            ),
             "failures": failures[:MAX_LISTED],
             "problems": problems,
             "detail": detail,
@@ -1015,7 +1065,8 @@ class Proof:
             if low and not problems:
                 at, worst = low[0]
                 problems.append(f"R(C){against} below {opts.min_envelope_ratio:g} at C={at}: {worst}")
-            tp["detail"] = f"R(C){against} >= {opts.min_envelope_ratio:g} at all {len(levels)} levels" + (
+            reach = f"below {opts.min_envelope_ratio:g} at {len(low)} of" if low else f">= {opts.min_envelope_ratio:g} at all"
+            tp["detail"] = f"R(C){against} {reach} {len(levels)} levels" + (
                 f" (min {min(x for x in ratio if x is not None):.2f})" if any(x is not None for x in ratio) else ""
             )
         else:

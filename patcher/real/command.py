@@ -88,6 +88,8 @@ def check_command(target: Path, head: Path | None) -> None:
 @click.option("--gen-batch", type=int, default=None, help="Sequences generated at once.")
 @click.option("--batch-tokens", type=int, default=None, help="Positions per optimizer step.")
 @click.option("--epochs", type=int, default=None)
+@click.option("--lm-head", type=click.Choice(["target", "random"]), default=None,
+              help="Start lm_head and norm from the target's (default) or at random (the recipe before session 16).")
 @click.option("--eval-prompts", type=int, default=None, help="Held-out prompts measured (0: all).")
 @click.option("--eval-new-tokens", type=int, default=None, help="Tokens per held-out continuation measured.")
 @click.option("--threads", type=int, default=None)

@@ -45,6 +45,7 @@ from patcher.real import jsonfile
 from patcher.real.heads import check_head
 
 STEPS = 3  # --speculative-num-steps; drafts per round with topk 1
+LM_HEAD_INITS = ("target", "random")  # Recipe.lm_head
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,10 @@ class Recipe:
     continuations: int = 1  # per training prompt: the greedy one, then continuations - 1 sampled ones
     temperature: float = 0.8  # of the sampled continuations
     eos: str = "generated"  # continuations run through EOS, as SGLang serves ignore_eos (until session 15: suppressed)
+    # lm_head and norm start as the target's own (its output embedding's rows of the draft vocabulary, its
+    # final norm): the head then only learns to predict the target's last hidden state. "random" (until
+    # session 16) learns a 4096 x 576 lm_head from scratch, which overfit: held-out 1.71 against 2.69 trained.
+    lm_head: str = "target"
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
@@ -99,6 +104,8 @@ def check_recipe(recipe: Recipe, cuda_available: bool | None = None) -> None:
     ):  # fmt: skip
         if value < least:
             raise UsageError(f"{flag} {value}: at least {least}")
+    if recipe.lm_head not in LM_HEAD_INITS:
+        raise UsageError(f"--lm-head {recipe.lm_head}: one of {', '.join(LM_HEAD_INITS)}")
     if not (0.0 <= recipe.temperature <= 2.0):
         raise UsageError(f"--temperature {recipe.temperature}: between 0 and 2")
     if recipe.continuations > 1 and recipe.temperature == 0:
@@ -628,6 +635,8 @@ def train(
     head.d2t.copy_(hot - torch.arange(recipe.draft_vocab))
     head.t2d.zero_()
     head.t2d[hot] = True
+    if recipe.lm_head == "target":
+        start_from_target(head, target, hot)
     device = target.device
     head.to(device)
     to_draft = head.target_to_draft()
@@ -675,6 +684,18 @@ def train(
         history.append(row)
         log(f"  epoch {row['epoch']}: loss {row['loss']} accuracy {row['accuracy']} ({row['seconds']} s)")
     return head, config, {"epochs": history, "batches": len(batches), "positions": sum(int(s.tokens.shape[0]) for s in samples)}
+
+
+def start_from_target(head: Eagle3Head, target: Target, hot: torch.Tensor) -> None:
+    """The head's lm_head := the target's output rows of the draft vocabulary ``hot``, its norm := the
+    target's final norm (both float32 copies, trained further)."""
+    with torch.no_grad():
+        rows = target.model.get_output_embeddings().weight[hot.to(target.device)]
+        head.lm_head.weight.copy_(rows.float().cpu())
+        norm = getattr(target.model.get_decoder(), "norm", None)
+        if norm is None or tuple(norm.weight.shape) != tuple(head.norm.weight.shape):
+            raise ModelInvalid("the target has no final norm of its hidden size to start the head's norm from")
+        head.norm.weight.copy_(norm.weight.float().cpu())
 
 
 def chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> list[torch.Tensor]:

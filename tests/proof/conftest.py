@@ -30,6 +30,7 @@ def make_site(
     workers: tuple[str, ...] = ("v1", "v2"),
     version: str = "0.5.12",
     adaptive: bool = False,
+    deterministic: bool = True,
 ) -> Path:
     """A site dir holding a fake ``sglang`` package whose launch_server is fake_sglang."""
     pkg = root / "sglang"
@@ -40,6 +41,8 @@ def make_site(
     field = "    speculative_disable_batch_size: Optional[int] = None\n" if applied else ""
     if adaptive:
         field += "    speculative_adaptive: bool = False\n    speculative_adaptive_config: Optional[str] = None\n"
+    if deterministic:  # 0.5.3+
+        field += "    enable_deterministic_inference: bool = False\n"
     (pkg / "srt" / "server_args.py").write_text(
         f"class ServerArgs:\n    speculative_num_draft_tokens: Optional[int] = None\n{field}"
     )

@@ -141,6 +141,26 @@ def test_model_real_serves_the_dirs_weights_and_sends_its_prompts(site: Any, tmp
     assert Client("127.0.0.1", 1).prompt(0)[0] >= 100  # without real prompts: the synthetic ids
 
 
+def test_real_weights_run_every_server_deterministic_where_the_release_can(site: Any, tmp_path: Path) -> None:
+    model = real_dir(tmp_path / "model")
+    result = run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=model), lambda m: None)
+    assert result["deterministic"] and all("--enable-deterministic-inference" in s["argv"] for s in result["servers"])
+    older = run_proof(acceptance_options(site(deterministic=False), tmp_path / "out2", model="real", model_dir=model), lambda m: None)
+    assert not older["deterministic"] and not any("--enable-deterministic-inference" in s["argv"] for s in older["servers"])
+    # Negative controls: dummy weights leave it off unless asked; "on" where the release lacks it is refused.
+    dummy = run_proof(acceptance_options(site(), tmp_path / "out3"), lambda m: None)
+    assert not dummy["deterministic"] and not any("--enable-deterministic-inference" in s["argv"] for s in dummy["servers"])
+    asked = run_proof(acceptance_options(site(), tmp_path / "out4", deterministic="on"), lambda m: None)
+    assert all("--enable-deterministic-inference" in s["argv"] for s in asked["servers"])
+    import pytest
+
+    from patcher.proof.errors import ProofUsageError
+
+    with pytest.raises(ProofUsageError, match="--deterministic on: SGLang 0.5.12 has no --enable-deterministic-inference"):
+        run_proof(acceptance_options(site(deterministic=False), tmp_path / "out5", deterministic="on"), lambda m: None)
+    assert not (tmp_path / "out5").exists()
+
+
 def test_a_model_dir_that_prepare_did_not_make_is_a_usage_error(site: Any, tmp_path: Path) -> None:
     import pytest
 

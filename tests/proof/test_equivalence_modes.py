@@ -13,7 +13,8 @@ import pytest
 
 from patcher.proof.client import LevelResult, Reply
 from patcher.proof.logscan import Transition
-from patcher.proof.run import Proof, level_mode, matches_its_mode, outputs_differ
+from patcher.proof.report import summary
+from patcher.proof.run import BASE_REPEAT, Proof, level_mode, matches_its_mode, outputs_differ
 
 BASE, OTHER, THIRD = [1, 2, 3], [1, 2, 4], [1, 5, 6]
 
@@ -41,7 +42,9 @@ def level(outputs: dict[int, list[int]]) -> LevelResult:
     return LevelResult(len(outputs), 3, 1.0, [Reply(i, 200, t, {}, 1.0) for i, t in outputs.items()])
 
 
-def judge(dynspec: dict[int, list[int]], switched_off: bool, *, real: bool = True, switch_at: int = 12) -> dict:
+def judge(
+    dynspec: dict[int, list[int]], switched_off: bool, *, real: bool = True, switch_at: int = 12, base_repeat: dict[int, list[int]] | None = None
+) -> dict:
     """One level of two prompts at C = 16 (above a threshold of 8, or below one of 32): prompt 1 is
     where always-on's output differs from base's. Speculation goes off at batch size ``switch_at``
     (16: at the level's first decode; 12: within it, once requests finished)."""
@@ -54,7 +57,10 @@ def judge(dynspec: dict[int, list[int]], switched_off: bool, *, real: bool = Tru
         "always_on": [(level({0: BASE, 1: OTHER}), [])],
         "dynspec": [(level(dynspec), [Transition("OFF", switch_at, 1)] if switched_off else [])],
     }
-    return Proof.judge_equivalence(SimpleNamespace(opts=opts, ramp_final_state="ON"), runs, ["base", "always_on", "dynspec"], "small", [])  # type: ignore[arg-type]
+    if base_repeat is not None:
+        runs[BASE_REPEAT] = [(level(base_repeat), [])]
+    me = SimpleNamespace(opts=opts, ramp_final_state="ON", deterministic=True)
+    return Proof.judge_equivalence(me, runs, ["base", "always_on", "dynspec"], "small", [])  # type: ignore[arg-type]
 
 
 def test_where_the_modes_differ_a_speculating_dynspec_is_held_to_always_on() -> None:
@@ -113,3 +119,21 @@ def test_a_levels_mode() -> None:
     assert level_mode(first_decode, 16, "ON->OFF", "OFF") == "OFF"
     assert level_mode(within, 16, "ON->OFF", "OFF") == "ON->OFF"  # the control
     assert level_mode([], 16, "ON", "ON") == "ON"
+
+
+def test_a_base_that_repeats_itself_leaves_the_verdict_to_dynspec() -> None:
+    entry = judge({0: BASE, 1: OTHER}, switched_off=False, base_repeat={0: BASE, 1: BASE})
+    assert entry["passed"] and entry["base_repeatable"] and len(entry["base_repeat"]) == 1
+
+
+def test_a_base_that_does_not_repeat_itself_fails_the_comparison() -> None:
+    """Session 16 on real weights without deterministic inference: dynspec, off throughout a level
+    of 48, gave other tokens than base, and than itself a minute later. Base's second pass is the
+    control that says whether anything can be held to base's tokens."""
+    entry = judge({0: BASE, 1: OTHER}, switched_off=False, base_repeat={0: BASE, 1: THIRD})
+    assert not entry["passed"] and entry["base_repeatable"] is False
+    assert entry["problems"][0].startswith("base gave other tokens on a second pass (1 output(s) at C=16, 1 in all)")
+    assert "(deterministic inference on)" in entry["problems"][0]
+    assert "base_repeat" not in judge({0: BASE, 1: OTHER}, switched_off=False)  # dummy runs: no second pass
+    text = summary({"equivalence": {**entry, "per_level": [{"C": 16}]}, "deterministic": True})
+    assert "base, asked again: gave other tokens" in text and "deterministic inference: on" in text

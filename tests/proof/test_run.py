@@ -319,6 +319,13 @@ def test_a_v2_run_with_the_non_overlap_base_is_still_judged_against_the_overlap_
     assert "base_no_overlap" in tp
 
 
+def test_a_throughput_miss_says_so_in_its_detail(site, tmp_path):
+    """Session 16's report said 'R(C) >= 0.97 at all 3 levels (min 0.94)' beside its failure."""
+    opts = options(site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=100.0)
+    tp = run_proof(opts, lambda m: None)["throughput"]
+    assert not tp["passed"] and tp["detail"].startswith("R(C) below 100 at 2 of 2 levels (min ")
+
+
 # -- --parallel-starts: a group of servers starts at once, each is measured alone ----------------
 
 
