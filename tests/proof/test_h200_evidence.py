@@ -1016,3 +1016,114 @@ def test_session_15_the_stopped_v1_call_read_the_negative_controls_ready_line() 
     assert "negative control" in ready["dynspec-skip"][-1] and "replayed directly" not in ready["dynspec-skip"][-1]
     script = (Path(__file__).resolve().parents[2] / "scripts" / "h200-runs.sh").read_text()
     assert '"$1"/dynspec.log "$1"/dynspec-sim.log' in script and '"$1"/dynspec*.log' not in script
+
+
+# -- session 16: r16 / r23 (the KV-only prefill by default), waves in one call, first real weights --
+
+S16_V2 = PROOF / "0.5.12-v2-s16-r23-proof"
+S16_V1 = PROOF / "0.5.12-v1-s16-r23-proof-bits"
+S16_TPUT = PROOF / "0.5.12-v2-s16-r23-tput"
+S16_REAL = PROOF / "real-0.5.12-v2-s16-r23-proof"
+S16_ACCEPT = PROOF / "real-0.5.12-v2-s16-r23-accept"
+S16_HEAD = PROOF / "real-s16-head-train"
+S16_REVISIONS = {"speculative_dynspec_runtime": 16, "speculative_dynspec_v2": 23}
+
+
+def s16_report(evidence: Path) -> dict:
+    report = json.loads((evidence / "report.json").read_text())
+    assert report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}  # r22's KV-only prefill with no setting
+    assert {k: report["dynspec_revisions"][k] for k in S16_REVISIONS} == S16_REVISIONS
+    return report
+
+
+def test_session_16_r23s_defaults_keep_outputs_and_the_draft_kv_exact_on_v2() -> None:
+    """r23 with no DYNSPEC_PREFILL_KV: the KV-only prefill is the default and admission switches off
+    first (3416 of 3479 prefills while off); 1902 proposals equal the full extend's (control 58)."""
+    report = s16_report(S16_V2)
+    _, files, counts = passed_kv_proof(S16_V2)
+    assert counts == {"compared_requests": 28, "compared_steps": 1902, "control_differs": True}
+    assert report["exact_kv"]["control_mismatches"] == 58
+    assert "a prefill's draft extend writes only the draft KV" in files["dynspec.log"]
+    assert prefills_by_state(files["dynspec.log"]) == {"ON": 63, "OFF": 3416}
+
+
+def test_session_16_waves_sent_in_one_call_are_prefilled_alike_and_v1s_proposals_are_exact() -> None:
+    """Session 15's v1 failure came from the same waves prefilled in other groups (1 + 15 against
+    2 + 14). With each wave one /generate call, every server prefills 16, 16, 2, 16, 2, ... and all
+    1896 proposals equal the full extend's; the bits stay exact (0 of 109044 rows; control 89870)."""
+    report = s16_report(S16_V1)
+    _, files, counts = passed_kv_proof(S16_V1)
+    assert counts == {"compared_requests": 28, "compared_steps": 1896, "control_differs": True}
+    bits = report["exact_kv"]["bits"]
+    assert bits["passed"] and (bits["rows"], bits["rows_differing"], bits["control_rows_differing"]) == (109044, 0, 89870)
+    sizes = {name: prefill_sizes(files[f"{name}.log"]) for name in ("dynspec", "dynspec-full", "dynspec-skip")}
+    assert sizes["dynspec"] == sizes["dynspec-full"] == sizes["dynspec-skip"] == [16, 16, 2, 16, 2, 16, 2, 16, 2]
+    # Negative control: session 15's servers did not prefill alike.
+    _, old = kv_proof_recordings(S15_V1)
+    assert prefill_sizes(old["dynspec.log"]) != prefill_sizes(old["dynspec-full.log"])
+
+
+def test_session_16_r23s_throughput_and_mixed_load_at_three_levels() -> None:
+    """kv-tput with TPUT_LEVELS=16,64,128 (warm machine, after the real-weight calls): R(C) 1.03 /
+    0.94 / 0.99, per step 0.971 at 64 (45 pairs) as in session 15, 0.988 at 128; mixed_load 10.62 s
+    = 1.035x the oracle: FAIL by 0.5 %, where session 15 measured 1.006 with the same code path
+    (DYNSPEC_PREFILL_KV=1 then): the run-to-run spread of the mixed load is as large as the margin."""
+    report = s16_report(S16_TPUT)
+    tput, mixed = report["throughput"], report["mixed_load"]
+    assert tput["levels"] == [16, 64, 128] and [round(r, 2) for r in tput["envelope_ratio"]] == [1.03, 0.94, 0.99]
+    assert not tput["passed"] and tput["problems"] == ["R(C) below 0.97 at C=64: 0.9421"]
+    logs = members(S16_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    assert tput["per_step"] == ratios
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.971, 45), "128": (0.988, 33)}
+    assert mixed["seconds"] == {k: sorted(v)[1] for k, v in mixed["samples"].items()}
+    assert mixed["seconds"] == {"base": 13.287, "always_on": 11.782, "dynspec": 10.621}
+    assert not mixed["passed"] and mixed["dynspec_over_oracle"] == 1.0352
+    assert mixed["seconds"]["dynspec"] < min(mixed["seconds"]["base"], mixed["seconds"]["always_on"])
+    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+
+
+def test_session_16_real_weights_without_deterministic_inference_round_apart_by_batch() -> None:
+    """The first real-weight equivalence (SmolLM2-135M + the GPU-trained head, no deterministic
+    inference): identical at C = 1; always-on differs from base in 2 of 4 outputs at C = 4 and in
+    most at 48; dynspec, off throughout the 48-request level, differs from base in 25 of 48 and
+    from itself a minute later (after the ramp). Batch-dependent rounding, not dynspec's draft KV:
+    the proof now runs real weights with SGLang's --enable-deterministic-inference and asks base twice."""
+    report = json.loads((S16_REAL / "report.json").read_text())
+    assert report["model"].startswith("SmolLM2-135M-Instruct") and "deterministic" not in report
+    eq = report["equivalence"]
+    assert not eq["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] == 100
+    rows = {row["C"]: row for row in eq["per_level"]}
+    assert rows[1]["identical"] and rows[1]["base"] == rows[1]["dynspec"] == rows[1]["always_on"]
+    assert rows[48]["dynspec_state"] == "OFF / OFF" and rows[48]["dynspec"] != rows[48]["dynspec_after_ramp"]
+    assert rows[48]["dynspec"] != rows[48]["base"]
+    at_48 = [m for m in eq["mismatches"] if m["C"] == 48 and m["server"] == "dynspec"]
+    assert len(at_48) == 25 and all(m["against"] == "base" for m in at_48)
+    assert sum(1 for m in eq["modes_differ"] if m["C"] == 4) == 2
+    assert "base_repeat" not in eq  # the control came after this run
+
+
+def test_session_16_the_gpu_head_accepts_1_71_held_out_and_overfits() -> None:
+    """real-train on the H200 (CUDA recipe: 590 prompts x 4 continuations of 256 tokens, 8 epochs,
+    lm_head from scratch): 1.708 on the 115 held-out prompts (code 2.05, writing 1.66), 2.689 on
+    training prompts: below the issue's 1.8, and overfit. Generation 92.5 s, training 33.0 s."""
+    report = json.loads((S16_HEAD / "report.json").read_text())
+    acc = report["acceptance"]
+    assert (acc["accept_length"], acc["train_accept_length"], acc["prompts"]) == (1.708, 2.689, 115)
+    assert acc["by_set"] == {"humaneval": 2.051, "writingbench": 1.66}
+    assert acc["accept_length"] < 1.8  # the issue's bar: not met
+    assert "lm_head" not in report["recipe"]  # the recipe before lm_head started from the target's
+    assert report["timings_s"]["train"] == 33.0 and report["training"]["positions"] == 975572
+
+
+def test_session_16_acceptance_on_real_weights_the_control_did_not_drop() -> None:
+    """The acceptance check ran (4 servers, --parallel-starts 4): resumed 1.715 against always-on's
+    1.713 (1.001x), full 1.692, the skip control 1.700 = 0.993x: a stale draft KV cost this head and
+    load under 1 %, so the check cannot tell a stale KV from an exact one and fails, as it must.
+    Its greedy outputs also differed between kv and full (no deterministic inference)."""
+    acc = json.loads((S16_ACCEPT / "report.json").read_text())["acceptance"]
+    assert not acc["passed"]
+    assert (acc["always_on"], acc["dynspec_resumed"], acc["full_resumed"], acc["skip_resumed"]) == (1.7129, 1.715, 1.6924, 1.7003)
+    assert acc["skip_over_always_on"] == 0.9926 and acc["requests"] == 16
+    assert acc["problems"][1].endswith("no drop, so this load cannot see a stale draft KV")
+    assert acc["digests"]["kv"][1:] != acc["digests"]["full"][1:] and acc["digests"]["kv"][0] == acc["digests"]["full"][0]
