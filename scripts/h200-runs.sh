@@ -233,6 +233,8 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     proof "real-$1-$2" --path "$2" --model real --model-dir /tmp/real/model --checks equivalence,crossings \
       --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
   real-accept) need_kit; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
-    proof "real-$1-$2-accept" --path "$2" --model real --model-dir /tmp/real/model --checks acceptance --threshold 8 ;;
+    # spans off of ~256 tokens (session 16's 64 cost the skip control under 1 %), 5 waves
+    proof "real-$1-$2-accept" --path "$2" --model real --model-dir /tmp/real/model --checks acceptance --threshold 8 \
+      --exact-kv-tokens 384 256 --exact-kv-cycles 5 ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac

@@ -288,6 +288,14 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     help="exact_kv: waves that take long requests through a fallback span and back.",
 )
 @click.option(
+    "--exact-kv-tokens",
+    type=(click.IntRange(2), click.IntRange(1)),
+    default=(DEFAULTS.exact_kv_long_tokens, DEFAULTS.exact_kv_short_tokens),
+    show_default=True,
+    help="exact_kv and acceptance: new tokens of the long requests and of the short ones. The long ones fall "
+    "back while the short ones run, so LONG SHORT = 384 256 makes a span off of ~256 tokens and ~128 after it.",
+)
+@click.option(
     "--exact-kv-bits",
     is_flag=True,
     help="exact_kv, v1 with kv-direct: the full-extend server also writes each fallback iteration's draft KV "
@@ -402,6 +410,7 @@ def proof(
     ramp_max_waves: int,
     ramp_timeout: float,
     exact_kv_cycles: int,
+    exact_kv_tokens: tuple[int, int],
     exact_kv_bits: bool,
     exact_kv_bits_on: str,
     mixed_phases: tuple[int, ...],
@@ -485,6 +494,8 @@ def proof(
         ramp_max_waves=ramp_max_waves,
         ramp_timeout=ramp_timeout,
         exact_kv_cycles=exact_kv_cycles,
+        exact_kv_long_tokens=exact_kv_tokens[0],
+        exact_kv_short_tokens=exact_kv_tokens[1],
         exact_kv_bits=exact_kv_bits,
         exact_kv_bits_on=exact_kv_bits_on,
         mixed_phases=mixed_phases,

@@ -181,6 +181,11 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
     if opts.model == "real" and "exact_kv" in opts.checks:
         # its skip control accepts otherwise, so on real weights its outputs may round apart: the acceptance check covers it
         raise ProofUsageError("exact_kv runs on dummy weights; with --model real the acceptance check measures the same load")
+    if opts.exact_kv_short_tokens >= opts.exact_kv_long_tokens:
+        raise ProofUsageError(
+            f"--exact-kv-tokens {opts.exact_kv_long_tokens} {opts.exact_kv_short_tokens}: the long requests must "
+            "outlive the short ones, or none speculates again after its span off"
+        )
     for name, values in (("--levels", opts.levels), ("--throughput-levels", opts.throughput_levels)):
         if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
             raise ProofUsageError(f"{name} needs distinct positive integers, got {values}")

@@ -486,12 +486,19 @@ class Eagle3Head(nn.Module):
         return table
 
     def unroll(
-        self, embeds: Callable[[int, torch.Tensor | None], torch.Tensor], aux: torch.Tensor, valid: torch.Tensor, steps: int
+        self,
+        embeds: Callable[[int, torch.Tensor | None], torch.Tensor],
+        aux: torch.Tensor,
+        valid: torch.Tensor,
+        steps: int,
+        stale: torch.Tensor | None = None,
     ) -> list[torch.Tensor]:
         """The draft logits of ``steps`` chained steps at every position at once.
 
         ``embeds(k, previous_logits)`` gives step k's input embeddings [B, N, H]; ``aux`` [B, N, 3H]
-        the target features; ``valid`` [B, N] marks real positions (right padding).
+        the target features; ``valid`` [B, N] marks real positions (right padding); ``stale`` [B, N]
+        positions whose draft K/V were never written (zero, as a fresh KV pool holds): what a
+        fallback that skips the draft extend leaves behind.
         """
         layer, attn = self.midlayer, self.midlayer.self_attn
         batch, n, _ = aux.shape
@@ -510,6 +517,9 @@ class Eagle3Head(nn.Module):
             key = attn.k_proj(x).view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2)
             value = attn.v_proj(x).view(batch, n, self.kv_heads, self.head_dim).transpose(1, 2)
             q, key = rope(q, positions + k, self.theta), rope(key, positions + k, self.theta)
+            if stale is not None and k == 0:
+                key = key.masked_fill(stale[:, None, :, None], 0.0)
+                value = value.masked_fill(stale[:, None, :, None], 0.0)
             keys.append(_repeat_heads(key, group))
             values.append(_repeat_heads(value, group))
             scale = 1.0 / math.sqrt(self.head_dim)
@@ -698,16 +708,23 @@ def start_from_target(head: Eagle3Head, target: Target, hot: torch.Tensor) -> No
         head.norm.weight.copy_(norm.weight.float().cpu())
 
 
-def chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> list[torch.Tensor]:
-    """[n, STEPS] target-vocabulary drafts of the round whose extend ends at each position."""
+def chain_drafts(
+    head: Eagle3Head, target: Target, samples: Sequence[Sample], stale_span: int = 0
+) -> list[torch.Tensor]:
+    """[n, STEPS] target-vocabulary drafts of the round whose extend ends at each position; with
+    ``stale_span``, as drafted over a draft KV missing the continuation's first ``stale_span`` positions."""
     with torch.no_grad():
-        return _chain_drafts(head, target, samples)
+        return _chain_drafts(head, target, samples, stale_span)
 
 
-def _chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> list[torch.Tensor]:
+def _chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample], stale_span: int) -> list[torch.Tensor]:
     out = []
     for s in samples:
         tokens, aux, _, valid = collate([s], target.device)
+        stale = None
+        if stale_span:
+            stale = torch.zeros_like(valid)
+            stale[:, s.prompt_len : s.prompt_len + stale_span] = True
 
         def embeds(k: int, previous: torch.Tensor | None, tokens: torch.Tensor = tokens) -> torch.Tensor:
             if k == 0:
@@ -715,13 +732,14 @@ def _chain_drafts(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -
             assert previous is not None
             return target.embed(head.draft_to_target(previous.argmax(-1)))  # the chain feeds its own draft
 
-        logits = head.unroll(embeds, aux, valid, STEPS)
+        logits = head.unroll(embeds, aux, valid, STEPS, stale)
         out.append(torch.stack([head.draft_to_target(lk.argmax(-1))[0] for lk in logits], -1).cpu())
     return out
 
 
 def accept_walk(tokens: torch.Tensor, drafts: torch.Tensor, prompt_len: int) -> tuple[int, int]:
-    """(tokens advanced, verify rounds) of greedy chain speculation over the continuation."""
+    """(tokens advanced, verify rounds) of greedy chain speculation over the continuation from
+    ``prompt_len`` (where speculation starts: after the prompt, or after a span off)."""
     n = int(tokens.shape[0])
     t, advanced, rounds = prompt_len, 0, 0  # tokens[prompt_len] came from the prefill
     while t + STEPS < n:
@@ -753,6 +771,32 @@ def acceptance(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> d
         "steps": STEPS,
         "topk": 1,
     }
+
+
+STALE_SPANS = (32, 64, 96)  # continuation tokens decoded while off, before speculation resumes
+
+
+def stale_kv_cost(head: Eagle3Head, target: Target, samples: Sequence[Sample], spans: Sequence[int] = STALE_SPANS) -> dict[str, Any]:
+    """What a draft KV left stale by a span off costs this head, offline: per span, the acceptance
+    from the span's end on with the span's draft K/V zero (skip's control) and with them exact.
+    The acceptance check's skip control can only fail a load whose spans cost more than its margin."""
+    out: dict[str, Any] = {}
+    exact = chain_drafts(head, target, samples)
+    for span in spans:
+        kept = [(i, s) for i, s in enumerate(samples) if int(s.tokens.shape[0]) - s.prompt_len > span + 2 * STEPS]
+        if not kept:
+            continue
+        stale = chain_drafts(head, target, [s for _, s in kept], span)
+        walks = {"exact": [0, 0], "stale": [0, 0]}
+        for (i, s), d in zip(kept, stale):
+            for name, drafts in (("exact", exact[i]), ("stale", d)):
+                advanced, rounds = accept_walk(s.tokens.cpu(), drafts, s.prompt_len + span)
+                walks[name][0] += advanced
+                walks[name][1] += rounds
+        lengths = {name: round(a / max(1, r), 3) for name, (a, r) in walks.items()}
+        out[str(span)] = {**lengths, "ratio": round(lengths["stale"] / lengths["exact"], 4) if lengths["exact"] else None,
+                          "prompts": len(kept), "rounds": walks["exact"][1]}  # fmt: skip
+    return out
 
 
 def save(head: Eagle3Head, config: dict[str, Any], out: Path, extra: dict[str, Any] | None = None) -> None:
@@ -924,6 +968,7 @@ def build(
     measured = acceptance(head, target, eval_samples)
     greedy_train = [s for s in train_samples if s.greedy][: len(eval_samples)]
     measured["train_accept_length"] = acceptance(head, target, greedy_train)["accept_length"]
+    measured["stale_kv"] = stale_kv_cost(head, target, eval_samples)
     timings["measure"] = time.perf_counter() - clock - sum(timings.values())
     if recipe.device == "cuda":
         training["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)

@@ -65,6 +65,8 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
         (["--checks", "mixed_load", "--mixed-phases", "1,4"], "--mixed-phases 1,4 must have a phase <= 32 and one > 32"),
         (["--mixed-phases", "1,x"], "not a comma-separated list"),
         (["--exact-kv-cycles", "0"], "0 is not in the range x>=1"),
+        (["--exact-kv-tokens", "64", "64"], "--exact-kv-tokens 64 64: the long requests must outlive the short ones"),
+        (["--deterministic", "maybe"], "'maybe' is not one of"),
         (["--checks", "mixed_load", "--parallel-starts", "4"], "--parallel-starts 4: throughput and mixed_load"),
         (["--parallel-starts", "2", "--tp", "2"], "--parallel-starts needs --tp 1"),
         (["--parallel-starts", "9"], "9 is not in the range 1<=x<=8"),
@@ -100,6 +102,10 @@ def test_the_exact_kv_and_mixed_load_options_reach_the_proof(tmp_path, monkeypat
     opts = seen[1]
     assert opts.checks == ("exact_kv", "mixed_load")
     assert (opts.exact_kv_cycles, opts.exact_kv_load.cycles) == (5, 5)
+    assert (opts.exact_kv_load.long_tokens, opts.exact_kv_load.short_tokens) == (128, 64)
+    assert CliRunner().invoke(proof, [*args, "--exact-kv-tokens", "384", "256"]).exit_code == 0
+    load = seen.pop().exact_kv_load
+    assert (load.long_tokens, load.short_tokens) == (384, 256)
     assert opts.mixed_schedule == mixed.Schedule((1, 64, 1), opts.mixed_per_phase, 16) and opts.mixed_repeats == 2
     assert opts.mixed_variants == ()
     args += ["--mixed-variant", "prefill-kv:DYNSPEC_PREFILL_KV=1+DYNSPEC_DRAFT_KV=kv-direct", "--mixed-variant", "b:X="]

@@ -203,3 +203,53 @@ def test_the_parallel_unroll_is_the_chain_decoded_step_by_step() -> None:
                 logits = head.lm_head(head.norm(h))
                 assert torch.allclose(logits, parallel[step][:, i], atol=1e-4), (i, step)
                 e = embed(logits.argmax(-1))
+
+
+def test_the_head_starts_from_the_targets_lm_head_and_norm() -> None:
+    """Recipe.lm_head "target": before any step, the head's lm_head rows are the target's output rows
+    of the draft vocabulary and its norm the target's final norm; "random" (the control) is not."""
+    torch = pytest.importorskip("torch", reason="the [real] extra")
+    pytest.importorskip("transformers", reason="the [real] extra")
+    from patcher.errors import UsageError
+    from patcher.real import eagle3
+    from tests.real.test_generate import tiny_target
+
+    target = tiny_target()
+    with torch.no_grad():
+        target.model.get_decoder().norm.weight.mul_(1.5)  # not the ones a fresh norm starts from
+    recipe = eagle3.Recipe(draft_vocab=64, intermediate=48, epochs=1)
+    config = eagle3.head_config(target.config, recipe, target.aux_layers)
+    hot = torch.arange(100, 164)
+    head = eagle3.Eagle3Head(config, 300)
+    eagle3.start_from_target(head, target, hot)
+    assert torch.equal(head.lm_head.weight, target.model.get_output_embeddings().weight[hot])
+    assert torch.equal(head.norm.weight, target.model.get_decoder().norm.weight)
+    fresh = eagle3.Eagle3Head(config, 300)
+    assert not torch.equal(fresh.lm_head.weight, head.lm_head.weight) and not torch.equal(fresh.norm.weight, head.norm.weight)
+    with pytest.raises(UsageError, match="--lm-head middle: one of target, random"):
+        eagle3.check_recipe(eagle3.Recipe(lm_head="middle"))
+
+
+def test_a_stale_span_costs_a_trained_head_its_context() -> None:
+    """stale_kv_cost zeroes the draft K/V of the continuation's first positions (a fallback that
+    skipped the draft extend) and walks from the span's end: an untouched span is the control."""
+    torch = pytest.importorskip("torch", reason="the [real] extra")
+    pytest.importorskip("transformers", reason="the [real] extra")
+    from patcher.real import eagle3
+    from tests.real.test_generate import tiny_target
+
+    target = tiny_target()
+    g = torch.Generator().manual_seed(1)
+    prompts = [(f"t/{i}", torch.randint(3, 300, (8,), generator=g).tolist()) for i in range(12)]
+    samples = eagle3.generate(target, prompts, 40, 6, lambda m: None)
+    head, _, _ = eagle3.train(target, samples, eagle3.Recipe(draft_vocab=64, intermediate=48, epochs=8, batch_tokens=200, lr=3e-3), lambda m: None)
+    cost = eagle3.stale_kv_cost(head, target, samples, spans=(16, 60))
+    assert list(cost) == ["16"]  # a span that leaves too little after it is not measured
+    row = cost["16"]
+    assert row["prompts"] == 12 and row["rounds"] > 0 and row["stale"] != row["exact"]
+    assert row["ratio"] == round(row["stale"] / row["exact"], 4)
+    with torch.no_grad():
+        exact = eagle3.chain_drafts(head, target, samples)
+        assert all(torch.equal(a, b) for a, b in zip(exact, eagle3.chain_drafts(head, target, samples, 0)))
+        stale = eagle3.chain_drafts(head, target, samples, 16)
+    assert any(not torch.equal(a, b) for a, b in zip(exact, stale))
