@@ -55,7 +55,8 @@
 #                  image's torch and transformers, not the kit's; ~2-3 min, docs/design/real-weights.md) into
 #                  /tmp/real/head and makes it /tmp/real/model/draft; $OUT/real-train/ gets report.json (the
 #                  held-out acceptance), train.log and the head (config.json, model.safetensors). FLAGS go to
-#                  dynspec real train (e.g. --epochs 10)
+#                  dynspec real train (e.g. --epochs 10; --self-prompts 2000 --continuations 2: queries the target
+#                  writes itself added to the 590 real prompts, which need the train-prompts.json of session 16+)
 #   real-proof V P carry .gpu/kit-V-b.tar.xz .gpu/patched-V (or nothing, after a call that unpacked V): equivalence and crossings on real weights (3 servers)
 #   real-accept V P (same warm machine) the acceptance check: the KV-only fallback, full, skip and a never-off
 #                  server on exact_kv's load with real prompts (4 servers); DYNSPEC_DRAFT_KV in the env picks the

@@ -13,9 +13,14 @@ per verify) without reading a single draft token. Per request it is taken from t
 speculative iteration after the request's last fallback iteration on the server under test, on
 every server over the same positions, so the four numbers cover the same text.
 
-Passes when the server under test reaches ``min_ratio`` x always-on and the control does not: a
-control that keeps its acceptance shows this load cannot see a stale draft KV, and then the check
-fails too. Real weights and real prompts only: on dummy weights every draft is rejected.
+Passes when the server under test reaches ``min_ratio`` x always-on (the issue's rule). Whether
+the control fell below that is reported (``control_drops``), not judged: session 16 found that a
+one-layer EAGLE-3 head barely reads its own K/V over past positions (the target's captured hidden
+states carry the context: offline, zeroing 32 - 96 positions of a span cost it under 0.5 %, and the
+GPU control lost 0.7 %), so no load gives the control teeth with such a head. What keeps the draft
+KV exact is proven by ``exact_kv`` on dummy weights; this check says whether acceptance after a
+switch back on is what it would have been. Real weights and real prompts only: on dummy weights
+every draft is rejected.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from typing import Any
 from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE, recorded_lines
 
 MIN_RATIO = 0.99
+MIN_ALWAYS_ON = 1.1  # below this the drafts are all but rejected (dummy weights): nothing to compare
 NEVER_OFF = "never_off"  # the always-on reference's variant name
 
 
@@ -114,17 +120,24 @@ def judge(traces: Mapping[str, Trace], min_verifies: int, problems: list[str], m
     if always is None or resumed is None:
         problems.append("no acceptance measured on the always-on reference or on the server under test")
     else:
+        if always < MIN_ALWAYS_ON:
+            problems.append(
+                f"always-on accepted {always:.3f} tokens per verify (below {MIN_ALWAYS_ON:g}): its drafts are "
+                "rejected (dummy weights?), so there is no acceptance to keep"
+            )
         if resumed < min_ratio * always:
             problems.append(f"resumed acceptance {resumed:.3f} is below {min_ratio:g} x always-on's {always:.3f}")
-        if skip is None or skip >= min_ratio * always:
-            problems.append(
-                f"the control (no draft extend while off) accepted {skip if skip is None else f'{skip:.3f}'} against "
-                f"always-on's {always:.3f}: no drop, so this load cannot see a stale draft KV"
-            )
+        if skip is None:
+            problems.append("no acceptance measured on the control (no draft extend while off)")
     for name, trace in sorted(traces.items()):
         if trace.bad_lines:
             problems.append(f"{trace.bad_lines} unreadable line(s) in the {name} recording")
     drop = round(skip / always, 4) if skip is not None and always else None
+    drops = drop is not None and drop < min_ratio
+    control = "" if drop is None else (
+        f"; control {skip} = {drop} x always-on"
+        + ("" if drops else ": no drop, this head and load do not see a stale draft KV (exact_kv proves the KV)")
+    )  # fmt: skip
     return {
         "passed": not problems,
         "always_on": always,
@@ -134,9 +147,8 @@ def judge(traces: Mapping[str, Trace], min_verifies: int, problems: list[str], m
         "requests": len(starts),
         "verifies": {name: w.verifies for name, w in sorted(windows.items())},
         "skip_over_always_on": drop,
+        "control_drops": drops,
         "min_ratio": min_ratio,
         "problems": problems,
-        "detail": (
-            f"resumed {resumed} vs always-on {always} over {len(starts)} requests; control {skip} ({drop} x always-on)"
-        ),
+        "detail": f"resumed {resumed} vs always-on {always} over {len(starts)} requests{control}",
     }

@@ -88,8 +88,10 @@ def check_command(target: Path, head: Path | None) -> None:
 @click.option("--gen-batch", type=int, default=None, help="Sequences generated at once.")
 @click.option("--batch-tokens", type=int, default=None, help="Positions per optimizer step.")
 @click.option("--epochs", type=int, default=None)
+@click.option("--self-prompts", type=int, default=None, help="Queries the target writes itself (Magpie) added to the training prompts.")
+@click.option("--self-prompt-tokens", type=int, default=None, help="At most this many tokens per self-written query.")
 @click.option("--lm-head", type=click.Choice(["target", "random"]), default=None,
-              help="Start lm_head and norm from the target's (default) or at random (the recipe before session 16).")
+              help="Start lm_head and norm at random (default) or from the target's (no held-out gain on the CPU).")
 @click.option("--eval-prompts", type=int, default=None, help="Held-out prompts measured (0: all).")
 @click.option("--eval-new-tokens", type=int, default=None, help="Tokens per held-out continuation measured.")
 @click.option("--threads", type=int, default=None)

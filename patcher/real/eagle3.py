@@ -46,6 +46,7 @@ from patcher.real.heads import check_head
 
 STEPS = 3  # --speculative-num-steps; drafts per round with topk 1
 LM_HEAD_INITS = ("target", "random")  # Recipe.lm_head
+MIN_QUERY = 4  # tokens: a shorter self-written query is dropped
 
 
 @dataclass(frozen=True)
@@ -69,10 +70,15 @@ class Recipe:
     continuations: int = 1  # per training prompt: the greedy one, then continuations - 1 sampled ones
     temperature: float = 0.8  # of the sampled continuations
     eos: str = "generated"  # continuations run through EOS, as SGLang serves ignore_eos (until session 15: suppressed)
-    # lm_head and norm start as the target's own (its output embedding's rows of the draft vocabulary, its
-    # final norm): the head then only learns to predict the target's last hidden state. "random" (until
-    # session 16) learns a 4096 x 576 lm_head from scratch, which overfit: held-out 1.71 against 2.69 trained.
-    lm_head: str = "target"
+    # "random": lm_head learns from scratch. "target": lm_head and norm start as the target's (its output
+    # rows of the draft vocabulary, its final norm). Session 16's CPU A/B on the same samples: held out
+    # 1.524 with "target", 1.526 with "random" (trained 2.713 / 2.636): no gain, so the default stays.
+    lm_head: str = "random"
+    # Queries the target writes itself: sampled (temperature 1.0) from its chat template's user turn
+    # (the Magpie recipe), cut at EOS, then continued like the real prompts. The head over-fits its 590
+    # real prompts (session 16: 1.71 held out, 2.69 trained); these add prompts, not continuations.
+    self_prompts: int = 0
+    self_prompt_tokens: int = 96  # at most, per query
 
     def describe(self) -> dict[str, Any]:
         return asdict(self)
@@ -101,6 +107,7 @@ def check_recipe(recipe: Recipe, cuda_available: bool | None = None) -> None:
         ("--continuations", recipe.continuations, 1), ("--gen-batch", recipe.gen_batch, 1),
         ("--batch-tokens", recipe.batch_tokens, 1), ("--epochs", recipe.epochs, 1), ("--threads", recipe.threads, 1),
         ("--eval-prompts", recipe.eval_prompts, 0), ("--max-prompts", recipe.max_prompts, 0),
+        ("--self-prompts", recipe.self_prompts, 0), ("--self-prompt-tokens", recipe.self_prompt_tokens, MIN_QUERY),
     ):  # fmt: skip
         if value < least:
             raise UsageError(f"{flag} {value}: at least {least}")
@@ -859,6 +866,41 @@ def load_prompts(path: Path, split: str) -> list[Tokenized]:
     return rows
 
 
+def load_chat(path: Path) -> tuple[list[int], list[int]] | None:
+    """The chat template's (prefix, suffix) ids in a training prompts file (session 16+), else None."""
+    chat = jsonfile.read(path).get("chat")
+    if chat is None:
+        return None
+    try:
+        return [int(t) for t in chat["prefix"]], [int(t) for t in chat["suffix"]]
+    except (KeyError, TypeError, ValueError) as error:
+        raise ModelInvalid(f"{path}: its chat ids are not a prefix and a suffix ({error!r})") from error
+
+
+def self_prompts(target: Target, chat: tuple[list[int], list[int]], recipe: Recipe, log: Callable[[str], None]) -> list[Tokenized]:
+    """``recipe.self_prompts`` queries the target writes itself after the chat template's prefix
+    (sampled at temperature 1.0 with the recipe's seed + 1), each cut at its first EOS, shorter ones
+    than ``MIN_QUERY`` and repeats dropped, wrapped as ``prefix + query + suffix``."""
+    prefix, suffix = chat
+    eos = target.config.get("eos_token_id")
+    stops = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+    drawn = generate(
+        target, [("self", prefix)], recipe.self_prompt_tokens, recipe.gen_batch, log, recipe.self_prompts + 1, 1.0, recipe.seed + 1
+    )[1:]  # the first is the greedy one
+    seen: set[tuple[int, ...]] = set()
+    out: list[Tokenized] = []
+    for sample in drawn:
+        query = [int(t) for t in sample.tokens[sample.prompt_len :]]
+        ends = [i for i, t in enumerate(query) if t in stops]
+        query = query[: ends[0]] if ends else query
+        if len(query) < MIN_QUERY or tuple(query) in seen:
+            continue
+        seen.add(tuple(query))
+        out.append(Tokenized(f"self/{len(out)}", prefix + query + suffix))
+    log(f"  {len(out)} self-written queries kept of {len(drawn)}")
+    return out
+
+
 def pick_eval(held_out: Sequence[Any], count: int) -> list[Any]:
     """Up to ``count`` (0: all) held-out prompts, alternating between the sets, in id order within each."""
     count = count or len(held_out)
@@ -915,10 +957,13 @@ def cached_samples(
 
 def training_prompts(
     target_dir: Path, recipe: Recipe, files: tuple[Path, Path] | None
-) -> tuple[list[Tokenized], list[Tokenized], int]:
-    """(training prompts, held-out prompts measured, held-out prompts there are): from the prompt
-    files of `dynspec real prompts` (a machine without network), else from the two sets (fetched)."""
+) -> tuple[list[Tokenized], list[Tokenized], int, tuple[list[int], list[int]] | None]:
+    """(training prompts, held-out prompts measured, held-out prompts there are, the chat template's
+    prefix and suffix ids): from the prompt files of `dynspec real prompts` (a machine without
+    network), else from the two sets (fetched)."""
+    chat: tuple[list[int], list[int]] | None = None
     if files is not None:
+        chat = load_chat(files[0])
         train_prompts, held_out = load_prompts(files[0], "train"), load_prompts(files[1], "held_out")
         shared = sorted({p.id for p in train_prompts} & {p.id for p in held_out})
         if shared:
@@ -931,9 +976,13 @@ def training_prompts(
         )
         train_raw, held_raw = prompts.split(everything)
         train_prompts, held_out = tokenized(target_dir, train_raw), tokenized(target_dir, held_raw)
+        from patcher.real.prepare import chat_ids
+
+        ids = chat_ids(tokenizer(target_dir))
+        chat = ids["prefix"], ids["suffix"]
     if recipe.max_prompts:
         train_prompts = pick_eval(train_prompts, recipe.max_prompts)
-    return train_prompts, pick_eval(held_out, recipe.eval_prompts), len(held_out)
+    return train_prompts, pick_eval(held_out, recipe.eval_prompts), len(held_out), chat
 
 
 def build(
@@ -954,9 +1003,15 @@ def build(
         torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns, not stops
     else:
         torch.use_deterministic_algorithms(True)
-    train_prompts, eval_prompts, held_count = training_prompts(target_dir, recipe, prompt_files)
+    train_prompts, eval_prompts, held_count, chat = training_prompts(target_dir, recipe, prompt_files)
+    if recipe.self_prompts and chat is None:
+        raise UsageError("--self-prompts needs the chat template's ids: make the training prompts again with `dynspec real prompts --split train`")
     target = load_target(target_dir, recipe.device)
     timings["load"] = time.perf_counter() - clock
+    if recipe.self_prompts:
+        assert chat is not None
+        train_prompts = [*train_prompts, *self_prompts(target, chat, recipe, log)]
+        timings["self_prompts"] = time.perf_counter() - clock - sum(timings.values())
     log(f"{len(train_prompts)} training prompts x {recipe.continuations} continuations of {recipe.new_tokens} tokens, "
         f"{len(eval_prompts)} held out of {held_count}; on {recipe.device}")  # fmt: skip
     train_samples = cached_samples(target, target_dir, train_prompts, recipe.new_tokens, recipe, log, recipe.continuations)

@@ -37,8 +37,21 @@ def write_prompts(target: Path, out: Path, split: str = "held_out") -> int:
     chosen = held_out if split == "held_out" else train
     rows = [{"id": p.id, "input_ids": tok.encode(p.text, add_special_tokens=False).ids} for p in chosen]
     data = {"tokenizer": str(file), "split": split, f"{split}_of": len(everything), "prompts": rows}
+    if split == "train":  # the chat template's two halves, for queries the target writes itself (--self-prompts)
+        data["chat"] = chat_ids(tok)
     out.write_text(json.dumps(data) + "\n")
     return len(rows)
+
+
+def chat_ids(tok: Any) -> dict[str, list[int]]:
+    """The token ids of the chat template before and after a user turn, checked to tokenize a whole
+    chat prompt as its parts do (else a query spliced between them would not read as one)."""
+    ids = {part: tok.encode(text, add_special_tokens=False).ids for part, text in (("prefix", prompts.CHAT_PREFIX), ("suffix", prompts.CHAT_SUFFIX))}
+    user = "Write a short note."
+    whole = tok.encode(prompts.chat(user), add_special_tokens=False).ids
+    if whole != ids["prefix"] + tok.encode(user, add_special_tokens=False).ids + ids["suffix"]:
+        raise ModelInvalid("the tokenizer joins the chat template's parts with a user turn: no prefix / suffix ids")
+    return ids
 
 
 def prepare(out: Path, gguf_file: Path, head: Path | None, prompts_file: Path | None) -> dict[str, Any]:

@@ -35,9 +35,13 @@ class Prompt:
         return int(hashlib.sha256(self.id.encode()).hexdigest(), 16) % EVAL_EVERY == 0
 
 
+# The GGUF's chat template (ChatML with SmolLM's default system turn) around a user turn
+CHAT_PREFIX = f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n"
+CHAT_SUFFIX = "<|im_end|>\n<|im_start|>assistant\n"  # the generation prompt included
+
+
 def chat(user: str) -> str:
-    """The GGUF's chat template (ChatML with SmolLM's default system turn), generation prompt added."""
-    return f"<|im_start|>system\n{SYSTEM}<|im_end|>\n<|im_start|>user\n{user}<|im_end|>\n<|im_start|>assistant\n"
+    return f"{CHAT_PREFIX}{user}{CHAT_SUFFIX}"
 
 
 def cut(text: str, limit: int = MAX_CHARS) -> str:

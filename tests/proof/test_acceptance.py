@@ -68,9 +68,9 @@ def test_judge_fails_when_resumed_acceptance_drops() -> None:
     assert not entry["passed"] and entry["problems"] == ["resumed acceptance 2.000 is below 0.99 x always-on's 3.000"]
 
 
-def test_judge_fails_when_the_control_does_not_drop() -> None:
+def test_judge_reports_a_control_that_does_not_drop() -> None:
     entry = judge(traces([7, 10, 13, 16], [4, 7, 10, 13, 16], [7, 10, 13, 16]), 3, [])
-    assert not entry["passed"] and "no drop, so this load cannot see a stale draft KV" in entry["problems"][0]
+    assert entry["passed"] and entry["control_drops"] is False and "no drop" in entry["detail"]
 
 
 def test_judge_fails_with_too_few_verifies_or_no_resumed_request() -> None:
@@ -100,10 +100,14 @@ def test_acceptance_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> No
     assert result["model"] == "dummy" and "acceptance   PASS" in reports.summary(result)
 
 
-def test_a_control_that_keeps_its_acceptance_fails_the_check(site: Any, tmp_path: Path) -> None:
+def test_a_control_that_keeps_its_acceptance_is_reported_not_judged(site: Any, tmp_path: Path) -> None:
+    """A one-layer EAGLE-3 head may not see a stale draft KV at all (session 16): the control's drop
+    is a number in the report; the verdict is the issue's, resumed against always-on."""
     acc = run_proof(acceptance_options(site(), tmp_path / "out", "nocontrol"), lambda m: None)["acceptance"]
-    assert not acc["passed"] and acc["skip_resumed"] == acc["always_on"] == 3.0
-    assert acc["problems"][0].endswith("no drop, so this load cannot see a stale draft KV")
+    assert acc["passed"] and acc["skip_resumed"] == acc["always_on"] == 3.0
+    assert acc["control_drops"] is False and acc["detail"].endswith("do not see a stale draft KV (exact_kv proves the KV)")
+    dropped = run_proof(acceptance_options(site(), tmp_path / "out2"), lambda m: None)["acceptance"]
+    assert dropped["control_drops"] is True and "no drop" not in dropped["detail"]  # the control that drops
 
 
 def test_a_fallback_that_leaves_the_draft_kv_stale_fails_the_check(site: Any, tmp_path: Path) -> None:
@@ -115,6 +119,7 @@ def test_a_fallback_that_leaves_the_draft_kv_stale_fails_the_check(site: Any, tm
 def test_dummy_weights_accept_nothing_and_the_check_fails(site: Any, tmp_path: Path) -> None:
     acc = run_proof(acceptance_options(site(), tmp_path / "out", accept="1"), lambda m: None)["acceptance"]
     assert not acc["passed"] and acc["always_on"] == acc["skip_resumed"] == 1.0
+    assert acc["problems"][0].startswith("always-on accepted 1.000 tokens per verify (below 1.1)")
 
 
 def real_dir(root: Path) -> Path:

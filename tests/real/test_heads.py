@@ -253,3 +253,43 @@ def test_a_stale_span_costs_a_trained_head_its_context() -> None:
         assert all(torch.equal(a, b) for a, b in zip(exact, eagle3.chain_drafts(head, target, samples, 0)))
         stale = eagle3.chain_drafts(head, target, samples, 16)
     assert any(not torch.equal(a, b) for a, b in zip(exact, stale))
+
+
+def test_self_written_queries_sit_between_the_chat_templates_halves() -> None:
+    """self_prompts samples queries after the prefix, cuts each at EOS, drops short ones and repeats,
+    and wraps them; the same recipe gives the same queries."""
+    torch = pytest.importorskip("torch", reason="the [real] extra")
+    pytest.importorskip("transformers", reason="the [real] extra")
+    from patcher.real import eagle3
+    from tests.real.test_generate import tiny_target
+
+    eos = 7
+    target = tiny_target(eos=eos)
+    with torch.no_grad():  # make EOS likely, so that some queries end early
+        target.model.get_output_embeddings().weight[eos] *= 4
+    chat = ([1, 20, 21], [2, 30])
+    recipe = eagle3.Recipe(self_prompts=24, self_prompt_tokens=12, gen_batch=8)
+    made = eagle3.self_prompts(target, chat, recipe, lambda m: None)
+    assert made == eagle3.self_prompts(target, chat, recipe, lambda m: None)
+    assert 0 < len(made) <= 24 and [p.id for p in made] == [f"self/{i}" for i in range(len(made))]
+    queries = [p.ids[3:-2] for p in made]
+    assert all(p.ids[:3] == [1, 20, 21] and p.ids[-2:] == [2, 30] for p in made)
+    assert all(eagle3.MIN_QUERY <= len(q) <= 12 and eos not in q for q in queries)
+    assert len({tuple(q) for q in queries}) == len(queries)
+    assert any(len(q) < 12 for q in queries)  # some were cut at EOS (the control: nothing is cut without EOS)
+    uncut = eagle3.self_prompts(tiny_target(), chat, recipe, lambda m: None)
+    assert all(len(p.ids) == 3 + 12 + 2 for p in uncut)
+
+
+def test_self_prompts_without_the_chat_ids_is_a_usage_error(tmp_path: Path) -> None:
+    pytest.importorskip("torch", reason="the [real] extra")
+    from patcher.errors import UsageError
+    from patcher.real import eagle3
+
+    train, held = tmp_path / "train.json", tmp_path / "held.json"
+    train.write_text(json.dumps({"split": "train", "prompts": [{"id": "a/1", "input_ids": [5, 6]}]}))
+    held.write_text(json.dumps({"split": "held_out", "prompts": [{"id": "b/1", "input_ids": [5, 7]}]}))
+    with pytest.raises(UsageError, match="--self-prompts needs the chat template's ids"):
+        eagle3.build(tmp_path / "target", tmp_path / "head", eagle3.Recipe(self_prompts=4), lambda m: None, (train, held))
+    with pytest.raises(UsageError, match="--self-prompts -1: at least 0"):
+        eagle3.check_recipe(eagle3.Recipe(self_prompts=-1))

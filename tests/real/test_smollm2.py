@@ -85,3 +85,28 @@ def test_batched_generation_on_the_real_target_is_generate_one_prompt_at_a_time(
     for a, b in zip(want, got):
         assert torch.equal(a.tokens, b.tokens) and torch.equal(a.labels, b.labels), a.id
         assert torch.allclose(a.aux.float(), b.aux.float(), rtol=2e-3, atol=0.05), a.id  # |features| reach 2.5e4
+
+
+def test_the_chat_templates_halves_tokenize_as_a_whole_prompt_does(smollm2: tuple[Path, Path]) -> None:
+    """--self-prompts splices a query between the template's prefix and suffix ids: on SmolLM2's
+    tokenizer the parts give a whole prompt's ids; a tokenizer that merges across them is refused."""
+    from types import SimpleNamespace
+
+    from tokenizers import Tokenizer
+
+    from patcher.errors import ModelInvalid
+    from patcher.real.prepare import chat_ids
+
+    tok = Tokenizer.from_file(str(smollm2[1] / "tokenizer.json"))
+    ids = chat_ids(tok)
+    assert ids["prefix"][-3:] == tok.encode("<|im_start|>user\n", add_special_tokens=False).ids and ids["suffix"][0] == 2
+    query = tok.encode("Can you list three rivers?", add_special_tokens=False).ids
+    whole = tok.encode(prompts.chat("Can you list three rivers?"), add_special_tokens=False).ids
+    assert ids["prefix"] + query + ids["suffix"] == whole
+
+    class Merging:  # joins the last character of a part with the next part's first (a BPE that merges across)
+        def encode(self, text: str, add_special_tokens: bool = False) -> Any:
+            return SimpleNamespace(ids=[ord(c) for c in text.replace("\nW", "\u2028")])
+
+    with pytest.raises(ModelInvalid, match="joins the chat template's parts"):
+        chat_ids(Merging())
