@@ -1127,7 +1127,7 @@ def test_session_16_self_written_queries_lifted_the_cpu_heads_held_out_acceptanc
     run = json.loads((PROOF / "real-s16-cpu-self-prompts" / "self-320.json").read_text())
     assert run["recipe"]["self_prompts"] == 320 and base["recipe"].get("self_prompts", 0) == 0
     assert {k: v for k, v in run["recipe"].items() if k != "self_prompts"} == {
-        **{k: v for k, v in base["recipe"].items()}, "self_prompt_tokens": 96
+        **base["recipe"], "self_prompt_tokens": 96
     }  # the same recipe otherwise
     assert "320 self-written queries kept of 320" in (PROOF / "real-s16-cpu-self-prompts" / "self-320.log").read_text()
     acc = run["acceptance"]
