@@ -71,12 +71,14 @@ fresh_site() { rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf "$1" -C /tmp/s
 unpack_kit() {
   if [ -f ".gpu/kit-$1.tar.xz" ]; then fresh_site ".gpu/kit-$1.tar.xz" || return 1
   else need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site || return 1; fi
-  cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
+  patch_site "$1"; }
+# patch_site V: dynspec's patched files of V over the kit in /tmp/site
+patch_site() { cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
 # kit_for V: the kit this call carried (unpack_kit), else the one an earlier call left (need_kit).
 # With no kit carried, a carried .gpu/patched-V still goes over the earlier kit.
 kit_for() {
   if [ -f ".gpu/kit-$1.tar.xz" ] || [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_kit "$1" || exit 3
-  else need_kit; [ ! -d ".gpu/patched-$1" ] || { cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }; fi; }
+  else need_kit; [ ! -d ".gpu/patched-$1" ] || patch_site "$1"; fi; }
 finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log $(ls *.jsonl 2>/dev/null) && rm -f *.log *.jsonl); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
 # timeout: a device call's limit is 600 s; a stopped run still leaves its partial report.json
 # EXPECT_READY=words: stop the proof (SIGTERM; it stops its servers) as soon as the dynspec server's

@@ -115,14 +115,19 @@ def applied_revisions(package: Path) -> dict[str, int]:
     return dict(sorted(found.items()))
 
 
+def _declares(package: Path, field: re.Pattern[str]) -> bool:
+    """True when ServerArgs declares ``field`` (its declaration, not any mention)."""
+    return any(field.search(text) for text in _server_args_texts(package))
+
+
 def adaptive_supported(package: Path) -> bool:
     """True when ServerArgs declares upstream's ``speculative_adaptive_config`` field."""
-    return any(ADAPTIVE_FIELD.search(text) for text in _server_args_texts(package))
+    return _declares(package, ADAPTIVE_FIELD)
 
 
 def deterministic_supported(package: Path) -> bool:
     """True when ServerArgs declares ``enable_deterministic_inference`` (batch-invariant kernels)."""
-    return any(DETERMINISTIC_FIELD.search(text) for text in _server_args_texts(package))
+    return _declares(package, DETERMINISTIC_FIELD)
 
 
 def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:

@@ -760,9 +760,13 @@ def accept_walk(tokens: torch.Tensor, drafts: torch.Tensor, prompt_len: int) -> 
     return advanced, rounds
 
 
-def acceptance(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> dict[str, Any]:
+def acceptance(
+    head: Eagle3Head, target: Target, samples: Sequence[Sample], drafts: Sequence[torch.Tensor] | None = None
+) -> dict[str, Any]:
+    """Held-out acceptance of greedy chain speculation; ``drafts``: ``chain_drafts`` of ``samples``, if made already."""
     per: dict[str, list[int]] = {}
-    drafts = chain_drafts(head, target, samples)
+    if drafts is None:
+        drafts = chain_drafts(head, target, samples)
     for s, d in zip(samples, drafts):
         advanced, rounds = accept_walk(s.tokens.cpu(), d, s.prompt_len)
         kind = s.id.split("/", 1)[0]
@@ -783,12 +787,20 @@ def acceptance(head: Eagle3Head, target: Target, samples: Sequence[Sample]) -> d
 STALE_SPANS = (32, 64, 96)  # continuation tokens decoded while off, before speculation resumes
 
 
-def stale_kv_cost(head: Eagle3Head, target: Target, samples: Sequence[Sample], spans: Sequence[int] = STALE_SPANS) -> dict[str, Any]:
+def stale_kv_cost(
+    head: Eagle3Head,
+    target: Target,
+    samples: Sequence[Sample],
+    spans: Sequence[int] = STALE_SPANS,
+    exact: Sequence[torch.Tensor] | None = None,
+) -> dict[str, Any]:
     """What a draft KV left stale by a span off costs this head, offline: per span, the acceptance
-    from the span's end on with the span's draft K/V zero (skip's control) and with them exact.
+    from the span's end on with the span's draft K/V zero (skip's control) and with them exact
+    (``exact``: ``chain_drafts`` of ``samples``, if made already).
     The acceptance check's skip control can only fail a load whose spans cost more than its margin."""
     out: dict[str, Any] = {}
-    exact = chain_drafts(head, target, samples)
+    if exact is None:
+        exact = chain_drafts(head, target, samples)
     for span in spans:
         kept = [(i, s) for i, s in enumerate(samples) if int(s.tokens.shape[0]) - s.prompt_len > span + 2 * STEPS]
         if not kept:
@@ -1020,10 +1032,11 @@ def build(
     timings["generate_eval"] = time.perf_counter() - clock - sum(timings.values())
     head, config, training = train(target, train_samples, recipe, log)
     timings["train"] = time.perf_counter() - clock - sum(timings.values())
-    measured = acceptance(head, target, eval_samples)
+    drafts = chain_drafts(head, target, eval_samples)  # once, for the acceptance and the stale spans' reference
+    measured = acceptance(head, target, eval_samples, drafts)
     greedy_train = [s for s in train_samples if s.greedy][: len(eval_samples)]
     measured["train_accept_length"] = acceptance(head, target, greedy_train)["accept_length"]
-    measured["stale_kv"] = stale_kv_cost(head, target, eval_samples)
+    measured["stale_kv"] = stale_kv_cost(head, target, eval_samples, exact=drafts)
     timings["measure"] = time.perf_counter() - clock - sum(timings.values())
     if recipe.device == "cuda":
         training["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)

@@ -248,6 +248,9 @@ def test_a_stale_span_costs_a_trained_head_its_context() -> None:
     row = cost["16"]
     assert row["prompts"] == 12 and row["rounds"] > 0 and row["stale"] != row["exact"]
     assert row["ratio"] == round(row["stale"] / row["exact"], 4)
+    made = eagle3.chain_drafts(head, target, samples)  # build's drafts, passed in: the same numbers
+    assert eagle3.stale_kv_cost(head, target, samples, spans=(16, 60), exact=made) == cost
+    assert eagle3.acceptance(head, target, samples, made) == eagle3.acceptance(head, target, samples)
     with torch.no_grad():
         exact = eagle3.chain_drafts(head, target, samples)
         assert all(torch.equal(a, b) for a, b in zip(exact, eagle3.chain_drafts(head, target, samples, 0)))
