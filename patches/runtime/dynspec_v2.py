@@ -191,6 +191,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
         logger.info(f"dynspec: {KV_BATCH_ENV} applies to 0.5.14+ only; every fallback iteration writes its own rows")
     fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     fallback.feed_twin_directly(worker, log=rank0)
+    fallback.write_beside(worker, log=rank0)
     fallback.prefill_kv_only(worker.draft_worker, log=rank0, disaggregation=read_setting(worker, "disaggregation_mode", "null"))
     worker.draft_worker._dynspec = fallback
     if fallback.recorder is not None:
@@ -313,6 +314,39 @@ class V2Fallback:
             return stock(*args, **kwargs)
 
         draft_worker._draft_extend_for_decode = draft_extend_for_decode
+
+    def write_beside(self, worker: Any, log: bool) -> None:
+        """``DYNSPEC_KV_STREAM=1``: the direct write replays its graph on a stream of its own
+        (``SideStream``), and every forward of the worker first makes its stream wait for the last
+        write. Not with tensor parallelism (the KV-only graph's collectives would run beside the
+        target's, in an order each rank picks alone) nor with SGLang's plan stream, which fills
+        pooled graph inputs without waiting for the worker's stream."""
+        wanted = on_off_setting(KV_STREAM_ENV, False)  # read first: a bad value refuses to start
+        direct = self.draft_kv.direct
+        if not wanted or not isinstance(direct, FallbackDirectWrite):
+            return
+        why_not = None
+        if (read_setting(worker, "tp_size", 1) or 1) > 1:
+            why_not = "tensor parallelism"
+        elif getattr(worker, "plan_stream", None) is not None:
+            why_not = "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
+        if why_not is not None:
+            if log:
+                logger.info(f"dynspec: {KV_STREAM_ENV}=1 is not used with {why_not}; the draft KV is written in the worker's stream")
+            return
+        import torch
+
+        side = SideStream(torch.get_device_module(worker.device))
+        direct.side = side
+        stock = worker.forward_batch_generation
+
+        def forward_batch_generation(*args: Any, **kwargs: Any) -> Any:
+            side.join()
+            return stock(*args, **kwargs)
+
+        worker.forward_batch_generation = forward_batch_generation
+        if log:
+            logger.info(f"dynspec: kv-direct writes the draft KV on a stream of its own ({KV_STREAM_ENV}=1)")
 
     def prefill_kv_only(self, draft_worker: Any, log: bool, disaggregation: Optional[str] = "null") -> None:
         """``DYNSPEC_PREFILL_KV`` (on unless set to 0; session 15 measured it on 0.5.12): while speculation is off, the
@@ -540,6 +574,8 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     if policy.recorder is not None:
         policy.recorder.watch_drafts(draft_worker, lambda: False)  # draft() is not called at zero steps
     policy.lean_verify = LeanVerify.install(worker, log=rank0)
+    if on_off_setting(KV_STREAM_ENV, False) and rank0:  # read here too: a bad value refuses on every release
+        logger.info(f"dynspec: {KV_STREAM_ENV} applies to 0.5.10 - 0.5.13 only; the draft KV is written in the worker's stream")
     return policy
 
 
@@ -742,6 +778,7 @@ class ZeroStepPolicy:
 LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
 PREFILL_KV_ENV = "DYNSPEC_PREFILL_KV"  # V2Fallback.prefill_kv_only (0.5.4 - 0.5.13; on unless 0)
 KV_BATCH_ENV = "DYNSPEC_KV_BATCH"
+KV_STREAM_ENV = "DYNSPEC_KV_STREAM"  # V2Fallback.write_beside (0.5.10 - 0.5.13 with kv-direct; off unless 1)
 KV_BATCH_MAX = 8  # beyond a few iterations the GEMMs of one replay stop being bound by the weight read
 
 
@@ -1518,6 +1555,40 @@ class ZeroStepDirectWrite(DirectKVWrite):
         return self._stubs
 
 
+class SideStream:
+    """A stream beside the worker's for the one piece of a fallback iteration nothing waits for.
+
+    A fallback iteration's draft KV write is its last GPU work, and nothing reads the draft KV
+    before speculation resumes. In the worker's stream the next iteration's target forward queues
+    behind it; here it can run in the gap while the host prepares that iteration (session 17's
+    profile at 64 requests, 0.5.12: the GPU idles 0.4 ms a step, the write is about 0.1 ms).
+
+    Ordering is kept with events, never by blocking the host: ``run`` makes this stream wait for
+    the worker's copies into the graph's inputs, and ``join`` makes the worker's stream wait for
+    the last replay before anything else runs there. That is needed before any later forward of
+    the worker: the inputs are pooled with other runners' (``share_buffers``), the graphs share one
+    memory pool, and a finished request's slots may go to a prefill that writes their draft KV.
+    """
+
+    def __init__(self, device_module: Any) -> None:
+        self.device_module = device_module  # torch.cuda, or the release's device module
+        self.stream = device_module.Stream()
+        self.done: Any = None  # an event after the last replay, until the worker's stream waits for it
+
+    def run(self, work: Callable[[], None]) -> None:
+        self.stream.wait_stream(self.device_module.current_stream())
+        with self.device_module.stream(self.stream):
+            work()
+            done = self.device_module.Event()
+            done.record()
+        self.done = done
+
+    def join(self) -> None:
+        done, self.done = self.done, None
+        if done is not None:
+            self.device_module.current_stream().wait_event(done)
+
+
 class FallbackDirectWrite(DirectKVWrite):
     """0.5.10 - 0.5.13 (dynspec's own fallback): ``graphs[size]`` are ``torch.cuda.CUDAGraph``s.
 
@@ -1545,8 +1616,18 @@ class FallbackDirectWrite(DirectKVWrite):
             return None, f"{name} has not captured a graph for every batch size it lists"
         return cls(twin, draft_kv.hidden_states_of_a_row(), log), ""
 
+    side: Optional["SideStream"] = None  # where the graphs replay (V2Fallback.write_beside), else the worker's stream
+
+    def write(self, batch: Any, batch_result: Any) -> bool:
+        if self.side is not None:
+            self.side.join()  # the last replay read the pooled inputs this write fills
+        return super().write(batch, batch_result)
+
     def replay(self, size: int) -> None:
-        self.graphs[size].replay()
+        if self.side is None:
+            self.graphs[size].replay()
+        else:
+            self.side.run(self.graphs[size].replay)
 
     def stand_in(self, batch: Any, batch_result: Any) -> None:
         import torch

@@ -892,6 +892,199 @@ def test_before_0_5_10_the_runner_has_no_input_buffers_so_kv_direct_is_kv_graph(
     assert "self.buffers" not in ast.unparse(method_def(runner, "__init__")), version
 
 
+# -- DYNSPEC_KV_STREAM: the own fallback's direct write on a stream of its own -----------------------
+
+
+class LaggingStream:
+    """A CUDA stream as the side stream's ordering must assume: work queued on it may run as late
+    as the moment another stream waits for an event recorded after it, and no earlier."""
+
+    def __init__(self, name: str) -> None:
+        self.name, self.queue = name, []  # type: list[Any]
+        self.waited_for: list[str] = []
+
+    def wait_stream(self, other: LaggingStream) -> None:
+        self.waited_for.append(other.name)  # the worker's work runs at once here: nothing to hold back
+
+    def wait_event(self, event: LaggingEvent) -> None:
+        event.stream.run_until(event.index)
+
+    def run_until(self, index: int) -> None:
+        while index > 0 and self.queue:
+            self.queue.pop(0)()
+            index -= 1
+
+
+class LaggingEvent:
+    def __init__(self, streams: LaggingStreams) -> None:
+        self.streams = streams
+        self.stream: LaggingStream = streams.main
+        self.index = 0
+
+    def record(self) -> None:
+        self.stream = self.streams.current
+        self.index = len(self.stream.queue)
+
+
+class LaggingStreams:
+    """``torch.cuda`` for ``SideStream``: the worker's stream runs work at once, any other queues it."""
+
+    def __init__(self) -> None:
+        self.main = self.current = LaggingStream("main")
+        self.sides: list[LaggingStream] = []
+
+    def Stream(self) -> LaggingStream:  # noqa: N802 - torch's spelling
+        self.sides.append(LaggingStream(f"side{len(self.sides)}"))
+        return self.sides[-1]
+
+    def current_stream(self) -> LaggingStream:
+        return self.current
+
+    @contextlib.contextmanager
+    def stream(self, stream: LaggingStream) -> Any:
+        previous, self.current = self.current, stream
+        try:
+            yield
+        finally:
+            self.current = previous
+
+    def Event(self) -> LaggingEvent:  # noqa: N802
+        return LaggingEvent(self)
+
+    def launch(self, work: Any) -> None:
+        if self.current is self.main:
+            work()
+        else:
+            self.current.queue.append(work)
+
+    def drain(self) -> None:
+        for side in self.sides:
+            side.run_until(len(side.queue))
+
+
+def lagging_graphs(twin: FallbackTwin, streams: LaggingStreams) -> None:
+    """The twin's graphs replay in whatever stream is current, as ``CUDAGraph.replay`` does."""
+    for size, graph in list(twin.graphs.items()):
+        twin.graphs[size] = SimpleNamespace(replay=lambda graph=graph: streams.launch(graph.replay))  # type: ignore[assignment]
+
+
+class ForwardingWorker:
+    """EAGLEWorkerV2 as ``write_beside`` reads it; its forward notes what the draft KV holds then."""
+
+    def __init__(self, twin: FallbackTwin, pool: MHATokenToKVPool, **settings: Any) -> None:
+        self.server_args = SimpleNamespace(**settings)
+        self.device = "cuda"
+        self.draft_worker = OwnFallbackDraftWorker(twin.log)
+        self.plan_stream = None
+        self.pool = pool
+        self.seen: list[dict[tuple[int, int], tuple[int, int]]] = []
+
+    def forward_batch_generation(self, batch: Any) -> str:
+        self.seen.append(without_padding(self.pool))
+        return "forwarded"
+
+
+@pytest.fixture
+def streams(monkeypatch: pytest.MonkeyPatch, fake_torch: None) -> LaggingStreams:
+    streams = LaggingStreams()
+    monkeypatch.setattr(sys.modules["torch"], "get_device_module", lambda device: streams, raising=False)
+    monkeypatch.setenv(v2.KV_STREAM_ENV, "1")
+    return streams
+
+
+def beside_with(streams: LaggingStreams, **settings: Any) -> tuple[v2.V2Fallback, FallbackTwin, ForwardingWorker]:
+    pool = MHATokenToKVPool([])
+    twin = FallbackTwin(pool, [])
+    lagging_graphs(twin, streams)
+    draft_kv = fallback_draft_kv()
+    draft_kv.mode, draft_kv.graph = runtime.DRAFT_KV_DIRECT, twin
+    fallback = v2.V2Fallback(runtime.SwitchController(4, min_steps=1, log=False), None, draft_kv)
+    worker = ForwardingWorker(twin, pool, **settings)
+    fallback.feed_twin_directly(worker, log=False)
+    fallback.write_beside(worker, log=False)
+    fallback._step, fallback.in_fallback = runtime.FALL_BACK, True
+    return fallback, twin, worker
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_beside_the_worker_the_write_waits_for_its_inputs_and_is_not_waited_for_until_the_next_forward(
+    streams: LaggingStreams,
+) -> None:
+    fallback, twin, worker = beside_with(streams)
+    worker.draft_worker._draft_extend_for_decode(*fallback_batch_of())
+    side = streams.sides[0]
+    assert side.waited_for == ["main"] and len(side.queue) == 1  # queued behind the copies, not run
+    assert worker.pool.kv == {}
+    assert worker.forward_batch_generation("next batch") == "forwarded"
+    assert side.queue == [] and worker.seen == [full_forward_kv(EXTEND)]  # the forward saw the KV written
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_beside_the_worker_two_writes_in_a_row_each_write_their_own_rows(streams: LaggingStreams) -> None:
+    """The second write fills the inputs the first replay reads: it waits for that replay first."""
+    fallback, twin, worker = beside_with(streams)
+    for extend in (FOUR, REUSED):
+        worker.draft_worker._draft_extend_for_decode(*fallback_batch_of(extend))
+    streams.drain()
+    assert without_padding(worker.pool) == {**full_forward_kv(FOUR), **full_forward_kv(REUSED)}
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_without_the_join_a_lagging_replay_writes_the_next_writes_inputs(
+    streams: LaggingStreams, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: with nothing waiting, FOUR's replay runs after REUSED's copies and writes REUSED's rows."""
+    monkeypatch.setattr(v2.SideStream, "join", lambda self: None)
+    fallback, twin, worker = beside_with(streams)
+    for extend in (FOUR, REUSED):
+        worker.draft_worker._draft_extend_for_decode(*fallback_batch_of(extend))
+    streams.drain()
+    assert without_padding(worker.pool) != {**full_forward_kv(FOUR), **full_forward_kv(REUSED)}
+    assert worker.forward_batch_generation("next batch") == "forwarded"
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_without_the_forward_hook_the_next_forward_runs_before_the_draft_kv_is_written(streams: LaggingStreams) -> None:
+    """The control of the first test: a forward (a prefill given a freed slot, a resume) would
+    run before the lagging replay, so the hook on the worker's forward is what orders them."""
+    fallback, twin, worker = beside_with(streams)
+    del worker.forward_batch_generation  # the stock method, without write_beside's hook
+    worker.draft_worker._draft_extend_for_decode(*fallback_batch_of())
+    worker.forward_batch_generation("next batch")
+    assert worker.seen == [{}]
+
+
+@pytest.mark.usefixtures("sglang_side")
+@pytest.mark.parametrize(
+    ("settings", "plan_stream", "setting"),
+    [({"tp_size": 2}, None, "1"), ({}, "a plan stream", "1"), ({}, None, "0"), ({}, None, "")],
+)
+def test_the_write_stays_in_the_workers_stream_where_a_side_stream_is_not_safe_or_not_asked_for(
+    streams: LaggingStreams, monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any], plan_stream: Any, setting: str
+) -> None:
+    monkeypatch.setenv(v2.KV_STREAM_ENV, setting)
+    pool = MHATokenToKVPool([])
+    twin = FallbackTwin(pool, [])
+    draft_kv = fallback_draft_kv()
+    draft_kv.mode, draft_kv.graph = runtime.DRAFT_KV_DIRECT, twin
+    fallback = v2.V2Fallback(runtime.SwitchController(4, min_steps=1, log=False), None, draft_kv)
+    worker = ForwardingWorker(twin, pool, **settings)
+    worker.plan_stream = plan_stream
+    fallback.feed_twin_directly(worker, log=False)
+    fallback.write_beside(worker, log=False)
+    assert isinstance(draft_kv.direct, v2.FallbackDirectWrite) and draft_kv.direct.side is None
+    assert "forward_batch_generation" not in vars(worker) and streams.sides == []
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_a_bad_stream_setting_refuses_to_start(streams: LaggingStreams, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(v2.KV_STREAM_ENV, "yes")
+    fallback, twin, worker = fallback_with(runtime.DRAFT_KV_GRAPH)  # read even where it could not apply
+    with pytest.raises(ValueError, match="DYNSPEC_KV_STREAM must be 0 or 1"):
+        fallback.write_beside(worker, log=False)
+    assert "on_off_setting(KV_STREAM_ENV, False)" in inspect.getsource(v2.attach_zero_step_policy)
+
+
 # -- DYNSPEC_KV_BATCH: the rows of several iterations in one replay ---------------------------------
 
 
