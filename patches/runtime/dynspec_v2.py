@@ -192,6 +192,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     fallback.feed_twin_directly(worker, log=rank0)
     fallback.write_beside(worker, log=rank0)
+    fallback.lean = FallbackLeanSample.install(log=rank0)
     fallback.prefill_kv_only(worker.draft_worker, log=rank0, disaggregation=read_setting(worker, "disaggregation_mode", "null"))
     worker.draft_worker._dynspec = fallback
     if fallback.recorder is not None:
@@ -253,6 +254,7 @@ class V2Fallback:
         self._batch: Any = None
         self._early_fence = early_fence_enabled()  # read once: a bad value refuses at start-up
         self._early_publish = early_fence_enabled(proven=False)  # 0.5.13's callback (publish_early)
+        self.lean: Optional[FallbackLeanSample] = None  # the one-node tree's sample (attach_fallback)
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered.
@@ -438,7 +440,8 @@ class V2Fallback:
             seq_lens_sum=None,  # as the v2 draft() leaves them
             seq_lens_cpu=None,
         )
-        return verify_input_cls(**fields)
+        verify_input = verify_input_cls(**fields)
+        return verify_input if self.lean is None else self.lean.bind(verify_input)
 
     def _custom_mask(self, batch: Any, bs: int) -> Any:
         """All True: a node sees the whole prefix and itself, ``seq_len + 1`` entries per request.
@@ -846,11 +849,13 @@ class LeanVerify:
     # which ``watermark_state`` (refused unless None) gates.
     IGNORED_KWARGS = ("uno_target_max_top_k", "watermark_full_mask")
     PENALTIES = ("acc_additive_penalties", "acc_scaling_penalties", "logit_bias")
+    TREE = ("draft_token_num", "max_tree_depth", "tree_topk")  # a one-node tree has 1 of each
+    WHAT = "the lean zero-step verify"  # in the log lines
     SIMULATED_TOKEN = 100  # what SIMULATE_ACC_LEN's "fixed" mode writes as every accepted token
 
-    def __init__(self, stock_sample: Callable[..., Any], sanitize: Callable[..., Any], simulated_token: Optional[int]) -> None:
+    def __init__(self, stock_sample: Callable[..., Any], sanitize: Optional[Callable[..., Any]], simulated_token: Optional[int]) -> None:
         self.stock_sample = stock_sample
-        self.sanitize = sanitize  # the release's sanitize_nan_logits, which the stock sample calls first
+        self.sanitize = sanitize  # the release's sanitize_nan_logits where the stock sample calls it first
         self.simulated_token = simulated_token  # fill predict with it (SIMULATE_ACC_LEN, fixed mode), or None
         self.stock_fill: Optional[Callable[..., Any]] = None
         self.shadows: List[Tuple[Any, str, Any, Any]] = []  # (module, name, stand-in, stock) per verify
@@ -961,9 +966,9 @@ class LeanVerify:
         other = sorted(k for k, v in kwargs.items() if v is not None and k not in self.IGNORED_KWARGS)
         if other:
             return f"the argument {other[0]}"
-        tree = [getattr(verify_input, name, None) for name in ("draft_token_num", "max_tree_depth", "tree_topk")]
+        tree = [getattr(verify_input, name, None) for name in self.TREE]
         if any(size != 1 for size in tree):
-            return f"a tree of {tree[0]} tokens, depth {tree[1]}, top-k {tree[2]}"
+            return "a tree of " + ", ".join(f"{name} {size}" for name, size in zip(self.TREE, tree))
         if getattr(batch, "has_grammar", False):
             return "grammar"
         if getattr(batch, "return_logprob", False):
@@ -986,22 +991,29 @@ class LeanVerify:
             if why != self.IDLE:
                 self.refused += 1
                 if self.refused == 1 and self.log:  # once: why batches take the stock sample
-                    logger.info(f"dynspec: the lean zero-step verify left a batch to the stock sample ({why})")
+                    logger.info(f"dynspec: {self.WHAT} left a batch to the stock sample ({why})")
             return self.stock_sample(verify_input, batch, logits_output, *args, **kwargs)
         import torch
 
-        self.sanitize(logits, "verify: target model logits")  # in place, before the argmax, as stock
+        if self.sanitize is not None:
+            self.sanitize(logits, "verify: target model logits")  # in place, before the argmax, as stock
         predict = torch.argmax(logits, dim=-1).to(torch.int32)
         if self.simulated_token is not None:
             predict.fill_(self.simulated_token)
         rows = int(predict.shape[0])
+        self.taken += 1
+        if self.taken == 1 and self.log:  # once: the evidence that it runs, in the server's log
+            logger.info(f"dynspec: {self.WHAT} took its first batch ({rows} requests)")
+        return self.outputs(predict, rows)
+
+    def outputs(self, predict: Any, rows: int) -> Tuple[Any, Any, Any]:
+        """(predict, accept_lens, accept_index): every request accepts its one token, at its own row."""
+        import torch
+
         if self._ones is None or self._ones.shape[0] < rows:
             size = max(rows, 2 * (0 if self._ones is None else self._ones.shape[0]))
             self._ones = torch.ones((size,), dtype=torch.int32, device=predict.device)
             self._indices = torch.arange(size, dtype=torch.int32, device=predict.device)
-        self.taken += 1
-        if self.taken == 1 and self.log:  # once: the evidence that it runs, in the server's log
-            logger.info(f"dynspec: the lean zero-step verify took its first batch ({rows} requests)")
         return predict, self._ones[:rows], self._indices[:rows].view(rows, 1)
 
     def fill_bonus(self, accept_tokens: Any, accept_lens: Any, bonus_tokens: Any, accept_stride: int, batch_size: int, *args: Any, **kwargs: Any) -> None:
@@ -1011,6 +1023,54 @@ class LeanVerify:
             return self.stock_fill(accept_tokens, accept_lens, bonus_tokens, accept_stride, batch_size, *args, **kwargs)
         bonus_tokens.copy_(accept_tokens.view(-1))
         return None
+
+
+class FallbackLeanSample(LeanVerify):
+    """0.5.4 - 0.5.13: ``LeanVerify``'s sample for the own fallback's one-node tree.
+
+    The stock verify calls ``verify_input.sample(batch, logits_output, vocab_mask)``, a method of
+    the release's ``EagleVerifyInput``; ``bind`` makes this sample that method of the fallback's own
+    verify inputs only (``V2Fallback.trivial_verify_input``), so nothing else is shadowed. These
+    releases check for NaN logits in the verify, not in the sample, so nothing is sanitized here.
+    The tensors returned are made per call: the verifies of 0.5.4 - 0.5.13 were not checked for
+    in-place writes to them, which ``LeanVerify``'s kept buffers rely on.
+    """
+
+    TREE = ("draft_token_num",)  # the fallback builds the tree (trivial_tree_fields); its own size is the check
+    WHAT = "the lean one-node verify"
+
+    @classmethod
+    def install(cls, log: bool = True) -> Optional["FallbackLeanSample"]:
+        """The lean sample, or None (the stock one, said once) when switched off or not applicable."""
+        if not lean_verify_enabled():
+            return None
+        import importlib
+
+        simulated, why_not = cls.simulated_token_of(importlib.import_module("sglang.srt.speculative.spec_utils"))
+        if why_not:
+            if log:
+                logger.info(f"dynspec: the one-node verify samples with the stock sample ({why_not})")
+            return None
+        lean = cls(cls.stock_sample_of, None, simulated)
+        lean.log = log
+        if log:
+            logger.info(f"dynspec: the one-node verify samples greedy batches without the tree kernels ({LEAN_VERIFY_ENV}=0 turns it off)")
+        return lean
+
+    @staticmethod
+    def stock_sample_of(verify_input: Any, *args: Any, **kwargs: Any) -> Any:
+        return type(verify_input).sample(verify_input, *args, **kwargs)
+
+    def bind(self, verify_input: Any) -> Any:
+        verify_input.sample = lambda *args, **kwargs: self.sample(verify_input, *args, **kwargs)
+        return verify_input
+
+    def outputs(self, predict: Any, rows: int) -> Tuple[Any, Any, Any]:
+        import torch
+
+        ones = torch.ones((rows,), dtype=torch.int32, device=predict.device)
+        index = torch.arange(rows, dtype=torch.int32, device=predict.device).view(rows, 1)
+        return predict, ones, index
 
 
 def feed_directly(draft_kv: Any, build: Callable[[Any], Tuple[Optional["DirectKVWrite"], str]], log: bool) -> bool:

@@ -401,3 +401,87 @@ def test_the_first_refusal_says_why_once(release: Release, caplog: pytest.LogCap
     said = [r.message for r in caplog.records if "left a batch to the stock sample" in r.message]
     assert said == ["dynspec: the lean zero-step verify left a batch to the stock sample (sampling)"]
     assert lean.refused == 2
+
+
+# -- FallbackLeanSample (0.5.4 - 0.5.13): the own fallback's one-node tree ---------------------------
+
+
+def own_verify_input_class(release: Release) -> type:
+    """0.5.4 - 0.5.13's ``EagleVerifyInput`` as the verify calls it: ``sample`` is a method (the
+    stock algorithm as ``stock_eagle_sample`` transcribes it; these releases' tree has depth
+    ``spec_steps + 1``, 1 for the fallback's tree)."""
+    stock = stock_eagle_sample(release.calls, None)
+
+    class EagleVerifyInput:
+        def __init__(self, draft_token_num: int = 1) -> None:
+            self.draft_token_num, self.max_tree_depth = draft_token_num, 1
+
+        def sample(self, batch: Any, logits_output: Any, vocab_mask: Any = None) -> Any:
+            return stock(self, batch, logits_output, vocab_mask)
+
+    return EagleVerifyInput
+
+
+def own_verify(verify_input: Any, batch: Any) -> Any:
+    """The own fallback's verify tail (0.5.12 ``eagle_worker_v2.py:1070-1095``): the method call, the
+    gather of the accepted tokens, the bonus kernel (a request's last accepted token)."""
+    predict, accept_lens, accept_index = verify_input.sample(batch, batch.logits_output, None)
+    accept_tokens = predict[accept_index]
+    bonus = [row[n - 1] for row, n in zip(accept_tokens.values, accept_lens.values)]
+    return SimpleNamespace(next_token_ids=predict, accept_lens=accept_lens, accept_index=accept_index, bonus_tokens=T(bonus, "torch.int32"))
+
+
+def test_the_own_fallbacks_verify_input_samples_lean_with_the_stock_outcome(release: Release) -> None:
+    cls = own_verify_input_class(release)
+    expected = outcome(own_verify(cls(), batch_of(LOGITS)))
+    release.calls.clear()
+    lean = v2.FallbackLeanSample.install(log=False)
+    assert lean is not None
+    bound = lean.bind(cls())
+    assert outcome(own_verify(bound, batch_of(LOGITS))) == expected
+    assert release.calls == [] and (lean.taken, lean.refused) == (1, 0)  # no stock sample, no sanitize
+    assert outcome(own_verify(cls(), batch_of(LOGITS))) == expected and release.calls == ["stock sample"]  # unbound: stock
+
+
+@pytest.mark.parametrize(
+    ("fields", "tree"),
+    [({"greedy": False}, 1), ({"return_logprob": True}, 1), ({"logit_bias": T([0])}, 1), ({}, 4)],
+)
+def test_the_own_fallbacks_lean_sample_leaves_what_it_does_not_know_to_the_stock_method(
+    release: Release, fields: dict, tree: int
+) -> None:
+    cls = own_verify_input_class(release)
+    lean = v2.FallbackLeanSample.install(log=False)
+    assert lean is not None
+    verify_input = lean.bind(cls(draft_token_num=tree))
+    batch = batch_of(LOGITS[:1] * tree if tree > 1 else LOGITS, **fields)
+    batch.seq_lens = T([10] * (1 if tree > 1 else 3))
+    own_verify(verify_input, batch)
+    assert release.calls == ["stock sample"] and lean.refused == 1
+
+
+def test_the_own_fallbacks_lean_sample_mirrors_the_simulated_token_and_says_when_it_cannot(release: Release) -> None:
+    release.spec_utils.SIMULATE_ACC_LEN = 3.0  # type: ignore[attr-defined]
+    lean = v2.FallbackLeanSample.install(log=False)
+    assert lean is not None and lean.simulated_token == v2.LeanVerify.SIMULATED_TOKEN
+    got = outcome(own_verify(lean.bind(own_verify_input_class(release)()), batch_of(LOGITS)))
+    assert got[0] == [100, 100, 100] and got[6] == [100, 100, 100]
+    release.spec_utils.SIMULATE_ACC_METHOD = "multinomial"  # type: ignore[attr-defined]
+    assert v2.FallbackLeanSample.install(log=False) is None
+
+
+def test_the_own_fallbacks_lean_sample_is_switched_off_by_the_environment(
+    release: Release, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(v2.LEAN_VERIFY_ENV, "0")
+    assert v2.FallbackLeanSample.install(log=False) is None
+
+
+def test_the_own_fallback_binds_the_lean_sample_to_its_trivial_tree_only() -> None:
+    """Pinned in the source: ``trivial_verify_input`` (which needs SGLang to run) returns the bound
+    input, the plain one without a lean sample, and ``attach_fallback`` installs it."""
+    import inspect
+
+    source = inspect.getsource(v2.V2Fallback.trivial_verify_input)
+    assert "return verify_input if self.lean is None else self.lean.bind(verify_input)" in source
+    assert "fallback.lean = FallbackLeanSample.install(log=rank0)" in inspect.getsource(v2.attach_fallback)
