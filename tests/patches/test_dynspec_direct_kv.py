@@ -1057,9 +1057,9 @@ def test_without_the_forward_hook_the_next_forward_runs_before_the_draft_kv_is_w
 @pytest.mark.usefixtures("sglang_side")
 @pytest.mark.parametrize(
     ("settings", "plan_stream", "setting"),
-    [({"tp_size": 2}, None, "1"), ({}, "a plan stream", "1"), ({}, None, "0"), ({}, None, "")],
+    [({"tp_size": 2}, None, "1"), ({}, "a plan stream", ""), ({}, None, "0")],
 )
-def test_the_write_stays_in_the_workers_stream_where_a_side_stream_is_not_safe_or_not_asked_for(
+def test_the_write_stays_in_the_workers_stream_where_a_side_stream_is_not_safe_or_switched_off(
     streams: LaggingStreams, monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any], plan_stream: Any, setting: str
 ) -> None:
     monkeypatch.setenv(v2.KV_STREAM_ENV, setting)
@@ -1082,7 +1082,15 @@ def test_a_bad_stream_setting_refuses_to_start(streams: LaggingStreams, monkeypa
     fallback, twin, worker = fallback_with(runtime.DRAFT_KV_GRAPH)  # read even where it could not apply
     with pytest.raises(ValueError, match="DYNSPEC_KV_STREAM must be 0 or 1"):
         fallback.write_beside(worker, log=False)
-    assert "on_off_setting(KV_STREAM_ENV, False)" in inspect.getsource(v2.attach_zero_step_policy)
+    assert "on_off_setting(KV_STREAM_ENV, True)" in inspect.getsource(v2.attach_zero_step_policy)
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_the_side_stream_is_the_default(streams: LaggingStreams, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(v2.KV_STREAM_ENV)
+    fallback, twin, worker = beside_with(streams)
+    assert isinstance(fallback.draft_kv.direct, v2.FallbackDirectWrite) and fallback.draft_kv.direct.side is not None
+    assert "forward_batch_generation" in vars(worker)
 
 
 # -- DYNSPEC_KV_BATCH: the rows of several iterations in one replay ---------------------------------
