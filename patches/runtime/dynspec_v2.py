@@ -1048,7 +1048,12 @@ class FallbackLeanSample(LeanVerify):
             return None
         import importlib
 
-        simulated, why_not = cls.simulated_token_of(importlib.import_module("sglang.srt.speculative.spec_utils"))
+        try:
+            spec_utils = importlib.import_module("sglang.srt.speculative.spec_utils")
+        except ImportError:  # every release 0.5.4 - 0.5.13 has it; a patched tree may not
+            simulated, why_not = None, "no sglang.srt.speculative.spec_utils to read SGLANG_SIMULATE_ACC_LEN from"
+        else:
+            simulated, why_not = cls.simulated_token_of(spec_utils)
         if why_not:
             if log:
                 logger.info(f"dynspec: the one-node verify samples with the stock sample ({why_not})")

@@ -485,3 +485,13 @@ def test_the_own_fallback_binds_the_lean_sample_to_its_trivial_tree_only() -> No
     source = inspect.getsource(v2.V2Fallback.trivial_verify_input)
     assert "return verify_input if self.lean is None else self.lean.bind(verify_input)" in source
     assert "fallback.lean = FallbackLeanSample.install(log=rank0)" in inspect.getsource(v2.attach_fallback)
+
+
+def test_without_spec_utils_the_own_fallback_samples_stock_and_says_why(
+    release: Release, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    assert v2.FallbackLeanSample.install(log=False) is not None  # the control
+    monkeypatch.delitem(sys.modules, SPEC_UTILS)
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        assert v2.FallbackLeanSample.install(log=True) is None
+    assert "no sglang.srt.speculative.spec_utils" in caplog.text
