@@ -318,38 +318,13 @@ class V2Fallback:
         draft_worker._draft_extend_for_decode = draft_extend_for_decode
 
     def write_beside(self, worker: Any, log: bool) -> None:
-        """``DYNSPEC_KV_STREAM`` (on unless set to 0; session 17 measured it on 0.5.12): the direct
-        write replays its graph on a stream of its own (``SideStream``), and every forward of the
-        worker first makes its stream wait for the last write. With the lean sample, a fallback
-        step at 64 requests went from 0.980 to 0.990 of a plain decode step in one call. Not with tensor parallelism (the KV-only graph's collectives would run beside the
-        target's, in an order each rank picks alone) nor with SGLang's plan stream, which fills
-        pooled graph inputs without waiting for the worker's stream."""
+        """``DYNSPEC_KV_STREAM`` (on unless set to 0 on 0.5.10 - 0.5.13; session 17 measured it on
+        0.5.12): the direct write on a stream of its own (``write_beside``). With the lean sample, a
+        fallback step at 64 requests went from 0.980 to 0.990 of a plain decode step in one call."""
         wanted = on_off_setting(KV_STREAM_ENV, True)  # read first: a bad value refuses to start
         direct = self.draft_kv.direct
-        if not wanted or not isinstance(direct, FallbackDirectWrite):
-            return
-        why_not = None
-        if (read_setting(worker, "tp_size", 1) or 1) > 1:
-            why_not = "tensor parallelism"
-        elif getattr(worker, "plan_stream", None) is not None:
-            why_not = "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
-        if why_not is not None:
-            if log:
-                logger.info(f"dynspec: {KV_STREAM_ENV} is not used with {why_not}; the draft KV is written in the worker's stream")
-            return
-        import torch
-
-        side = SideStream(torch.get_device_module(worker.device))
-        direct.side = side
-        stock = worker.forward_batch_generation
-
-        def forward_batch_generation(*args: Any, **kwargs: Any) -> Any:
-            side.join()
-            return stock(*args, **kwargs)
-
-        worker.forward_batch_generation = forward_batch_generation
-        if log:
-            logger.info(f"dynspec: kv-direct writes the draft KV on a stream of its own ({KV_STREAM_ENV}=0 turns it off)")
+        if wanted and isinstance(direct, FallbackDirectWrite):
+            write_beside(worker, direct, log)
 
     def prefill_kv_only(self, draft_worker: Any, log: bool, disaggregation: Optional[str] = "null") -> None:
         """``DYNSPEC_PREFILL_KV`` (on unless set to 0; session 15 measured it on 0.5.12): while speculation is off, the
@@ -578,9 +553,7 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     if policy.recorder is not None:
         policy.recorder.watch_drafts(draft_worker, lambda: False)  # draft() is not called at zero steps
     policy.lean_verify = LeanVerify.install(worker, log=rank0)
-    on_off_setting(KV_STREAM_ENV, True)  # read here too: a bad value refuses on every release
-    if os.environ.get(KV_STREAM_ENV, "").strip() == "1" and rank0:
-        logger.info(f"dynspec: {KV_STREAM_ENV} applies to 0.5.10 - 0.5.13 only; the draft KV is written in the worker's stream")
+    on_off_setting(KV_STREAM_ENV, False)  # read here too: a bad value refuses even without kv-direct
     return policy
 
 
@@ -679,13 +652,19 @@ class ZeroStepPolicy:
         """``kv-direct``: feed the captured twin straight from the verify, where it allows it."""
         feed_directly(self.draft_kv, lambda twin: ZeroStepDirectWrite.build(twin, self.worker, self.log), self.log)
         direct = self.draft_kv.direct
-        if direct is None or direct.batch_steps == 1:
+        if direct is None:
             return
-        why_not = direct.check_rounding_unless(kv_batch_unsafe(self.worker))
-        if why_not is not None:  # serve with one iteration per replay rather than not at all
-            direct.batch_steps = 1
-            if self.log:
-                logger.info(f"dynspec: {KV_BATCH_ENV} is not used with {why_not}; every fallback iteration writes its own rows")
+        if direct.batch_steps > 1:
+            why_not = direct.check_rounding_unless(kv_batch_unsafe(self.worker))
+            if why_not is not None:  # serve with one iteration per replay rather than not at all
+                direct.batch_steps = 1
+                if self.log:
+                    logger.info(f"dynspec: {KV_BATCH_ENV} is not used with {why_not}; every fallback iteration writes its own rows")
+        # Opt-in here (DYNSPEC_KV_STREAM=1): not yet measured on 0.5.14+. After the rounding check,
+        # whose replays must finish at start-up; before the flush hook, which then wraps the join.
+        if on_off_setting(KV_STREAM_ENV, False):
+            write_beside(self.worker, direct, self.log)
+        if direct.batch_steps == 1:
             return
         self._flush_before_other_forwards()
         if self.log:
@@ -783,7 +762,7 @@ class ZeroStepPolicy:
 LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
 PREFILL_KV_ENV = "DYNSPEC_PREFILL_KV"  # V2Fallback.prefill_kv_only (0.5.4 - 0.5.13; on unless 0)
 KV_BATCH_ENV = "DYNSPEC_KV_BATCH"
-KV_STREAM_ENV = "DYNSPEC_KV_STREAM"  # V2Fallback.write_beside (0.5.10 - 0.5.13 with kv-direct; on unless 0)
+KV_STREAM_ENV = "DYNSPEC_KV_STREAM"  # write_beside, with kv-direct: 0.5.10 - 0.5.13 on unless 0, 0.5.14+ off unless 1
 KV_BATCH_MAX = 8  # beyond a few iterations the GEMMs of one replay stop being bound by the weight read
 
 
@@ -1080,6 +1059,38 @@ class FallbackLeanSample(LeanVerify):
         return predict, ones, index
 
 
+def write_beside(worker: Any, direct: "DirectKVWrite", log: bool) -> bool:
+    """Replay ``direct``'s graphs on a stream of its own (``SideStream``), and make every forward of
+    the worker first wait for the last replay; False (said once) where that is not safe: with tensor
+    parallelism (the KV-only graph's collectives would run beside the target's, in an order each
+    rank picks alone) or SGLang's plan stream, which fills pooled graph inputs without waiting for
+    the worker's stream. Call it after any start-up replay (``check_rounding``), which must finish
+    before the server takes requests."""
+    why_not = None
+    if (read_setting(worker, "tp_size", 1) or 1) > 1:
+        why_not = "tensor parallelism"
+    elif getattr(worker, "plan_stream", None) is not None:
+        why_not = "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
+    if why_not is not None:
+        if log:
+            logger.info(f"dynspec: {KV_STREAM_ENV} is not used with {why_not}; the draft KV is written in the worker's stream")
+        return False
+    import torch
+
+    side = SideStream(torch.get_device_module(worker.device))
+    direct.side = side
+    stock = worker.forward_batch_generation
+
+    def forward_batch_generation(*args: Any, **kwargs: Any) -> Any:
+        side.join()
+        return stock(*args, **kwargs)
+
+    worker.forward_batch_generation = forward_batch_generation
+    if log:
+        logger.info(f"dynspec: kv-direct writes the draft KV on a stream of its own ({KV_STREAM_ENV}=0 turns it off)")
+    return True
+
+
 def feed_directly(draft_kv: Any, build: Callable[[Any], Tuple[Optional["DirectKVWrite"], str]], log: bool) -> bool:
     """``kv-direct``: make ``draft_kv.direct`` the writer ``build`` makes of its captured twin.
     False (kv-graph, and why said once) for another mode, no twin, or a twin it cannot feed."""
@@ -1293,6 +1304,7 @@ class DirectKVWrite:
         self.staging: Any = None  # private copies of the four buffers where rows wait (batch_steps > 1)
         self.rounding: Optional[List[int]] = None  # per graph size, which graphs round alike (check_rounding)
         self.staged = False  # the pending rows are in ``staging``, not yet in the twin's buffers
+        self.side: Optional[SideStream] = None  # where the graphs replay (write_beside), else the worker's stream
 
     @classmethod
     def width_of(cls, twin: Any) -> Optional[int]:
@@ -1334,6 +1346,8 @@ class DirectKVWrite:
     def write(self, batch: Any, batch_result: Any) -> bool:
         """Write (or stage, see ``batch_steps``) the draft KV of one fallback iteration; False if
         this batch is not one it can take, after writing what was staged."""
+        if self.side is not None:
+            self.side.join()  # the last replay read the pooled inputs this write fills
         mode = getattr(batch, "forward_mode", None)
         if mode is None or mode.is_idle():
             self.flush()
@@ -1373,7 +1387,7 @@ class DirectKVWrite:
         self.pending_steps += 1
         self.inputs_read()
         if last:
-            self.flush()
+            self._replay_pending()  # on the side stream, if any, not waited for: nothing reads it yet
         self.stand_in(batch, batch_result)
         return True
 
@@ -1470,8 +1484,14 @@ class DirectKVWrite:
         )
 
     def flush(self) -> None:
-        """Write the staged rows: pad them to the smallest graph that holds them (padding rows write
-        slot 0, the pool's reserved slot, as the stock replay pads) and replay it."""
+        """Write the staged rows before something else runs: the worker's stream waits for them."""
+        self._replay_pending()
+        if self.side is not None:
+            self.side.join()
+
+    def _replay_pending(self) -> None:
+        """The staged rows padded to the smallest graph that holds them (padding rows write slot 0,
+        the pool's reserved slot, as the stock replay pads), and that graph replayed."""
         rows = self.pending
         if rows == 0:
             return
@@ -1522,6 +1542,12 @@ class DirectKVWrite:
         """Called once an iteration's inputs are copied (they may be freed or rewritten after)."""
 
     def replay(self, size: int) -> None:
+        if self.side is None:
+            self.replay_graph(size)
+        else:
+            self.side.run(lambda: self.replay_graph(size))
+
+    def replay_graph(self, size: int) -> None:
         raise NotImplementedError
 
     def stand_in(self, batch: Any, batch_result: Any) -> None:
@@ -1586,7 +1612,7 @@ class ZeroStepDirectWrite(DirectKVWrite):
             event.record()
             setattr(self.runner, self.read_done, event)
 
-    def replay(self, size: int) -> None:
+    def replay_graph(self, size: int) -> None:
         self.backend.replay(self.twin._make_graph_key(size), None)
 
     def stand_in(self, batch: Any, batch_result: Any) -> None:
@@ -1683,18 +1709,8 @@ class FallbackDirectWrite(DirectKVWrite):
             return None, f"{name} has not captured a graph for every batch size it lists"
         return cls(twin, draft_kv.hidden_states_of_a_row(), log), ""
 
-    side: Optional["SideStream"] = None  # where the graphs replay (V2Fallback.write_beside), else the worker's stream
-
-    def write(self, batch: Any, batch_result: Any) -> bool:
-        if self.side is not None:
-            self.side.join()  # the last replay read the pooled inputs this write fills
-        return super().write(batch, batch_result)
-
-    def replay(self, size: int) -> None:
-        if self.side is None:
-            self.graphs[size].replay()
-        else:
-            self.side.run(self.graphs[size].replay)
+    def replay_graph(self, size: int) -> None:
+        self.graphs[size].replay()
 
     def stand_in(self, batch: Any, batch_result: Any) -> None:
         import torch

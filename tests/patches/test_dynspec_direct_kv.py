@@ -1082,7 +1082,7 @@ def test_a_bad_stream_setting_refuses_to_start(streams: LaggingStreams, monkeypa
     fallback, twin, worker = fallback_with(runtime.DRAFT_KV_GRAPH)  # read even where it could not apply
     with pytest.raises(ValueError, match="DYNSPEC_KV_STREAM must be 0 or 1"):
         fallback.write_beside(worker, log=False)
-    assert "on_off_setting(KV_STREAM_ENV, True)" in inspect.getsource(v2.attach_zero_step_policy)
+    assert "on_off_setting(KV_STREAM_ENV, False)" in inspect.getsource(v2.attach_zero_step_policy)
 
 
 @pytest.mark.usefixtures("sglang_side")
@@ -2107,3 +2107,75 @@ def test_v1_bit_check_skips_an_iteration_whose_slots_are_not_the_extends() -> No
     batch = v1_batch_of()
     batch.out_cache_loc = Tensor(list(EXTEND.slots) + [777])
     assert worker.forward_draft_extend_after_decode(batch) == "stock" and check.calls == []
+
+
+def lagging_backend(twin: ZeroStepTwin, streams: LaggingStreams) -> None:
+    """The twin's full-graph backend replays in whatever stream is current."""
+    backend = twin.backend
+    replay = backend.replay
+    backend.replay = lambda key, batch: streams.launch(lambda: replay(key, batch))  # type: ignore[method-assign]
+
+
+def beside_zero_step(monkeypatch: pytest.MonkeyPatch, streams: LaggingStreams, steps: int) -> tuple[v2.ZeroStepPolicy, DraftWorker, ZeroStepTwin]:
+    monkeypatch.setenv(v2.KV_BATCH_ENV, str(steps))
+    pool = MHATokenToKVPool([])
+    twin = ZeroStepTwin(pool, [], width=4)
+    lagging_backend(twin, streams)
+    policy, draft_worker, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    policy.worker.device = "cuda"
+    policy.worker.forward_batch_generation = Forwarding(pool, twin.log)
+    monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: Probe(twin.pool)))
+    policy._build_direct()
+    pool.kv.clear()
+    twin.log.clear()
+    policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
+    return policy, draft_worker, twin
+
+
+@pytest.mark.usefixtures("sglang_side")
+@pytest.mark.parametrize(("setting", "beside"), [("", False), ("0", False), ("1", True)])
+def test_on_0_5_14_the_stream_is_opt_in(
+    monkeypatch: pytest.MonkeyPatch, streams: LaggingStreams, setting: str, beside: bool
+) -> None:
+    monkeypatch.setenv(v2.KV_STREAM_ENV, setting)
+    policy, draft_worker, twin = beside_zero_step(monkeypatch, streams, 1)
+    assert (policy.draft_kv.direct.side is not None) is beside
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0))
+    assert (twin.log == []) is beside  # beside the worker, the replay waits in the side stream
+    policy.worker.forward_batch_generation(SimpleNamespace(forward_mode=Decode(True)))
+    assert twin.log == ["replay 2", "forward decode"]
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_on_0_5_14_batched_rows_on_the_side_stream_are_written_before_a_prefill_takes_their_slot(
+    monkeypatch: pytest.MonkeyPatch, streams: LaggingStreams
+) -> None:
+    policy, draft_worker, twin = beside_zero_step(monkeypatch, streams, 4)
+    assert policy.draft_kv.direct.side is not None and policy.draft_kv.direct.batch_steps == 4
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0, slots=[900, 901, 902]))
+    policy.worker.forward_batch_generation(SimpleNamespace(forward_mode=Decode(False), prefill_slots=[902]))
+    assert twin.log == ["replay 2", "forward prefill"] and twin.pool.kv[(0, 902)] == ("prefill", 902)
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_on_0_5_14_without_the_join_the_lagging_replay_overwrites_the_new_owners_kv(
+    monkeypatch: pytest.MonkeyPatch, streams: LaggingStreams
+) -> None:
+    """The control: the flush puts the rows on the side stream, and nothing makes the prefill wait."""
+    monkeypatch.setattr(v2.SideStream, "join", lambda self: None)
+    policy, draft_worker, twin = beside_zero_step(monkeypatch, streams, 4)
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0, slots=[900, 901, 902]))
+    policy.worker.forward_batch_generation(SimpleNamespace(forward_mode=Decode(False), prefill_slots=[902]))
+    streams.drain()
+    assert twin.pool.kv[(0, 902)] != ("prefill", 902)
+
+
+@pytest.mark.usefixtures("sglang_side")
+def test_on_0_5_14_resume_waits_for_the_staged_rows_before_the_stock_extend(
+    monkeypatch: pytest.MonkeyPatch, streams: LaggingStreams
+) -> None:
+    policy, draft_worker, twin = beside_zero_step(monkeypatch, streams, 4)
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0))
+    policy._step = runtime.RESUME
+    draft_worker._draft_extend_for_decode(*step_of([A, B, C], 1))
+    assert twin.log == ["replay 2", "stock extend"]

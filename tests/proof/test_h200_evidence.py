@@ -1204,7 +1204,7 @@ def test_session_17_the_profile_puts_the_own_fallbacks_extra_step_time_in_gpu_wo
     write could use, not host work, is where the step can gain."""
     base, dyn = ((S17_PROFILE / f"{n}-gpu.txt").read_text() for n in ("base", "dyn"))
     (b_span, b_busy, b_idle), (d_span, d_busy, d_idle) = per_step_span(base), per_step_span(dyn)
-    assert (b_idle, d_idle) == (402, 403) and d_busy - b_busy == 232
+    assert (b_idle, d_idle) == (402, 403) and d_busy - b_busy == 232 and (b_span, d_span) == (6732, 6965)
     b, d = gpu_work(base), gpu_work(dyn)
     attention = [k for k in d if k.startswith("_fwd_")]
 
