@@ -767,9 +767,10 @@ KV_BATCH_MAX = 8  # beyond a few iterations the GEMMs of one replay stop being b
 
 
 def kv_batch_unsafe(worker: Any) -> Optional[str]:
-    """Why rows may not wait: PD disaggregation (transferred KV lands in new slots without a forward)
-    and a hierarchical cache (loads and backs up device slots on its own) touch the draft KV outside
-    the forwards the staged rows are flushed before; tensor parallelism has not run."""
+    """Why rows may not wait (``DYNSPEC_KV_BATCH``) or replay beside the worker (``write_beside``):
+    PD disaggregation (transferred KV lands in new slots without a forward) and a hierarchical cache
+    (loads and backs up device slots on its own) touch the draft KV outside the forwards the rows
+    are written before; tensor parallelism has not run."""
     if read_setting(worker, "disaggregation_mode", "null") not in (None, "null"):
         return "PD disaggregation"
     if read_setting(worker, "enable_hierarchical_cache", False):
@@ -1061,15 +1062,21 @@ class FallbackLeanSample(LeanVerify):
 
 def write_beside(worker: Any, direct: "DirectKVWrite", log: bool) -> bool:
     """Replay ``direct``'s graphs on a stream of its own (``SideStream``), and make every forward of
-    the worker first wait for the last replay; False (said once) where that is not safe: with tensor
-    parallelism (the KV-only graph's collectives would run beside the target's, in an order each
-    rank picks alone) or SGLang's plan stream, which fills pooled graph inputs without waiting for
-    the worker's stream. Call it after any start-up replay (``check_rounding``), which must finish
-    before the server takes requests."""
-    why_not = None
-    if (read_setting(worker, "tp_size", 1) or 1) > 1:
-        why_not = "tensor parallelism"
-    elif getattr(worker, "plan_stream", None) is not None:
+    the worker first wait for the last replay; False (said once) where that is not safe:
+
+    * what ``kv_batch_unsafe`` names: PD disaggregation and a hierarchical cache move draft KV on
+      streams of their own, ordered only by the scheduler's host sync on the forward's results,
+      which no longer covers the write (a backup could read a row before it is written); tensor
+      parallelism (the KV-only graph's collectives would run beside the target's, in an order
+      each rank picks alone);
+    * SGLang's plan stream, which fills pooled graph inputs without waiting for the worker's stream.
+
+    Call it after any start-up replay (``check_rounding``), which must finish before the server
+    takes requests. Left open (session 17's review): work the scheduler does while idle outside a
+    forward (``release_memory_occupation``, weight updates) is not ordered after the last replay by
+    anything but time: the replay takes ~0.1 ms, the host's result processing longer."""
+    why_not = kv_batch_unsafe(worker)
+    if why_not is None and getattr(worker, "plan_stream", None) is not None:
         why_not = "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
     if why_not is not None:
         if log:

@@ -1057,7 +1057,13 @@ def test_without_the_forward_hook_the_next_forward_runs_before_the_draft_kv_is_w
 @pytest.mark.usefixtures("sglang_side")
 @pytest.mark.parametrize(
     ("settings", "plan_stream", "setting"),
-    [({"tp_size": 2}, None, "1"), ({}, "a plan stream", ""), ({}, None, "0")],
+    [
+        ({"tp_size": 2}, None, "1"),
+        ({"disaggregation_mode": "decode"}, None, "1"),
+        ({"enable_hierarchical_cache": True}, None, ""),
+        ({}, "a plan stream", ""),
+        ({}, None, "0"),
+    ],
 )
 def test_the_write_stays_in_the_workers_stream_where_a_side_stream_is_not_safe_or_switched_off(
     streams: LaggingStreams, monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any], plan_stream: Any, setting: str
