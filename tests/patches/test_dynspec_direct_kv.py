@@ -2185,3 +2185,22 @@ def test_on_0_5_14_resume_waits_for_the_staged_rows_before_the_stock_extend(
     policy._step = runtime.RESUME
     draft_worker._draft_extend_for_decode(*step_of([A, B, C], 1))
     assert twin.log == ["replay 2", "stock extend"]
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", OWN_FALLBACK_DIRECT + ZERO_STEP)
+def test_the_worker_keeps_its_plan_stream_where_write_beside_looks_for_it(version: str) -> None:
+    """``write_beside`` refuses a side stream where ``worker.plan_stream`` is not None. Every release
+    with a direct write sets that attribute in ``EAGLEWorkerV2.__init__`` from ``_get_plan_stream``
+    (in the worker's module) or ``get_plan_stream`` (in spec_utils, later releases), which gives
+    None unless SGLANG_ENABLE_OVERLAP_PLAN_STREAM is set, so the refusal reads the release's switch."""
+    worker_source = source_of(version, V2_WORKER)
+    init = ast.unparse(method_def(class_named(worker_source, "EAGLEWorkerV2"), "__init__"))
+    assignment = r"self\.plan_stream, self\.plan_stream_ctx = (_?get_plan_stream)\(self\.device\)"
+    call = re.search(assignment, init)
+    assert call is not None, version
+    assert re.search(assignment, init.replace("self.plan_stream,", "self.stream,")) is None  # the pattern's control
+    home = worker_source if call.group(1) == "_get_plan_stream" else source_of(version, SPEC_UTILS)
+    getter = next(n for n in ast.walk(ast.parse(home)) if isinstance(n, ast.FunctionDef) and n.name == call.group(1))
+    body = ast.unparse(getter)
+    assert "if envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM.get():" in body and "return (None, contextlib.nullcontext())" in body, version
