@@ -90,6 +90,7 @@ def check_command(target: Path, head: Path | None) -> None:
 @click.option("--epochs", type=int, default=None)
 @click.option("--self-prompts", type=int, default=None, help="Queries the target writes itself (Magpie) added to the training prompts.")
 @click.option("--self-prompt-tokens", type=int, default=None, help="At most this many tokens per self-written query.")
+@click.option("--draft-vocab", type=int, default=None, help="Target tokens the head predicts: the most frequent in the training data.")
 @click.option("--lm-head", type=click.Choice(["target", "random"]), default=None,
               help="Start lm_head and norm at random (default) or from the target's (no held-out gain on the CPU).")
 @click.option("--eval-prompts", type=int, default=None, help="Held-out prompts measured (0: all).")

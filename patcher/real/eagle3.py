@@ -57,6 +57,9 @@ class Recipe:
     new_tokens: int = 96  # continuation per training prompt
     eval_new_tokens: int = 128
     eval_prompts: int = 48  # held-out prompts measured (half code, half writing, where there are enough); 0: all
+    # The target tokens the head predicts: the most frequent labels of the training data. On the CPU
+    # recipe's samples 4096 cover 89 % of the held-out labels (96 - 98 % of the trained ones), 8192
+    # cover 93 %, 16384 96 % (session 17): a label outside can never be accepted.
     draft_vocab: int = 4096
     intermediate: int = 1024
     epochs: int = 8
@@ -98,6 +101,12 @@ def recipe_for(device: str) -> Recipe:
     return CUDA_RECIPE if device == "cuda" else Recipe()
 
 
+def check_draft_vocab(recipe: Recipe, vocab: int) -> None:
+    """One-line ``UsageError`` for a draft vocabulary larger than the target's ``vocab``."""
+    if recipe.draft_vocab > vocab:
+        raise UsageError(f"--draft-vocab {recipe.draft_vocab}: at most the target's vocabulary, {vocab}")
+
+
 def check_recipe(recipe: Recipe, cuda_available: bool | None = None) -> None:
     """One-line ``UsageError`` (exit 2) naming the flag, before anything is loaded."""
     if recipe.device not in ("cpu", "cuda"):
@@ -108,6 +117,7 @@ def check_recipe(recipe: Recipe, cuda_available: bool | None = None) -> None:
         ("--batch-tokens", recipe.batch_tokens, 1), ("--epochs", recipe.epochs, 1), ("--threads", recipe.threads, 1),
         ("--eval-prompts", recipe.eval_prompts, 0), ("--max-prompts", recipe.max_prompts, 0),
         ("--self-prompts", recipe.self_prompts, 0), ("--self-prompt-tokens", recipe.self_prompt_tokens, MIN_QUERY),
+        ("--draft-vocab", recipe.draft_vocab, 1),
     ):  # fmt: skip
         if value < least:
             raise UsageError(f"{flag} {value}: at least {least}")
@@ -1019,6 +1029,7 @@ def build(
     if recipe.self_prompts and chat is None:
         raise UsageError("--self-prompts needs the chat template's ids: make the training prompts again with `dynspec real prompts --split train`")
     target = load_target(target_dir, recipe.device)
+    check_draft_vocab(recipe, int(target.config["vocab_size"]))
     timings["load"] = time.perf_counter() - clock
     if recipe.self_prompts:
         assert chat is not None

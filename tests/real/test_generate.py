@@ -134,6 +134,7 @@ def test_sampled_continuations_are_seeded_and_the_targets_own() -> None:
         ({"continuations": 0}, "--continuations 0: at least 1"),
         ({"gen_batch": 0}, "--gen-batch 0: at least 1"),
         ({"eval_prompts": -1}, "--eval-prompts -1: at least 0"),
+        ({"draft_vocab": 0}, "--draft-vocab 0: at least 1"),
         ({"device": "cuda"}, "--device cuda: torch"),
         ({"device": "mps"}, "--device mps: cpu or cuda"),
     ],
@@ -236,3 +237,10 @@ def test_the_eos_target_stops_transformers_generate_unless_told_not_to(eos_targe
     with torch.no_grad():
         plain = eos_target.model.generate(input_ids=prompt, max_new_tokens=NEW, do_sample=False, pad_token_id=0)
     assert plain.shape[1] < sample.prompt_len + NEW
+
+
+def test_a_draft_vocabulary_larger_than_the_targets_is_one_usage_error() -> None:
+    eagle3.check_draft_vocab(eagle3.Recipe(draft_vocab=49152), 49152)  # the control: the whole vocabulary is allowed
+    with pytest.raises(UsageError) as caught:
+        eagle3.check_draft_vocab(eagle3.Recipe(draft_vocab=49153), 49152)
+    assert str(caught.value) == "--draft-vocab 49153: at most the target's vocabulary, 49152"
