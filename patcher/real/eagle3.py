@@ -598,6 +598,15 @@ def draft_vocabulary(samples: Sequence[Sample], size: int, vocab: int) -> torch.
     return torch.tensor(sorted(order), dtype=torch.long)
 
 
+def draft_vocab_coverage(head: Any, samples: Sequence[Sample]) -> float:
+    """The share of the samples' trained labels inside the head's draft vocabulary (``t2d``): a
+    position whose label lies outside can never be accepted, whatever the head learned."""
+    labels = torch.cat([s.labels[s.labels >= 0].cpu() for s in samples])
+    if labels.numel() == 0:
+        return 0.0
+    return round(float(head.t2d.cpu()[labels].float().mean()), 4)
+
+
 def pack(samples: Sequence[Sample], budget: int) -> list[list[int]]:
     """Batches of sample indices, in order, each up to ``budget`` padded positions."""
     batches: list[list[int]] = []
@@ -1048,6 +1057,7 @@ def build(
     greedy_train = [s for s in train_samples if s.greedy][: len(eval_samples)]
     measured["train_accept_length"] = acceptance(head, target, greedy_train)["accept_length"]
     measured["stale_kv"] = stale_kv_cost(head, target, eval_samples, exact=drafts)
+    measured["draft_vocab_coverage"] = draft_vocab_coverage(head, eval_samples)
     timings["measure"] = time.perf_counter() - clock - sum(timings.values())
     if recipe.device == "cuda":
         training["cuda_peak_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)

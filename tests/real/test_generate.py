@@ -244,3 +244,20 @@ def test_a_draft_vocabulary_larger_than_the_targets_is_one_usage_error() -> None
     with pytest.raises(UsageError) as caught:
         eagle3.check_draft_vocab(eagle3.Recipe(draft_vocab=49153), 49152)
     assert str(caught.value) == "--draft-vocab 49153: at most the target's vocabulary, 49152"
+
+
+def test_the_draft_vocabulary_coverage_counts_the_trained_labels_inside_it() -> None:
+    from types import SimpleNamespace
+
+    t2d = torch.zeros(10, dtype=torch.bool)
+    t2d[[1, 2, 3]] = True
+    head = SimpleNamespace(t2d=t2d)
+
+    def sample(labels: list[int]) -> eagle3.Sample:
+        n = len(labels)
+        return eagle3.Sample("p", torch.arange(n), 1, torch.zeros(n, 3), torch.tensor(labels))
+
+    # -1 (prompt positions) is not trained; of 1, 2, 7, 3, 9 three of five lie inside
+    assert eagle3.draft_vocab_coverage(head, [sample([-1, 1, 2, 7]), sample([3, 9])]) == 0.6
+    t2d[[7, 9]] = True  # the control: a vocabulary holding every label covers all of them
+    assert eagle3.draft_vocab_coverage(head, [sample([-1, 1, 2, 7]), sample([3, 9])]) == 1.0
