@@ -1257,3 +1257,23 @@ def test_session_17_throughput_at_64_requests() -> None:
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64])
     assert tput["per_step"] == ratios and (ratios["dynspec"]["64"]["median"], ratios["dynspec"]["64"]["pairs"]) == (0.979, 20)
     assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+
+
+def test_session_17_a_draft_vocabulary_twice_as_large_gained_nothing_on_the_cpu() -> None:
+    """The session-16 self-prompts recipe on the same cached samples with --draft-vocab 8192: held-out
+    labels inside the draft vocabulary rise from 89 % to 93 %, acceptance does not (1.557 against
+    1.556; trained 2.472 against 2.471), so Recipe.draft_vocab stays 4096."""
+    run = json.loads((PROOF / "real-s17-cpu-draft-vocab" / "self-320-dv8192.json").read_text())
+    before = json.loads((PROOF / "real-s16-cpu-self-prompts" / "self-320.json").read_text())
+    assert {k: v for k, v in run["recipe"].items() if k != "draft_vocab"} == {
+        k: v for k, v in before["recipe"].items() if k != "draft_vocab"
+    }  # the same recipe otherwise
+    assert (run["recipe"]["draft_vocab"], before["recipe"]["draft_vocab"]) == (8192, 4096)
+    log = (PROOF / "real-s17-cpu-draft-vocab" / "self-320-dv8192.log").read_text()
+    assert "640 prompts' continuations from /root/.cache/dynspec/real/samples/8c6ea709a52c1109.pt" in log  # the same samples
+    got, had = run["acceptance"], before["acceptance"]
+    assert (got["accept_length"], got["train_accept_length"]) == (1.557, 2.472)
+    assert abs(got["accept_length"] - had["accept_length"]) <= 0.001  # no gain
+    # Negative control: the same comparison sees session 16's gain from the self-written queries.
+    without = json.loads((PROOF / "real-s16-cpu-lm-head-ab" / "random.json").read_text())["acceptance"]
+    assert abs(had["accept_length"] - without["accept_length"]) > 0.001
