@@ -553,7 +553,6 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     if policy.recorder is not None:
         policy.recorder.watch_drafts(draft_worker, lambda: False)  # draft() is not called at zero steps
     policy.lean_verify = LeanVerify.install(worker, log=rank0)
-    on_off_setting(KV_STREAM_ENV, False)  # read here too: a bad value refuses even without kv-direct
     return policy
 
 
@@ -611,6 +610,8 @@ class ZeroStepPolicy:
         self._states: dict = {}
         self._warned_missing = False
         self._early_publish = early_fence_enabled()  # read once, at start-up
+        # Opt-in here: not yet measured on 0.5.14+. Read now, so a bad value refuses even without kv-direct.
+        self._kv_stream = on_off_setting(KV_STREAM_ENV, False)
         self.lean_verify: Optional[LeanVerify] = None  # set by attach_zero_step_policy
 
     @property
@@ -660,9 +661,9 @@ class ZeroStepPolicy:
                 direct.batch_steps = 1
                 if self.log:
                     logger.info(f"dynspec: {KV_BATCH_ENV} is not used with {why_not}; every fallback iteration writes its own rows")
-        # Opt-in here (DYNSPEC_KV_STREAM=1): not yet measured on 0.5.14+. After the rounding check,
-        # whose replays must finish at start-up; before the flush hook, which then wraps the join.
-        if on_off_setting(KV_STREAM_ENV, False):
+        # After the rounding check, whose replays must finish at start-up; before the flush hook,
+        # which then wraps the join.
+        if self._kv_stream:
             write_beside(self.worker, direct, self.log)
         if direct.batch_steps == 1:
             return

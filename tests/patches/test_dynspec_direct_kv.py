@@ -968,6 +968,13 @@ def lagging_graphs(twin: FallbackTwin, streams: LaggingStreams) -> None:
         twin.graphs[size] = SimpleNamespace(replay=lambda graph=graph: streams.launch(graph.replay))  # type: ignore[assignment]
 
 
+def lagging_backend(twin: ZeroStepTwin, streams: LaggingStreams) -> None:
+    """The twin's full-graph backend replays in whatever stream is current."""
+    backend = twin.backend
+    replay = backend.replay
+    backend.replay = lambda key, batch: streams.launch(lambda: replay(key, batch))  # type: ignore[method-assign]
+
+
 class ForwardingWorker:
     """EAGLEWorkerV2 as ``write_beside`` reads it; its forward notes what the draft KV holds then."""
 
@@ -992,7 +999,9 @@ def streams(monkeypatch: pytest.MonkeyPatch, fake_torch: None) -> LaggingStreams
     return streams
 
 
-def beside_with(streams: LaggingStreams, **settings: Any) -> tuple[v2.V2Fallback, FallbackTwin, ForwardingWorker]:
+def beside_with(
+    streams: LaggingStreams, plan_stream: Any = None, **settings: Any
+) -> tuple[v2.V2Fallback, FallbackTwin, ForwardingWorker]:
     pool = MHATokenToKVPool([])
     twin = FallbackTwin(pool, [])
     lagging_graphs(twin, streams)
@@ -1000,6 +1009,7 @@ def beside_with(streams: LaggingStreams, **settings: Any) -> tuple[v2.V2Fallback
     draft_kv.mode, draft_kv.graph = runtime.DRAFT_KV_DIRECT, twin
     fallback = v2.V2Fallback(runtime.SwitchController(4, min_steps=1, log=False), None, draft_kv)
     worker = ForwardingWorker(twin, pool, **settings)
+    worker.plan_stream = plan_stream
     fallback.feed_twin_directly(worker, log=False)
     fallback.write_beside(worker, log=False)
     fallback._step, fallback.in_fallback = runtime.FALL_BACK, True
@@ -1069,16 +1079,9 @@ def test_the_write_stays_in_the_workers_stream_where_a_side_stream_is_not_safe_o
     streams: LaggingStreams, monkeypatch: pytest.MonkeyPatch, settings: dict[str, Any], plan_stream: Any, setting: str
 ) -> None:
     monkeypatch.setenv(v2.KV_STREAM_ENV, setting)
-    pool = MHATokenToKVPool([])
-    twin = FallbackTwin(pool, [])
-    draft_kv = fallback_draft_kv()
-    draft_kv.mode, draft_kv.graph = runtime.DRAFT_KV_DIRECT, twin
-    fallback = v2.V2Fallback(runtime.SwitchController(4, min_steps=1, log=False), None, draft_kv)
-    worker = ForwardingWorker(twin, pool, **settings)
-    worker.plan_stream = plan_stream
-    fallback.feed_twin_directly(worker, log=False)
-    fallback.write_beside(worker, log=False)
-    assert isinstance(draft_kv.direct, v2.FallbackDirectWrite) and draft_kv.direct.side is None
+    fallback, twin, worker = beside_with(streams, plan_stream, **settings)
+    direct = fallback.draft_kv.direct
+    assert isinstance(direct, v2.FallbackDirectWrite) and direct.side is None
     assert "forward_batch_generation" not in vars(worker) and streams.sides == []
 
 
@@ -1088,7 +1091,8 @@ def test_a_bad_stream_setting_refuses_to_start(streams: LaggingStreams, monkeypa
     fallback, twin, worker = fallback_with(runtime.DRAFT_KV_GRAPH)  # read even where it could not apply
     with pytest.raises(ValueError, match="DYNSPEC_KV_STREAM must be 0 or 1"):
         fallback.write_beside(worker, log=False)
-    assert "on_off_setting(KV_STREAM_ENV, False)" in inspect.getsource(v2.attach_zero_step_policy)
+    with pytest.raises(ValueError, match="DYNSPEC_KV_STREAM must be 0 or 1"):  # 0.5.14+, without kv-direct too
+        policy_with(runtime.DRAFT_KV_GRAPH, None)
 
 
 @pytest.mark.usefixtures("sglang_side")
@@ -1297,11 +1301,17 @@ class Forwarding:
         return "result"
 
 
-def batched_policy(monkeypatch: pytest.MonkeyPatch, steps: int) -> tuple[v2.ZeroStepPolicy, DraftWorker, ZeroStepTwin]:
+def batched_policy(
+    monkeypatch: pytest.MonkeyPatch, steps: int, streams: LaggingStreams | None = None
+) -> tuple[v2.ZeroStepPolicy, DraftWorker, ZeroStepTwin]:
+    """``streams``: the twin replays in whatever stream is current, as ``DYNSPEC_KV_STREAM=1`` replays it."""
     monkeypatch.setenv(v2.KV_BATCH_ENV, str(steps))
     pool = MHATokenToKVPool([])
     twin = ZeroStepTwin(pool, [], width=4)
+    if streams is not None:
+        lagging_backend(twin, streams)
     policy, draft_worker, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
+    policy.worker.device = "cuda"
     policy.worker.forward_batch_generation = Forwarding(pool, twin.log)
     monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: Probe(twin.pool)))
     policy._build_direct()
@@ -2115,36 +2125,13 @@ def test_v1_bit_check_skips_an_iteration_whose_slots_are_not_the_extends() -> No
     assert worker.forward_draft_extend_after_decode(batch) == "stock" and check.calls == []
 
 
-def lagging_backend(twin: ZeroStepTwin, streams: LaggingStreams) -> None:
-    """The twin's full-graph backend replays in whatever stream is current."""
-    backend = twin.backend
-    replay = backend.replay
-    backend.replay = lambda key, batch: streams.launch(lambda: replay(key, batch))  # type: ignore[method-assign]
-
-
-def beside_zero_step(monkeypatch: pytest.MonkeyPatch, streams: LaggingStreams, steps: int) -> tuple[v2.ZeroStepPolicy, DraftWorker, ZeroStepTwin]:
-    monkeypatch.setenv(v2.KV_BATCH_ENV, str(steps))
-    pool = MHATokenToKVPool([])
-    twin = ZeroStepTwin(pool, [], width=4)
-    lagging_backend(twin, streams)
-    policy, draft_worker, _ = policy_with(runtime.DRAFT_KV_DIRECT, twin)
-    policy.worker.device = "cuda"
-    policy.worker.forward_batch_generation = Forwarding(pool, twin.log)
-    monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: Probe(twin.pool)))
-    policy._build_direct()
-    pool.kv.clear()
-    twin.log.clear()
-    policy._step, policy.worker.speculative_num_steps = runtime.FALL_BACK, 0
-    return policy, draft_worker, twin
-
-
 @pytest.mark.usefixtures("sglang_side")
 @pytest.mark.parametrize(("setting", "beside"), [("", False), ("0", False), ("1", True)])
 def test_on_0_5_14_the_stream_is_opt_in(
     monkeypatch: pytest.MonkeyPatch, streams: LaggingStreams, setting: str, beside: bool
 ) -> None:
     monkeypatch.setenv(v2.KV_STREAM_ENV, setting)
-    policy, draft_worker, twin = beside_zero_step(monkeypatch, streams, 1)
+    policy, draft_worker, twin = batched_policy(monkeypatch, 1, streams)
     assert (policy.draft_kv.direct.side is not None) is beside
     draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0))
     assert (twin.log == []) is beside  # beside the worker, the replay waits in the side stream
@@ -2156,7 +2143,7 @@ def test_on_0_5_14_the_stream_is_opt_in(
 def test_on_0_5_14_batched_rows_on_the_side_stream_are_written_before_a_prefill_takes_their_slot(
     monkeypatch: pytest.MonkeyPatch, streams: LaggingStreams
 ) -> None:
-    policy, draft_worker, twin = beside_zero_step(monkeypatch, streams, 4)
+    policy, draft_worker, twin = batched_policy(monkeypatch, 4, streams)
     assert policy.draft_kv.direct.side is not None and policy.draft_kv.direct.batch_steps == 4
     draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0, slots=[900, 901, 902]))
     policy.worker.forward_batch_generation(SimpleNamespace(forward_mode=Decode(False), prefill_slots=[902]))
@@ -2169,7 +2156,7 @@ def test_on_0_5_14_without_the_join_the_lagging_replay_overwrites_the_new_owners
 ) -> None:
     """The control: the flush puts the rows on the side stream, and nothing makes the prefill wait."""
     monkeypatch.setattr(v2.SideStream, "join", lambda self: None)
-    policy, draft_worker, twin = beside_zero_step(monkeypatch, streams, 4)
+    policy, draft_worker, twin = batched_policy(monkeypatch, 4, streams)
     draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0, slots=[900, 901, 902]))
     policy.worker.forward_batch_generation(SimpleNamespace(forward_mode=Decode(False), prefill_slots=[902]))
     streams.drain()
@@ -2180,7 +2167,7 @@ def test_on_0_5_14_without_the_join_the_lagging_replay_overwrites_the_new_owners
 def test_on_0_5_14_resume_waits_for_the_staged_rows_before_the_stock_extend(
     monkeypatch: pytest.MonkeyPatch, streams: LaggingStreams
 ) -> None:
-    policy, draft_worker, twin = beside_zero_step(monkeypatch, streams, 4)
+    policy, draft_worker, twin = batched_policy(monkeypatch, 4, streams)
     draft_worker._draft_extend_for_decode(*step_of([A, B, C], 0))
     policy._step = runtime.RESUME
     draft_worker._draft_extend_for_decode(*step_of([A, B, C], 1))
