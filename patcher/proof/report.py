@@ -10,7 +10,8 @@ markers in the tree name}, ``passed``, ``equivalence`` {``passed``,
 ``mixed_load`` {``passed``, ``seconds`` {``base``, ``always_on``, ``dynspec``},
 ``oracle_seconds``, ``phases``, and with ``--mixed-variant`` ``variants`` {name: {``env``,
 ``seconds``, ``over_dynspec``, ``dynspec_over_oracle``}}}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
-``skip_resumed``, ``requests``}, and ``model`` (``dummy``, or the real model's name). A check that was not run is absent and named in ``skipped``
+``skip_resumed``, ``full_resumed``, ``requests``, ``resumed_over_full``, ``resumed_over_always_on``, ``skip_over_full``
+({``ratio``, ``ci95``}), ``control_drops``, with real weights ``proposals``}, and ``model`` (``dummy``, or the real model's name). A check that was not run is absent and named in ``skipped``
 with the reason; without dynspec applied, ``throughput.dynspec`` and
 ``throughput.envelope_ratio`` are null.
 """
@@ -32,6 +33,11 @@ PLOT_NAME = "throughput.png"
 
 Report = dict[str, Any]
 
+
+
+def weights(shape: str | None) -> str:
+    """A report's shape as the summary names it: "8b shape", or "real weights"."""
+    return "real weights" if shape == "real" else f"{shape} shape"
 
 def envelope_ratio(
     base: Sequence[float | None], always_on: Sequence[float | None], dynspec: Sequence[float | None]
@@ -116,7 +122,7 @@ def summary(report: Report) -> str:
     if eq and eq.get("per_level"):
         cols = [c for c in ("base", "always_on", "dynspec", "dynspec_after_ramp") if eq.get("digests", {}).get(c)]
         lines.append("")
-        lines.append(f"equivalence: output digests ({eq.get('shape')} shape, {eq.get('new_tokens')} new tokens)")
+        lines.append(f"equivalence: output digests ({weights(eq.get('shape'))}, {eq.get('new_tokens')} new tokens)")
         lines.append(f"{'C':>5}  " + "  ".join(f"{c.replace('_', '-'):<18}" for c in cols) + "  dynspec state")
         for row in eq["per_level"]:
             cells = []
@@ -136,7 +142,7 @@ def summary(report: Report) -> str:
         lines.append("")
         sim = tp.get("simulate_acc_len")
         lines.append(
-            f"throughput: tok/s ({tp.get('shape')} shape, {tp.get('new_tokens')} new tokens, "
+            f"throughput: tok/s ({weights(tp.get('shape'))}, {tp.get('new_tokens')} new tokens, "
             f"SGLANG_SIMULATE_ACC_LEN={sim:g})"
             if sim is not None
             else "throughput: tok/s"

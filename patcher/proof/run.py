@@ -131,6 +131,10 @@ class ProofOptions:
             return self.shape
         return "8b" if check in ("throughput", "mixed_load") else "small"
 
+    def shape_named(self, check: str) -> str:
+        """What a report calls the weights it ran: a dummy shape, or "real" (the shape then unused)."""
+        return "real" if self.model_dir is not None else self.shape_for(check)
+
     @property
     def exact_kv_load(self) -> exactkv.Load:
         """Long requests that fit under the switch-on size, short ones that push the batch above the threshold."""
@@ -240,13 +244,29 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
 
 def outputs_differ(digests: Mapping[str, Sequence[str]], real: bool) -> str | None:
     """The acceptance check's servers' greedy outputs (wave digests by server role), or None if they
-    agree. On real weights the servers accept differently by design (skip's drafts are stale,
-    never-off verifies where the others fall back), so their verifies round apart and a near tie may
-    flip: there only the server under test and full, which draft alike when the KV is exact, must."""
-    judged = {k: v for k, v in digests.items() if not real or k in ("kv", "full")}
-    if len({tuple(d) for d in judged.values()}) > 1:
-        return f"greedy outputs of the load differ between the servers: {dict(judged)}"
+    agree. Dummy weights only: on real weights the servers accept differently by design (skip's
+    drafts are stale, never-off verifies where the others fall back, and the server under test
+    switches off at a large admission where full does not), so batch sizes part, the draft's graphs
+    round apart and a near tie may flip (session 18: kv and full parted in 1 of 5 waves, every
+    differing proposal after the request's timeline had parted). There ``proposals_apart`` judges."""
+    if real:
+        return None
+    if len({tuple(d) for d in digests.values()}) > 1:
+        return f"greedy outputs of the load differ between the servers: {dict(digests)}"
     return None
+
+
+def proposals_apart(recordings: Mapping[str, exactkv.Recording]) -> tuple[dict[str, Any], str | None]:
+    """Real weights: the server under test's drafts against full's where the request's timeline (step
+    and batch size at each position) matched, as ``exact_kv`` compares them; a counted summary and a
+    problem if any differ there."""
+    entry = exactkv.judge(recordings, {}, 1, [])
+    summary = {k: entry[k] for k in ("compared_steps", "mismatches", "compared_steps_same_history", "mismatches_same_history")}
+    summary["control_mismatches_same_history"] = entry["control_mismatches_same_history"]
+    wrong = entry["mismatches_same_history"]
+    if wrong:
+        return summary, f"{wrong} of {entry['compared_steps_same_history']} drafts differ from the full extend's where the request's timeline matched"
+    return summary, None
 
 
 def first_difference(tokens: Sequence[int], want: Sequence[int]) -> int:
@@ -681,16 +701,22 @@ class Proof:
                         if not variant and exact_kv:
                             kv_path = self.check_kv_only_path(Path(info.get("log", "")), kv_problems)
         if equivalence:
-            self.report["equivalence"] = self.judge_equivalence(runs, modes, shape, eq_problems)
+            self.report["equivalence"] = self.judge_equivalence(runs, modes, opts.shape_named("equivalence"), eq_problems)
         if crossings:
             self.judge_crossings(cr)
             self.report["crossings"] = cr
         if accept:
-            differ = outputs_differ(kv_digests, real=opts.model_dir is not None)
+            real = opts.model_dir is not None
+            differ = outputs_differ(kv_digests, real)
+            proposals: dict[str, Any] | None = None
+            if real and {"kv", "full", "skip"} <= recordings.keys():
+                proposals, differ = proposals_apart(recordings)
             if differ:
                 acc_problems.append(differ)
             entry = acceptance.judge(traces, opts.acceptance_min_verifies, acc_problems)
-            entry.update(load=opts.exact_kv_load.describe(), shape=shape if opts.model_dir is None else "real")
+            if proposals is not None:
+                entry["proposals"] = proposals
+            entry.update(load=opts.exact_kv_load.describe(), shape=opts.shape_named("acceptance"))
             entry["digests"] = dict(kv_digests)
             self.report["acceptance"] = entry
         if exact_kv:
@@ -708,7 +734,7 @@ class Proof:
             if entry["bits"] is not None:
                 entry["bits"]["server"] = opts.exact_kv_bits_on
             # which KV-only extend was proven, as the server's start-up line says it ran it
-            entry.update(load=opts.exact_kv_load.describe(), shape=shape, threshold=opts.threshold, kv_only_extend=kv_path)
+            entry.update(load=opts.exact_kv_load.describe(), shape=opts.shape_named("exact_kv"), threshold=opts.threshold, kv_only_extend=kv_path)
             self.report["exact_kv"] = entry
 
     def kv_mode(self, problems: list[str]) -> str:
@@ -1042,7 +1068,7 @@ class Proof:
             "warmup": opts.throughput_warmup,
             "repeats": opts.throughput_repeats,
             "new_tokens": opts.throughput_new_tokens,
-            "shape": shape,
+            "shape": opts.shape_named("throughput"),
             "simulate_acc_len": opts.simulate_acc_len,
             "min_envelope_ratio": opts.min_envelope_ratio,
         }
@@ -1104,7 +1130,7 @@ class Proof:
         opts = self.opts
         main = {m: r for m, r in runs.items() if m != launch.BASE_NO_OVERLAP}
         entry = mixed.judge(opts.mixed_schedule, main, opts.max_mixed_ratio, problems)
-        entry.update(shape=shape, simulate_acc_len=opts.simulate_acc_len, repeats=opts.mixed_repeats)
+        entry.update(shape=opts.shape_named("mixed_load"), simulate_acc_len=opts.simulate_acc_len, repeats=opts.mixed_repeats)
         if launch.BASE_NO_OVERLAP in runs:
             # Information: a v1 server against plain decode on its own (non-overlap) scheduler.
             other = {**main, "base": runs[launch.BASE_NO_OVERLAP]}

@@ -169,7 +169,6 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
         return None
     _refuse_bit_check()
     from sglang.srt.speculative.dynspec_runtime import (
-        DRAFT_KV_DEFAULT_OWN_FALLBACK,
         DraftKV,
         DraftRecorder,
         SingleTokenTarget,
@@ -181,7 +180,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     rank0 = _tp_rank(worker) == 0
     tic = time.perf_counter()
     controller = _switch_controller(worker, settings, rank0)
-    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0, auto=DRAFT_KV_DEFAULT_OWN_FALLBACK)
+    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0, auto=own_fallback_draft_kv_default(worker, rank0))
     target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
     # The stock runner is captured for the speculative width; the fallback's full extend (RESUME) runs
     # eagerly (_SavedSteps), but the KV-only twin computes row by row, so one token per request fits it.
@@ -205,6 +204,26 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
             f"sizes {target.capture_bs or 'none (eager)'}; {describe_draft_kv(draft_kv)}"
         )
     return fallback
+
+
+def own_fallback_draft_kv_default(worker: Any, log: bool) -> str:
+    """``auto`` on dynspec's own fallback: ``kv-direct`` where the draft worker's stock draft-extend
+    graph runner is one ``FallbackDirectWrite`` can feed (its KV-only twin is another instance of
+    that class), else the eager ``kv``. Asked before the twin is captured: ``kv-graph`` alone has
+    never run on this path, so a release the direct write cannot feed (0.5.4 - 0.5.9, a backend it
+    has not run with) keeps the eager extend rather than capturing a graph nobody replays directly."""
+    from sglang.srt.speculative.dynspec_runtime import (
+        DRAFT_KV_DEFAULT_OWN_FALLBACK,
+        DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED,
+    )
+
+    stock = getattr(worker.draft_worker, "cuda_graph_runner_for_draft_extend", None)
+    why_not = "the draft worker keeps no draft-extend CUDA graph" if stock is None else FallbackDirectWrite.unfit(stock, worker)
+    if why_not is None:
+        return DRAFT_KV_DEFAULT_OWN_FALLBACK
+    if log:
+        logger.info(f"dynspec: {why_not}; by default the fallback writes the draft KV eagerly ({DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED})")
+    return DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED
 
 
 class _SavedSteps:

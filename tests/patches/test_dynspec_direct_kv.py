@@ -787,6 +787,35 @@ def test_the_fallbacks_direct_write_refuses_a_twin_it_cannot_feed(case: str, why
     assert direct is None and why in why_not
 
 
+@pytest.mark.usefixtures("sglang_side")
+def test_the_own_fallbacks_auto_is_kv_direct_where_the_stock_runner_can_be_fed_and_kv_elsewhere(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Asked of the stock draft-extend runner before any twin is captured (the twin is another
+    instance of its class): 0.5.10 - 0.5.13 with Triton feed it; 0.5.4 - 0.5.9 (inputs as
+    attributes, not ``buffers``), another backend or no graph at all keep the eager kv."""
+    def worker_with(case: str | None) -> Any:
+        worker = SimpleNamespace(server_args=SimpleNamespace())
+        worker.draft_worker = SimpleNamespace(cuda_graph_runner_for_draft_extend=FallbackTwin(MHATokenToKVPool([]), []))
+        if case is not None:
+            damage_fallback_twin(case, worker.draft_worker.cuda_graph_runner_for_draft_extend, worker)
+        return worker
+
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        assert v2.own_fallback_draft_kv_default(worker_with(None), log=True) == runtime.DRAFT_KV_DIRECT
+        assert caplog.messages == []
+        for case in ("no-buffers", "another-backend"):
+            assert v2.own_fallback_draft_kv_default(worker_with(case), log=True) == runtime.DRAFT_KV_ONLY
+        unfed = worker_with(None)
+        unfed.draft_worker.cuda_graph_runner_for_draft_extend = None  # --disable-cuda-graph
+        assert v2.own_fallback_draft_kv_default(unfed, log=False) == runtime.DRAFT_KV_ONLY
+    assert caplog.messages == [
+        "dynspec: FallbackTwin has no input_ids buffer; by default the fallback writes the draft KV eagerly (kv)",
+        "dynspec: the direct write has run with TritonAttnBackend only, not FlashInferAttnBackend; by default the "
+        "fallback writes the draft KV eagerly (kv)",
+    ]
+
+
 class OwnFallbackDraftWorker:
     """0.5.10 - 0.5.13's ``EagleDraftWorker``: the stock ``_draft_extend_for_decode`` logs itself."""
 

@@ -282,14 +282,16 @@ def test_skip_mode_writes_no_kv_and_returns_the_placeholder() -> None:
 
 def test_auto_is_what_exact_kv_proved_on_each_path() -> None:
     """Measured on the H200: on the zero-step state (0.5.17) fed directly and from a graph, 0.97 / 0.99
-    of a plain decode step at 64 / 128 requests fed directly; on dynspec's own v2 fallback (0.5.12)
-    eagerly; on v1 (0.5.12) fed directly, bit for bit (session 13), and full on older v1 releases
-    (``v1_draft_kv_default``, in test_dynspec_direct_kv.py)."""
-    assert (runtime.DRAFT_KV_DEFAULT, runtime.DRAFT_KV_DEFAULT_OWN_FALLBACK, runtime.DRAFT_KV_DEFAULT_V1) == (
-        runtime.DRAFT_KV_DIRECT,
-        KV,
-        runtime.DRAFT_KV_DIRECT,
-    )
+    of a plain decode step at 64 / 128 requests fed directly; on dynspec's own v2 fallback (0.5.12,
+    0.5.13) fed directly, eagerly where it cannot be (``own_fallback_draft_kv_default``, in
+    test_dynspec_direct_kv.py); on v1 (0.5.12) fed directly, bit for bit (session 13), and full on
+    older v1 releases (``v1_draft_kv_default``, in test_dynspec_direct_kv.py)."""
+    assert (
+        runtime.DRAFT_KV_DEFAULT,
+        runtime.DRAFT_KV_DEFAULT_OWN_FALLBACK,
+        runtime.DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED,
+        runtime.DRAFT_KV_DEFAULT_V1,
+    ) == (runtime.DRAFT_KV_DIRECT, runtime.DRAFT_KV_DIRECT, KV, runtime.DRAFT_KV_DIRECT)
     assert runtime.DraftKV.build(draft_stack().runner, log=False).mode == runtime.DRAFT_KV_DIRECT
     assert runtime.DraftKV.build(draft_stack().runner, log=False, auto=FULL).mode == FULL
 

@@ -110,9 +110,10 @@ def drafts(input_ids: list[int], position: int) -> list[int]:
 
 def draft_kv_mode(setting: str | None) -> str:
     """``DYNSPEC_DRAFT_KV`` as the runtime resolves it on the path the fake plays, dynspec's own v2
-    fallback: ``auto`` is its ``DRAFT_KV_DEFAULT_OWN_FALLBACK``, kv."""
+    fallback on a release whose stock graph runner it feeds: ``auto`` is ``DRAFT_KV_DEFAULT_OWN_FALLBACK``,
+    kv-direct."""
     setting = (setting or "auto").strip().lower() or "auto"
-    return "kv" if setting == "auto" else setting
+    return "kv-direct" if setting == "auto" else setting
 
 
 class State:

@@ -65,7 +65,43 @@ def test_judge_passes_when_resumed_equals_always_on_and_the_control_drops() -> N
 
 def test_judge_fails_when_resumed_acceptance_drops() -> None:
     entry = judge(traces([7, 9, 11, 13], [4, 7, 10, 13, 16], [7, 8, 9, 10]), 3, [])
-    assert not entry["passed"] and entry["problems"] == ["resumed acceptance 2.000 is below 0.99 x always-on's 3.000"]
+    assert not entry["passed"] and entry["problems"] == [
+        "resumed acceptance 2.000 is below 0.99 x always-on's 3.000 beyond the spread of its requests "
+        "(ratio 0.6667, 95 % interval 0.6667 - 0.6667)"  # one request: no spread
+    ]
+
+
+B = f"{RID_PREFIX}0-long-2"
+
+
+def two_requests(kv: tuple[int, int], full: tuple[int, int], always: tuple[int, int]) -> dict[str, Trace]:
+    """Requests A and B fall back at 5 - 6 and then speculate 20 times, accepting per verify as given."""
+    off = [(FALL_BACK, 5), (RESUME, 6)]
+
+    def resumed(step_a: int, step_b: int) -> Trace:
+        return parse(lines(off + [(SPECULATE, 7 + step_a * i) for i in range(21)])
+                     + lines(off + [(SPECULATE, 7 + step_b * i) for i in range(21)], rid=B))  # fmt: skip
+
+    never = parse(lines([(SPECULATE, 7 + always[0] * i) for i in range(21)]) + lines([(SPECULATE, 7 + always[1] * i) for i in range(21)], rid=B))
+    return {"kv": resumed(*kv), "full": resumed(*full), "skip": resumed(1, 1), NEVER_OFF: never}
+
+
+def test_judge_holds_the_resumed_acceptance_to_the_full_extends_on_the_same_requests() -> None:
+    entry = judge(two_requests(kv=(3, 2), full=(3, 3), always=(3, 3)), 3, [])
+    assert entry["problems"][0] == "resumed acceptance 2.500 is below 0.99 x the full extend's 3.000 on the same requests"
+    assert entry["resumed_over_full"]["ratio"] == 0.8333 and entry["skip_over_full"]["ratio"] == 0.3333
+
+
+def test_judge_lets_always_on_differ_within_the_spread_of_its_requests_only() -> None:
+    """Always-on's text parts from the others': one request accepting more there, another less, is
+    spread; both accepting more is a drop (negative control)."""
+    spread = judge(two_requests(kv=(2, 4), full=(2, 4), always=(4, 2)), 3, [])
+    assert spread["passed"], spread["problems"]
+    low, high = spread["resumed_over_always_on"]["ci95"]
+    assert spread["resumed_over_always_on"]["ratio"] == 1.0 and low < 0.99 < high
+    below = judge(two_requests(kv=(2, 2), full=(2, 2), always=(4, 3)), 3, [])
+    assert not below["passed"] and "beyond the spread of its requests" in below["problems"][0]
+    assert below["control_drops"] is True  # skip accepts 1 where full accepts 2
 
 
 def test_judge_reports_a_control_that_does_not_drop() -> None:
@@ -113,7 +149,7 @@ def test_a_control_that_keeps_its_acceptance_is_reported_not_judged(site: Any, t
 def test_a_fallback_that_leaves_the_draft_kv_stale_fails_the_check(site: Any, tmp_path: Path) -> None:
     acc = run_proof(acceptance_options(site(), tmp_path / "out", "kvdrift"), lambda m: None)["acceptance"]
     assert not acc["passed"] and acc["dynspec_resumed"] == 1.0 and acc["full_resumed"] == 3.0
-    assert acc["problems"][0] == "resumed acceptance 1.000 is below 0.99 x always-on's 3.000"
+    assert acc["problems"][0] == "resumed acceptance 1.000 is below 0.99 x the full extend's 3.000 on the same requests"
 
 
 def test_dummy_weights_accept_nothing_and_the_check_fails(site: Any, tmp_path: Path) -> None:
@@ -176,3 +212,14 @@ def test_a_model_dir_that_prepare_did_not_make_is_a_usage_error(site: Any, tmp_p
         run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=tmp_path / "empty"), lambda m: None)
     with pytest.raises(ProofUsageError, match="--model real needs --model-dir"):
         run_proof(acceptance_options(site(), tmp_path / "out2", model="real"), lambda m: None)
+
+
+def test_reports_name_real_weights_where_they_ran_and_the_dummy_shape_elsewhere(site: Any, tmp_path: Path) -> None:
+    """Session 18's throughput on SmolLM2 said "8b shape": the shape names dummy weights only."""
+    model = real_dir(tmp_path / "model")
+    opts = acceptance_options(site(), tmp_path / "out", model="real", model_dir=model, min_envelope_ratio=0.0)
+    opts = dataclasses.replace(opts, checks=("throughput",), throughput_levels=(1, 8), throughput_new_tokens=8)
+    result = run_proof(opts, lambda m: None)
+    assert result["throughput"]["shape"] == "real" and "throughput: tok/s (real weights, 8 new tokens" in reports.summary(result)
+    dummy = run_proof(dataclasses.replace(opts, model="dummy", model_dir=None, out=tmp_path / "out2"), lambda m: None)
+    assert dummy["throughput"]["shape"] == "8b" and "(8b shape, " in reports.summary(dummy)  # the control

@@ -7,14 +7,20 @@ level in; where always-on gave base's output, to base's.
 
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
+from patcher.proof import exactkv
 from patcher.proof.client import LevelResult, Reply
+from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE
 from patcher.proof.logscan import Transition
 from patcher.proof.report import summary
-from patcher.proof.run import BASE_REPEAT, Proof, level_mode, matches_its_mode, outputs_differ
+from patcher.proof.run import BASE_REPEAT, Proof, level_mode, matches_its_mode, outputs_differ, proposals_apart
+
+A = f"{RID_PREFIX}0-long-1"
 
 BASE, OTHER, THIRD = [1, 2, 3], [1, 2, 4], [1, 5, 6]
 
@@ -104,14 +110,34 @@ def test_the_negative_controls_fail(dynspec: dict[int, list[int]], switched_off:
     assert "output(s) differ from" in entry["problems"][0]
 
 
-def test_on_real_weights_only_the_tested_server_and_full_must_give_the_same_outputs() -> None:
-    digests = {"kv": ["a"], "full": ["a"], "skip": ["b"], "never-off": ["c"]}
+def test_on_real_weights_outputs_are_not_judged_the_drafts_where_timelines_match_are() -> None:
+    digests = {"kv": ["a"], "full": ["d"], "skip": ["b"], "never-off": ["c"]}
     assert outputs_differ(digests, real=True) is None
     assert outputs_differ(digests, real=False) == (
-        "greedy outputs of the load differ between the servers: {'kv': ['a'], 'full': ['a'], 'skip': ['b'], 'never-off': ['c']}"
+        "greedy outputs of the load differ between the servers: {'kv': ['a'], 'full': ['d'], 'skip': ['b'], 'never-off': ['c']}"
     )
-    # Negative control: the server under test apart from full fails on real weights too.
-    assert outputs_differ({**digests, "kv": ["d"]}, real=True) is not None
+
+    def recording(drafts: list[list[int]], batch: int = 1) -> exactkv.Recording:
+        """A request that falls back at 10 and speculates at 12, 13, 14, in batches of ``batch``."""
+        rids = [A] + [f"{RID_PREFIX}0-long-{n}" for n in range(2, batch + 1)]
+        steps = [(FALL_BACK, 10, None), (RESUME, 11, None)] + [(SPECULATE, 12 + i, d) for i, d in enumerate(drafts)]
+        lines = []
+        for step, pos, draft in steps:
+            line: dict[str, Any] = {"step": step, "rid": rids, "pos": [pos] * len(rids)}
+            if draft is not None:
+                line["draft"] = [draft] * len(rids)
+            lines.append(json.dumps(line))
+        return exactkv.parse(lines)
+
+    good = {"kv": recording([[1], [2], [3]]), "full": recording([[1], [2], [3]]), "skip": recording([[1], [5], [3]])}
+    counted, problem = proposals_apart(good)
+    assert problem is None and counted["compared_steps_same_history"] == 3 and counted["control_mismatches_same_history"] == 1
+    # Drafts apart where the timelines parted (other batch sizes) are not judged ...
+    parted, problem = proposals_apart({**good, "kv": recording([[1], [9], [3]], batch=2)})
+    assert problem is None and parted["mismatches"] == 1 and parted["mismatches_same_history"] == 0
+    # ... where they match, they fail (negative control: the control's recording as the candidate).
+    _, problem = proposals_apart({**good, "kv": good["skip"]})
+    assert problem == "1 of 3 drafts differ from the full extend's where the request's timeline matched"
 
 
 def test_a_levels_mode() -> None:

@@ -347,9 +347,9 @@ def test_the_fakes_start_up_words_are_the_runtimes() -> None:
 @pytest.mark.parametrize(
     ("setting", "faults", "says"),
     [
-        (None, "", "kv"),
-        ("", "", "kv"),
-        ("auto", "", "kv"),
+        (None, "", "kv-direct"),
+        ("", "", "kv-direct"),
+        ("auto", "", "kv-direct"),
         ("full", "", "full"),
         ("kv", "", "kv"),
         (" KV-Graph ", "", "kv-graph"),

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from patcher.proof import acceptance, exactkv, steps
+from patcher.proof.run import proposals_apart
 from patches.runtime import dynspec_v2 as v2
 
 PROOF = Path(__file__).resolve().parents[2] / "docs" / "proof"
@@ -1161,8 +1162,8 @@ def test_session_16_acceptance_on_real_weights_the_control_did_not_drop() -> Non
     assert acc["skip_over_always_on"] == 0.9926 and acc["requests"] == 16
     assert acc["problems"][1].endswith("no drop, so this load cannot see a stale draft KV")  # the rule of then
     assert acc["digests"]["kv"][1:] != acc["digests"]["full"][1:] and acc["digests"]["kv"][0] == acc["digests"]["full"][0]
-    # Recomputed from the recordings with today's rule: the control's drop is reported, not judged;
-    # what still fails the run is kv's and full's outputs apart (run.outputs_differ).
+    # Recomputed from the recordings with today's rule (session 18): resumed against full on the same
+    # requests, against always-on within the spread of its requests; the control's drop reported.
     names = {"kv": "dynspec", "full": "dynspec-full", "skip": "dynspec-skip", "never_off": "always-on-recorded"}
     files = members(S16_ACCEPT / "logs.tar.gz", *(f"drafts-{n}.jsonl" for n in names.values()))
     traces = {k: acceptance.parse(files[f"drafts-{n}.jsonl"].splitlines()) for k, n in names.items()}
@@ -1277,3 +1278,137 @@ def test_session_17_a_draft_vocabulary_twice_as_large_gained_nothing_on_the_cpu(
     # Negative control: the same comparison sees session 16's gain from the self-written queries.
     without = json.loads((PROOF / "real-s16-cpu-lm-head-ab" / "random.json").read_text())["acceptance"]
     assert abs(had["accept_length"] - without["accept_length"]) > 0.001
+
+
+# -- session 18: r28 on 0.5.12 v2 (stream and lean sample by default); real weights, GPU-trained head --
+
+S18_REVISIONS = {"speculative_dynspec_runtime": 16, "speculative_dynspec_v2": 28}
+S18_V2 = PROOF / "0.5.12-v2-s18-r28-proof"
+S18_TPUT = PROOF / "0.5.12-v2-s18-r28-tput"
+S18_HEAD = PROOF / "real-s18-head-train"
+S18_REAL = PROOF / "real-0.5.12-v2-s18-r28-proof"
+S18_ACCEPT = PROOF / "real-0.5.12-v2-s18-r28-accept"
+S18_REAL_TPUT = PROOF / "real-0.5.12-v2-s18-r28-tput-sim"
+ACCEPT_SERVERS = {"kv": "dynspec", "full": "dynspec-full", "skip": "dynspec-skip", "never_off": "always-on-recorded"}
+
+
+def s18_report(evidence: Path, env: dict[str, str]) -> dict:
+    report = json.loads((evidence / "report.json").read_text())
+    assert report["dynspec_env"] == env
+    assert {k: report["dynspec_revisions"][k] for k in S18_REVISIONS} == S18_REVISIONS
+    return report
+
+
+def test_session_18_r28_keeps_outputs_and_the_draft_kv_exact_with_the_stream_by_default() -> None:
+    s18_report(S18_V2, {"DYNSPEC_DRAFT_KV": "kv-direct"})  # no DYNSPEC_KV_STREAM: on by default since r25
+    report, files, counts = passed_kv_proof(S18_V2)
+    assert counts == {"compared_requests": 28, "compared_steps": 1896, "control_differs": True}
+    assert report["exact_kv"]["control_mismatches"] == 58 and report["crossings"]["count"] == 100
+    assert STREAM_LINE in files["dynspec.log"] and LEAN_LINE in files["dynspec.log"]
+    assert STREAM_LINE not in files["dynspec-full.log"]
+
+
+def test_session_18_the_mixed_load_with_the_stream_is_within_3_percent_of_the_oracle() -> None:
+    """kv-tput at 16 / 64 / 128: R 0.968 / 0.967 / 0.987 (fails the 0.97 bar at 16 and 64), per step
+    0.981 at 64 (47 pairs) and 0.998 at 128; mixed_load 11.03 s against the per-phase oracle's 10.72
+    (1.030x, passes), base 13.45 s, always-on 12.58 s: faster than both static servers by 12 - 18 %."""
+    report = s18_report(S18_TPUT, {"DYNSPEC_DRAFT_KV": "kv-direct"})
+    tput, mixed = report["throughput"], report["mixed_load"]
+    assert tput["levels"] == [16, 64, 128] and tput["envelope_ratio"] == [0.9683, 0.9671, 0.9868] and not tput["passed"]
+    logs = members(S18_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    assert tput["per_step"] == ratios
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.981, 47), "128": (0.998, 32)}
+    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+    assert mixed["passed"] and mixed["dynspec_over_oracle"] == 1.0295 and mixed["max_ratio"] == 1.03
+    assert mixed["seconds"] == {"base": 13.448, "always_on": 12.584, "dynspec": 11.033}
+    assert mixed["seconds"]["dynspec"] < min(mixed["seconds"]["base"], mixed["seconds"]["always_on"])
+
+
+def test_session_18_the_gpu_head_from_2000_self_written_queries_accepts_1_80_and_reads_its_kv() -> None:
+    """real-train --self-prompts 2000 --continuations 2 on the H200 (5178 continuations, 8 epochs, 362 s
+    with the real-b step): 1.798 held out (code 2.022, writing 1.764), 2.682 on training prompts,
+    against session 16's 1.708: 0.002 short of the issue's 1.8. Zeroing 32 / 64 / 96 positions of its
+    draft K/V now costs it 0.3 / 2.3 / 3.3 % (session 16's CPU head: none), so a stale KV shows."""
+    report = json.loads((S18_HEAD / "report.json").read_text())
+    acc, recipe = report["acceptance"], report["recipe"]
+    assert (recipe["self_prompts"], recipe["continuations"], recipe["device"], recipe["seed"]) == (2000, 2, "cuda", 15)
+    assert (acc["accept_length"], acc["train_accept_length"], acc["prompts"]) == (1.798, 2.682, 115)
+    assert acc["by_set"] == {"humaneval": 2.022, "writingbench": 1.764}
+    assert acc["accept_length"] < 1.8 < acc["accept_length"] + 0.01  # the bar: missed by a hair
+    assert {span: row["ratio"] for span, row in acc["stale_kv"].items()} == {"32": 0.9967, "64": 0.9771, "96": 0.9672}
+    old = json.loads((S16_HEAD / "report.json").read_text())["acceptance"]
+    assert acc["accept_length"] - old["accept_length"] == pytest.approx(0.09, abs=1e-9)
+    config = json.loads((S18_HEAD / "config.json").read_text())
+    assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 4096
+
+
+def test_session_18_real_weights_with_deterministic_inference_give_base_tokens_where_dynspec_is_off() -> None:
+    """SmolLM2-135M and its head, deterministic inference on, the runtime's defaults (r28 on the own
+    fallback: the eager KV-only write): base gave the same tokens twice, dynspec gave base's tokens
+    wherever it was off and always-on's where it speculated; always-on differs from base in 31
+    outputs (its verify rounds apart from a decode step)."""
+    report = s18_report(S18_REAL, {})
+    eq = report["equivalence"]
+    assert report["deterministic"] and eq["passed"] and eq["base_repeatable"] and eq["mismatch_count"] == 0
+    assert eq["modes_differ_count"] == 31 and report["crossings"]["passed"] and report["crossings"]["count"] == 100
+    digests = eq["digests"]
+    assert digests["dynspec"][2:] == digests["base"][2:] != digests["always_on"][2:]  # off at C = 16, 48
+    assert digests["dynspec"][1] == digests["always_on"][1] != digests["base"][1]  # speculating at C = 4
+    log = members(S18_REAL / "logs.tar.gz", "dynspec.log")["dynspec.log"]
+    assert "draft KV only while off (eagerly)" in log and STREAM_LINE not in log
+
+
+def s18_accept_traces() -> dict[str, acceptance.Trace]:
+    files = members(S18_ACCEPT / "logs.tar.gz", *(f"drafts-{n}.jsonl" for n in ACCEPT_SERVERS.values()))
+    return {k: acceptance.parse(files[f"drafts-{n}.jsonl"].splitlines()) for k, n in ACCEPT_SERVERS.items()}
+
+
+def test_session_18_acceptance_after_resume_equals_the_full_extends_and_the_control_drops() -> None:
+    """The acceptance check on the GPU head (kv-direct, 5 waves, 28 requests resumed): resumed 1.975,
+    full 1.976, skip 1.911, always-on 2.023. The run failed on the rule of then (0.99 x always-on, and
+    kv's outputs equal to full's); recomputed with today's (session 18): resumed / full 0.9995 (95 %
+    interval 0.9945 - 1.0036), resumed / always-on 0.976 (0.910 - 1.040: always-on's text parts from
+    the others'), the control / full 0.967 (0.938 - 0.989): a stale draft KV shows, an exact one does
+    not. kv's drafts differ from full's at 37 of 1825 positions, none of 249 where the request's
+    timeline matched (the control: 16)."""
+    published = s18_report(S18_ACCEPT, {})["acceptance"]
+    assert not published["passed"] and published["problems"][1] == "resumed acceptance 1.975 is below 0.99 x always-on's 2.023"
+    assert published["digests"]["kv"][:4] == published["digests"]["full"][:4] != published["digests"]["never_off"][:4]
+    entry = acceptance.judge(s18_accept_traces(), 50, [])
+    assert {k: entry[k] for k in ("always_on", "dynspec_resumed", "full_resumed", "skip_resumed", "requests")} == {
+        k: published[k] for k in ("always_on", "dynspec_resumed", "full_resumed", "skip_resumed", "requests")
+    }
+    assert entry["passed"] and entry["control_drops"] is True
+    assert entry["resumed_over_full"] == {"ratio": 0.9995, "ci95": [0.9945, 1.0036]}
+    assert entry["resumed_over_always_on"] == {"ratio": 0.9763, "ci95": [0.9104, 1.0401]}
+    assert entry["skip_over_full"] == {"ratio": 0.967, "ci95": [0.9378, 0.9887]}
+    # Negative control: the control's recording as the server under test fails.
+    traces = s18_accept_traces()
+    assert acceptance.judge({**traces, "kv": traces["skip"]}, 50, [])["problems"] == [
+        "resumed acceptance 1.908 is below 0.99 x the full extend's 1.976 on the same requests"
+    ]
+    files = members(S18_ACCEPT / "logs.tar.gz", *(f"drafts-{n}.jsonl" for n in ("dynspec", "dynspec-full", "dynspec-skip")))
+    recs = {k: exactkv.parse(files[f"drafts-{ACCEPT_SERVERS[k]}.jsonl"].splitlines()) for k in ("kv", "full", "skip")}
+    summary, problem = proposals_apart(recs)
+    assert problem is None and summary == {
+        "compared_steps": 1825, "mismatches": 37, "compared_steps_same_history": 249,
+        "mismatches_same_history": 0, "control_mismatches_same_history": 16,
+    }  # fmt: skip
+    assert proposals_apart({**recs, "kv": recs["skip"]})[1] is not None  # negative control
+
+
+def test_session_18_on_the_small_real_model_the_eager_default_cost_a_fifth_of_a_step() -> None:
+    """The last 100 s of device time: throughput at C = 1 and 32 on SmolLM2-135M (simulated acceptance
+    3; its report's "8b" shape label was wrong, fixed since) with the runtime's then default on the own
+    fallback, the eager KV-only write: per step 0.804 of base's at 32 (21 pairs), R 0.86; always-on
+    equalled base there (10015 / 10035 tok/s). A tiny model's step leaves the eager write's host
+    work nowhere to hide; r29 makes kv-direct the default where the release feeds it."""
+    report = s18_report(S18_REAL_TPUT, {})
+    tput = report["throughput"]
+    assert report["model"].startswith("SmolLM2-135M-Instruct") and tput["levels"] == [1, 32]
+    assert tput["envelope_ratio"] == [1.0794, 0.8614] and (tput["base"][1], tput["always_on"][1]) == (10034.7, 10014.7)
+    logs = members(S18_REAL_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [32])
+    assert tput["per_step"] == ratios and (ratios["dynspec"]["32"]["median"], ratios["dynspec"]["32"]["pairs"]) == (0.804, 21)
+    assert "draft KV only while off (eagerly)" in logs["dynspec-sim.log"]
