@@ -119,7 +119,9 @@ def per_request(trace: Trace, starts: Mapping[str, int]) -> dict[str, Window]:
     for rid, start in starts.items():
         last_off = max(trace.off.get(rid, [-1]))
         positions = sorted(p for p in trace.speculate.get(rid, []) if p >= start and p > last_off)
-        if len(positions) >= 2:  # the last one has no successor: its accepted tokens are unknown
+        # the last one has no successor: its accepted tokens are unknown; a request that advanced
+        # no token (one position recorded twice) has no acceptance to divide by
+        if len(positions) >= 2 and positions[-1] > positions[0]:
             out[rid] = Window(positions[-1] - positions[0], len(positions) - 1)
     return out
 
@@ -175,8 +177,12 @@ def judge(traces: Mapping[str, Trace], min_verifies: int, problems: list[str], m
                 f"always-on accepted {always:.3f} tokens per verify (below {MIN_ALWAYS_ON:g}): its drafts are "
                 "rejected (dummy weights?), so there is no acceptance to keep"
             )
-        if full is not None and resumed < min_ratio * full:
-            problems.append(f"resumed acceptance {resumed:.3f} is below {min_ratio:g} x the full extend's {full:.3f} on the same requests")
+        against_full = resumed_over.get("full")
+        if against_full is not None and against_full.value < min_ratio:
+            problems.append(
+                f"resumed acceptance is {against_full.value} x the full extend's on the same requests, below {min_ratio:g}"
+                f" ({resumed:.3f} against {full:.3f} over each server's own)"
+            )
         against = resumed_over.get(NEVER_OFF)
         if against is not None and against.high < min_ratio:
             problems.append(

@@ -573,6 +573,14 @@ class _DraftKVWritten(BaseException):
     that no ``except Exception`` on the way up to ``DraftKV._forward`` can swallow it."""
 
 
+def draft_kv_setting() -> str:
+    """``DYNSPEC_DRAFT_KV`` as set (``auto`` when unset); a bad setting raises ValueError."""
+    setting = os.environ.get(DRAFT_KV_ENV, "auto").strip().lower() or "auto"
+    if setting not in DRAFT_KV_SETTINGS:
+        raise ValueError(f"{DRAFT_KV_ENV} must be one of {', '.join(DRAFT_KV_SETTINGS)}, not {setting!r}")
+    return setting
+
+
 class DraftKV:
     """How a fallback iteration keeps the draft model's KV cache exact, for a fraction of a step.
 
@@ -614,9 +622,7 @@ class DraftKV:
     def build(cls, draft_runner: Any, *, log: bool = True, auto: str = DRAFT_KV_DEFAULT) -> "DraftKV":
         """The mode from ``DYNSPEC_DRAFT_KV`` and the draft model; a bad setting raises ValueError.
         ``auto`` is the mode exact_kv has proven on the caller's path."""
-        setting = os.environ.get(DRAFT_KV_ENV, "auto").strip().lower() or "auto"
-        if setting not in DRAFT_KV_SETTINGS:
-            raise ValueError(f"{DRAFT_KV_ENV} must be one of {', '.join(DRAFT_KV_SETTINGS)}, not {setting!r}")
+        setting = draft_kv_setting()
         if setting == "auto":
             mode = auto
         else:

@@ -174,13 +174,16 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
         SingleTokenTarget,
         capture_twin_of_stock_graph,
         describe_draft_kv,
+        draft_kv_setting,
     )
 
     _refuse_unsupported(worker)
     rank0 = _tp_rank(worker) == 0
     tic = time.perf_counter()
     controller = _switch_controller(worker, settings, rank0)
-    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0, auto=own_fallback_draft_kv_default(worker, rank0))
+    # asked only for auto: a mode the user set needs no default, nor its log line
+    auto = own_fallback_draft_kv_default(worker, rank0) if draft_kv_setting() == "auto" else ""
+    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0, auto=auto)
     target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
     # The stock runner is captured for the speculative width; the fallback's full extend (RESUME) runs
     # eagerly (_SavedSteps), but the KV-only twin computes row by row, so one token per request fits it.
@@ -211,14 +214,20 @@ def own_fallback_draft_kv_default(worker: Any, log: bool) -> str:
     graph runner is one ``FallbackDirectWrite`` can feed (its KV-only twin is another instance of
     that class), else the eager ``kv``. Asked before the twin is captured: ``kv-graph`` alone has
     never run on this path, so a release the direct write cannot feed (0.5.4 - 0.5.9, a backend it
-    has not run with) keeps the eager extend rather than capturing a graph nobody replays directly."""
+    has not run with) keeps the eager extend rather than capturing a graph nobody replays directly;
+    so does tensor parallelism, with which no KV-only graph has run."""
     from sglang.srt.speculative.dynspec_runtime import (
         DRAFT_KV_DEFAULT_OWN_FALLBACK,
         DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED,
     )
 
     stock = getattr(worker.draft_worker, "cuda_graph_runner_for_draft_extend", None)
-    why_not = "the draft worker keeps no draft-extend CUDA graph" if stock is None else FallbackDirectWrite.unfit(stock, worker)
+    if (read_setting(worker, "tp_size", 1) or 1) > 1:
+        why_not: Optional[str] = "kv-direct has not run with tensor parallelism"
+    elif stock is None:
+        why_not = "the draft worker keeps no draft-extend CUDA graph"
+    else:
+        why_not = FallbackDirectWrite.unfit(stock, worker)
     if why_not is None:
         return DRAFT_KV_DEFAULT_OWN_FALLBACK
     if log:

@@ -809,6 +809,9 @@ def test_the_own_fallbacks_auto_is_kv_direct_where_the_stock_runner_can_be_fed_a
         unfed = worker_with(None)
         unfed.draft_worker.cuda_graph_runner_for_draft_extend = None  # --disable-cuda-graph
         assert v2.own_fallback_draft_kv_default(unfed, log=False) == runtime.DRAFT_KV_ONLY
+        sharded = worker_with(None)
+        sharded.server_args = SimpleNamespace(tp_size=2)  # no KV-only graph has run with TP > 1
+        assert v2.own_fallback_draft_kv_default(sharded, log=False) == runtime.DRAFT_KV_ONLY
     assert caplog.messages == [
         "dynspec: FallbackTwin has no input_ids buffer; by default the fallback writes the draft KV eagerly (kv)",
         "dynspec: the direct write has run with TritonAttnBackend only, not FlashInferAttnBackend; by default the "

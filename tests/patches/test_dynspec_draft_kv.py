@@ -1236,7 +1236,7 @@ def test_v2_fallback_attach_captures_a_kv_only_twin_of_the_draft_workers_graph(
     assert (refusal in caplog.text) == (setting != GRAPH) and fallback.draft_kv.direct is None
 
 
-@pytest.mark.parametrize("setting", ["", "auto", KV, FULL, SKIP])  # auto: kv, the mode proven on 0.5.12
+@pytest.mark.parametrize("setting", ["", "auto", KV, FULL, SKIP])  # auto: kv, as on 0.5.4 - 0.5.9 (no input buffers)
 def test_v2_fallback_attach_captures_nothing_outside_the_graph_modes(setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
     stack = draft_stack()

@@ -88,7 +88,9 @@ def two_requests(kv: tuple[int, int], full: tuple[int, int], always: tuple[int, 
 
 def test_judge_holds_the_resumed_acceptance_to_the_full_extends_on_the_same_requests() -> None:
     entry = judge(two_requests(kv=(3, 2), full=(3, 3), always=(3, 3)), 3, [])
-    assert entry["problems"][0] == "resumed acceptance 2.500 is below 0.99 x the full extend's 3.000 on the same requests"
+    assert entry["problems"][0] == (
+        "resumed acceptance is 0.8333 x the full extend's on the same requests, below 0.99 (2.500 against 3.000 over each server's own)"
+    )
     assert entry["resumed_over_full"]["ratio"] == 0.8333 and entry["skip_over_full"]["ratio"] == 0.3333
 
 
@@ -107,6 +109,12 @@ def test_judge_lets_always_on_differ_within_the_spread_of_its_requests_only() ->
 def test_judge_reports_a_control_that_does_not_drop() -> None:
     entry = judge(traces([7, 10, 13, 16], [4, 7, 10, 13, 16], [7, 10, 13, 16]), 3, [])
     assert entry["passed"] and entry["control_drops"] is False and "no drop" in entry["detail"]
+
+
+def test_a_request_that_advanced_no_token_is_left_out_not_divided_by() -> None:
+    stuck = parse(lines([(FALL_BACK, 5), (RESUME, 6), (SPECULATE, 7), (SPECULATE, 7)]))
+    assert acceptance.per_request(stuck, {A: 7}) == {}
+    assert acceptance.ratio(acceptance.per_request(stuck, {A: 7}), {A: acceptance.Window(3, 1)}) is None
 
 
 def test_judge_fails_with_too_few_verifies_or_no_resumed_request() -> None:
@@ -149,7 +157,7 @@ def test_a_control_that_keeps_its_acceptance_is_reported_not_judged(site: Any, t
 def test_a_fallback_that_leaves_the_draft_kv_stale_fails_the_check(site: Any, tmp_path: Path) -> None:
     acc = run_proof(acceptance_options(site(), tmp_path / "out", "kvdrift"), lambda m: None)["acceptance"]
     assert not acc["passed"] and acc["dynspec_resumed"] == 1.0 and acc["full_resumed"] == 3.0
-    assert acc["problems"][0] == "resumed acceptance 1.000 is below 0.99 x the full extend's 3.000 on the same requests"
+    assert acc["problems"][0].startswith("resumed acceptance is 0.3333 x the full extend's on the same requests, below 0.99")
 
 
 def test_dummy_weights_accept_nothing_and_the_check_fails(site: Any, tmp_path: Path) -> None:
