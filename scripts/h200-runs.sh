@@ -61,6 +61,9 @@
 #   real-accept V P (same warm machine) the acceptance check: the KV-only fallback, full, skip and a never-off
 #                  server on exact_kv's load with real prompts (4 servers); DYNSPEC_DRAFT_KV in the env picks the
 #                  fallback under test (default kv-direct). Both take PROOF_FLAGS="--parallel-starts 3" (or 4)
+#   real-tput V P  (same warm machine) throughput on real weights with the head's own acceptance (no simulation):
+#                  base, always-on and dynspec (threshold 8) at TPUT_LEVELS (default 1,32); the acceptance length
+#                  per level is throughput.accept_length
 set -u
 step=$1; shift
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -235,6 +238,10 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
   real-proof) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     proof "real-$1-$2" --path "$2" --model real --model-dir /tmp/real/model --checks equivalence,crossings \
       --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
+  # the head's own acceptance (no simulation) at C = 1 and 32, always-on and dynspec, beside base
+  real-tput) need_kit; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    proof "real-$1-$2-tput" --path "$2" --model real --model-dir /tmp/real/model --checks throughput --threshold 8 \
+      --throughput-levels "${TPUT_LEVELS:-1,32}" --simulate-acc-len off ;;
   real-accept) need_kit; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     # spans off of ~256 tokens (session 16's 64 cost the skip control under 1 %), 5 waves
     proof "real-$1-$2-accept" --path "$2" --model real --model-dir /tmp/real/model --checks acceptance --threshold 8 \

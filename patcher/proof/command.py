@@ -68,6 +68,25 @@ class EnvVariant(click.ParamType):  # type: ignore[type-arg]
         return name, tuple(env)
 
 
+class AcceptanceLength(click.ParamType):  # type: ignore[type-arg]
+    """A simulated acceptance length (a number >= 1), or ``off``: the drafts' own acceptance."""
+
+    name = "LENGTH|off"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> float | None:
+        if value is None or isinstance(value, float):
+            return value
+        if str(value).strip().lower() == "off":
+            return None
+        try:
+            length = float(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is neither a number nor off", param, ctx)
+        if not length >= 1:
+            self.fail(f"{value!r}: an acceptance length is at least 1 (the verified token)", param, ctx)
+        return length
+
+
 def _command_line(ctx: click.Context) -> str:
     """The invocation as typed, normalised: command path plus the options given on the command line."""
     words = []
@@ -229,10 +248,11 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
 )
 @click.option(
     "--simulate-acc-len",
-    type=click.FloatRange(1.0),
+    type=AcceptanceLength(),
     default=DEFAULTS.simulate_acc_len,
     show_default=True,
-    help="SGLANG_SIMULATE_ACC_LEN for throughput servers.",
+    help="SGLANG_SIMULATE_ACC_LEN for throughput and mixed_load servers; off (with --model real): the head's "
+    "own acceptance, reported per level as throughput.accept_length.",
 )
 @click.option(
     "--min-envelope-ratio",
@@ -399,7 +419,7 @@ def proof(
     throughput_new_tokens: int,
     throughput_warmup: bool,
     throughput_repeats: int,
-    simulate_acc_len: float,
+    simulate_acc_len: float | None,
     min_envelope_ratio: float,
     upstream_adaptive: bool,
     min_upstream_ratio: float,

@@ -143,9 +143,7 @@ def summary(report: Report) -> str:
         sim = tp.get("simulate_acc_len")
         lines.append(
             f"throughput: tok/s ({weights(tp.get('shape'))}, {tp.get('new_tokens')} new tokens, "
-            f"SGLANG_SIMULATE_ACC_LEN={sim:g})"
-            if sim is not None
-            else "throughput: tok/s"
+            + (f"SGLANG_SIMULATE_ACC_LEN={sim:g})" if sim is not None else "the drafts' own acceptance)")
         )
         upstream = tp.get("upstream_adaptive")
         no_overlap = tp.get("base_no_overlap")
@@ -164,6 +162,14 @@ def summary(report: Report) -> str:
             )
             line += f"  {_fmt(upstream[i]):>9}  {_fmt(over_up[i], 2):>6}" if upstream else ""
             lines.append(line + (f"  {_fmt(no_overlap[i]):>9}  {_fmt(ratio_no_overlap[i], 2):>6}" if no_overlap else ""))
+        accepted = tp.get("accept_length") or {}
+        if sim is None and accepted:
+            lines.append("")
+            lines.append("acceptance length, accepted + 1 per verify (completion tokens / verifies of each level's requests):")
+            for mode in ("always_on", "dynspec"):
+                if any(v is not None for v in accepted.get(mode) or []):
+                    pairs = ", ".join(f"C={c} {_fmt(v, 2)}" for c, v in zip(tp["levels"], accepted[mode]))
+                    lines.append(f"    {mode.replace('_', '-')}: {pairs}")
         per_step = describe(tp.get("per_step") or {})
         if per_step:
             lines.append("")

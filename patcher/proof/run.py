@@ -77,7 +77,7 @@ class ProofOptions:
     throughput_new_tokens: int = 256
     throughput_warmup: bool = True  # an untimed run of each level first
     throughput_repeats: int = 3  # timed runs per level; the median counts
-    simulate_acc_len: float = 3.0
+    simulate_acc_len: float | None = 3.0  # None: the drafts' own acceptance (real weights only)
     min_envelope_ratio: float = 0.97  # issue 13's R(C) target (0.9 before session 14)
     upstream_adaptive: bool = False  # a 4th throughput server: always on + upstream's adaptive mode
     no_overlap_base: bool = False  # another throughput server: speculation off, non-overlap scheduler
@@ -178,6 +178,8 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
         raise ProofUsageError(f"--model {opts.model!r}: choose dummy or real")
     if (opts.model == "real") != (opts.model_dir is not None):
         raise ProofUsageError("--model real needs --model-dir (the output of `dynspec real prepare`), and only it")
+    if opts.simulate_acc_len is None and opts.model_dir is None:
+        raise ProofUsageError("--simulate-acc-len off needs --model real: dummy weights' drafts are all rejected")
     if opts.deterministic not in ("auto", "on", "off"):
         raise ProofUsageError(f"--deterministic {opts.deterministic!r}: choose auto, on or off")
     if opts.deterministic == "on" and not sglang.deterministic_supported:
@@ -1005,7 +1007,7 @@ class Proof:
                 mode,
                 shape,
                 opts.simulate_acc_len,
-                (f"{SERVER_NAMES[mode]}-{variant}" if variant else SERVER_NAMES[mode]) + "-sim",
+                (f"{SERVER_NAMES[mode]}-{variant}" if variant else SERVER_NAMES[mode]) + ("-sim" if opts.simulate_acc_len else "-own"),
                 dict(variant_env[variant]) if variant else {},
             )
             for mode, variant in servers

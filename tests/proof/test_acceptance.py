@@ -231,3 +231,38 @@ def test_reports_name_real_weights_where_they_ran_and_the_dummy_shape_elsewhere(
     assert result["throughput"]["shape"] == "real" and "throughput: tok/s (real weights, 8 new tokens" in reports.summary(result)
     dummy = run_proof(dataclasses.replace(opts, model="dummy", model_dir=None, out=tmp_path / "out2"), lambda m: None)
     assert dummy["throughput"]["shape"] == "8b" and "(8b shape, " in reports.summary(dummy)  # the control
+
+
+def test_throughput_with_the_drafts_own_acceptance_on_real_weights(site: Any, tmp_path: Path) -> None:
+    """``--simulate-acc-len off``: no SGLANG_SIMULATE_ACC_LEN, and the acceptance length per level
+    in the report and the summary (issue 15 asks it of always-on at C = 1 and 32)."""
+    model = real_dir(tmp_path / "model")
+    opts = acceptance_options(site(), tmp_path / "out", model="real", model_dir=model, min_envelope_ratio=0.0)
+    opts = dataclasses.replace(opts, checks=("throughput",), throughput_levels=(1, 8), throughput_new_tokens=8, simulate_acc_len=None)
+    result = run_proof(opts, lambda m: None)
+    tput = result["throughput"]
+    assert tput["simulate_acc_len"] is None and all(s["name"].endswith("-own") for s in result["servers"])
+    assert not any("SGLANG_SIMULATE_ACC_LEN" in s["env"] for s in result["servers"])
+    assert tput["accept_length"]["always_on"] == [1.0, 1.0] and tput["accept_length"]["base"] == [None, None]  # the fake: 1 unsimulated
+    summary = reports.summary(result)
+    assert "the drafts' own acceptance)" in summary and "    always-on: C=1 1.00, C=8 1.00" in summary
+    # The control: simulated, as before, and no acceptance lines.
+    simulated = run_proof(dataclasses.replace(opts, simulate_acc_len=3.0, out=tmp_path / "out2"), lambda m: None)
+    assert all(s["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3" for s in simulated["servers"])
+    assert "acceptance length, accepted + 1" not in reports.summary(simulated)
+
+
+def test_the_drafts_own_acceptance_needs_real_weights(site: Any, tmp_path: Path) -> None:
+    import pytest
+
+    from patcher.proof.command import AcceptanceLength
+    from patcher.proof.errors import ProofUsageError
+
+    opts = dataclasses.replace(acceptance_options(site(), tmp_path / "out"), checks=("throughput",), simulate_acc_len=None)
+    with pytest.raises(ProofUsageError, match="--simulate-acc-len off needs --model real"):
+        run_proof(opts, lambda m: None)
+    assert not (tmp_path / "out").exists()
+    length = AcceptanceLength()
+    assert (length.convert("off", None, None), length.convert("2.5", None, None)) == (None, 2.5)
+    with pytest.raises(Exception, match="at least 1"):
+        length.convert("0.5", None, None)
