@@ -548,7 +548,7 @@ _GRAPH_MODES = (DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # a KV-only twin graph is capt
 # decode at 64 / 128 requests on 0.5.17 (0.96 / 0.97 through the stock extend, 0.86 / 0.87 for the
 # full one); where the release cannot be fed directly it is kv-graph, said once at start-up.
 # dynspec's own v2 fallback (0.5.4 - 0.5.13): kv-direct where its stock draft-extend graph runner
-# is one the direct write can feed (0.5.10+; exact_kv on 0.5.12 in sessions 8 - 18 and on 0.5.13,
+# is one the direct write can feed (0.5.11+; exact_kv on 0.5.12 in sessions 8 - 18 and on 0.5.13,
 # and every throughput and mixed_load of this path ran it), else kv, eagerly (dynspec_v2's
 # own_fallback_draft_kv_default). v1: kv-direct on 0.5.12, full on older releases.
 DRAFT_KV_DEFAULT = DRAFT_KV_DIRECT

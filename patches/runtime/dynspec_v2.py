@@ -213,7 +213,7 @@ def own_fallback_draft_kv_default(worker: Any, log: bool) -> str:
     """``auto`` on dynspec's own fallback: ``kv-direct`` where the draft worker's stock draft-extend
     graph runner is one ``FallbackDirectWrite`` can feed (its KV-only twin is another instance of
     that class), else the eager ``kv``. Asked before the twin is captured: ``kv-graph`` alone has
-    never run on this path, so a release the direct write cannot feed (0.5.4 - 0.5.9, a backend it
+    never run on this path, so a release the direct write cannot feed (0.5.4 - 0.5.10, a backend it
     has not run with) keeps the eager extend rather than capturing a graph nobody replays directly;
     so does tensor parallelism, with which no KV-only graph has run."""
     from sglang.srt.speculative.dynspec_runtime import (
@@ -1373,6 +1373,8 @@ class DirectKVWrite:
         if pool not in cls.POOLS:
             return f"the draft KV pool {pool} may translate its cache slots with the attention metadata"
         backend = getattr(twin, "draft_extend_attn_backend", None)
+        if backend is None:  # 0.5.10's runner reads its worker's; the write has not run there
+            return f"{name} keeps no draft-extend attention backend of its own"
         if getattr(backend, "_translate_kv_loc", None) is not None:
             return "the draft-extend backend translates its cache slots with the attention metadata"
         if type(backend).__name__ not in cls.BACKENDS:

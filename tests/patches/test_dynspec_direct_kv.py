@@ -763,6 +763,8 @@ def damage_fallback_twin(case: str, twin: FallbackTwin, worker: Worker) -> None:
         twin.draft_extend_attn_backend = FlashInferAttnBackend()
     elif case == "mrope":
         twin.model_runner.model_is_mrope = True
+    elif case == "backend-of-the-worker":  # 0.5.10: the runner reads eagle_worker.draft_extend_attn_backend
+        del twin.draft_extend_attn_backend
 
 
 @pytest.mark.parametrize(
@@ -771,6 +773,7 @@ def damage_fallback_twin(case: str, twin: FallbackTwin, worker: Worker) -> None:
         ("mrope", "the draft takes multimodal rope positions (mrope_positions)"),
         ("no-width", "holds None tokens per request"),
         ("another-backend", "has run with TritonAttnBackend only, not FlashInferAttnBackend"),
+        ("backend-of-the-worker", "keeps no draft-extend attention backend of its own"),
         ("no-buffers", "EAGLEDraftExtendCudaGraphRunner has no input_ids buffer"),
         ("a-size-not-captured", "has not captured a graph for every batch size it lists"),
         ("dp-mlp-sync", "gathers across data-parallel ranks"),
@@ -792,7 +795,7 @@ def test_the_own_fallbacks_auto_is_kv_direct_where_the_stock_runner_can_be_fed_a
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Asked of the stock draft-extend runner before any twin is captured (the twin is another
-    instance of its class): 0.5.10 - 0.5.13 with Triton feed it; 0.5.4 - 0.5.9 (inputs as
+    instance of its class): 0.5.11 - 0.5.13 with Triton feed it; 0.5.4 - 0.5.9 (inputs as
     attributes, not ``buffers``), another backend or no graph at all keep the eager kv."""
     def worker_with(case: str | None) -> Any:
         worker = SimpleNamespace(server_args=SimpleNamespace())
@@ -817,6 +820,14 @@ def test_the_own_fallbacks_auto_is_kv_direct_where_the_stock_runner_can_be_fed_a
         "dynspec: the direct write has run with TritonAttnBackend only, not FlashInferAttnBackend; by default the "
         "fallback writes the draft KV eagerly (kv)",
     ]
+
+
+@pytest.mark.parametrize("version", ["0.5.10", "0.5.11", "0.5.12", "0.5.13"])
+def test_which_releases_draft_extend_runner_keeps_its_own_attention_backend(version: str) -> None:
+    """``unfit`` reads ``draft_extend_attn_backend`` on the runner: 0.5.11+ set it there, 0.5.10 reads
+    its worker's, so there the direct write (and ``auto``'s kv-direct) stays off."""
+    runner = class_named(source_of(version, EXTEND_RUNNER), "EAGLEDraftExtendCudaGraphRunner")
+    assert ("draft_extend_attn_backend" in self_assigned(runner)) == (version != "0.5.10")
 
 
 class OwnFallbackDraftWorker:
