@@ -888,11 +888,16 @@ S15_REVISIONS = {"speculative_dynspec_runtime": 16, "speculative_dynspec_v2": 21
 PREFILL_KV = {"DYNSPEC_PREFILL_KV": "1"}
 
 
-def s15_report(evidence: Path, env: dict[str, str]) -> dict:
+def report_of(evidence: Path, env: dict[str, str], revisions: dict[str, int]) -> dict:
+    """A run's report, once it names the dynspec environment and the revisions the run is said to have had."""
     report = json.loads((evidence / "report.json").read_text())
     assert report["dynspec_env"] == env
-    assert {k: report["dynspec_revisions"][k] for k in S15_REVISIONS} == S15_REVISIONS
+    assert {k: report["dynspec_revisions"][k] for k in revisions} == revisions
     return report
+
+
+def s15_report(evidence: Path, env: dict[str, str]) -> dict:
+    return report_of(evidence, env, S15_REVISIONS)
 
 
 def test_session_15_the_kv_only_prefill_brings_the_own_fallbacks_mixed_load_to_the_oracle() -> None:
@@ -1293,10 +1298,7 @@ ACCEPT_SERVERS = {"kv": "dynspec", "full": "dynspec-full", "skip": "dynspec-skip
 
 
 def s18_report(evidence: Path, env: dict[str, str]) -> dict:
-    report = json.loads((evidence / "report.json").read_text())
-    assert report["dynspec_env"] == env
-    assert {k: report["dynspec_revisions"][k] for k in S18_REVISIONS} == S18_REVISIONS
-    return report
+    return report_of(evidence, env, S18_REVISIONS)
 
 
 def test_session_18_r28_keeps_outputs_and_the_draft_kv_exact_with_the_stream_by_default() -> None:
