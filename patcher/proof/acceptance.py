@@ -109,8 +109,7 @@ def window(trace: Trace, starts: Mapping[str, int]) -> Window:
     """Tokens and verifies over consecutive speculative iterations from ``starts[rid]`` on, past the
     request's own last fallback iteration in ``trace`` (a span of fallback in between would count its
     tokens as accepted)."""
-    windows = per_request(trace, starts).values()
-    return Window(sum(w.tokens for w in windows), sum(w.verifies for w in windows))
+    return total(per_request(trace, starts))
 
 
 def per_request(trace: Trace, starts: Mapping[str, int]) -> dict[str, Window]:
@@ -124,6 +123,11 @@ def per_request(trace: Trace, starts: Mapping[str, int]) -> dict[str, Window]:
         if len(positions) >= 2 and positions[-1] > positions[0]:
             out[rid] = Window(positions[-1] - positions[0], len(positions) - 1)
     return out
+
+
+def total(requests: Mapping[str, Window]) -> Window:
+    """Requests' windows summed: their acceptance together."""
+    return Window(sum(w.tokens for w in requests.values()), sum(w.verifies for w in requests.values()))
 
 
 @dataclass(frozen=True)
@@ -160,7 +164,7 @@ def judge(traces: Mapping[str, Trace], min_verifies: int, problems: list[str], m
     """The report entry; ``traces`` are keyed ``kv`` (the server under test), ``full``, ``skip``, ``never_off``."""
     starts = resumed_from(traces["kv"]) if "kv" in traces else {}
     requests = {name: per_request(trace, starts) for name, trace in traces.items()}
-    windows = {name: window(trace, starts) for name, trace in traces.items()}
+    windows = {name: total(found) for name, found in requests.items()}
     lengths = {name: w.length for name, w in windows.items()}
     always, resumed, skip, full = (lengths.get(k) for k in (NEVER_OFF, "kv", "skip", "full"))
     resumed_over = {ref: ratio(requests["kv"], requests[ref]) for ref in ("full", NEVER_OFF) if "kv" in requests and ref in requests}

@@ -34,10 +34,10 @@ PLOT_NAME = "throughput.png"
 Report = dict[str, Any]
 
 
-
 def weights(shape: str | None) -> str:
     """A report's shape as the summary names it: "8b shape", or "real weights"."""
     return "real weights" if shape == "real" else f"{shape} shape"
+
 
 def envelope_ratio(
     base: Sequence[float | None], always_on: Sequence[float | None], dynspec: Sequence[float | None]
