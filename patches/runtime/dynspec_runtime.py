@@ -42,7 +42,7 @@ import os
 import sys
 import time
 import types
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
 
 logger = logging.getLogger(__name__)
 
@@ -573,14 +573,6 @@ class _DraftKVWritten(BaseException):
     that no ``except Exception`` on the way up to ``DraftKV._forward`` can swallow it."""
 
 
-def draft_kv_setting() -> str:
-    """``DYNSPEC_DRAFT_KV`` as set (``auto`` when unset); a bad setting raises ValueError."""
-    setting = os.environ.get(DRAFT_KV_ENV, "auto").strip().lower() or "auto"
-    if setting not in DRAFT_KV_SETTINGS:
-        raise ValueError(f"{DRAFT_KV_ENV} must be one of {', '.join(DRAFT_KV_SETTINGS)}, not {setting!r}")
-    return setting
-
-
 class DraftKV:
     """How a fallback iteration keeps the draft model's KV cache exact, for a fraction of a step.
 
@@ -619,12 +611,15 @@ class DraftKV:
         self._windows_called = 0
 
     @classmethod
-    def build(cls, draft_runner: Any, *, log: bool = True, auto: str = DRAFT_KV_DEFAULT) -> "DraftKV":
+    def build(cls, draft_runner: Any, *, log: bool = True, auto: Union[str, Callable[[], str]] = DRAFT_KV_DEFAULT) -> "DraftKV":
         """The mode from ``DYNSPEC_DRAFT_KV`` and the draft model; a bad setting raises ValueError.
-        ``auto`` is the mode exact_kv has proven on the caller's path."""
-        setting = draft_kv_setting()
+        ``auto`` is the mode exact_kv has proven on the caller's path, or what works it out (asked
+        only when the setting is ``auto``)."""
+        setting = os.environ.get(DRAFT_KV_ENV, "auto").strip().lower() or "auto"
+        if setting not in DRAFT_KV_SETTINGS:
+            raise ValueError(f"{DRAFT_KV_ENV} must be one of {', '.join(DRAFT_KV_SETTINGS)}, not {setting!r}")
         if setting == "auto":
-            mode = auto
+            mode = auto() if callable(auto) else auto
         else:
             mode = setting
         if mode in _KV_ONLY_MODES:

@@ -109,6 +109,11 @@ def _refuse_unsupported(worker: Any) -> None:
         raise ValueError(reason)
 
 
+def _tensor_parallel(worker: Any) -> bool:
+    """More than one tensor-parallel rank (``--tp-size``)."""
+    return (read_setting(worker, "tp_size", 1) or 1) > 1
+
+
 def _tp_rank(worker: Any) -> int:
     for owner in (worker, getattr(worker, "ps", None), getattr(worker, "_draft_worker", None)):
         rank = getattr(owner, "tp_rank", None)
@@ -174,16 +179,14 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
         SingleTokenTarget,
         capture_twin_of_stock_graph,
         describe_draft_kv,
-        draft_kv_setting,
     )
 
     _refuse_unsupported(worker)
     rank0 = _tp_rank(worker) == 0
     tic = time.perf_counter()
     controller = _switch_controller(worker, settings, rank0)
-    # asked only for auto: a mode the user set needs no default, nor its log line
-    auto = own_fallback_draft_kv_default(worker, rank0) if draft_kv_setting() == "auto" else ""
-    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0, auto=auto)
+    # a default worked out (and said) only for auto: a mode the user set needs neither
+    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0, auto=lambda: own_fallback_draft_kv_default(worker, rank0))
     target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
     # The stock runner is captured for the speculative width; the fallback's full extend (RESUME) runs
     # eagerly (_SavedSteps), but the KV-only twin computes row by row, so one token per request fits it.
@@ -222,7 +225,7 @@ def own_fallback_draft_kv_default(worker: Any, log: bool) -> str:
     )
 
     stock = getattr(worker.draft_worker, "cuda_graph_runner_for_draft_extend", None)
-    if (read_setting(worker, "tp_size", 1) or 1) > 1:
+    if _tensor_parallel(worker):
         why_not: Optional[str] = "kv-direct has not run with tensor parallelism"
     elif stock is None:
         why_not = "the draft worker keeps no draft-extend CUDA graph"
@@ -804,7 +807,7 @@ def kv_batch_unsafe(worker: Any) -> Optional[str]:
         return "PD disaggregation"
     if read_setting(worker, "enable_hierarchical_cache", False):
         return "a hierarchical cache"
-    if (read_setting(worker, "tp_size", 1) or 1) > 1:
+    if _tensor_parallel(worker):
         return "tensor parallelism (the twin's collectives need every rank to replay alike; not run with TP > 1)"
     return None
 
@@ -883,7 +886,7 @@ class LeanVerify:
         if not lean_verify_enabled():
             return None
         lean, why_not = cls.build()
-        if lean is not None and read_setting(worker, "tp_size", 1) > 1 and _is_hip():
+        if lean is not None and _tensor_parallel(worker) and _is_hip():
             # From 0.5.20 the greedy branch broadcasts rank 0's tokens on ROCm, which the lean sample does not.
             lean, why_not = None, "ROCm with tensor parallelism: the stock sample broadcasts rank 0's tokens there"
         if lean is None:
@@ -1808,7 +1811,7 @@ class StockGraphDirectWrite(FallbackDirectWrite):
     def round_as_stock(self, worker: Any) -> None:
         """Run the start-up check where it may run, then fill ``replay_index``: per request count,
         the graph to replay (``stock_alike``). At start-up only: the probe writes free slots."""
-        tp = (read_setting(worker, "tp_size", 1) or 1) > 1
+        tp = _tensor_parallel(worker)
         # Without the check's numbers every batch replays the stock graph itself, which is exact.
         why_not = self.check_rounding_unless("tensor parallelism (every rank must replay the same graph)" if tp else None)
         self.replay_index = [self.stock_alike(n) for n in range(self.sizes[-1] + 1)]

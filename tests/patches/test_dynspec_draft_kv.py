@@ -296,6 +296,19 @@ def test_auto_is_what_exact_kv_proved_on_each_path() -> None:
     assert runtime.DraftKV.build(draft_stack().runner, log=False, auto=FULL).mode == FULL
 
 
+def test_a_default_that_must_be_worked_out_is_asked_only_for_auto(monkeypatch: pytest.MonkeyPatch) -> None:
+    asked: list[str] = []
+
+    def default() -> str:
+        asked.append("asked")
+        return KV
+
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, FULL)
+    assert runtime.DraftKV.build(draft_stack().runner, log=False, auto=default).mode == FULL and asked == []
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, "auto")  # the control: auto asks it
+    assert runtime.DraftKV.build(draft_stack().runner, log=False, auto=default).mode == KV and asked == ["asked"]
+
+
 # Drafts the KV-only extend cannot serve, and the words that say why.
 UNSERVABLE_DRAFTS: dict[str, Any] = {
     "argvalues": [

@@ -1405,7 +1405,7 @@ def test_session_18_on_the_small_real_model_the_eager_default_cost_a_fifth_of_a_
     3; its report's "8b" shape label was wrong, fixed since) with the runtime's then default on the own
     fallback, the eager KV-only write: per step 0.804 of base's at 32 (21 pairs), R 0.86; always-on
     equalled base there (10015 / 10035 tok/s). A tiny model's step leaves the eager write's host
-    work nowhere to hide; r31 makes kv-direct the default where the release feeds it."""
+    work nowhere to hide; r32 makes kv-direct the default where the release feeds it."""
     report = s18_report(S18_REAL_TPUT, {})
     tput = report["throughput"]
     assert report["model"].startswith("SmolLM2-135M-Instruct") and tput["levels"] == [1, 32]
