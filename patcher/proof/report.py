@@ -11,7 +11,8 @@ markers in the tree name}, ``passed``, ``equivalence`` {``passed``,
 ``oracle_seconds``, ``phases``, and with ``--mixed-variant`` ``variants`` {name: {``env``,
 ``seconds``, ``over_dynspec``, ``dynspec_over_oracle``}}}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
 ``skip_resumed``, ``full_resumed``, ``requests``, ``resumed_over_full``, ``resumed_over_always_on``, ``skip_over_full``
-({``ratio``, ``ci95``}), ``control_drops``, with real weights ``proposals``}, and ``model`` (``dummy``, or the real model's name). A check that was not run is absent and named in ``skipped``
+({``ratio``, ``ci95``}), ``control_drops``, with real weights ``proposals``}, ``model`` (``dummy``, or the real model's name) and ``model_sha256`` (real weights: {``gguf``, ``head``}, the
+SHA-256 of the weights that ran; else null). A check that was not run is absent and named in ``skipped``
 with the reason; without dynspec applied, ``throughput.dynspec`` and
 ``throughput.envelope_ratio`` are null.
 """
@@ -114,6 +115,10 @@ def summary(report: Report) -> str:
             lines.append("dynspec revisions: " + ", ".join(f"{name} r{rev}" for name, rev in revisions.items()))
     else:
         lines.append("dynspec applied: no (only speculation off vs always on)")
+    digests = report.get("model_sha256")
+    if digests:
+        named = ", ".join(f"{part} {digest[:12]}" for part, digest in digests.items() if digest)
+        lines.append(f"model: {report.get('model')} (sha256: {named or 'not recorded'})")
     lines.append("")
     lines.append(f"{'check':<12} {'result':<6} detail")
     lines += [_check_line(name, report) for name in CHECKS]

@@ -366,8 +366,9 @@ class Proof:
         self.ramp_final_state = "ON"
         self.prompts: list[list[int]] = []  # real tokenized prompts; none: the synthetic ids of client.prompt
         self.model_name = "dummy"
+        self.model_sha256: dict[str, str | None] | None = None  # real weights: which GGUF and head ran
         if opts.model_dir is not None:
-            self.model_name, self.prompts = load_real(opts.model_dir)
+            self.model_name, self.prompts, self.model_sha256 = load_real(opts.model_dir)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -385,6 +386,7 @@ class Proof:
         opts.out.mkdir(parents=True, exist_ok=True)
         self.report = {
             "model": self.model_name,
+            "model_sha256": self.model_sha256,
             "sglang_version": sglang.version,
             "sglang_dir": str(sglang.package),
             "path": opts.path,
@@ -1192,19 +1194,21 @@ class Proof:
         tp["detail"] += f"; dynspec >= {opts.min_upstream_ratio:g}x upstream adaptive at C > {opts.threshold}"
 
 
-def load_real(model_dir: Path) -> tuple[str, list[list[int]]]:
-    """(the model's name, its tokenized prompts) from a ``dynspec real prepare`` dir; raises ProofUsageError."""
+def load_real(model_dir: Path) -> tuple[str, list[list[int]], dict[str, str | None]]:
+    """(the model's name, its tokenized prompts, the digests of its weights: ``gguf``, ``head``) from a
+    ``dynspec real prepare`` dir; raises ProofUsageError."""
     try:
         info = json.loads((model_dir / launch.REAL_INFO).read_text())
         prompts = json.loads((model_dir / launch.REAL_PROMPTS).read_text())["prompts"]
         ids = [[int(t) for t in p["input_ids"]] for p in prompts]
         name = str(info["name"])
+        digests = {part: info.get(f"{part}_sha256") for part in ("gguf", "head")}
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ProofUsageError(f"--model-dir {model_dir}: not made by `dynspec real prepare` ({error})") from error
     missing = [str(d) for d in launch.real_dirs(model_dir) if not (d / "config.json").is_file()]
     if missing or not ids or not all(ids):
         raise ProofUsageError(f"--model-dir {model_dir}: no config.json in {', '.join(missing)}" if missing else f"--model-dir {model_dir}: no prompts")
-    return name, ids
+    return name, ids, digests
 
 
 def run_proof(opts: ProofOptions, progress: Progress = stderr_progress) -> dict[str, Any]:

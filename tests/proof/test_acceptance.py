@@ -142,6 +142,7 @@ def test_acceptance_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> No
     assert never[never.index("--speculative-disable-batch-size") + 1] == str(launch.MAX_RUNNING_REQUESTS - 1)
     assert "dynspec: speculation OFF" not in Path(servers[NEVER_OFF_NAME]["log"]).read_text()
     assert result["model"] == "dummy" and "acceptance   PASS" in reports.summary(result)
+    assert result["model_sha256"] is None and "model:" not in reports.summary(result)
 
 
 def test_a_control_that_keeps_its_acceptance_is_reported_not_judged(site: Any, tmp_path: Path) -> None:
@@ -172,7 +173,7 @@ def real_dir(root: Path) -> Path:
         (root / sub / "config.json").write_text("{}")
     prompts = [{"id": f"p{i}", "input_ids": [1, 2 + i, 3, 4 + i]} for i in range(5)]
     (root / launch.REAL_PROMPTS).write_text(json.dumps({"prompts": prompts}))
-    (root / launch.REAL_INFO).write_text(json.dumps({"name": "tiny-real"}))
+    (root / launch.REAL_INFO).write_text(json.dumps({"name": "tiny-real", "gguf_sha256": "ab" * 32, "head_sha256": None}))
     return root
 
 
@@ -180,6 +181,8 @@ def test_model_real_serves_the_dirs_weights_and_sends_its_prompts(site: Any, tmp
     model = real_dir(tmp_path / "model")
     result = run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=model), lambda m: None)
     assert result["model"] == "tiny-real" and result["acceptance"]["passed"], reports.summary(result)
+    assert result["model_sha256"] == {"gguf": "ab" * 32, "head": None}  # the weights that ran, as model.json names them
+    assert "model: tiny-real (sha256: gguf abababababab)" in reports.summary(result)
     for server in result["servers"]:
         argv = server["argv"]
         assert argv[argv.index("--model-path") + 1] == str(model / "target")
