@@ -43,7 +43,9 @@
 #                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers
 #                  (as in DIAG_RUNS: base* plain decode, on* always-on speculation, any other name dynspec);
 #                  PROF_AT=admission: 40 steps (GPU only) from before 64 requests arrive, after one warm-up of that load;
-#                  SERVE_ARGS="--disable-overlap-schedule": every diag / prof server on v1's scheduler
+#                  SERVE_ARGS="--disable-overlap-schedule": every diag / prof server on v1's scheduler;
+#                  PROF_C=32: the steady steps at 32 requests instead of 64; PROF_MODEL=real: on real weights
+#                  (after real-a, real-head, real-b; dynspec at 8): where a 135M model's host-bound step goes
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
 #   real-a         carry .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/train-prompts.json .gpu/real/gguf-*.whl
 #   real-head      (only with a head trained on the CPU, REAL_HEAD=cpu scripts/real-prepare.sh, or brought back
@@ -109,10 +111,18 @@ proof() { local out=$OUT/$1; shift; mkdir -p "$out"
 K=$PWD/.gpu/kit; LIMITS="--max-running-requests 128 --cuda-graph-max-bs 128"
 S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b --speculative-draft-load-format dummy"
 S="$S --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 $LIMITS"
+# PROF_MODEL=real (after real-a, real-head, real-b): the diag / prof servers load /tmp/real/model's
+# weights (SmolLM2-135M and its head; the last --model-path and --load-format win), dynspec at 8
+DYN_N=32; PROF_TOKENS=2048
+if [ "${PROF_MODEL:-}" = real ]; then  # a 3 ms step: 6000 tokens (the context is 8192) outlast both profiles
+  LIMITS="$LIMITS --model-path /tmp/real/model/target --load-format auto"; DYN_N=8; PROF_TOKENS=6000
+  S="--speculative-algorithm EAGLE3 --speculative-draft-model-path /tmp/real/model/draft --speculative-draft-load-format auto"
+  S="$S --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 $LIMITS"
+fi
 # serve_run NAME:ENV=V+ENV=V: one diag / prof server; "base" and "base-N" are plain decode (a second
-# one at the end of DIAG_RUNS measures the drift within the call), any other name dynspec at 32.
+# one at the end of DIAG_RUNS measures the drift within the call), any other name dynspec at $DYN_N.
 # Sets $name for the caller.
-serve_run() { name=${1%%:*}; local envs="" args="$S --speculative-disable-batch-size 32"
+serve_run() { name=${1%%:*}; local envs="" args="$S --speculative-disable-batch-size $DYN_N"
   case $1 in *:*) envs=${1#*:} ;; esac
   case $name in base|base-*) args=$LIMITS; envs="" ;; on|on-*) args=$S ;; esac  # on: always-on speculation, no dynspec flag
   env ${envs//+/ } bash "$K/serve.sh" "$name" $args ${SERVE_ARGS:-}; }  # SERVE_ARGS: e.g. --disable-overlap-schedule (v1)
@@ -196,8 +206,8 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
         python3 scripts/trace_sum.py "/tmp/p_${name}_gpu" 40 > "$OUT/$name-gpu.txt" 2>&1; head -8 "$OUT/$name-gpu.txt"
         continue
       fi
-      python3 "$K/client.py" http://127.0.0.1:30000 64 2048 > "$OUT/$name-client.txt" & client=$!
-      timeout 120 bash -c "until grep -q '#running-req: 64' '$OUT/$name.log'; do sleep 0.5; done"; sleep 2
+      python3 "$K/client.py" http://127.0.0.1:30000 "${PROF_C:-64}" $PROF_TOKENS > "$OUT/$name-client.txt" & client=$!
+      timeout 120 bash -c "until grep -q '#running-req: ${PROF_C:-64},' '$OUT/$name.log'; do sleep 0.5; done"; sleep 2
       profile "${name}_gpu" '["GPU"],"num_steps":30'; profile "${name}_all" '["CPU","GPU"],"with_stack":true,"num_steps":20'
       kill $client 2>/dev/null; bash "$K/stop.sh"; sleep 3
       python3 scripts/trace_sum.py "/tmp/p_${name}_gpu" 30 > "$OUT/$name-gpu.txt" 2>&1
