@@ -1345,18 +1345,25 @@ def test_session_18_the_gpu_head_from_2000_self_written_queries_accepts_1_80_and
     assert config["architectures"] == ["LlamaForCausalLMEagle3"] and config["draft_vocab_size"] == 4096
 
 
-def test_session_18_real_weights_with_deterministic_inference_give_base_tokens_where_dynspec_is_off() -> None:
-    """SmolLM2-135M and its head, deterministic inference on, the runtime's defaults (r28 on the own
-    fallback: the eager KV-only write): base gave the same tokens twice, dynspec gave base's tokens
-    wherever it was off and always-on's where it speculated; always-on differs from base in 31
-    outputs (its verify rounds apart from a decode step)."""
-    report = s18_report(S18_REAL, {})
+def real_weights_follow_their_mode(report: dict) -> dict[str, list[str]]:
+    """A real-weight kv-proof's equivalence digests, once deterministic inference was on, base gave its
+    tokens twice, always-on parted from base in 31 outputs, and dynspec gave base's tokens where it
+    was off (C = 16, 48) and always-on's where it speculated (C = 4), over 100 crossings."""
     eq = report["equivalence"]
     assert report["deterministic"] and eq["passed"] and eq["base_repeatable"] and eq["mismatch_count"] == 0
     assert eq["modes_differ_count"] == 31 and report["crossings"]["passed"] and report["crossings"]["count"] == 100
     digests = eq["digests"]
     assert digests["dynspec"][2:] == digests["base"][2:] != digests["always_on"][2:]  # off at C = 16, 48
     assert digests["dynspec"][1] == digests["always_on"][1] != digests["base"][1]  # speculating at C = 4
+    return digests
+
+
+def test_session_18_real_weights_with_deterministic_inference_give_base_tokens_where_dynspec_is_off() -> None:
+    """SmolLM2-135M and its head, deterministic inference on, the runtime's defaults (r28 on the own
+    fallback: the eager KV-only write): base gave the same tokens twice, dynspec gave base's tokens
+    wherever it was off and always-on's where it speculated; always-on differs from base in 31
+    outputs (its verify rounds apart from a decode step)."""
+    real_weights_follow_their_mode(s18_report(S18_REAL, {}))
     log = members(S18_REAL / "logs.tar.gz", "dynspec.log")["dynspec.log"]
     assert "draft KV only while off (eagerly)" in log and STREAM_LINE not in log
 
@@ -1466,13 +1473,7 @@ def test_session_19_real_weights_give_base_tokens_where_dynspec_is_off(release: 
     runtime's defaults: on v1 0.5.12 and on 0.5.17 base repeated itself, dynspec gave base's tokens
     wherever it was off and always-on's where it speculated, over 100 crossings; always-on parts from
     base in the same 31 outputs on both (its verify rounds apart from a decode step)."""
-    report = s19_report(S19_REAL[release])
-    eq = report["equivalence"]
-    assert report["deterministic"] and eq["passed"] and eq["base_repeatable"] and eq["mismatch_count"] == 0
-    assert eq["modes_differ_count"] == 31 and report["crossings"]["passed"] and report["crossings"]["count"] == 100
-    digests = eq["digests"]
-    assert digests["dynspec"][2:] == digests["base"][2:] != digests["always_on"][2:]  # off at C = 16, 48
-    assert digests["dynspec"][1] == digests["always_on"][1] != digests["base"][1]  # speculating at C = 4
+    digests = real_weights_follow_their_mode(s19_report(S19_REAL[release]))
     assert digests == json.loads((S18_REAL / "report.json").read_text())["equivalence"]["digests"]  # the same tokens as 0.5.12 v2
 
 
