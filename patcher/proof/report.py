@@ -6,7 +6,8 @@ markers in the tree name}, ``passed``, ``equivalence`` {``passed``,
 ``levels``}, ``crossings`` {``count``, ``errors``}, ``exact_kv`` {``passed``,
 ``compared_requests``, ``compared_steps``, ``control_differs``}, ``throughput`` {``levels``,
 ``base``, ``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``, and
-``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} (``steps``),
+``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} and ``per_run`` {server
+mode: {level: [each run's median steady tok/s]}} (``steps``),
 ``mixed_load`` {``passed``, ``seconds`` {``base``, ``always_on``, ``dynspec``},
 ``oracle_seconds``, ``phases``, and with ``--mixed-variant`` ``variants`` {name: {``env``,
 ``seconds``, ``over_dynspec``, ``dynspec_over_oracle``}}}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
@@ -25,7 +26,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from patcher.proof.steps import describe
+from patcher.proof.steps import describe, describe_runs
 
 CHECKS = ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load")
 REPORT_NAME = "report.json"
@@ -180,6 +181,10 @@ def summary(report: Report) -> str:
             lines.append("")
             lines.append("per decode step, speed / base's at the same batch and KV size (steady log intervals):")
             lines += [f"    {line}" for line in per_step]
+        per_run = describe_runs(tp.get("per_run") or {})
+        if per_run:
+            lines.append("per run, the median steady tok/s of each (the warm-up first):")
+            lines += [f"    {line}" for line in per_run]
 
     ml = report.get("mixed_load")
     if ml and ml.get("phases"):

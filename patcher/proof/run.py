@@ -993,6 +993,7 @@ class Proof:
         accept: dict[str, list[float | None]] = {}
         samples: dict[str, list[list[float]]] = {}
         logs: dict[str, str] = {}  # each server's log text, read once it has stopped
+        levels_end: dict[str, int] = {}  # where in it the throughput levels ended (the mixed load follows)
         problems: list[str] = []
         mixed_runs: dict[str, list[mixed.Run]] = {}
         mixed_problems: list[str] = []
@@ -1032,6 +1033,7 @@ class Proof:
                                 warmup=opts.throughput_warmup,
                                 repeats=opts.throughput_repeats,
                             )
+                            levels_end[mode] = len(Path(self.server_info["log"]).read_text(errors="replace"))
                         if mixed_load and mode in mixed_modes:
                             mixed_runs[mode] = self.mixed_load(server, name, warmup=not throughput)
                 except ServerStartError as error:
@@ -1114,6 +1116,7 @@ class Proof:
             self.judge_upstream(tp, adaptive_config, tok_s.get(launch.UPSTREAM_ADAPTIVE, none), run_problems, problems)
         # Information, not a pass criterion: the servers' own speed per decode step against base.
         tp["per_step"] = steps.per_step(logs, "base", levels)
+        tp["per_run"] = steps.per_run({m: logs[m][:end] for m, end in levels_end.items() if m in logs}, levels)
         tp["problems"] = problems
         tp["passed"] = not problems and len(tok_s) == len(modes)
         self.report["throughput"] = tp

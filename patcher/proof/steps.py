@@ -13,16 +13,22 @@ nothing finished, and every iteration added one token per request. That leaves o
 with a prefill in them and speculating intervals (which add more than one token per request),
 so what is compared is plain decode against fallback (or zero-step) decode, at the same batch
 size and about the same KV size.
+
+``per_run`` keeps each run apart: a ``Prefill batch`` line starts one (a level's requests are
+admitted, then decode), and a run's speed is the median of its steady intervals. Session 19 found a
+small model's fallback runs bimodal that way (0.75 or 0.965 of base's, set at admission), which one
+median over all runs hides.
 """
 
 from __future__ import annotations
 
 import re
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+PREFILL_LINE = "Prefill batch"
 DECODE_LINE = re.compile(
     r"Decode batch[.,] #running-req: (\d+), #token: (\d+),.*gen throughput \(token/s\): ([0-9.]+)"
 )
@@ -45,10 +51,19 @@ def log_interval(text: str) -> int:
 
 def steady_steps(text: str) -> list[Step]:
     """The steady intervals of one server log (see the module docstring)."""
+    return [step for _, step in steady_by_run(text)]
+
+
+def steady_by_run(text: str) -> Iterator[tuple[int, Step]]:
+    """The steady intervals of one server log, each with the number of its run: the count of
+    ``Prefill batch`` lines before it."""
     interval = log_interval(text)
-    steady: list[Step] = []
+    run = 0
     previous: Step | None = None
     for line in text.splitlines():
+        if PREFILL_LINE in line:
+            run += 1
+            continue
         m = DECODE_LINE.search(line)
         if not m:
             continue
@@ -58,9 +73,8 @@ def steady_steps(text: str) -> list[Step]:
             and previous.running == step.running
             and step.tokens - previous.tokens == step.running * interval
         ):
-            steady.append(step)
+            yield run, step
         previous = step
-    return steady
 
 
 def paired_ratios(steps: Iterable[Step], base: Sequence[Step], running: int, interval: int) -> list[float]:
@@ -103,6 +117,31 @@ def per_step(logs: dict[str, str], base: str, levels: Sequence[int]) -> dict[str
         if by_level:
             out[name] = by_level
     return out
+
+
+def per_run(logs: dict[str, str], levels: Sequence[int]) -> dict[str, dict[str, list[int]]]:
+    """For each server: at each level, the median steady speed of every run that had steady
+    intervals there, in the log's order (the warm-up first)."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for name, text in logs.items():
+        runs: dict[tuple[int, int], list[float]] = {}  # (running, run) -> its steady speeds
+        for run, step in steady_by_run(text):
+            runs.setdefault((step.running, run), []).append(step.tok_s)
+        by_level = {
+            str(c): [round(statistics.median(speeds)) for (running, _), speeds in runs.items() if running == c]
+            for c in levels
+        }
+        if any(by_level.values()):
+            out[name] = {c: speeds for c, speeds in by_level.items() if speeds}
+    return out
+
+
+def describe_runs(per_server: dict[str, dict[str, list[int]]]) -> list[str]:
+    """One line per server, e.g. ``dynspec: C=32 11892 9237 11903 9169``."""
+    return [
+        f"{name}: " + "; ".join(f"C={c} " + " ".join(f"{v:g}" for v in speeds) for c, speeds in by_level.items())
+        for name, by_level in per_server.items()
+    ]
 
 
 def describe(per_server: dict[str, dict[str, Any]]) -> list[str]:

@@ -92,6 +92,8 @@ def test_a_correct_dynspec_passes_every_check(site, tmp_path):
     # adds 3 tokens per request and step, so it has no steady interval to compare.
     assert tp["per_step"] == {"dynspec": {"8": {"pairs": 2, "min": 0.85, "median": 0.85, "max": 0.85}}}
     assert "dynspec: C=8 0.85-0.85 (median 0.85, 2 pairs)" in reports.summary(saved)
+    assert tp["per_run"] == {"dynspec": {"8": [850]}, "base": {"8": [1000]}}  # always-on: nothing steady
+    assert "    dynspec: C=8 850" in reports.summary(saved)
 
     assert '"POST /flush_cache HTTP/1.1" 200' in (out / "dynspec.log").read_text()  # before the second pass
     names = [s["name"] for s in saved["servers"]]

@@ -84,3 +84,39 @@ def test_the_0517_h200_logs_give_the_per_step_ratios_the_proof_readme_quotes() -
     skip = gzip.decompress((PROOF / "0.5.17-v2-skip-draft-extend" / "skipde.log.gz").read_bytes()).decode()
     without_draft_extend = steps.per_step({"base": logs["base-sim"], "skip": skip}, "base", [64])["skip"]["64"]
     assert without_draft_extend["median"] >= 0.97 and without_draft_extend["pairs"] >= 4
+
+
+def test_per_run_keeps_each_admission_apart() -> None:
+    """Two runs of 4 requests, each admitted by a prefill: one fast, one slow. One median over
+    both (per_step) would hide that; per_run gives each run's median steady speed, in order."""
+    log = "\n".join(
+        [
+            "server_args=ServerArgs(decode_log_interval=10)",
+            "Prefill batch, #new-seq: 4, #new-token: 120",
+            decode(4, 140, 90.0),  # the interval with the prefill: not steady
+            decode(4, 180, 400.0),
+            decode(4, 220, 420.0),
+            "Prefill batch, #new-seq: 4, #new-token: 120",
+            decode(4, 140, 90.0),
+            decode(4, 180, 300.0),
+            decode(4, 220, 280.0),
+            decode(4, 260, 290.0),
+        ]
+    )
+    assert steps.per_run({"dynspec": log}, [4, 8]) == {"dynspec": {"4": [410, 290]}}
+    assert steps.describe_runs(steps.per_run({"dynspec": log}, [4])) == ["dynspec: C=4 410 290"]
+    # Negative control: without the prefill lines it is one run.
+    one = "\n".join(line for line in log.splitlines() if "Prefill" not in line)
+    assert steps.per_run({"dynspec": one}, [4]) == {"dynspec": {"4": [300]}}
+
+
+def test_session_19s_small_model_fallback_runs_are_bimodal_and_base_is_not() -> None:
+    with tarfile.open(PROOF / "real-0.5.17-v2-s19-r32-tput" / "logs.tar.gz") as tar:
+        logs = {}
+        for name in ("base-own", "dynspec-own"):
+            f = tar.extractfile(f"{name}.log")
+            assert f is not None
+            logs[name] = f.read().decode(errors="replace")
+    runs = steps.per_run(logs, [32])
+    assert runs == {"base-own": {"32": [12341, 12610, 12334, 12332]}, "dynspec-own": {"32": [11892, 9237, 11903, 9169]}}
+    assert max(runs["base-own"]["32"]) / min(runs["base-own"]["32"]) < 1.03  # the negative control: base is steady
