@@ -44,6 +44,8 @@
 #                  (as in DIAG_RUNS: base* plain decode, on* always-on speculation, any other name dynspec);
 #                  PROF_AT=admission: 40 steps (GPU only) from before 64 requests arrive, after one warm-up of that load;
 #                  SERVE_ARGS="--disable-overlap-schedule": every diag / prof server on v1's scheduler;
+#                  DIAG_LEVELS=32,64: the diag's loads (default 64,100), each sent DIAG_REPEATS times (default 2),
+#                  per_run.json (each run's steady speed) beside per_step.json;
 #                  PROF_C=32: the steady steps at 32 requests instead of 64; PROF_MODEL=real: on real weights
 #                  (after real-a, real-head, real-b; dynspec at 8): where a 135M model's host-bound step goes
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
@@ -169,19 +171,22 @@ case $step in
     for run in ${DIAG_RUNS:-base dyn-sim:SGLANG_SIMULATE_ACC_LEN=3 upskip-sim:SGLANG_SIMULATE_ACC_LEN=3+SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1}; do
       serve_run "$run" || continue
       grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
-      for _ in 1 2; do python3 "$K/client.py" http://127.0.0.1:30000 64,100 256; done | tee "$OUT/$name.txt"
+      for _ in $(seq "${DIAG_REPEATS:-2}"); do python3 "$K/client.py" http://127.0.0.1:30000 "${DIAG_LEVELS:-64,100}" 256; done | tee "$OUT/$name.txt"
       bash "$K/stop.sh"; sleep 3
     done
-    python3 - "$OUT" <<'PY'
+    python3 - "$OUT" "${DIAG_LEVELS:-64,100}" <<'PY'
 import json, pathlib, sys
 from patcher.proof import steps
-out = pathlib.Path(sys.argv[1])
+out, levels = pathlib.Path(sys.argv[1]), [int(c) for c in sys.argv[2].split(",")]
 logs = {p.stem: p.read_text(errors="replace") for p in out.glob("*.log")}
-ratios = steps.per_step(logs, "base", [64, 100])
+ratios = steps.per_step(logs, "base", levels)
 (out / "per_step.json").write_text(json.dumps(ratios, indent=1) + "\n")
 print("\n".join(steps.describe(ratios)))
+runs = steps.per_run(logs, levels)  # each run's steady speed: a mode set at admission shows here
+(out / "per_run.json").write_text(json.dumps(runs, indent=1) + "\n")
+print("\n".join(steps.describe_runs(runs)))
 for late in sorted(n for n in logs if n.startswith("base-")):  # the same servers against a later base
-    again = steps.per_step(logs, late, [64, 100])
+    again = steps.per_step(logs, late, levels)
     (out / f"per_step_{late}.json").write_text(json.dumps(again, indent=1) + "\n")
     print(f"against {late}:"); print("\n".join(steps.describe(again)))
 PY
