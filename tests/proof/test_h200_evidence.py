@@ -1368,8 +1368,9 @@ def test_session_18_real_weights_with_deterministic_inference_give_base_tokens_w
     assert "draft KV only while off (eagerly)" in log and STREAM_LINE not in log
 
 
-def s18_accept_traces() -> dict[str, acceptance.Trace]:
-    files = members(S18_ACCEPT / "logs.tar.gz", *(f"drafts-{n}.jsonl" for n in ACCEPT_SERVERS.values()))
+def accept_traces(evidence: Path) -> dict[str, acceptance.Trace]:
+    """An acceptance run's recordings, keyed as ``acceptance.judge`` reads them."""
+    files = members(evidence / "logs.tar.gz", *(f"drafts-{n}.jsonl" for n in ACCEPT_SERVERS.values()))
     return {k: acceptance.parse(files[f"drafts-{n}.jsonl"].splitlines()) for k, n in ACCEPT_SERVERS.items()}
 
 
@@ -1384,7 +1385,7 @@ def test_session_18_acceptance_after_resume_equals_the_full_extends_and_the_cont
     published = s18_report(S18_ACCEPT, {})["acceptance"]
     assert not published["passed"] and published["problems"][1] == "resumed acceptance 1.975 is below 0.99 x always-on's 2.023"
     assert published["digests"]["kv"][:4] == published["digests"]["full"][:4] != published["digests"]["never_off"][:4]
-    entry = acceptance.judge(s18_accept_traces(), 50, [])
+    entry = acceptance.judge(accept_traces(S18_ACCEPT), 50, [])
     assert {k: entry[k] for k in ("always_on", "dynspec_resumed", "full_resumed", "skip_resumed", "requests")} == {
         k: published[k] for k in ("always_on", "dynspec_resumed", "full_resumed", "skip_resumed", "requests")
     }
@@ -1393,7 +1394,7 @@ def test_session_18_acceptance_after_resume_equals_the_full_extends_and_the_cont
     assert entry["resumed_over_always_on"] == {"ratio": 0.9763, "ci95": [0.9104, 1.0401]}
     assert entry["skip_over_full"] == {"ratio": 0.967, "ci95": [0.9378, 0.9887]}
     # Negative control: the control's recording as the server under test fails.
-    traces = s18_accept_traces()
+    traces = accept_traces(S18_ACCEPT)
     assert acceptance.judge({**traces, "kv": traces["skip"]}, 50, [])["problems"] == [
         "resumed acceptance is 0.9652 x the full extend's on the same requests, below 0.99 (1.908 against 1.976 over each server's own)"
     ]
@@ -1477,11 +1478,6 @@ def test_session_19_real_weights_give_base_tokens_where_dynspec_is_off(release: 
     assert digests == json.loads((S18_REAL / "report.json").read_text())["equivalence"]["digests"]  # the same tokens as 0.5.12 v2
 
 
-def s19_accept_traces(release: str) -> dict[str, acceptance.Trace]:
-    files = members(S19_ACCEPT[release] / "logs.tar.gz", *(f"drafts-{n}.jsonl" for n in ACCEPT_SERVERS.values()))
-    return {k: acceptance.parse(files[f"drafts-{n}.jsonl"].splitlines()) for k, n in ACCEPT_SERVERS.items()}
-
-
 @pytest.mark.parametrize(
     ("release", "resumed", "skip", "control_drops"),
     [
@@ -1497,7 +1493,7 @@ def test_session_19_kv_direct_resumes_at_the_full_extends_acceptance(release: st
     matched (0 of 249; the control 16). The control dropped 3.1 % on 0.5.12 and 2.4 % on 0.5.17, whose
     interval reaches 1.005: reported, not claimed."""
     published = s19_report(S19_ACCEPT[release])["acceptance"]
-    traces = s19_accept_traces(release)
+    traces = accept_traces(S19_ACCEPT[release])
     entry = acceptance.judge(traces, 50, [])
     keys = ("always_on", "dynspec_resumed", "full_resumed", "skip_resumed", "requests", "resumed_over_full", "skip_over_full", "control_drops")
     assert {k: entry[k] for k in keys} == {k: published[k] for k in keys}

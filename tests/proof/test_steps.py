@@ -111,12 +111,7 @@ def test_per_run_keeps_each_admission_apart() -> None:
 
 
 def test_session_19s_small_model_fallback_runs_are_bimodal_and_base_is_not() -> None:
-    with tarfile.open(PROOF / "real-0.5.17-v2-s19-r32-tput" / "logs.tar.gz") as tar:
-        logs = {}
-        for name in ("base-own", "dynspec-own"):
-            f = tar.extractfile(f"{name}.log")
-            assert f is not None
-            logs[name] = f.read().decode(errors="replace")
-    runs = steps.per_run(logs, [32])
+    logs = read_logs(PROOF / "real-0.5.17-v2-s19-r32-tput" / "logs.tar.gz")
+    runs = steps.per_run({name: logs[name] for name in ("base-own", "dynspec-own")}, [32])
     assert runs == {"base-own": {"32": [12341, 12610, 12334, 12332]}, "dynspec-own": {"32": [11892, 9237, 11903, 9169]}}
     assert max(runs["base-own"]["32"]) / min(runs["base-own"]["32"]) < 1.03  # the negative control: base is steady
