@@ -30,7 +30,8 @@
 #   (any proof step) SERVER_ARGS="..." in the env goes to every server (--extra-args), e.g. "--decode-log-interval 1":
 #                  a log line per decode iteration, whose throughput is that iteration's speed
 #   (any proof step) PROOF_FLAGS="..." in the env: more dynspec proof flags, e.g. "--exact-kv-cycles 6";
-#                  "--parallel-starts 3": a check's servers start 3 at a time, each measured alone (session 15: kv-proof in 96 s)
+#                  "--parallel-starts 3": a check's servers start 3 at a time, each measured alone (session 15: kv-proof in 96 s);
+#                  kv-tput's three then take turns at every level and pass (--interleave, the default)
 #   diag V         (same warm machine, part b unpacked) where the last points of a fallback step go at
 #                  C=64,100 (the kit client.py holds at most 100 requests in flight: aiohttp's default
 #                  connector limit): base, dynspec (auto) and dynspec with upstream's SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1

@@ -286,6 +286,19 @@ def measure_level(client: Client, indices: Sequence[int], new_tokens: int, *, wa
         if run.failures:
             return run
         runs.append(run)
+    return median_run(runs)
+
+
+def median_run(runs: Sequence[LevelResult]) -> LevelResult:
+    """The median of timed runs by tok/s (the lower middle of an even count), with every run's tok/s
+    as its ``samples``."""
     median = sorted(runs, key=lambda r: r.tok_s)[(len(runs) - 1) // 2]
     median.samples = tuple(round(r.tok_s, 1) for r in runs)
     return median
+
+
+def rotated(names: Sequence[str], turn: int) -> list[str]:
+    """``names`` starting at ``turn`` (modulo their count): the order of a pass when servers take
+    turns, so that over as many passes as servers each runs once in every position."""
+    k = turn % len(names) if names else 0
+    return [*names[k:], *names[:k]]

@@ -366,6 +366,14 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "--mem-fraction-static 0.85, --max-total-tokens 131072, an --nccl-port of its own and --sleep-on-idle "
     "so that they share the GPU; at most 3 with throughput or mixed_load (the 8B shape), --tp 1 only.",
 )
+@click.option(
+    "--interleave/--one-after-another",
+    default=DEFAULTS.interleave,
+    show_default=True,
+    help="throughput and mixed_load, where --parallel-starts starts all their servers at once: the servers "
+    "take turns at every level and pass, the order rotated each run, so that the machine's drift over the "
+    "call spreads over all of them; --one-after-another measures each server's levels and passes in one go.",
+)
 @click.option("--tp", type=click.IntRange(1), default=None, help="Pass --tp-size N to every server.")
 @click.option(
     "--port", type=click.IntRange(1024, 65000), default=DEFAULTS.port, show_default=True, help="First port to try."
@@ -438,6 +446,7 @@ def proof(
     mixed_repeats: int,
     mixed_variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
     parallel_starts: int,
+    interleave: bool,
     tp: int | None,
     port: int,
     start_timeout: float,
@@ -523,6 +532,7 @@ def proof(
         mixed_repeats=mixed_repeats,
         mixed_variants=mixed_variants,
         parallel_starts=parallel_starts,
+        interleave=interleave,
         tp=tp,
         port=port,
         start_timeout=start_timeout,

@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from patcher.proof.client import Client, LevelResult, Request, run_requests
+from patcher.proof.client import Client, LevelResult, Request, rotated, run_requests
 
 FIRST_PROMPT = 300_000
 DEFAULT_PHASES = (1, 4, 16, 64, 128, 64, 16, 4, 1)
@@ -75,6 +75,31 @@ def measure(client: Client, schedule: Schedule, repeats: int, warmup: bool) -> l
         runs.append(run)
         if run.failures:
             break
+    return runs
+
+
+def measure_together(clients: Mapping[str, Client], schedule: Schedule, repeats: int, warmup: bool) -> dict[str, list[Run]]:
+    """``measure`` on several servers that are up at once, taking turns: every pass goes to each
+    server in turn, the order rotated by one server each pass. A drift of the machine's speed over
+    the call (clocks, heat) then spreads over all of them alike instead of landing on whichever ran
+    last. A server's passes stop at its first failing one, as ``measure``'s do."""
+    names = list(clients)
+    runs: dict[str, list[Run]] = {name: [] for name in names}
+    stopped: set[str] = set()
+    if warmup:
+        for name in names:
+            first = run_once(clients[name], schedule)
+            if first.failures:
+                runs[name] = [first]
+                stopped.add(name)
+    for turn in range(max(1, repeats)):
+        for name in rotated(names, turn):
+            if name in stopped:
+                continue
+            run = run_once(clients[name], schedule)
+            runs[name].append(run)
+            if run.failures:
+                stopped.add(name)
     return runs
 
 

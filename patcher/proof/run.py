@@ -25,7 +25,17 @@ from typing import Any
 
 from patcher.proof import acceptance, detect, exactkv, launch, logscan, mixed, steps
 from patcher.proof import report as reports
-from patcher.proof.client import WARMUP_PROMPT, Client, LevelResult, Request, measure_level, run_batches, run_level
+from patcher.proof.client import (
+    WARMUP_PROMPT,
+    Client,
+    LevelResult,
+    Request,
+    measure_level,
+    median_run,
+    rotated,
+    run_batches,
+    run_level,
+)
 from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
 from patcher.proof.ramp import RampSchedule, run_ramp
@@ -102,6 +112,9 @@ class ProofOptions:
     # more dynspec servers on the mixed load, each (name, its own env): an A/B in the same call
     mixed_variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
     parallel_starts: int = 1  # servers started at once (each measured alone); > 1 shares the GPU
+    # throughput and mixed_load, where all their servers start at once: the servers take turns at
+    # every level and pass (rotating the order), rather than one server's levels after another's
+    interleave: bool = True
     acceptance_min_verifies: int = 50  # verifies after a switch back on, at least
     model: str = "dummy"  # "dummy" (config-only dirs of this package) or "real" (model_dir)
     model_dir: Path | None = None  # dynspec real prepare's output: target/, draft/, prompts.json, model.json
@@ -329,6 +342,9 @@ def _states(transitions: Sequence[Transition], before: str) -> tuple[str, str]:
     return "->".join(seq), transitions[-1].direction
 
 
+# How throughput's and mixed_load's servers were measured (their reports' ``order``)
+ORDER_TOGETHER = "interleaved: the servers took turns at each level and pass, the order rotated each run"
+ORDER_ALONE = "one server after another"
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
 SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers that fit one H200 side by side (launch.SHARED_GPU_MAX_TOTAL_TOKENS)
 
@@ -605,12 +621,50 @@ class Proof:
             time.sleep(self.opts.settle if server.spec.name.startswith("dynspec") else 0)
             follower.poll()
             out.append((result, follower.transitions))
-            failed = f", {len(result.failures)} FAILED" if result.failures else ""
-            spread = f" (median of {', '.join(f'{x:.0f}' for x in result.samples)})" if len(result.samples) > 1 else ""
-            self.progress(
-                f"  {label} C={c}: {result.tokens} tokens in {result.seconds:.2f} s = {result.tok_s:.0f} tok/s{spread}, "
-                f"digest {result.digest}{failed}"
-            )
+            self.tell_level(label, result)
+        return out
+
+    def tell_level(self, label: str, result: LevelResult) -> None:
+        failed = f", {len(result.failures)} FAILED" if result.failures else ""
+        spread = f" (median of {', '.join(f'{x:.0f}' for x in result.samples)})" if len(result.samples) > 1 else ""
+        self.progress(
+            f"  {label} C={result.concurrency}: {result.tokens} tokens in {result.seconds:.2f} s = {result.tok_s:.0f} tok/s{spread}, "
+            f"digest {result.digest}{failed}"
+        )
+
+    def levels_together(
+        self, servers: Sequence[Server], levels: Sequence[int], new_tokens: int, *, warmup: bool, repeats: int
+    ) -> dict[str, list[tuple[LevelResult, list[Transition]]]]:
+        """``levels`` with ``warmup`` and ``repeats`` on servers that are up at once, taking turns: at
+        each level every server is warmed up, then each timed run goes to every server in turn, the
+        order rotated by one server each run (``mixed.measure_together`` for why). A server's level
+        ends at its first failing run, which is then its result, as in ``measure_level``."""
+        names = [server.spec.name for server in servers]
+        clients = {server.spec.name: self.client(server) for server in servers}
+        out: dict[str, list[tuple[LevelResult, list[Transition]]]] = {name: [] for name in names}
+        for c in levels:
+            followers = {s.spec.name: LogFollower(s.spec.log, logscan.size(s.spec.log)) for s in servers}
+            failed: dict[str, LevelResult] = {}
+            timed: dict[str, list[LevelResult]] = {name: [] for name in names}
+            for name in names if warmup else ():
+                first = run_level(clients[name], range(c), new_tokens)
+                if first.failures:
+                    failed[name] = first
+            for turn in range(max(1, repeats)):
+                for name in rotated(names, turn):
+                    if name in failed:
+                        continue
+                    run = run_level(clients[name], range(c), new_tokens)
+                    if run.failures:
+                        failed[name] = run
+                    else:
+                        timed[name].append(run)
+            time.sleep(self.opts.settle if any(name.startswith("dynspec") for name in names) else 0)
+            for name in names:
+                followers[name].poll()
+                result = failed.get(name) or median_run(timed[name])
+                out[name].append((result, followers[name].transitions))
+                self.tell_level(name, result)
         return out
 
     # -- equivalence and crossings -----------------------------------------------------------
@@ -1015,54 +1069,104 @@ class Proof:
             )
             for mode, variant in servers
         ]
+        # All of the check's servers up at once: they take turns at every level and pass.
+        together = opts.interleave and not opts.mixed_variants and 1 < len(plans) <= opts.parallel_starts
+
+        def note_errors(name: str, info: dict[str, Any]) -> None:
+            if info.get("errors"):
+                note = f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}"
+                problems.append(note)
+                mixed_problems.append(note)
+
+        def account(mode: str, name: str, info: dict[str, Any], results: list[tuple[LevelResult, list[Transition]]]) -> None:
+            """What a stopped server left: its log and, with throughput, its levels' numbers."""
+            logs[mode] = Path(info["log"]).read_text(errors="replace")
+            if not throughput:
+                return
+            if mode == launch.UPSTREAM_ADAPTIVE:
+                off = [line for line in logs[mode].splitlines() if ADAPTIVE_OFF in line]
+                if off:
+                    problems.append(f"{name}: SGLang turned its adaptive mode off: {off[0].strip()[:200]}")
+            tok_s[mode] = [round(r.tok_s, 1) if not r.failures else None for r, _ in results]
+            samples[mode] = [list(r.samples) for r, _ in results]
+            accept[mode] = [None if r.accept_length is None else round(r.accept_length, 2) for r, _ in results]
+            for r, _ in results:
+                if r.failures:
+                    problems.append(f"{name} C={r.concurrency}: {len(r.failures)} failed request(s): {r.failures[0]}")
+
+        def start_failed(name: str, error: ServerStartError) -> None:
+            self.aborted = f"the {name} server did not start"
+            problems.append(str(error).splitlines()[0])
+            mixed_problems.append(str(error).splitlines()[0])
+            self.progress(f"ERROR: {error}")
+
         with self.starting(plans):
-            for (mode, variant), plan in zip(servers, plans):
-                name = plan.name
-                results: list[tuple[LevelResult, list[Transition]]] = []
+            if together:
+                served: list[tuple[str, Plan, dict[str, Any]]] = []
+                level_runs: dict[str, list[tuple[LevelResult, list[Transition]]]] = {}
+                passes: dict[str, list[mixed.Run]] = {}
                 try:
-                    with self.serve(plan) as server:
-                        if variant:
-                            variant_runs[variant] = self.mixed_load(server, name, warmup=True)
-                            continue
+                    with contextlib.ExitStack() as stack:
+                        up: list[Server] = []
+                        for (mode, _), plan in zip(servers, plans):
+                            try:
+                                up.append(stack.enter_context(self.serve(plan)))
+                            finally:
+                                served.append((mode, plan, self.server_info))
                         if throughput:
-                            results = self.levels(
-                                server,
-                                opts.throughput_levels,
-                                opts.throughput_new_tokens,
-                                name,
-                                warmup=opts.throughput_warmup,
-                                repeats=opts.throughput_repeats,
-                            )
-                            levels_end[mode] = len(Path(self.server_info["log"]).read_text(errors="replace"))
-                        if mixed_load and mode in mixed_modes:
-                            mixed_runs[mode] = self.mixed_load(server, name, warmup=not throughput)
+                            level_runs = self.levels_together(
+                                up, opts.throughput_levels, opts.throughput_new_tokens,
+                                warmup=opts.throughput_warmup, repeats=opts.throughput_repeats,
+                            )  # fmt: skip
+                            for mode, _, info in served:
+                                levels_end[mode] = len(Path(info["log"]).read_text(errors="replace"))
+                        if mixed_load:
+                            clients = {s.spec.name: self.client(s) for (mode, _, _), s in zip(served, up) if mode in mixed_modes}
+                            passes = mixed.measure_together(clients, opts.mixed_schedule, opts.mixed_repeats, warmup=not throughput)
+                            for name, runs in passes.items():
+                                self.tell_mixed(name, runs)
                 except ServerStartError as error:
-                    self.aborted = f"the {name} server did not start"
-                    problems.append(str(error).splitlines()[0])
-                    mixed_problems.append(str(error).splitlines()[0])
-                    self.progress(f"ERROR: {error}")
-                    break
-                finally:
-                    info = self.server_info
-                    if info.get("errors"):
-                        note = f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}"
-                        problems.append(note)
-                        mixed_problems.append(note)
-                logs[mode] = Path(self.server_info["log"]).read_text(errors="replace")
-                if not throughput:
-                    continue
-                if mode == launch.UPSTREAM_ADAPTIVE:
-                    off = [line for line in logs[mode].splitlines() if ADAPTIVE_OFF in line]
-                    if off:
-                        problems.append(f"{name}: SGLang turned its adaptive mode off: {off[0].strip()[:200]}")
-                tok_s[mode] = [round(r.tok_s, 1) if not r.failures else None for r, _ in results]
-                samples[mode] = [list(r.samples) for r, _ in results]
-                accept[mode] = [None if r.accept_length is None else round(r.accept_length, 2) for r, _ in results]
-                for r, _ in results:
-                    if r.failures:
-                        problems.append(f"{name} C={r.concurrency}: {len(r.failures)} failed request(s): {r.failures[0]}")
+                    start_failed(served[-1][1].name if served else "first", error)
+                    passes, level_runs = {}, {}
+                    served_ok = False
+                else:
+                    served_ok = True
+                for mode, plan, info in served:
+                    note_errors(plan.name, info)
+                    if served_ok:
+                        account(mode, plan.name, info, level_runs.get(plan.name, []))
+                        if plan.name in passes:
+                            mixed_runs[mode] = passes[plan.name]
+            else:
+                for (mode, variant), plan in zip(servers, plans):
+                    name = plan.name
+                    results: list[tuple[LevelResult, list[Transition]]] = []
+                    try:
+                        with self.serve(plan) as server:
+                            if variant:
+                                variant_runs[variant] = self.mixed_load(server, name, warmup=True)
+                                continue
+                            if throughput:
+                                results = self.levels(
+                                    server,
+                                    opts.throughput_levels,
+                                    opts.throughput_new_tokens,
+                                    name,
+                                    warmup=opts.throughput_warmup,
+                                    repeats=opts.throughput_repeats,
+                                )
+                                levels_end[mode] = len(Path(self.server_info["log"]).read_text(errors="replace"))
+                            if mixed_load and mode in mixed_modes:
+                                mixed_runs[mode] = self.mixed_load(server, name, warmup=not throughput)
+                    except ServerStartError as error:
+                        start_failed(name, error)
+                        break
+                    finally:
+                        note_errors(name, self.server_info)
+                    account(mode, name, self.server_info, results)
         if mixed_load:
             self.report["mixed_load"] = self.judge_mixed(mixed_runs, mixed_problems, shape, variant_runs)
+            self.report["mixed_load"]["order"] = ORDER_TOGETHER if together else ORDER_ALONE
         if not throughput:
             return
         levels = list(opts.throughput_levels)
@@ -1081,6 +1185,7 @@ class Proof:
             "shape": opts.shape_named("throughput"),
             "simulate_acc_len": opts.simulate_acc_len,
             "min_envelope_ratio": opts.min_envelope_ratio,
+            "order": ORDER_TOGETHER if together else ORDER_ALONE,
         }
         run_problems = list(problems)
         if opts.no_overlap_base:
@@ -1125,11 +1230,14 @@ class Proof:
         opts = self.opts
         schedule = opts.mixed_schedule
         runs = mixed.measure(self.client(server), schedule, opts.mixed_repeats, warmup)
+        self.tell_mixed(name, runs)
+        return runs
+
+    def tell_mixed(self, name: str, runs: Sequence[mixed.Run]) -> None:
         for run in runs:
             failed = f", {len(run.failures)} FAILED" if run.failures else ""
             phases = " ".join(f"{p.seconds:.2f}" for p in run.phases)
             self.progress(f"  {name} mixed load: {run.seconds:.2f} s (phases {phases}){failed}")
-        return runs
 
     def judge_mixed(
         self,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -218,3 +219,103 @@ def test_a_variant_without_a_complete_pass_is_reported_as_such(site: Any, tmp_pa
     assert entry["passed"]  # dynspec's own verdict is not the variant's
     assert not entry["variants"]["x"]["passed"] and entry["variants"]["x"]["seconds"] is None
     assert "no complete pass of the load on dynspec" in entry["variants"]["x"]["problems"][0]
+
+
+# -- servers up at once take turns (--parallel-starts covering the check, --interleave) ------------
+
+
+def test_servers_taking_turns_rotate_the_order_each_pass_and_a_failing_one_drops_out(monkeypatch: pytest.MonkeyPatch) -> None:
+    sent: list[str] = []
+
+    def fake_run_requests(client: Any, requests: Sequence[Request], concurrency: int) -> LevelResult:
+        sent.append(client)
+        passes_of_b = sent.count("b") // len(SCHEDULE.phases)
+        return phase(concurrency, 1.0, failed=client == "b" and passes_of_b == 2 and concurrency == 8)
+
+    monkeypatch.setattr(mixed, "run_requests", fake_run_requests)
+    clients: dict[str, Any] = {"a": "a", "b": "b", "c": "c"}  # run_requests is all that sees a client
+    runs = mixed.measure_together(clients, SCHEDULE, repeats=3, warmup=True)
+    order = sent[:: len(SCHEDULE.phases)]  # one entry per pass
+    # warm-up a b c; then a b c, b c a (b's second timed pass fails), c a (b dropped out)
+    assert order == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a"]
+    assert [len(runs[n]) for n in "abc"] == [3, 2, 3]
+    assert runs["b"][-1].failures and not any(r.failures for n in "ac" for r in runs[n])
+    sent.clear()
+    alone = mixed.measure("a", SCHEDULE, repeats=3, warmup=True)  # type: ignore[arg-type]
+    assert len(sent) == 4 * len(SCHEDULE.phases) and len(alone) == 3  # negative control: one server, no turns
+
+
+def test_the_rotation_puts_each_server_once_in_every_position() -> None:
+    from patcher.proof.client import rotated
+
+    names = ["dynspec", "always_on", "base"]
+    turns = [rotated(names, t) for t in range(3)]
+    assert turns == [names, ["always_on", "base", "dynspec"], ["base", "dynspec", "always_on"]]
+    assert all(sorted(column) == sorted(names) for column in zip(*turns))
+    assert rotated(names, 3) == names and rotated([], 5) == []
+
+
+def level_lines(notes: list[str]) -> list[str]:
+    """``server C=n`` of each throughput level's progress line, in the order they were said."""
+    return [f"{m[1]} C={m[2]}" for note in notes if (m := re.match(r"\s+(\S+) C=(\d+): \d+ tokens in", note))]
+
+
+@pytest.mark.parametrize(("parallel", "interleave", "together"), [(3, True, True), (1, True, False), (3, False, False)])
+def test_throughput_and_mixed_load_servers_up_at_once_take_turns(
+    site: Any, tmp_path: Path, parallel: int, interleave: bool, together: bool
+) -> None:
+    """With --parallel-starts covering the three servers, every level is done on all three before the
+    next one starts, and each report says how it was measured; without (negative controls) one
+    server's levels follow another's, as before."""
+    from patcher.proof.run import ORDER_ALONE, ORDER_TOGETHER
+
+    notes: list[str] = []
+    opts = mixed_options(
+        site(), tmp_path / "out", checks=("throughput", "mixed_load"), throughput_repeats=2,
+        parallel_starts=parallel, interleave=interleave,
+    )  # fmt: skip
+    result = run_proof(opts, notes.append)
+    names = ["dynspec-sim", "always-on-sim", "base-sim"]
+    said = level_lines(notes)
+    if together:
+        assert said == [f"{n} C={c}" for c in (1, 8) for n in names]
+    else:
+        assert said == [f"{n} C={c}" for n in names for c in (1, 8)]
+    order = ORDER_TOGETHER if together else ORDER_ALONE
+    tp, ml = result["throughput"], result["mixed_load"]
+    assert (tp["order"], ml["order"]) == (order, order)
+    assert all(len(s) == 2 for server in tp["samples"].values() for s in server)
+    assert all(len(s) == 2 for s in ml["samples"].values()) and set(ml["seconds"]) == {"base", "always_on", "dynspec"}
+    assert tp["dynspec"] is not None and all(x is not None for x in tp["dynspec"])
+    assert set(tp["per_run"]) <= {"dynspec", "always_on", "base"} and tp["per_run"]
+    assert all(s["stopped_by"] == "SIGTERM" for s in result["servers"])
+
+
+def test_a_server_that_cannot_launch_among_those_taking_turns_stops_them_all(
+    site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """always-on gets no port: nothing is measured, the failure is the first problem of both checks,
+    and no server is left running."""
+    from patcher.proof import run as proof_run
+
+    from .test_run import alive, server_pids
+
+    calls: list[int] = []
+    real_free_port = proof_run.free_port
+
+    def free_port(first: int, tries: int = 200, taken: Any = ()) -> int:
+        calls.append(first)
+        if len(calls) == 3:  # dynspec: port and NCCL port; always-on: its port
+            raise proof_run.ServerStartError(f"no free port in {first}..{first + tries - 1}")
+        return int(real_free_port(first, tries, taken))
+
+    monkeypatch.setattr(proof_run, "free_port", free_port)
+    notes: list[str] = []
+    out = tmp_path / "out"
+    opts = mixed_options(site(), out, checks=("throughput", "mixed_load"), parallel_starts=3)
+    result = run_proof(opts, notes.append)
+    assert level_lines(notes) == [] and not any("mixed load:" in n for n in notes)
+    assert result["complete"] is False and result["passed"] is False
+    for check in ("throughput", "mixed_load"):
+        assert result[check]["problems"][0].startswith("no free port in")
+    assert not [p for p in server_pids(out) if alive(p)]
