@@ -151,6 +151,8 @@ def summary(report: Report) -> str:
             f"throughput: tok/s ({weights(tp.get('shape'))}, {tp.get('new_tokens')} new tokens, "
             + (f"SGLANG_SIMULATE_ACC_LEN={sim:g})" if sim is not None else "the drafts' own acceptance)")
         )
+        if tp.get("order"):
+            lines.append(f"    order: {tp['order']}")
         upstream = tp.get("upstream_adaptive")
         no_overlap = tp.get("base_no_overlap")
         head = f"{'C':>5}  {'base':>9}  {'always-on':>9}  {'dynspec':>9}  {'R(C)':>6}"
@@ -194,6 +196,8 @@ def summary(report: Report) -> str:
             f"mixed load: total s, median of {ml.get('repeats')}: base {_fmt(sec.get('base'), 2)}, always-on "
             f"{_fmt(sec.get('always_on'), 2)}, dynspec {_fmt(sec.get('dynspec'), 2)}"
         )
+        if ml.get("order"):
+            lines.append(f"    order: {ml['order']}")
         lines.append(
             f"    per-phase oracle {_fmt(ml.get('oracle_seconds'), 2)} "
             f"(dynspec / oracle {_fmt(ml.get('dynspec_over_oracle'), 3)})"

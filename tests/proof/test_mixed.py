@@ -284,6 +284,7 @@ def test_throughput_and_mixed_load_servers_up_at_once_take_turns(
     order = ORDER_TOGETHER if together else ORDER_ALONE
     tp, ml = result["throughput"], result["mixed_load"]
     assert (tp["order"], ml["order"]) == (order, order)
+    assert reports.summary(result).count(f"    order: {order}") == 2
     assert all(len(s) == 2 for server in tp["samples"].values() for s in server)
     assert all(len(s) == 2 for s in ml["samples"].values()) and set(ml["seconds"]) == {"base", "always_on", "dynspec"}
     assert tp["dynspec"] is not None and all(x is not None for x in tp["dynspec"])
