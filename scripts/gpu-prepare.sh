@@ -43,7 +43,8 @@ if ! [ "$one" -nt ".gpu/kit-$V-a.tar.xz" ] || ! [ "$one" -nt ".gpu/kit-$V-b.tar.
     --exclude='./sglang/srt/grpc/_core*.so' . | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
   rm -rf "$site"
 fi
-tree=$(git ls-files -z | xargs -0 du -cb 2>/dev/null | tail -1 | cut -f1)
+# (a tracked file deleted in the work tree does not travel: du's complaint about it is not an error here)
+tree=$( (git ls-files -z | xargs -0 du -cb 2>/dev/null || true) | tail -1 | cut -f1)
 total=$(( $(stat -c %s "$one") + $(du -sb ".gpu/patched-$V" | cut -f1) + tree ))
 if [ "$total" -le $(( 64 * 1024 * 1024 - 512 * 1024 )) ]; then
   echo "one-part kit: $one ($(( total / 1024 / 1024 )) MiB with .gpu/patched-$V and the tree): one call, no kit-a"
