@@ -320,3 +320,40 @@ def test_a_server_that_cannot_launch_among_those_taking_turns_stops_them_all(
     for check in ("throughput", "mixed_load"):
         assert result[check]["problems"][0].startswith("no free port in")
     assert not [p for p in server_pids(out) if alive(p)]
+
+
+def test_levels_taking_turns_warm_up_rotate_and_keep_a_failed_run_as_that_servers_result(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Per level: every server warmed up, then the timed runs in rotated order; a server whose run
+    fails is out of that level (the failed run is its result) and back at the next level."""
+    from patcher.proof import run as proof_run
+    from patcher.proof.servers import Server, ServerSpec
+
+    from .test_run import options
+
+    sent: list[tuple[str, int]] = []
+
+    def fake_run_level(client: Any, indices: Sequence[int], new_tokens: int) -> LevelResult:
+        name = {30001: "a", 30002: "b", 30003: "c"}[client.port]
+        c = len(indices)
+        sent.append((name, c))
+        failed = name == "b" and c == 2 and sum(1 for n, k in sent if n == "b" and k == 2) == 3  # b's 2nd timed run at C=2
+        return LevelResult(c, new_tokens, 0.5 + len(sent) / 100, [Reply(0, 500 if failed else 200, [1] * new_tokens, {}, 0.1, "HTTP 500" if failed else None)])
+
+    monkeypatch.setattr(proof_run, "run_level", fake_run_level)
+    proof = Proof(options(tmp_path, tmp_path / "out", settle=0.0), lambda m: None)
+    servers = []
+    for port, name in ((30001, "a"), (30002, "b"), (30003, "c")):
+        log = tmp_path / f"{name}.log"
+        log.write_text("")
+        servers.append(Server(ServerSpec(name, ("true",), {}, log, port)))
+    out = proof.levels_together(servers, [1, 2], 4, warmup=True, repeats=3)
+    at_2 = [n for n, c in sent if c == 2]
+    # warm-ups a b c; timed a b c | b c a (b fails) | c a
+    assert at_2 == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a"]
+    assert [n for n, c in sent if c == 1] == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a", "b"]
+    assert [len(r.samples) for r, _ in out["a"]] == [3, 3] and [len(r.samples) for r, _ in out["c"]] == [3, 3]
+    first, second = (r for r, _ in out["b"])
+    assert len(first.samples) == 3 and first.failures == []
+    assert second.failures and second.samples == ()  # the failed run, not a median that hides it
