@@ -1,0 +1,88 @@
+"""The opt-in insertion that lets a dynspec server's target prefill replay its piecewise graphs
+(0.5.11 - 0.5.13), on the real releases, and the decision it inserts, run on stand-ins."""
+
+from __future__ import annotations
+
+import ast
+import enum
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import libcst
+import pytest
+
+from patcher.engine import apply_text
+from patcher.errors import AnchorNotFound
+from patcher.releases import unpacked
+from patches.piecewise_graph_dynspec_prefill import DECLARE, ENV
+from patches.piecewise_graph_dynspec_prefill import PiecewiseGraphDynspecPrefill as Patch
+
+RELEASES = ["0.5.11", "0.5.12", "0.5.13"]
+MARKER = Patch.marker()
+
+
+class CaptureHiddenMode(enum.IntEnum):  # sglang's, by name: NULL, LAST, FULL
+    NULL = 0
+    LAST = 1
+    FULL = 2
+
+
+def runner_source(version: str) -> str:
+    return (unpacked(version, [Patch.TARGET]) / "sglang" / Patch.TARGET).read_text()
+
+
+def inserted_function(source: str) -> Callable[[Any, CaptureHiddenMode], CaptureHiddenMode]:
+    """The inserted function, compiled on its own with ``CaptureHiddenMode`` from here."""
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == DECLARE)
+    namespace: dict[str, Any] = {"CaptureHiddenMode": CaptureHiddenMode}
+    exec(compile(ast.Module(body=[node], type_ignores=[]), "<inserted>", "exec"), namespace)
+    return namespace[DECLARE]  # type: ignore[no-any-return]
+
+
+def model_runner(threshold: int | None = 32, draft: bool = False, eagle: bool = True) -> SimpleNamespace:
+    return SimpleNamespace(
+        server_args=SimpleNamespace(speculative_disable_batch_size=threshold),
+        is_draft_worker=draft,
+        spec_algorithm=SimpleNamespace(is_eagle=lambda: eagle),
+    )
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", RELEASES)
+def test_real_release(version: str) -> None:
+    before = runner_source(version)
+    assert not Patch.APPLIED.found(libcst.parse_module(before))
+    after = apply_text([Patch], before, version, Patch.TARGET)  # anchors, compiles, only adds lines, idempotent
+    assert apply_text([Patch], after, version, Patch.TARGET) == after
+    assert after.count(MARKER) == 2
+    lines = after.splitlines()
+    call = next(i for i, line in enumerate(lines) if f"= {DECLARE}(" in line)
+    assert lines[call].strip() == f"self.capture_hidden_mode = {DECLARE}(model_runner, self.capture_hidden_mode)"
+    # right after upstream's own FULL for --enable-return-hidden-states, inside __init__
+    assert lines[call - 3].strip() == "if model_runner.server_args.enable_return_hidden_states:"
+    assert lines[call - 2].strip() == "self.capture_hidden_mode = CaptureHiddenMode.FULL"
+    assert lines[call - 1].strip() == MARKER
+
+
+def test_the_decision_is_full_only_for_a_dynspec_eagle_target_with_the_switch_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    declare = inserted_function(apply_text([Patch], runner_source("0.5.12"), "0.5.12", Patch.TARGET))
+    null, full = CaptureHiddenMode.NULL, CaptureHiddenMode.FULL
+    monkeypatch.delenv(ENV, raising=False)
+    assert declare(model_runner(), null) is null  # opt-in: unset is off
+    monkeypatch.setenv(ENV, "1")
+    assert declare(model_runner(), null) is full
+    assert declare(model_runner(), full) is full  # --enable-return-hidden-states already said FULL
+    assert declare(model_runner(threshold=None), null) is null  # stock server: not dynspec's to change
+    assert declare(model_runner(draft=True), null) is null  # the draft has no piecewise graphs to declare
+    assert declare(model_runner(eagle=False), null) is null
+    monkeypatch.setenv(ENV, "0")
+    assert declare(model_runner(), null) is null
+
+
+def test_a_runner_whose_can_run_does_not_compare_the_mode_is_refused() -> None:
+    """0.5.10's runner replays any mode (its server turns the graphs off for speculation instead):
+    declaring FULL there would not be what makes a prefill replay them."""
+    old = runner_source("0.5.10")
+    with pytest.raises(AnchorNotFound, match="can_run compares"):
+        apply_text([Patch], old, "0.5.12", Patch.TARGET)
+    assert not Patch.applies_to("0.5.10") and not Patch.applies_to("0.5.14") and Patch.applies_to("0.5.12")
