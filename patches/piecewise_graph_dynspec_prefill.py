@@ -47,6 +47,7 @@ def {DECLARE}(model_runner, mode):
     target declares its piecewise graphs FULL, the hidden states every EAGLE target prefill
     captures for its draft, so that its prefills replay them instead of running eagerly (can_run
     refuses another mode), as --enable-return-hidden-states declares FULL for graphs alike."""
+    import logging
     import os
 
     if os.environ.get("{ENV}", "").strip() != "1":
@@ -55,6 +56,9 @@ def {DECLARE}(model_runner, mode):
         return mode
     if model_runner.is_draft_worker or not model_runner.spec_algorithm.is_eagle():
         return mode
+    logging.getLogger(__name__).info(
+        "dynspec: the target's prefill replays its piecewise CUDA graphs, declared for all hidden states ({ENV})"
+    )
     return CaptureHiddenMode.FULL
 '''
 CALL = f"{MODE} = {DECLARE}(model_runner, {MODE})\n"
@@ -101,7 +105,7 @@ def _can_run_compares_the_mode(module: cst.Module) -> bool:
 
 
 class PiecewiseGraphDynspecPrefill(CstPatch):
-    REVISION = 1
+    REVISION = 2
     TARGET = "srt/model_executor/piecewise_cuda_graph_runner.py"
     SGLANG = ">=0.5.11,<=0.5.13"
     SUMMARY = "opt-in (DYNSPEC_PREFILL_GRAPH=1): the target's prefill replays its piecewise graphs"

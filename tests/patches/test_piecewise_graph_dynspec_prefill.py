@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import enum
+import logging
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -64,13 +65,18 @@ def test_real_release(version: str) -> None:
     assert lines[call - 1].strip() == MARKER
 
 
-def test_the_decision_is_full_only_for_a_dynspec_eagle_target_with_the_switch_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_decision_is_full_only_for_a_dynspec_eagle_target_with_the_switch_on(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     declare = inserted_function(apply_text([Patch], runner_source("0.5.12"), "0.5.12", Patch.TARGET))
     null, full = CaptureHiddenMode.NULL, CaptureHiddenMode.FULL
     monkeypatch.delenv(ENV, raising=False)
+    caplog.set_level(logging.INFO)
     assert declare(model_runner(), null) is null  # opt-in: unset is off
+    assert "replays its piecewise CUDA graphs" not in caplog.text
     monkeypatch.setenv(ENV, "1")
     assert declare(model_runner(), null) is full
+    assert "dynspec: the target's prefill replays its piecewise CUDA graphs" in caplog.text  # what a user greps for
     assert declare(model_runner(), full) is full  # --enable-return-hidden-states already said FULL
     assert declare(model_runner(threshold=None), null) is null  # stock server: not dynspec's to change
     assert declare(model_runner(draft=True), null) is null  # the draft has no piecewise graphs to declare
