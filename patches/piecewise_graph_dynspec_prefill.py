@@ -29,6 +29,7 @@ from patcher.anchors import (
     imports_name,
     insert_after,
     is_assignment_to,
+    method_statement,
     module_function,
     replace_class,
     replace_method,
@@ -78,12 +79,6 @@ def _if_body(statement: cst.If) -> list[cst.BaseStatement]:
     return list(block.body) if isinstance(block, cst.IndentedBlock) else []
 
 
-def _init_declares_the_mode(module: cst.Module) -> bool:
-    classdef = find_class(module, RUNNER)
-    init = find_method(classdef, "__init__") if classdef else None
-    return init is not None and any(_is_return_hidden_states_branch(s) for s in body_of(init))
-
-
 def _can_run_compares_the_mode(module: cst.Module) -> bool:
     """``can_run`` refuses a batch whose ``capture_hidden_mode`` is not the runner's."""
     classdef = find_class(module, RUNNER)
@@ -110,7 +105,9 @@ class PiecewiseGraphDynspecPrefill(CstPatch):
     SGLANG = ">=0.5.11,<=0.5.13"
     SUMMARY = "opt-in (DYNSPEC_PREFILL_GRAPH=1): the target's prefill replays its piecewise graphs"
     ANCHORS = {
-        f"{RUNNER}.__init__ declares FULL for --enable-return-hidden-states": Anchor(_init_declares_the_mode),
+        f"{RUNNER}.__init__ declares FULL for --enable-return-hidden-states": method_statement(
+            RUNNER, "__init__", _is_return_hidden_states_branch
+        ),
         f"{RUNNER}.can_run compares the batch's capture_hidden_mode": Anchor(_can_run_compares_the_mode),
         "CaptureHiddenMode is imported": imports_name("CaptureHiddenMode"),
     }

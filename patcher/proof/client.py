@@ -12,10 +12,10 @@ import http.client
 import json
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 WARMUP_PROMPT = 9999
 
@@ -276,17 +276,46 @@ def measure_level(client: Client, indices: Sequence[int], new_tokens: int, *, wa
     CUDA-graph replays), which would otherwise land on whichever server the harness runs first.
     A failing run is returned as is, so failures are never hidden behind a good median.
     """
-    if warmup:
-        first = run_level(client, indices, new_tokens)
+    runs = take_turns({"": lambda: run_level(client, indices, new_tokens)}, warmup=warmup, repeats=repeats)
+    return level_result(runs[""])
+
+
+class Failing(Protocol):
+    @property
+    def failures(self) -> list[str]: ...
+
+
+Outcome = TypeVar("Outcome", bound=Failing)
+
+
+def take_turns(runs: Mapping[str, Callable[[], Outcome]], *, warmup: bool, repeats: int) -> dict[str, list[Outcome]]:
+    """Each of ``runs``' untimed warm-up run if asked, then ``repeats`` timed ones, each going to
+    every name in turn, the order rotated by one name each time (``rotated``): where several
+    servers are up at once, a drift of the machine's speed over the call then spreads over all of
+    them alike instead of landing on whichever ran last. A name's runs stop at its first failing
+    one, which ends its list; a failed warm-up is its list's only entry."""
+    names = list(runs)
+    done: dict[str, list[Outcome]] = {name: [] for name in names}
+    stopped: set[str] = set()
+    for name in names if warmup else ():
+        first = runs[name]()
         if first.failures:
-            return first
-    runs = []
-    for _ in range(max(1, repeats)):
-        run = run_level(client, indices, new_tokens)
-        if run.failures:
-            return run
-        runs.append(run)
-    return median_run(runs)
+            done[name] = [first]
+            stopped.add(name)
+    for turn in range(max(1, repeats)):
+        for name in rotated(names, turn):
+            if name in stopped:
+                continue
+            outcome = runs[name]()
+            done[name].append(outcome)
+            if outcome.failures:
+                stopped.add(name)
+    return done
+
+
+def level_result(runs: Sequence[LevelResult]) -> LevelResult:
+    """A level's result from its ``take_turns`` runs: a failing run as is, else the median."""
+    return runs[-1] if runs[-1].failures else median_run(runs)
 
 
 def median_run(runs: Sequence[LevelResult]) -> LevelResult:

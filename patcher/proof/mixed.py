@@ -13,9 +13,10 @@ from __future__ import annotations
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
-from patcher.proof.client import Client, LevelResult, Request, rotated, run_requests
+from patcher.proof.client import Client, LevelResult, Request, run_requests, take_turns
 
 FIRST_PROMPT = 300_000
 DEFAULT_PHASES = (1, 4, 16, 64, 128, 64, 16, 4, 1)
@@ -65,42 +66,13 @@ def run_once(client: Client, schedule: Schedule) -> Run:
 
 def measure(client: Client, schedule: Schedule, repeats: int, warmup: bool) -> list[Run]:
     """``repeats`` timed passes, after an untimed one if asked; stops at the first failing pass."""
-    if warmup:
-        first = run_once(client, schedule)
-        if first.failures:
-            return [first]
-    runs = []
-    for _ in range(max(1, repeats)):
-        run = run_once(client, schedule)
-        runs.append(run)
-        if run.failures:
-            break
-    return runs
+    return measure_together({"": client}, schedule, repeats, warmup)[""]
 
 
 def measure_together(clients: Mapping[str, Client], schedule: Schedule, repeats: int, warmup: bool) -> dict[str, list[Run]]:
-    """``measure`` on several servers that are up at once, taking turns: every pass goes to each
-    server in turn, the order rotated by one server each pass. A drift of the machine's speed over
-    the call (clocks, heat) then spreads over all of them alike instead of landing on whichever ran
-    last. A server's passes stop at its first failing one, as ``measure``'s do."""
-    names = list(clients)
-    runs: dict[str, list[Run]] = {name: [] for name in names}
-    stopped: set[str] = set()
-    if warmup:
-        for name in names:
-            first = run_once(clients[name], schedule)
-            if first.failures:
-                runs[name] = [first]
-                stopped.add(name)
-    for turn in range(max(1, repeats)):
-        for name in rotated(names, turn):
-            if name in stopped:
-                continue
-            run = run_once(clients[name], schedule)
-            runs[name].append(run)
-            if run.failures:
-                stopped.add(name)
-    return runs
+    """``measure`` on several servers that are up at once, taking turns (``take_turns``: every pass
+    goes to each server in turn, the order rotated each pass)."""
+    return take_turns({name: partial(run_once, client, schedule) for name, client in clients.items()}, warmup=warmup, repeats=repeats)
 
 
 def judge(

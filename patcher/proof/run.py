@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +31,11 @@ from patcher.proof.client import (
     Client,
     LevelResult,
     Request,
+    level_result,
     measure_level,
-    median_run,
-    rotated,
     run_batches,
     run_level,
+    take_turns,
 )
 from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
@@ -637,32 +638,19 @@ class Proof:
     ) -> dict[str, list[tuple[LevelResult, list[Transition]]]]:
         """``levels`` with ``warmup`` and ``repeats`` on servers that are up at once, taking turns: at
         each level every server is warmed up, then each timed run goes to every server in turn, the
-        order rotated by one server each run (``mixed.measure_together`` for why). A server's level
+        order rotated by one server each run (``take_turns`` for why). A server's level
         ends at its first failing run, which is then its result, as in ``measure_level``."""
         names = [server.spec.name for server in servers]
         clients = {server.spec.name: self.client(server) for server in servers}
         out: dict[str, list[tuple[LevelResult, list[Transition]]]] = {name: [] for name in names}
         for c in levels:
             followers = {s.spec.name: LogFollower(s.spec.log, logscan.size(s.spec.log)) for s in servers}
-            failed: dict[str, LevelResult] = {}
-            timed: dict[str, list[LevelResult]] = {name: [] for name in names}
-            for name in names if warmup else ():
-                first = run_level(clients[name], range(c), new_tokens)
-                if first.failures:
-                    failed[name] = first
-            for turn in range(max(1, repeats)):
-                for name in rotated(names, turn):
-                    if name in failed:
-                        continue
-                    run = run_level(clients[name], range(c), new_tokens)
-                    if run.failures:
-                        failed[name] = run
-                    else:
-                        timed[name].append(run)
+            level = {name: partial(run_level, client, range(c), new_tokens) for name, client in clients.items()}
+            runs = take_turns(level, warmup=warmup, repeats=repeats)
             time.sleep(self.opts.settle if any(name.startswith("dynspec") for name in names) else 0)
             for name in names:
                 followers[name].poll()
-                result = failed.get(name) or median_run(timed[name])
+                result = level_result(runs[name])
                 out[name].append((result, followers[name].transitions))
                 self.tell_level(name, result)
         return out
@@ -1126,8 +1114,7 @@ class Proof:
                             for name, runs in passes.items():
                                 self.tell_mixed(name, runs)
                 except ServerStartError as error:
-                    start_failed(served[-1][1].name if served else "first", error)
-                    passes, level_runs = {}, {}
+                    start_failed(served[-1][1].name, error)  # the plan whose serve raised
                     served_ok = False
                 else:
                     served_ok = True
