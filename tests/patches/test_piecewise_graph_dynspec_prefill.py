@@ -1,11 +1,13 @@
-"""The opt-in insertion that lets a dynspec server's target prefill replay its piecewise graphs
-(0.5.11 - 0.5.13), on the real releases, and the decision it inserts, run on stand-ins."""
+"""The insertion that lets a dynspec server's target prefill replay its piecewise graphs
+(0.5.11 - 0.5.13), on the real releases, and the decision it inserts, run on stand-ins of the
+model runner with dynspec's own v2 runtime as the module it imports its switch from."""
 
 from __future__ import annotations
 
 import ast
 import enum
 import logging
+import sys
 from types import SimpleNamespace
 from typing import Any, Callable
 
@@ -17,6 +19,7 @@ from patcher.errors import AnchorNotFound
 from patcher.releases import unpacked
 from patches.piecewise_graph_dynspec_prefill import DECLARE, ENV
 from patches.piecewise_graph_dynspec_prefill import PiecewiseGraphDynspecPrefill as Patch
+from patches.runtime import dynspec_v2
 
 RELEASES = ["0.5.11", "0.5.12", "0.5.13"]
 MARKER = Patch.marker()
@@ -65,24 +68,49 @@ def test_real_release(version: str) -> None:
     assert lines[call - 1].strip() == MARKER
 
 
-def test_the_decision_is_full_only_for_a_dynspec_eagle_target_with_the_switch_on(
+@pytest.fixture
+def installed_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """dynspec's v2 runtime where the patched runner imports it from (speculative_dynspec_v2
+    installs it on 0.5.4+, so on every release this patch applies to)."""
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_v2", dynspec_v2)
+
+
+def test_the_v2_runtime_is_installed_wherever_this_patch_applies() -> None:
+    from patches.speculative_dynspec_v2 import SpeculativeDynspecV2
+
+    assert all(SpeculativeDynspecV2.applies_to(v) for v in RELEASES)
+    assert not SpeculativeDynspecV2.applies_to("0.5.3")  # negative control: the check can fail
+
+
+@pytest.mark.usefixtures("installed_runtime")
+def test_the_decision_is_full_for_a_dynspec_eagle_target_unless_switched_off(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     declare = inserted_function(apply_text([Patch], runner_source("0.5.12"), "0.5.12", Patch.TARGET))
     null, full = CaptureHiddenMode.NULL, CaptureHiddenMode.FULL
     monkeypatch.delenv(ENV, raising=False)
     caplog.set_level(logging.INFO)
-    assert declare(model_runner(), null) is null  # opt-in: unset is off
-    assert "replays its piecewise CUDA graphs" not in caplog.text
-    monkeypatch.setenv(ENV, "1")
-    assert declare(model_runner(), null) is full
+    assert declare(model_runner(), null) is full  # on by default (session 21's GPU run)
     assert "dynspec: the target's prefill replays its piecewise CUDA graphs" in caplog.text  # what a user greps for
     assert declare(model_runner(), full) is full  # --enable-return-hidden-states already said FULL
     assert declare(model_runner(threshold=None), null) is null  # stock server: not dynspec's to change
     assert declare(model_runner(draft=True), null) is null  # the draft has no piecewise graphs to declare
     assert declare(model_runner(eagle=False), null) is null
+    monkeypatch.setenv(ENV, "1")
+    assert declare(model_runner(), null) is full
     monkeypatch.setenv(ENV, "0")
+    caplog.clear()
     assert declare(model_runner(), null) is null
+    assert "replays its piecewise CUDA graphs" not in caplog.text
+
+
+@pytest.mark.usefixtures("installed_runtime")
+def test_a_bad_switch_value_refuses_to_start_and_a_stock_server_never_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
+    declare = inserted_function(apply_text([Patch], runner_source("0.5.12"), "0.5.12", Patch.TARGET))
+    monkeypatch.setenv(ENV, "yes")
+    with pytest.raises(ValueError, match=f"{ENV} must be 0 or 1, not 'yes'"):
+        declare(model_runner(), CaptureHiddenMode.NULL)
+    assert declare(model_runner(threshold=None), CaptureHiddenMode.NULL) is CaptureHiddenMode.NULL
 
 
 def test_a_runner_whose_can_run_does_not_compare_the_mode_is_refused() -> None:
