@@ -69,13 +69,24 @@
 #   real-tput V P  (same warm machine) throughput on real weights with the head's own acceptance (no simulation):
 #                  base, always-on and dynspec (threshold 8) at TPUT_LEVELS (default 1,32); the acceptance length
 #                  per level is throughput.accept_length
+# Compile caches (a new machine's first start of a release and model compiles for 65 - 100 s, session 21):
+#   jit-save       (at the end of a call, same machine) packs what its servers compiled (SGLang's torch.compile
+#                  cache, Inductor's and Triton's) into $OUT/jit/jit.tar.xz.part-N, 15 MiB each, 3 at most (files
+#                  back: 16 MiB each, 8 a call); copy them to .gpu/jit/
+#   jit-load       carry .gpu/jit: unpacks them where they were made; any step that unpacks a kit does it too
+#                  when .gpu/jit travels with it (a cache that does not match is recompiled as before)
 set -u
 step=$1; shift
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 need_kit() { [ -d /tmp/site/transformers ] || { echo "kit part a missing: redo kit-a"; exit 3; }; }
 # unpack_kit V: the kit this call carried, then dynspec's patched files: the one-part kit
 # (gpu-prepare's kit-V.tar.xz) into a fresh /tmp/site, or part b over the part a of an earlier kit-a.
-fresh_site() { rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf "$1" -C /tmp/site; }
+fresh_site() { rm -rf /tmp/site && mkdir -p /tmp/site && tar -xJf "$1" -C /tmp/site || return 1
+  [ ! -d .gpu/jit ] || jit_load || echo "compile caches not restored: the servers compile as on a new machine"; }
+# The compile caches, each where its tool looks for it by default or as its variable says.
+jit_dirs() { echo "${SGLANG_CACHE_DIR:-$HOME/.cache/sglang}" "${TORCHINDUCTOR_CACHE_DIR:-${TMPDIR:-/tmp}/torchinductor_$(id -un)}" \
+  "${TRITON_CACHE_DIR:-$HOME/.triton/cache}"; }
+jit_load() { (set -o pipefail; cat .gpu/jit/jit.tar.xz.part-* | xz -d | tar -C / -xf -) && echo "compile caches restored: $(jit_dirs)"; }
 unpack_kit() {
   if [ -f ".gpu/kit-$1.tar.xz" ]; then fresh_site ".gpu/kit-$1.tar.xz" || return 1
   else need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site || return 1; fi
@@ -262,5 +273,13 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     # spans off of ~256 tokens (session 16's 64 cost the skip control under 1 %), 5 waves
     proof "real-$1-$2-accept" --path "$2" --model real --model-dir /tmp/real/model --checks acceptance --threshold 8 \
       --exact-kv-tokens 384 256 --exact-kv-cycles 5 ;;
+  jit-save) dirs=""; for d in $(jit_dirs); do [ -d "$d" ] && dirs="$dirs ${d#/}"; done
+    [ -n "$dirs" ] || { echo "no compile cache on this machine"; exit 3; }
+    packed=$(mktemp); (set -o pipefail; tar -C / -cf - $dirs | xz -T0 -6 > "$packed") || exit 3
+    size=$(stat -c %s "$packed"); echo "compile caches ($dirs): $(( size / 1024 / 1024 )) MiB packed"
+    [ "$size" -le $(( 45 * 1024 * 1024 )) ] || { echo "over 45 MiB: not brought back"; rm -f "$packed"; exit 3; }
+    mkdir -p "$OUT/jit" && split -b 15M -d -a 1 "$packed" "$OUT/jit/jit.tar.xz.part-" && rm -f "$packed" && ls -la "$OUT/jit" ;;
+  jit-load) [ -d .gpu/jit ] || { echo "carry .gpu/jit (from an earlier jit-save)"; exit 3; }
+    jit_load || exit 3 ;;
   *) echo "unknown step $step"; exit 2 ;;
 esac
