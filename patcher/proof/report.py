@@ -7,7 +7,8 @@ markers in the tree name}, ``passed``, ``equivalence`` {``passed``,
 ``compared_requests``, ``compared_steps``, ``control_differs``}, ``throughput`` {``levels``,
 ``base``, ``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``, and
 ``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} and ``per_run`` {server
-mode: {level: [each run's median steady tok/s]}} (``steps``),
+mode: {level: [each run's median steady tok/s]}} and ``outside_steady_ms`` {server mode: {level: [each
+timed run's milliseconds beyond its tokens at its steady speed]}} (``steps``),
 ``mixed_load`` {``passed``, ``seconds`` {``base``, ``always_on``, ``dynspec``},
 ``oracle_seconds``, ``phases``, and with ``--mixed-variant`` ``variants`` {name: {``env``,
 ``seconds``, ``over_dynspec``, ``dynspec_over_oracle``}}}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
@@ -26,7 +27,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from patcher.proof.steps import describe, describe_runs
+from patcher.proof.steps import describe, describe_outside, describe_runs
 
 CHECKS = ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load")
 REPORT_NAME = "report.json"
@@ -187,6 +188,10 @@ def summary(report: Report) -> str:
         if per_run:
             lines.append("per run, the median steady tok/s of each (the warm-up first):")
             lines += [f"    {line}" for line in per_run]
+        outside = describe_outside(tp.get("outside_steady_ms") or {})
+        if outside:
+            lines.append("per timed run, the time beyond its tokens at its own steady speed (admission, first and last steps):")
+            lines += [f"    {line}" for line in outside]
 
     ml = report.get("mixed_load")
     if ml and ml.get("phases"):

@@ -18,6 +18,11 @@ size and about the same KV size.
 admitted, then decode), and a run's speed is the median of its steady intervals. Session 19 found a
 small model's fallback runs bimodal that way (0.75 or 0.965 of base's, set at admission), which one
 median over all runs hides.
+
+``outside_steady`` sets each timed run's end-to-end time against the time its tokens would have
+taken at that run's steady speed: what the run spent on admission, its first and last iterations
+and the client, which no steady interval shows. Session 21 found R(C) under 0.97 at 64 and 128 on
+0.5.12 with the steady steps at 0.98 - 0.99 of base's; this puts the rest in milliseconds per run.
 """
 
 from __future__ import annotations
@@ -134,6 +139,36 @@ def per_run(logs: dict[str, str], levels: Sequence[int]) -> dict[str, dict[str, 
         if any(by_level.values()):
             out[name] = {c: speeds for c, speeds in by_level.items() if speeds}
     return out
+
+
+def outside_steady(
+    per_server: dict[str, dict[str, list[int]]], samples: dict[str, list[list[float]]], levels: Sequence[int], new_tokens: int
+) -> dict[str, dict[str, list[int]]]:
+    """For each server in both ``per_run`` and the throughput ``samples`` (each level's timed runs'
+    end-to-end tok/s): at each level, per timed run, the milliseconds it took beyond its tokens at its
+    own steady speed. Only where every run had steady intervals (``per_run`` holds the warm-up and
+    then one speed per timed run), so that each speed is the same run's; a speculating level has none."""
+    out: dict[str, dict[str, list[int]]] = {}
+    for name, by_level in per_server.items():
+        runs = samples.get(name) or []
+        found: dict[str, list[int]] = {}
+        for index, c in enumerate(levels):
+            speeds, timed = by_level.get(str(c), []), runs[index] if index < len(runs) else []
+            if not timed or len(speeds) != len(timed) + 1 or not all(t and v for t, v in zip(timed, speeds[1:])):
+                continue
+            tokens = c * new_tokens
+            found[str(c)] = [round((tokens / t - tokens / v) * 1000) for t, v in zip(timed, speeds[1:])]
+        if found:
+            out[name] = found
+    return out
+
+
+def describe_outside(per_server: dict[str, dict[str, list[int]]]) -> list[str]:
+    """One line per server, e.g. ``dynspec: C=64 125 161 173 ms``."""
+    return [
+        f"{name}: " + "; ".join(f"C={c} " + " ".join(str(v) for v in ms) + " ms" for c, ms in by_level.items())
+        for name, by_level in per_server.items()
+    ]
 
 
 def describe_runs(per_server: dict[str, dict[str, list[int]]]) -> list[str]:

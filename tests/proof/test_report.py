@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import types
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -290,3 +291,11 @@ def test_a_failing_new_check_fails_the_run_and_shows_why():
     )
     assert report.exit_code(sample(**entries)) == 1
     assert text.splitlines()[-1] == "RESULT: FAIL (exit 1)"
+
+
+def test_the_summary_gives_each_runs_time_outside_its_steady_steps_when_there_is_one() -> None:
+    evidence = Path(__file__).resolve().parents[2] / "docs/proof/0.5.12-v2-s21-r32-prefill-graph-tput/report.json"
+    tp = json.loads(evidence.read_text())["throughput"]
+    text = report.summary(sample(throughput={**tp, "outside_steady_ms": {"dynspec": {"64": [125, 161, 173]}}}))
+    assert "time beyond its tokens at its own steady speed" in text and "dynspec: C=64 125 161 173 ms" in text
+    assert "time beyond its tokens" not in report.summary(sample(throughput=tp))  # older reports: no line

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import tarfile
 from pathlib import Path
 
@@ -115,3 +116,28 @@ def test_session_19s_small_model_fallback_runs_are_bimodal_and_base_is_not() -> 
     runs = steps.per_run({name: logs[name] for name in ("base-own", "dynspec-own")}, [32])
     assert runs == {"base-own": {"32": [12341, 12610, 12334, 12332]}, "dynspec-own": {"32": [11892, 9237, 11903, 9169]}}
     assert max(runs["base-own"]["32"]) / min(runs["base-own"]["32"]) < 1.03  # the negative control: base is steady
+
+
+def test_outside_steady_is_each_timed_runs_time_beyond_its_tokens_at_its_own_steady_speed() -> None:
+    per_run = {"dynspec": {"64": [10000, 10000, 8000]}, "base": {"64": [10000, 10000]}}
+    samples = {"dynspec": [[], [8000, 4000]], "base": [[], [9000, 5000]]}
+    out = steps.outside_steady(per_run, samples, [1, 64], 250)
+    # 64 x 250 tokens: 2.0 s at 8000 tok/s against 1.6 s at 10000; 4.0 s against 2.0 s at 8000
+    assert out == {"dynspec": {"64": [400, 2000]}}
+    # base has no warm-up speed: its speeds cannot be told apart from its timed runs', so none is given
+    assert steps.describe_outside(out) == ["dynspec: C=64 400 2000 ms"]
+
+
+def test_session_21s_0512_runs_spent_longer_than_base_outside_the_steady_steps() -> None:
+    """0.5.12 v2 with its prefill graphs (session 21): at 64 and 128 requests, where dynspec is off and
+    each run's steady speed is within 2 % of base's, a run spent 125 - 173 ms beyond its tokens at
+    64 (base 96 - 137) and 223 - 240 at 128 (base 164 - 172; one run of each 615 - 646)."""
+    evidence = Path(__file__).resolve().parents[2] / "docs/proof/0.5.12-v2-s21-r32-prefill-graph-tput/report.json"
+    report = json.loads(evidence.read_text())
+    tp = report["throughput"]
+    out = steps.outside_steady(tp["per_run"], tp["samples"], tp["levels"], tp["new_tokens"])
+    assert out["dynspec"] == {"64": [125, 161, 173], "128": [240, 223, 615]}
+    assert out["base"]["64"] == [96, 137, 112] and out["base"]["128"] == [172, 164, 646]
+    assert "1" not in out["dynspec"] and "always_on" not in out  # speculating levels have no steady speed
+    shifted = {**tp["per_run"], "dynspec": {"64": tp["per_run"]["dynspec"]["64"][1:]}}  # negative control: no warm-up
+    assert "dynspec" not in steps.outside_steady(shifted, tp["samples"], tp["levels"], tp["new_tokens"])
