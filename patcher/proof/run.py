@@ -1209,7 +1209,9 @@ class Proof:
         # Information, not a pass criterion: the servers' own speed per decode step against base.
         tp["per_step"] = steps.per_step(logs, "base", levels)
         tp["per_run"] = steps.per_run({m: logs[m][:end] for m, end in levels_end.items() if m in logs}, levels)
-        tp["outside_steady_ms"] = steps.outside_steady(tp["per_run"], tp.get("samples") or {}, levels, tp["new_tokens"])
+        tp["outside_steady_ms"] = steps.outside_steady(
+            tp["per_run"], tp.get("samples") or {}, levels, tp["new_tokens"], warmup=tp["warmup"]
+        )
         tp["problems"] = problems
         tp["passed"] = not problems and len(tok_s) == len(modes)
         self.report["throughput"] = tp

@@ -142,22 +142,28 @@ def per_run(logs: dict[str, str], levels: Sequence[int]) -> dict[str, dict[str, 
 
 
 def outside_steady(
-    per_server: dict[str, dict[str, list[int]]], samples: dict[str, list[list[float]]], levels: Sequence[int], new_tokens: int
+    per_server: dict[str, dict[str, list[int]]],
+    samples: dict[str, list[list[float]]],
+    levels: Sequence[int],
+    new_tokens: int,
+    warmup: bool = True,
 ) -> dict[str, dict[str, list[int]]]:
     """For each server in both ``per_run`` and the throughput ``samples`` (each level's timed runs'
     end-to-end tok/s): at each level, per timed run, the milliseconds it took beyond its tokens at its
-    own steady speed. Only where every run had steady intervals (``per_run`` holds the warm-up and
-    then one speed per timed run), so that each speed is the same run's; a speculating level has none."""
+    own steady speed. Only where every run had steady intervals (``per_run`` holds the warm-up, if
+    there was one, and then one speed per timed run), so that each speed is the same run's; a
+    speculating level has none."""
+    skip = 1 if warmup else 0
     out: dict[str, dict[str, list[int]]] = {}
     for name, by_level in per_server.items():
         runs = samples.get(name) or []
         found: dict[str, list[int]] = {}
         for index, c in enumerate(levels):
-            speeds, timed = by_level.get(str(c), []), runs[index] if index < len(runs) else []
-            if not timed or len(speeds) != len(timed) + 1 or not all(t and v for t, v in zip(timed, speeds[1:])):
+            speeds, timed = by_level.get(str(c), [])[skip:], runs[index] if index < len(runs) else []
+            if not timed or len(speeds) != len(timed) or not all(t and v for t, v in zip(timed, speeds)):
                 continue
             tokens = c * new_tokens
-            found[str(c)] = [round((tokens / t - tokens / v) * 1000) for t, v in zip(timed, speeds[1:])]
+            found[str(c)] = [round((tokens / t - tokens / v) * 1000) for t, v in zip(timed, speeds)]
         if found:
             out[name] = found
     return out

@@ -126,6 +126,8 @@ def test_outside_steady_is_each_timed_runs_time_beyond_its_tokens_at_its_own_ste
     assert out == {"dynspec": {"64": [400, 2000]}}
     # base has no warm-up speed: its speeds cannot be told apart from its timed runs', so none is given
     assert steps.describe_outside(out) == ["dynspec: C=64 400 2000 ms"]
+    # without a warm-up every speed is a timed run's
+    assert steps.outside_steady(per_run, samples, [1, 64], 250, warmup=False) == {"base": {"64": [178, 1600]}}
 
 
 def test_session_21s_0512_runs_spent_longer_than_base_outside_the_steady_steps() -> None:
