@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 
-import libcst
 import pytest
 
 from patcher.engine import apply_text
@@ -12,9 +11,9 @@ from patcher.errors import AnchorNotFound
 from patcher.releases import unpacked
 from patches.eagle_worker_dynspec_fallback import WORKER
 from patches.eagle_worker_dynspec_fallback import EagleWorkerDynspecFallback as Patch
+from tests.patches.real_release import patched_release
 
 V1_RELEASES = ["0.4.10.post2", "0.5.1", "0.5.2", *(f"0.5.{n}" for n in range(3, 13))]
-MARKER = Patch.marker()
 
 
 def worker_source(version: str) -> str:
@@ -43,11 +42,7 @@ def is_guarded(statement: ast.stmt) -> bool:
 @pytest.mark.releases
 @pytest.mark.parametrize("version", V1_RELEASES)
 def test_real_release(version: str) -> None:
-    before = worker_source(version)
-    assert not Patch.APPLIED.found(libcst.parse_module(before))
-    after = apply_text([Patch], before, version, Patch.TARGET)  # anchors, compiles, only adds lines, idempotent
-    assert apply_text([Patch], after, version, Patch.TARGET) == after
-    assert after.count(MARKER) == 4
+    after = patched_release(Patch, worker_source(version), version, markers=4)
 
     worker = eagle_worker(after)
     found = methods(worker)

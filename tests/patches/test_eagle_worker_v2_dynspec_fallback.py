@@ -13,9 +13,9 @@ from patcher.releases import unpacked
 from patches.eagle_worker_v2_dynspec_fallback import EagleWorkerV2DynspecFallback as Patch
 from patches.eagle_worker_v2_dynspec_fallback import forwarding_arguments
 from tests.conftest import RELEASES
+from tests.patches.real_release import patched_release
 
 OWN_FALLBACK_RELEASES = [f"0.5.{n}" for n in range(4, 14)]
-MARKER = Patch.marker()
 
 
 def worker_source(version: str) -> str:
@@ -56,11 +56,7 @@ def drafting_branch(entry: ast.FunctionDef) -> list[ast.stmt]:
 @pytest.mark.releases
 @pytest.mark.parametrize("version", OWN_FALLBACK_RELEASES)
 def test_real_release(version: str) -> None:
-    before = worker_source(version)
-    assert not Patch.APPLIED.found(libcst.parse_module(before))
-    after = apply_text([Patch], before, version, Patch.TARGET)  # anchors, compiles, only adds lines, idempotent
-    assert apply_text([Patch], after, version, Patch.TARGET) == after
-    assert after.count(MARKER) == 5
+    after = patched_release(Patch, worker_source(version), version, markers=5)
 
     found = classes(after)
     worker, draft_worker = found["EAGLEWorkerV2"], found["EagleDraftWorker"]

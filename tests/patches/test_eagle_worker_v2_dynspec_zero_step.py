@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import ast
 
-import libcst
 import pytest
 
 from patcher.engine import apply_text
@@ -13,6 +12,7 @@ from patcher.releases import unpacked
 from patches.eagle_worker_v2_dynspec_fallback import EagleWorkerV2DynspecFallback
 from patches.eagle_worker_v2_dynspec_zero_step import EagleWorkerV2DynspecZeroStep as Patch
 from tests.conftest import RELEASES
+from tests.patches.real_release import patched_release
 
 ZERO_STEP_RELEASES = [f"0.5.{n}" for n in range(14, 24)]
 MARKER = Patch.marker()
@@ -30,11 +30,7 @@ def worker_class(source: str) -> ast.ClassDef:
 @pytest.mark.releases
 @pytest.mark.parametrize("version", ZERO_STEP_RELEASES)
 def test_real_release(version: str) -> None:
-    before = worker_source(version)
-    assert not Patch.APPLIED.found(libcst.parse_module(before))
-    after = apply_text([Patch], before, version, Patch.TARGET)  # anchors, compiles, only adds lines, idempotent
-    assert apply_text([Patch], after, version, Patch.TARGET) == after
-    assert after.count(MARKER) == 3
+    after = patched_release(Patch, worker_source(version), version, markers=3)
 
     worker = worker_class(after)
     assert ast.unparse(worker.body[0]) == "_dynspec = None"

@@ -11,7 +11,6 @@ import sys
 from types import SimpleNamespace
 from typing import Any, Callable
 
-import libcst
 import pytest
 
 from patcher.engine import apply_text
@@ -20,6 +19,7 @@ from patcher.releases import unpacked
 from patches.piecewise_graph_dynspec_prefill import DECLARE, ENV
 from patches.piecewise_graph_dynspec_prefill import PiecewiseGraphDynspecPrefill as Patch
 from patches.runtime import dynspec_v2
+from tests.patches.real_release import patched_release
 
 RELEASES = ["0.5.11", "0.5.12", "0.5.13"]
 MARKER = Patch.marker()
@@ -54,11 +54,7 @@ def model_runner(threshold: int | None = 32, draft: bool = False, eagle: bool = 
 @pytest.mark.releases
 @pytest.mark.parametrize("version", RELEASES)
 def test_real_release(version: str) -> None:
-    before = runner_source(version)
-    assert not Patch.APPLIED.found(libcst.parse_module(before))
-    after = apply_text([Patch], before, version, Patch.TARGET)  # anchors, compiles, only adds lines, idempotent
-    assert apply_text([Patch], after, version, Patch.TARGET) == after
-    assert after.count(MARKER) == 2
+    after = patched_release(Patch, runner_source(version), version, markers=2)
     lines = after.splitlines()
     call = next(i for i, line in enumerate(lines) if f"= {DECLARE}(" in line)
     assert lines[call].strip() == f"self.capture_hidden_mode = {DECLARE}(model_runner, self.capture_hidden_mode)"
