@@ -275,7 +275,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
       --exact-kv-tokens 384 256 --exact-kv-cycles 5 ;;
   jit-save) dirs=""; for d in $(jit_dirs); do [ -d "$d" ] && dirs="$dirs ${d#/}"; done
     [ -n "$dirs" ] || { echo "no compile cache on this machine"; exit 3; }
-    packed=$(mktemp); (set -o pipefail; tar -C / -cf - $dirs | xz -T0 -6 > "$packed") || exit 3
+    packed=$(mktemp); (set -o pipefail; tar -C / -cf - $dirs | xz -T0 -6 > "$packed") || { rm -f "$packed"; exit 3; }
     size=$(stat -c %s "$packed"); echo "compile caches ($dirs): $(( size / 1024 / 1024 )) MiB packed"
     [ "$size" -le $(( 45 * 1024 * 1024 )) ] || { echo "over 45 MiB: not brought back"; rm -f "$packed"; exit 3; }
     mkdir -p "$OUT/jit" && split -b 15M -d -a 1 "$packed" "$OUT/jit/jit.tar.xz.part-" && rm -f "$packed" && ls -la "$OUT/jit" ;;
