@@ -43,7 +43,8 @@
 #                  falling back), GPU only (30 steps) and CPU+GPU with Python stacks (20 steps):
 #                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers
 #                  (as in DIAG_RUNS: base* plain decode, on* always-on speculation, any other name dynspec);
-#                  PROF_AT=admission: 40 steps (GPU only) from before 64 requests arrive, after one warm-up of that load;
+#                  PROF_AT=admission: 40 steps from before 64 requests arrive, after two warm-ups of that load: GPU only,
+#                  then (the next burst) CPU+GPU with Python stacks, whose longest GPU idle gaps name the host's work;
 #                  SERVE_ARGS="--disable-overlap-schedule": every diag / prof server on v1's scheduler;
 #                  DIAG_LEVELS=32,64: the diag's loads (default 64,100), each sent DIAG_REPEATS times (default 2),
 #                  per_run.json (each run's steady speed) beside per_step.json;
@@ -217,10 +218,16 @@ PY
         # Not the kit client here: it sends one request alone first, which the 40 steps would profile.
         at_once() { PYTHONPATH=$PWD python3 -c "from patcher.proof.client import Client, run_level
 r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.digest)"; }
-        at_once > /dev/null; profile_start "${name}_gpu" '["GPU"],"num_steps":40'
-        at_once > "$OUT/$name-client.txt"; profile_wait "${name}_gpu"
+        # The client's seconds: a burst unprofiled, then one under each profile (the profiler's start costs time).
+        at_once > /dev/null; at_once > "$OUT/$name-client.txt"; profile_start "${name}_gpu" '["GPU"],"num_steps":40'
+        at_once > "$OUT/$name-client-gpu.txt"; profile_wait "${name}_gpu"
+        # The host side of the same 40 steps (Python stacks): what ran while the GPU waited (trace_sum's gaps).
+        profile_start "${name}_all" '["CPU","GPU"],"with_stack":true,"num_steps":40'
+        at_once > "$OUT/$name-client-all.txt"; profile_wait "${name}_all"
         bash "$K/stop.sh"; sleep 3
         python3 scripts/trace_sum.py "/tmp/p_${name}_gpu" 40 > "$OUT/$name-gpu.txt" 2>&1; head -8 "$OUT/$name-gpu.txt"
+        python3 scripts/trace_sum.py "/tmp/p_${name}_all" 40 > "$OUT/$name-all.txt" 2>&1
+        sed -n '/longest idle gaps/,/^--/p' "$OUT/$name-all.txt" | head -30
         continue
       fi
       python3 "$K/client.py" http://127.0.0.1:30000 "${PROF_C:-64}" $PROF_TOKENS > "$OUT/$name-client.txt" & client=$!

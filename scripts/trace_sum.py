@@ -5,6 +5,12 @@ per step: the GPU's span, busy and idle time, the idle gaps by size, the kernels
 name with their count and time, the CUDA runtime calls by name (launches, graph launches, syncs)
 and the user annotations. Used by ``scripts/h200-runs.sh prof``; run two servers' traces side by
 side to see what a fallback step does that a plain decode step does not.
+
+Then the longest idle gaps, longest first: where each sits (ms from the first GPU
+event), the kernels either side, and what the host did between launching them. The GPU idles
+when the host launches late, so the host window is from the launch of the kernel before the gap
+to the launch of the one after (linked by the trace's correlation ids): the longest Python
+functions inside it (traces taken ``with_stack``) and the CUDA runtime calls, which show waits.
 """
 
 import collections
@@ -44,10 +50,47 @@ def main(directory, steps):
         print("idle by gap size (us/step): " + ", ".join(f"{k} {per(v):.0f}" for k, v in sorted(gaps.items())))
         print(f"GPU events per step: {len(gpu) / steps:.1f}")
         table(gpu, steps, "GPU work", 40)
+        longest_gaps(gpu, evs, GAPS_SHOWN)
     table([e for e in evs if e.get("cat") == "cuda_runtime"], steps, "CUDA runtime calls (host)", 15)
     table([e for e in evs if e.get("cat") in ("user_annotation", "gpu_user_annotation")], steps, "annotations", 20)
     table([e for e in evs if e.get("cat") in ("cpu_op",)], steps, "CPU ops (host, inclusive)", 30)
     table([e for e in evs if e.get("cat") == "python_function"], steps, "Python functions (host, inclusive)", 120)
+
+
+GAPS_SHOWN = 12
+GAP_MIN_US = 100
+
+
+def longest_gaps(gpu, evs, shown):
+    """The ``shown`` longest idle gaps of at least GAP_MIN_US, each with its host window (see above)."""
+    launches = {}  # correlation id -> the runtime call that launched it
+    for e in evs:
+        if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
+            launches[e["args"]["correlation"]] = e
+    host = [e for e in evs if e.get("cat") in ("python_function", "cuda_runtime")]
+    gaps, end, last = [], gpu[0]["ts"], gpu[0]
+    for e in gpu:
+        if e["ts"] - end >= GAP_MIN_US:
+            gaps.append((e["ts"] - end, end, last, e))
+        if e["ts"] + e["dur"] >= end:
+            end, last = e["ts"] + e["dur"], e
+    if not gaps:
+        return
+    print(f"-- longest idle gaps (of {len(gaps)} >= {GAP_MIN_US} us)")
+    for gap, at, before, after in sorted(gaps, key=lambda g: -g[0])[:shown]:
+        print(f"{gap:9.0f} us at {(at - gpu[0]['ts']) / 1000:8.2f} ms  {short(before)} -> {short(after)}")
+        window = [launches.get(k.get("args", {}).get("correlation")) for k in (before, after)]
+        if None in window:
+            continue
+        start, stop = window[0]["ts"], window[1]["ts"]
+        print(f"          host {(stop - start):.0f} us between the two launches:")
+        inside = [e for e in host if e["ts"] >= start and e["ts"] + e["dur"] <= stop and e is not window[0]]
+        for e in sorted(inside, key=lambda e: -e["dur"])[:4]:
+            print(f"          {e['dur']:9.0f} us  {short(e)}")
+
+
+def short(e, width=70):
+    return e["name"][-width:]
 
 
 def table(evs, steps, title, rows):

@@ -45,3 +45,35 @@ def test_busy_idle_and_kernel_table_per_step(tmp_path: Path) -> None:
 
 def test_a_folder_without_traces_says_so(tmp_path: Path) -> None:
     assert summary(tmp_path, 5).strip() == f"{tmp_path}: no trace events"
+
+
+def launched(name: str, ts: float, dur: float, correlation: int) -> list[dict]:
+    """A kernel and the runtime call that launched it, linked as the profiler links them."""
+    return [
+        {**kernel(name, ts, dur), "args": {"correlation": correlation}},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaLaunchKernel", "ts": ts - 30, "dur": 5, "args": {"correlation": correlation}},
+    ]
+
+
+def test_the_longest_gaps_name_their_kernels_and_what_the_host_did_between_the_launches(tmp_path: Path) -> None:
+    # Idle 100-400 (300 us: the host ran prepare() for 250 us) and 500-620 (120 us); 450-500 covered.
+    write_trace(tmp_path, [
+        *launched("gemm", 0, 100, 1), *launched("norm", 400, 100, 2), *launched("attn", 620, 10, 3),
+        {"ph": "X", "cat": "python_function", "name": "worker.py(10): prepare", "ts": 110, "dur": 250},
+        {"ph": "X", "cat": "python_function", "name": "loop.py(1): event_loop", "ts": -50, "dur": 1000},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaEventSynchronize", "ts": 500, "dur": 50},
+    ])
+    out = summary(tmp_path, 1)
+    gaps = out.split("-- longest idle gaps")[1]
+    assert gaps.startswith(" (of 2 >= 100 us)")
+    first, second = gaps.index("300 us at     0.10 ms  gemm -> norm"), gaps.index("120 us at     0.50 ms  norm -> attn")
+    assert first < second  # the longest first
+    host = gaps[first:second]
+    assert "host 400 us between the two launches:" in host and "250 us  worker.py(10): prepare" in host
+    assert "event_loop" not in host  # it began before the window: not what the host did in the gap
+    assert "50 us  cudaEventSynchronize" in gaps[second:]
+
+
+def test_gaps_shorter_than_the_minimum_are_not_listed(tmp_path: Path) -> None:
+    write_trace(tmp_path, [*launched("gemm", 0, 100, 1), *launched("norm", 199, 10, 2)])  # 99 us idle
+    assert "longest idle gaps" not in summary(tmp_path, 1)

@@ -99,7 +99,8 @@ class ProofOptions:
     min_crossings: int = 100
     ramp_max_waves: int = 400
     ramp_timeout: float = 300.0
-    exact_kv_cycles: int = 3
+    # 3 cycles left v1's control 0 - 3 differing proposals (sessions 11, 22); 5 gave 26 - 58 every time.
+    exact_kv_cycles: int = 5
     exact_kv_long_tokens: int = 128
     exact_kv_short_tokens: int = 64
     exact_kv_min_steps: int = 100  # proposals compared after a fallback span, at least

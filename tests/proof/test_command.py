@@ -96,12 +96,12 @@ def test_the_exact_kv_and_mixed_load_options_reach_the_proof(tmp_path, monkeypat
     result = CliRunner().invoke(proof, ["--out", str(tmp_path / "o")])
     assert result.exit_code == 0, result.output
     assert seen[0].checks == ("equivalence", "crossings", "exact_kv")  # exact_kv is on by default
-    args = ["--checks", "exact_kv,mixed_load", "--exact-kv-cycles", "5", "--mixed-phases", "1,64,1",
+    args = ["--checks", "exact_kv,mixed_load", "--exact-kv-cycles", "7", "--mixed-phases", "1,64,1",
             "--mixed-new-tokens", "16", "--mixed-repeats", "2", "--out", str(tmp_path / "o")]  # fmt: skip
     assert CliRunner().invoke(proof, args).exit_code == 0
     opts = seen[1]
     assert opts.checks == ("exact_kv", "mixed_load")
-    assert (opts.exact_kv_cycles, opts.exact_kv_load.cycles) == (5, 5)
+    assert (opts.exact_kv_cycles, opts.exact_kv_load.cycles) == (7, 7)
     assert (opts.exact_kv_load.long_tokens, opts.exact_kv_load.short_tokens) == (128, 64)
     assert CliRunner().invoke(proof, [*args, "--exact-kv-tokens", "384", "256"]).exit_code == 0
     load = seen.pop().exact_kv_load
