@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from patcher.proof import acceptance, exactkv, steps
+from patcher.proof.command import DEFAULTS
 from patcher.proof.run import proposals_apart
 from patches.runtime import dynspec_v2 as v2
 
@@ -1819,3 +1820,102 @@ def test_session_21_real_weights_give_base_tokens_where_dynspec_is_off_on_0_5_12
     assert digests == json.loads((S18_REAL / "report.json").read_text())["equivalence"]["digests"]
     log = members(S21_REAL / "logs.tar.gz", "dynspec.log")["dynspec.log"]
     assert DIRECT_READY in log and STREAM_LINE in log and PREFILL_GRAPH_LINE not in log
+
+
+# -- session 22: r19 / r32 on the GPU (v2 module r33 since: the stream on by default on 0.5.14+) --
+
+S22_STREAM_KV = PROOF / "0.5.17-v2-s22-r32-stream-proof"
+S22_STREAM_TPUT = PROOF / "0.5.17-v2-s22-r32-stream-tput"
+S22_KV_12 = {"v2": PROOF / "0.5.12-v2-s22-r32-r3-proof", "v1": PROOF / "0.5.12-v1-s22-r32-r3-proof"}
+S22_V1_EAGER = PROOF / "0.5.12-v1-s22-r32-nograph-exactkv"
+S22_ADMISSION = PROOF / "0.5.12-v2-s22-admission-profile"
+STREAM_ON = {"DYNSPEC_KV_STREAM": "1"}
+KV_PROOF_LOGS = ("base.log", "always-on.log", "dynspec.log", "dynspec-full.log", "dynspec-skip.log")
+
+
+def test_session_22_the_stream_on_0_5_17_keeps_outputs_and_the_draft_kv_exact() -> None:
+    """DYNSPEC_KV_STREAM=1 on 0.5.17 (fresh machine, 3 servers at a time): the dynspec server wrote
+    the draft KV on a stream of its own, and equivalence, 100 crossings and exact_kv (1078 / 1078,
+    the control differs at 32) pass with it."""
+    report = report_of(S22_STREAM_KV, STREAM_ON, S19_REVISIONS)
+    _, files, found = passed_kv_proof(S22_STREAM_KV)
+    assert found == {"compared_requests": 16, "compared_steps": 1078, "control_differs": True}
+    assert report["exact_kv"]["control_mismatches"] == 32
+    assert STREAM_LINE in files["dynspec.log"]
+    assert STREAM_LINE not in files["dynspec-full.log"]  # negative control: the full extend writes nothing directly
+
+
+def test_session_22_with_the_stream_0_5_17_passes_the_mixed_load_and_misses_r_at_64_by_a_quarter_point() -> None:
+    """kv-tput on 0.5.17 with the stream, interleaved, mixed load median of 5: per step 0.976 / 0.997
+    at 64 / 128 (session 21 without: 0.974 / 0.988), mixed load 1.027x the oracle (session 21:
+    1.048x), R(C) 0.9676 at 64 (session 21: 0.98): one level's median of 3 moves by more than
+    the stream gains."""
+    report = report_of(S22_STREAM_TPUT, STREAM_ON, S19_REVISIONS)
+    tput, load = report["throughput"], report["mixed_load"]
+    assert tput["envelope_ratio"] == [0.9912, 0.9752, 0.9934, 0.9902, 0.9676, 0.9811] and not tput["passed"]
+    logs = members(S22_STREAM_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    assert tput["per_step"] == ratios
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.976, 64), "128": (0.997, 39)}
+    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+    before = s20_report(S21_TPUT_17)["throughput"]["per_step"]["dynspec"]
+    assert ratios["dynspec"]["128"]["median"] - before["128"]["median"] > 0.005
+    assert (load["passed"], load["dynspec_over_oracle"], load["repeats"]) == (True, 1.0274, 5)
+    assert load["seconds"] == {k: statistics.median(v) for k, v in load["samples"].items()}
+    assert load["seconds"]["dynspec"] < min(load["seconds"]["base"], load["seconds"]["always_on"])
+    assert STREAM_LINE in logs["dynspec-sim.log"] and STREAM_LINE not in members(S21_TPUT_17 / "logs.tar.gz", "dynspec-sim.log")["dynspec-sim.log"]
+
+
+def test_session_22_0_5_12_v2_with_the_prefill_graphs_by_default_keeps_outputs_and_the_draft_kv_exact() -> None:
+    """Patch r3 (the prefill graphs on, nothing set): equivalence, 100 crossings and exact_kv (1086 /
+    1086, the control differs at 27) on 0.5.12 v2; every dynspec prefill from a graph, always-on's
+    eager."""
+    report = report_of(S22_KV_12["v2"], {}, S19_REVISIONS)
+    assert report["dynspec_revisions"]["piecewise_graph_dynspec_prefill"] == 3
+    _, files, found = passed_kv_proof(S22_KV_12["v2"])
+    assert found == {"compared_requests": 16, "compared_steps": 1086, "control_differs": True}
+    logs = members(S22_KV_12["v2"] / "logs.tar.gz", *KV_PROOF_LOGS)
+    assert {n: prefill_graphs(log) for n, log in logs.items()} == {
+        "base.log": (7, 0), "always-on.log": (0, 7), "dynspec.log": (273, 0), "dynspec-full.log": (8, 0), "dynspec-skip.log": (8, 0),
+    }  # fmt: skip
+    assert [n for n, log in logs.items() if PREFILL_GRAPH_LINE in log] == ["dynspec.log", "dynspec-full.log", "dynspec-skip.log"]
+
+
+def test_session_22_v1_prefills_from_graphs_and_crosses_but_three_cycles_leave_the_control_no_teeth() -> None:
+    """0.5.12 v1, patch r3: equivalence and 100 crossings pass and every dynspec prefill ran from a
+    graph. exact_kv fails as it must when its control cannot fail: the no-write control proposed
+    what the full extend did at all 1082 positions, and so it did again with the graphs off (1072).
+    The load had 3 cycles (the default then); v1's runs with 5 always saw the control differ (26 - 58,
+    sessions 12 - 16), so 5 is the default since. The write under test equalled the full extend everywhere."""
+    for evidence, env, compared in ((S22_KV_12["v1"], {}, 1082), (S22_V1_EAGER, {"DYNSPEC_PREFILL_GRAPH": "0"}, 1072)):
+        report = report_of(evidence, env, S19_REVISIONS)
+        recs, files = kv_proof_recordings(evidence)
+        entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
+        assert not entry["passed"] and not report["exact_kv"]["passed"]
+        assert (entry["control_mismatches"], entry["control_compared_steps"], entry["mismatches"]) == (0, compared, 0)
+        assert report["exact_kv"]["load"]["cycles"] == 3
+    v1 = json.loads((S22_KV_12["v1"] / "report.json").read_text())
+    assert v1["equivalence"]["passed"] and v1["crossings"]["passed"] and v1["crossings"]["count"] >= 100
+    logs = members(S22_KV_12["v1"] / "logs.tar.gz", "dynspec.log", "always-on.log")
+    assert prefill_graphs(logs["dynspec.log"]) == (253, 0) and prefill_graphs(logs["always-on.log"]) == (0, 7)
+    assert prefill_graphs(members(S22_V1_EAGER / "logs.tar.gz", "dynspec.log")["dynspec.log"]) == (0, 8)
+    earlier = json.loads((PROOF / "0.5.12-v1-s16-r23-proof-bits" / "report.json").read_text())["exact_kv"]
+    assert (earlier["load"]["cycles"], earlier["control_mismatches"]) == (5, 32)
+    assert DEFAULTS.exact_kv_cycles == 5
+
+
+def test_session_22_at_admission_the_own_fallbacks_extra_time_is_mostly_idle_gpu() -> None:
+    """PROF_AT=admission on 0.5.12 v2 (40 steps from before 64 requests arrive, GPU only, under the
+    profiler): dynspec's steps span 1041 us more than base's, 887 us of it idle, 600 us of that in
+    gaps of 100 us or more; its host made 3.5 graph launches, 42.6 kernel launches and 30 event
+    queries a step against base's 4.2, 25.2 and 2.1. The 40 steps cover different parts of the two
+    bursts (base ran 3.2 extend-attention kernels a step, dynspec 1.6), so no line is matched."""
+    base, dyn = ((S22_ADMISSION / f"{n}-gpu.txt").read_text() for n in ("base", "dyn"))
+    (b_span, _, b_idle), (d_span, _, d_idle) = per_step_span(base), per_step_span(dyn)
+    assert (d_span - b_span, d_idle - b_idle) == (1041, 887)
+
+    def long_gaps(table: str) -> float:
+        return float(re.search(r">=100us (\d+)", table).group(1))  # type: ignore[union-attr]
+
+    assert long_gaps(dyn) - long_gaps(base) == 600
+    assert long_gaps(base) < 0.4 * b_idle  # negative control: base's idle is mostly short gaps
