@@ -41,8 +41,10 @@ if ! [ "$one" -nt ".gpu/kit-$V-a.tar.xz" ] || ! [ "$one" -nt ".gpu/kit-$V-b.tar.
   tar -xJf ".gpu/kit-$V-a.tar.xz" -C "$site" && tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
   (cd "$site" && tar -cf - --exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen \
     --exclude='./sglang/srt/grpc/_core*.so' . | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
-  rm -rf "$site"
+  rm -rf "$site" "$one.tmp"
 fi
+# A packing that failed or was stopped leaves no one-part kit: the two parts still serve.
+[ -f "$one" ] || { echo "one-part kit: not made; use kit-a and part b"; exit 0; }
 # (a tracked file deleted in the work tree does not travel: du's complaint about it is not an error here)
 tree=$( (git ls-files -z | xargs -0 du -cb 2>/dev/null || true) | tail -1 | cut -f1)
 total=$(( $(stat -c %s "$one") + $(du -sb ".gpu/patched-$V" | cut -f1) + tree ))
