@@ -288,7 +288,8 @@ def judge(
     if not control.differs:
         problems.append(
             f"the control (no draft extend while off) proposed the same as the full extend at all {control.steps} "
-            "positions compared: this load cannot tell a stale draft KV from an exact one"
+            "positions compared: this load cannot tell a stale draft KV from an exact one "
+            "(a longer load, more --exact-kv-cycles, gives the control more chances to differ)"
         )
     for name, rec in sorted(recordings.items()):
         if rec.bad_lines:

@@ -317,7 +317,8 @@ def test_a_control_that_drafts_like_full_fails_exact_kv(site: Any, tmp_path: Pat
     assert not kv["passed"] and kv["control_differs"] is False and kv["mismatches"] == 0
     assert kv["problems"] == [
         f"the control (no draft extend while off) proposed the same as the full extend at all "
-        f"{kv['control_compared_steps']} positions compared: this load cannot tell a stale draft KV from an exact one"
+        f"{kv['control_compared_steps']} positions compared: this load cannot tell a stale draft KV from an exact one "
+        "(a longer load, more --exact-kv-cycles, gives the control more chances to differ)"
     ]
 
 
