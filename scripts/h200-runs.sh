@@ -213,7 +213,7 @@ PY
     profile() { profile_start "$@"; profile_wait "$1"; }
     for run in ${PROF_SERVERS:-base dyn:SGLANG_SIMULATE_ACC_LEN=3}; do
       serve_run "$run" || continue
-      if [ "${PROF_AT:-steady}" = admission ]; then  # the 64 requests' admission and first steps, GPU only
+      if [ "${PROF_AT:-steady}" = admission ]; then  # 64 requests' admission and first steps: GPU only, then with the host
         python3 "$K/client.py" http://127.0.0.1:30000 64 256 > /dev/null  # warm-up: the same load once
         # Not the kit client here: it sends one request alone first, which the 40 steps would profile.
         at_once() { PYTHONPATH=$PWD python3 -c "from patcher.proof.client import Client, run_level
@@ -221,7 +221,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
         # The client's seconds: a burst unprofiled, then one under each profile (the profiler's start costs time).
         at_once > /dev/null; at_once > "$OUT/$name-client.txt"; profile_start "${name}_gpu" '["GPU"],"num_steps":40'
         at_once > "$OUT/$name-client-gpu.txt"; profile_wait "${name}_gpu"
-        # The host side of the same 40 steps (Python stacks): what ran while the GPU waited (trace_sum's gaps).
+        # The next burst's 40 steps with the host side (Python stacks): what ran while the GPU waited (trace_sum's gaps).
         profile_start "${name}_all" '["CPU","GPU"],"with_stack":true,"num_steps":40'
         at_once > "$OUT/$name-client-all.txt"; profile_wait "${name}_all"
         bash "$K/stop.sh"; sleep 3
