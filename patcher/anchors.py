@@ -215,3 +215,13 @@ def insert_after(
             out.extend(new)
             inserted = True
     return out
+
+
+def insert_before(
+    statements: Sequence[cst.BaseStatement],
+    predicate: Callable[[cst.BaseStatement], bool],
+    new: Sequence[cst.BaseStatement],
+) -> list[cst.BaseStatement]:
+    """Insert ``new`` before the first statement matching ``predicate``."""
+    at = next((i for i, statement in enumerate(statements) if predicate(statement)), None)
+    return list(statements) if at is None else [*statements[:at], *new, *statements[at:]]

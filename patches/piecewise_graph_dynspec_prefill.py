@@ -29,6 +29,7 @@ from patcher.anchors import (
     find_method,
     imports_name,
     insert_after,
+    insert_before,
     is_assignment_to,
     method_statement,
     module_function,
@@ -127,9 +128,4 @@ class PiecewiseGraphDynspecPrefill(CstPatch):
 
         patched = replace_class(module, RUNNER, edit_runner)
         runner = find_class(patched, RUNNER)
-        body: list[cst.BaseStatement] = []
-        for statement in patched.body:
-            if statement is runner:
-                body.extend(function)
-            body.append(statement)
-        return patched.with_changes(body=body)
+        return patched.with_changes(body=insert_before(patched.body, lambda statement: statement is runner, function))

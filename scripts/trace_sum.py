@@ -37,20 +37,22 @@ def main(directory, steps):
     per = lambda us: us / steps  # noqa: E731  (µs per step)
     gpu = sorted((e for e in evs if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
     if gpu:
-        busy, end, gaps = 0.0, gpu[0]["ts"], collections.Counter()
+        busy, end, last, gaps = 0.0, gpu[0]["ts"], gpu[0], collections.Counter()
+        idle = []  # (gap, where it starts, the kernel before it, the kernel after it)
         for e in gpu:
             start, stop = e["ts"], e["ts"] + e["dur"]
             if start > end:
                 gap = start - end
                 gaps["<5us" if gap < 5 else "5-20us" if gap < 20 else "20-100us" if gap < 100 else ">=100us"] += gap
-            if stop > end:
-                busy, end = busy + stop - max(start, end), stop
+                idle.append((gap, end, last, e))
+            if stop >= end:
+                busy, end, last = busy + stop - max(start, end), stop, e
         span = end - gpu[0]["ts"]
         print(f"per step: span {per(span):.0f} us, busy {per(busy):.0f} us, idle {per(span - busy):.0f} us")
         print("idle by gap size (us/step): " + ", ".join(f"{k} {per(v):.0f}" for k, v in sorted(gaps.items())))
         print(f"GPU events per step: {len(gpu) / steps:.1f}")
         table(gpu, steps, "GPU work", 40)
-        longest_gaps(gpu, evs, GAPS_SHOWN)
+        longest_gaps(idle, gpu[0]["ts"], evs, GAPS_SHOWN)
     table([e for e in evs if e.get("cat") == "cuda_runtime"], steps, "CUDA runtime calls (host)", 15)
     table([e for e in evs if e.get("cat") in ("user_annotation", "gpu_user_annotation")], steps, "annotations", 20)
     table([e for e in evs if e.get("cat") in ("cpu_op",)], steps, "CPU ops (host, inclusive)", 30)
@@ -61,24 +63,20 @@ GAPS_SHOWN = 12
 GAP_MIN_US = 100
 
 
-def longest_gaps(gpu, evs, shown):
-    """The ``shown`` longest idle gaps of at least GAP_MIN_US, each with its host window (see above)."""
+def longest_gaps(idle, first, evs, shown):
+    """The ``shown`` longest of ``idle`` (``main``'s gaps, ``first`` the first GPU event's time) of at
+    least GAP_MIN_US, each with its host window (see above)."""
+    gaps = [g for g in idle if g[0] >= GAP_MIN_US]
+    if not gaps:
+        return
     launches = {}  # correlation id -> the runtime call that launched it
     for e in evs:
         if e.get("cat") == "cuda_runtime" and "correlation" in e.get("args", {}):
             launches[e["args"]["correlation"]] = e
     host = [e for e in evs if e.get("cat") in ("python_function", "cuda_runtime")]
-    gaps, end, last = [], gpu[0]["ts"], gpu[0]
-    for e in gpu:
-        if e["ts"] - end >= GAP_MIN_US:
-            gaps.append((e["ts"] - end, end, last, e))
-        if e["ts"] + e["dur"] >= end:
-            end, last = e["ts"] + e["dur"], e
-    if not gaps:
-        return
     print(f"-- longest idle gaps (of {len(gaps)} >= {GAP_MIN_US} us)")
     for gap, at, before, after in sorted(gaps, key=lambda g: -g[0])[:shown]:
-        print(f"{gap:9.0f} us at {(at - gpu[0]['ts']) / 1000:8.2f} ms  {short(before)} -> {short(after)}")
+        print(f"{gap:9.0f} us at {(at - first) / 1000:8.2f} ms  {short(before)} -> {short(after)}")
         window = [launches.get(k.get("args", {}).get("correlation")) for k in (before, after)]
         if None in window:
             continue
