@@ -1707,21 +1707,24 @@ class SideStream:
 
     def __init__(self, device_module: Any) -> None:
         self.device_module = device_module  # torch.cuda, or the release's device module
-        self.stream = device_module.Stream()
+        self.stream = device_module.Stream()  # on the worker's device, current when it is built
+        # Named, so that each step's look-up of the worker's stream skips resolving the current
+        # device (torch's Python path for that reads the environment): twice a step, on the host.
+        self.device: Optional[int] = getattr(self.stream, "device_index", None)
         self.done: Any = None  # an event after the last replay, until the worker's stream waits for it
 
     def run(self, work: Callable[[], None]) -> None:
-        self.stream.wait_stream(self.device_module.current_stream())
+        self.stream.wait_stream(self.device_module.current_stream(self.device))
         with self.device_module.stream(self.stream):
             work()
-            done = self.device_module.Event()
-            done.record()
+        done = self.device_module.Event()
+        done.record(self.stream)
         self.done = done
 
     def join(self) -> None:
         done, self.done = self.done, None
         if done is not None:
-            self.device_module.current_stream().wait_event(done)
+            self.device_module.current_stream(self.device).wait_event(done)
 
 
 class FallbackDirectWrite(DirectKVWrite):
@@ -1730,7 +1733,10 @@ class FallbackDirectWrite(DirectKVWrite):
     The stock ``_draft_extend_for_decode`` ends by setting ``next_draft_input``'s ``topk_p``,
     ``topk_index`` and ``hidden_states``; the scheduler copies them into its future map. The stand-ins
     are what the eager KV-only extend leaves there: top-k of one placeholder logit (p 1, index 0)
-    and zero hidden states of the draft's width, one row per request.
+    and zero hidden states of the draft's width, one row per request. They are only ever read (the
+    future map and v1's next iteration copy or index them; nothing writes them in place, pinned in
+    the tests), so, as ``ZeroStepDirectWrite``'s, they are rows of one set made for the largest
+    batch: three allocations and fills a step fewer on a host path that bounds the step at admission.
     """
 
     WIDTHS = ("num_tokens_per_bs",)
@@ -1739,6 +1745,7 @@ class FallbackDirectWrite(DirectKVWrite):
         super().__init__(twin, log)
         self.graphs = twin.graphs
         self.hidden_width, self.hidden_dtype = hidden  # of the draft model's hidden states
+        self._stand_ins: Optional[Tuple[Any, Any, Any]] = None  # topk_p, topk_index, hidden_states: capacity rows
 
     @classmethod
     def build(cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True) -> Tuple[Optional["FallbackDirectWrite"], str]:
@@ -1755,14 +1762,19 @@ class FallbackDirectWrite(DirectKVWrite):
         self.graphs[size].replay()
 
     def stand_in(self, batch: Any, batch_result: Any) -> None:
-        import torch
+        rows = int(batch.seq_lens.shape[0])  # at most capacity: write() took the batch (fits)
+        if self._stand_ins is None:
+            import torch
 
-        rows = int(batch.seq_lens.shape[0])
-        device = batch_result.next_token_ids.device
+            device = batch_result.next_token_ids.device  # the worker's, the same every iteration
+            self._stand_ins = (
+                torch.ones((self.capacity, 1), dtype=torch.float32, device=device),
+                torch.zeros((self.capacity, 1), dtype=torch.int64, device=device),
+                torch.zeros((self.capacity, self.hidden_width), dtype=self.hidden_dtype, device=device),
+            )
+        topk_p, topk_index, hidden_states = self._stand_ins
         stand_in = batch_result.next_draft_input
-        stand_in.topk_p = torch.ones((rows, 1), dtype=torch.float32, device=device)
-        stand_in.topk_index = torch.zeros((rows, 1), dtype=torch.int64, device=device)
-        stand_in.hidden_states = torch.zeros((rows, self.hidden_width), dtype=self.hidden_dtype, device=device)
+        stand_in.topk_p, stand_in.topk_index, stand_in.hidden_states = topk_p[:rows], topk_index[:rows], hidden_states[:rows]
 
 
 class StockGraphDirectWrite(FallbackDirectWrite):

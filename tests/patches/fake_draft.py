@@ -48,11 +48,15 @@ class Rows:
 
 @dataclass
 class Zeros:
-    """What the fake ``torch.zeros`` returns."""
+    """What the fake ``torch.zeros`` returns; a slice of rows is one too, that knows what it was cut from."""
 
     shape: tuple[int, ...]
     dtype: Any
     device: Any
+    of: Any = field(default=None, compare=False, repr=False)
+
+    def __getitem__(self, rows: slice) -> Zeros:
+        return Zeros((len(range(*rows.indices(self.shape[0]))), *self.shape[1:]), self.dtype, self.device, self.of or self)
 
 
 @dataclass

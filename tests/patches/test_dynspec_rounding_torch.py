@@ -622,3 +622,27 @@ def test_the_bit_check_on_the_lean_server_has_its_packed_control(monkeypatch: py
     assert result.logits_output.hidden_states is not output and torch.equal(result.logits_output.hidden_states, output)
     step, worker, batch, fallback = lean_world(monkeypatch, [Req(8) for _ in range(6)], [11, 12, 13, 14, 15, 16], v1_writer(V1Twin()))
     assert step.step(worker, batch, fallback).logits_output.hidden_states is worker.target_worker.outputs[-1]
+
+
+def test_the_own_fallbacks_stand_ins_are_views_of_one_set_with_the_stock_values() -> None:
+    """What the eager KV-only extend leaves (p 1, index 0, zero hidden states of the draft's width),
+    as rows of tensors made once at the largest graph's capacity: every batch size gets its rows,
+    and the rows handed out earlier stay what they were."""
+    twin = Twin()
+    twin.num_tokens_per_bs = WIDTH  # type: ignore[attr-defined]
+    twin.graphs = dict.fromkeys(SIZES)  # type: ignore[attr-defined]
+    write = v2.FallbackDirectWrite(twin, (HIDDEN, torch.bfloat16), log=False)
+    made = []
+    for rows in (3, 5, 1):
+        batch, result = iteration(list(range(rows)), rows)
+        result.next_draft_input = SimpleNamespace()
+        write.stand_in(batch, result)
+        made.append(result.next_draft_input)
+    for rows, stand_in in zip((3, 5, 1), made):
+        assert torch.equal(stand_in.topk_p, torch.ones(rows, 1)) and stand_in.topk_p.dtype == torch.float32
+        assert torch.equal(stand_in.topk_index, torch.zeros(rows, 1, dtype=torch.int64))
+        assert torch.equal(stand_in.hidden_states, torch.zeros(rows, HIDDEN, dtype=torch.bfloat16))
+    for name in ("topk_p", "topk_index", "hidden_states"):
+        pointers = {getattr(stand_in, name).data_ptr() for stand_in in made}
+        assert len(pointers) == 1, name  # one allocation each, not one a step
+        assert getattr(made[0], name).untyped_storage().size() // getattr(made[0], name).element_size() >= write.capacity

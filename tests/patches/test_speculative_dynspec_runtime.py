@@ -686,6 +686,7 @@ def test_a_replay_reads_the_metadata_signature_once_per_method(monkeypatch: pyte
     """inspect.signature cost about as much as the rest of a replay's preparation (session 13's v1
     profile): it is read once per backend method, not per replay, and the arguments land the same."""
     runtime._signature_of.cache_clear()
+    runtime._names_by_position.cache_clear()
     read: list[Any] = []
     signature = inspect.signature
     monkeypatch.setattr(runtime.inspect, "signature", lambda f: read.append(f) or signature(f))
@@ -702,3 +703,42 @@ def test_a_replay_reads_the_metadata_signature_once_per_method(monkeypatch: pyte
     assert len(read) == 1  # FlashInfer inherits the same function from LegacyBackend: still one
     backend.init_forward_metadata_capture_cuda_graph(4, 4, "rpi", Lens([1, 1, 1, 1]), None, Mode.TARGET_VERIFY, "tree")
     assert len(read) == 2
+
+
+class KeywordsBackend(LegacyBackend):
+    """A replay method that takes ``**kwargs``: the zip cannot name its arguments, ``bind`` does."""
+
+    def init_forward_metadata_replay_cuda_graph(self, bs: int, seq_lens: Any, forward_mode: Any, spec_info: Any, **rest: Any) -> None:  # type: ignore[override]
+        self.calls.append(("replay", bs, forward_mode, seq_lens, spec_info, rest))
+
+
+def test_a_replay_names_its_arguments_without_bind_where_the_signature_allows(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``Signature.bind`` cost as much as the rest of the rebinding; the zip lands the same arguments."""
+    bound: list[Any] = []
+    bind = inspect.Signature.bind
+    monkeypatch.setattr(inspect.Signature, "bind", lambda self, *a, **k: bound.append(a) or bind(self, *a, **k))
+    backend = runtime.serve_verify_as_decode(TritonAttnBackend())
+    backend.init_forward_metadata_replay_cuda_graph(2, "rpi", Lens([10, 20]), 30, None, forward_mode=Mode.TARGET_VERIFY, spec_info="tree", seq_lens_cpu=Lens([10, 20]))
+    (_, bs, mode, lens, total, cpu, spec), = backend.calls
+    assert (bs, mode, lens.values, total, cpu.values, spec) == (2, Mode.DECODE, [11, 21], 32, [11, 21], None)
+    assert bound == []
+    # The control: a signature the zip cannot name goes through bind, and lands the same.
+    other = runtime.serve_verify_as_decode(KeywordsBackend())
+    other.init_forward_metadata_replay_cuda_graph(2, Lens([10, 20]), Mode.TARGET_VERIFY, "tree", encoder_lens=None)
+    (_, bs, mode, lens, spec, rest), = other.calls
+    assert (bs, mode, lens.values, spec, rest) == (2, Mode.DECODE, [11, 21], None, {"encoder_lens": None}) and len(bound) == 1
+
+
+@pytest.mark.parametrize(
+    ("args", "kwargs", "message"),
+    [
+        ((2, "rpi", Lens([1]), 1, None, Mode.TARGET_VERIFY, "tree", None, "extra"), {}, "too many positional arguments"),
+        ((2, "rpi", Lens([1]), 1, None, Mode.TARGET_VERIFY, "tree"), {"bs": 3}, "multiple values for argument 'bs'"),
+        ((2, "rpi", Lens([1]), 1), {"forward_mode": Mode.TARGET_VERIFY, "spec_info": "tree"}, "missing a required argument: 'encoder_lens'"),
+    ],
+)
+def test_a_wrong_replay_call_raises_what_it_raises_without_dynspec(args: tuple, kwargs: dict, message: str) -> None:
+    backend = runtime.serve_verify_as_decode(TritonAttnBackend())
+    with pytest.raises(TypeError, match=message):
+        backend.init_forward_metadata_replay_cuda_graph(*args, **kwargs)
+    assert backend.calls == []
