@@ -199,6 +199,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     fallback.write_beside(worker, log=rank0)
     fallback.lean = FallbackLeanSample.install(log=rank0)
     fallback.prefill_kv_only(worker.draft_worker, log=rank0, disaggregation=read_setting(worker, "disaggregation_mode", "null"))
+    fallback.lean_step = V2LeanStep.build(worker, fallback, log=rank0)
     worker.draft_worker._dynspec = fallback
     if fallback.recorder is not None:
         fallback.recorder.watch_drafts(worker.draft_worker, lambda: fallback.in_fallback)
@@ -286,6 +287,7 @@ class V2Fallback:
         self._early_fence = early_fence_enabled()  # read once: a bad value refuses at start-up
         self._early_publish = early_fence_enabled(proven=False)  # 0.5.13's callback (publish_early)
         self.lean: Optional[FallbackLeanSample] = None  # the one-node tree's sample (attach_fallback)
+        self.lean_step: Optional[V2LeanStep] = None  # DYNSPEC_LEAN_STEP=1 on 0.5.12 (attach_fallback)
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered.
@@ -314,12 +316,16 @@ class V2Fallback:
         saved = _SavedSteps(worker, worker.draft_worker)
         previous = self.target.swap_in()
         kv_only = self._step == self.controller.FALL_BACK
-        draft_kv_only = self.draft_kv.kv_only(worker.draft_worker) if kv_only else contextlib.nullcontext()
+        lean = self.lean_step if kv_only and batch is not None and self.lean_step is not None and self.lean_step.takes(batch) else None
+        draft_kv_only = self.draft_kv.kv_only(worker.draft_worker) if kv_only and lean is None else contextlib.nullcontext()
         try:
             saved.one_token()
             self.in_fallback = True
-            with draft_kv_only:
-                result = run()
+            if lean is not None:
+                result = lean.step(worker, batch, self, fence)
+            else:
+                with draft_kv_only:
+                    result = run()
         finally:
             self.in_fallback = False
             saved.restore()
@@ -834,6 +840,19 @@ def _is_hip() -> bool:
     return getattr(getattr(torch, "version", None), "hip", None) is not None
 
 
+def greedy_batch_refusal(batch: Any, penalties: Tuple[str, ...]) -> Optional[str]:
+    """Why a one-node verify of ``batch`` may not be the argmax of the target's logits (host checks):
+    grammar, logprobs, sampling, or one of the sampling info's ``penalties`` set; None where it is."""
+    if getattr(batch, "has_grammar", False):
+        return "grammar"
+    if getattr(batch, "return_logprob", False):
+        return "logprobs"
+    info = batch.sampling_info
+    if not info.is_all_greedy:
+        return "sampling"
+    return next((name for name in penalties if getattr(info, name, None) is not None), None)
+
+
 class LeanVerify:
     """0.5.14+: the zero-step verify without the one-node tree's sampling machinery.
 
@@ -984,16 +1003,9 @@ class LeanVerify:
         tree = [getattr(verify_input, name, None) for name in self.TREE]
         if any(size != 1 for size in tree):
             return "a tree of " + ", ".join(f"{name} {size}" for name, size in zip(self.TREE, tree))
-        if getattr(batch, "has_grammar", False):
-            return "grammar"
-        if getattr(batch, "return_logprob", False):
-            return "logprobs"
-        info = batch.sampling_info
-        if not info.is_all_greedy:
-            return "sampling"
-        penalty = next((name for name in self.PENALTIES if getattr(info, name, None) is not None), None)
-        if penalty is not None:
-            return penalty
+        why_not = greedy_batch_refusal(batch, self.PENALTIES)
+        if why_not is not None:
+            return why_not
         if len(logits.shape) != 2 or logits.shape[0] != batch.seq_lens.shape[0]:
             return f"logits of shape {tuple(logits.shape)} for {batch.seq_lens.shape[0]} requests"
         return None
@@ -1091,6 +1103,203 @@ class FallbackLeanSample(LeanVerify):
         ones = torch.ones((rows,), dtype=torch.int32, device=predict.device)
         index = torch.arange(rows, dtype=torch.int32, device=predict.device).view(rows, 1)
         return predict, ones, index
+
+
+LEAN_STEP_ENV = "DYNSPEC_LEAN_STEP"  # V2LeanStep: 1 on (0.5.12's own fallback), unset or 0 off until a GPU proof
+
+
+def lean_step_unfit(draft_input_fields: Any, result_fields: Any, forward_parameters: Any) -> Optional[str]:
+    """Why a release's shapes are not 0.5.12's, the one verify ``V2LeanStep`` mirrors; None if they
+    are. 0.5.11's draft input has ``verified_id``; 0.5.13's target forward takes the schedule batch
+    (and its verify publishes through a callback). Named fields and parameters, not a version
+    string, so that a patched 0.5.12 tree of any name is recognised."""
+    missing = [name for name in V2LeanStep.DRAFT_INPUT_FIELDS if name not in draft_input_fields]
+    if missing:
+        return f"this release's EagleDraftInput has no {missing[0]}"
+    missing = [name for name in V2LeanStep.RESULT_FIELDS if name not in result_fields]
+    if missing:
+        return f"this release's GenerationBatchResult has no {missing[0]}"
+    missing = [name for name in V2LeanStep.TARGET_FORWARD_PARAMETERS if name not in forward_parameters]
+    if missing:
+        return f"this release's target forward takes no {missing[0]}"
+    return None
+
+
+class V2LeanStep:
+    """0.5.12's own fallback, ``kv-direct`` fed directly: a fallback iteration as a plain decode step.
+
+    The fallback re-enters the stock decode branch with the one-token state, which around the
+    target forward runs ``draft()`` (the one-node tree) and the draft extend, each inside the draft's
+    TP and MoE contexts, and the verify's tree plumbing: the tree sample, a gather of the accepted
+    tokens, a Triton launch that picks each request's bonus token, a second event. Session 17's
+    stack profile put ≈ 80 % of the fallback's extra host time there, against ≈ 20 % in the
+    scheduler. For a greedy batch the outcome is known in advance: every request accepts its root,
+    and the argmax of the target's logits is both its next token and its bonus token. So this step
+    keeps the release's verify preparation (``prepare_for_v2_verify``: the slot per request, the
+    forward batch, the graph's inputs) and its target forward, takes the argmax, and hands the
+    scheduler the result 0.5.12's verify builds (``RESULT_FIELDS``, the draft input's
+    ``DRAFT_INPUT_FIELDS``; the seq_lens and event of the early fence where it is on), then writes
+    the draft KV directly, or runs the stock extend KV-only where the writer cannot take the rows.
+
+    The argmax is the result's next tokens and the draft input's bonus tokens at once, and
+    ``accept_lens`` are views of one buffer of ones: no 0.5.12 file writes any of them in place
+    (pinned in the tests). A batch it does not take (``greedy_batch_refusal``: sampling, penalties,
+    a logit bias, grammar, logprobs) runs the stock branch, and the first is logged with the reason.
+    Not done here, as v1's lean step: the verify's ``maybe_detect_nan`` (a debug setting).
+    ``DYNSPEC_LEAN_STEP=1`` turns it on; off by default until a GPU proof has run it.
+    """
+
+    DRAFT_INPUT_FIELDS = ("bonus_tokens", "new_seq_lens", "verify_done")
+    RESULT_FIELDS = (
+        "logits_output",
+        "next_token_ids",
+        "can_run_cuda_graph",
+        "speculative_num_draft_tokens",
+        "next_draft_input",
+        "accept_lens",
+        "routed_experts_output",
+        "indexer_topk_output",
+    )
+    TARGET_FORWARD_PARAMETERS = ("model_worker_batch", "forward_batch", "is_verify", "skip_attn_backend_init")
+    CONTEXTS = ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context")  # the worker module's, around the extend
+
+    def __init__(self, module: Any, simulated_token: Optional[int], log: bool) -> None:
+        self.module = module  # the release's eagle_worker_v2: its input and result classes and contexts
+        self.simulated_token = simulated_token  # SGLANG_SIMULATE_ACC_LEN's token for every accepted one, or None
+        self.log = log  # rank 0
+        self.said_no = False  # the first batch left to the stock branch has been logged
+        self.taken = 0
+        self._ones: Any = None  # int32 ones, grown to the largest batch seen: accept_lens
+
+    @classmethod
+    def build(cls, worker: Any, fallback: "V2Fallback", log: bool) -> Optional["V2LeanStep"]:
+        """The lean step for this worker, or None: off (the default), or not applicable (said once)."""
+        if not on_off_setting(LEAN_STEP_ENV, False):  # read first: a bad value refuses to start
+            return None
+        import sys
+
+        module: Any = sys.modules.get(type(worker).__module__)
+        why_not = cls.unfit(worker, module, fallback)
+        simulated: Optional[int] = None
+        if why_not is None:
+            import importlib
+
+            simulated, why_not = LeanVerify.simulated_token_of(importlib.import_module("sglang.srt.speculative.spec_utils"))
+        if why_not:
+            if log:
+                logger.info(f"dynspec: {LEAN_STEP_ENV}=1, but a fallback iteration runs the stock decode branch ({why_not})")
+            return None
+        if log:
+            logger.info(
+                f"dynspec: a fallback iteration of a greedy batch runs as a plain decode step ({LEAN_STEP_ENV}=1: "
+                "the release's verify preparation and target forward, the argmax, the draft KV written directly)"
+            )
+        return cls(module, simulated, log)
+
+    @classmethod
+    def unfit(cls, worker: Any, module: Any, fallback: "V2Fallback") -> Optional[str]:
+        """Why this release or server may not take the lean step (static checks); None if it may."""
+        import inspect
+
+        if not isinstance(fallback.draft_kv.direct, FallbackDirectWrite):
+            return "kv-direct does not write this server's draft KV"
+        classes = [getattr(module, name, None) for name in ("EagleVerifyInput", "EagleDraftInput", "GenerationBatchResult")]
+        if any(c is None for c in classes):
+            return "the worker's module lacks EagleVerifyInput, EagleDraftInput or GenerationBatchResult"
+        verify_input_cls, draft_input_cls, result_cls = classes
+        if not callable(getattr(verify_input_cls, "prepare_for_v2_verify", None)):
+            return "this release's EagleVerifyInput has no prepare_for_v2_verify"
+        try:
+            forward = inspect.signature(worker.target_worker.forward_batch_generation).parameters
+        except (TypeError, ValueError):
+            forward = {}
+        fields = [getattr(c, "__dataclass_fields__", {}) for c in (draft_input_cls, result_cls)]
+        why_not = lean_step_unfit(fields[0], fields[1], forward)
+        if why_not is not None:
+            return why_not
+        if getattr(worker, "plan_stream", None) is not None:
+            return "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
+        runner = worker.target_worker.model_runner
+        if any(getattr(runner, name, None) is not None for name in ("hybrid_gdn_config", "mamba2_config")):
+            return "a hybrid (mamba) target, whose verify updates its state"
+        return None
+
+    def refusal(self, batch: Any) -> Optional[str]:
+        """Why this batch's fallback iteration must run the stock branch; None if the lean step takes it
+        (0.5.12's verify sample reads the same penalties as 0.5.14+'s ``eagle_sample``)."""
+        return greedy_batch_refusal(batch, LeanVerify.PENALTIES)
+
+    def takes(self, batch: Any) -> bool:
+        why_not = self.refusal(batch)
+        if why_not is not None and self.log and not self.said_no:
+            self.said_no = True
+            logger.info(f"dynspec: a fallback batch ran the stock decode branch ({why_not}); said once")
+        return why_not is None
+
+    def step(self, worker: Any, batch: Any, fallback: "V2Fallback", fence: Optional[Tuple[Any, Any]]) -> Any:
+        """One fallback iteration of ``batch`` (the ``ModelWorkerBatch``); returns the release's result."""
+        import torch
+
+        module = self.module
+        device = torch.get_device_module(worker.device)
+        verify_input = fallback.trivial_verify_input(batch, module.EagleVerifyInput)
+        # As the stock verify: seq_lens was made on the scheduler's stream and is read on this one.
+        batch.seq_lens.record_stream(device.current_stream())
+        verify_input.num_tokens_per_req = 1
+        batch.spec_info = verify_input
+        forward_batch, can_run_cuda_graph = verify_input.prepare_for_v2_verify(worker.req_to_token_pool, batch, worker.target_worker)
+        output = worker.target_worker.forward_batch_generation(
+            model_worker_batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
+        )
+        logits_output = output.logits_output
+        predict = torch.argmax(logits_output.next_token_logits, dim=-1).to(torch.int32)
+        if self.simulated_token is not None:
+            predict.fill_(self.simulated_token)
+        if fence is None:  # DYNSPEC_EARLY_FENCE=0: after the forward, as the stock verify
+            new_seq_lens = batch.seq_lens + 1
+            verify_done = device.Event()
+            verify_done.record()
+        else:
+            new_seq_lens, verify_done = fence
+        result = module.GenerationBatchResult(
+            logits_output=logits_output,
+            next_token_ids=predict,
+            can_run_cuda_graph=can_run_cuda_graph,
+            speculative_num_draft_tokens=worker.speculative_num_draft_tokens,  # 1 here (_SavedSteps)
+            next_draft_input=module.EagleDraftInput(bonus_tokens=predict, new_seq_lens=new_seq_lens, verify_done=verify_done),
+            accept_lens=self.ones(int(predict.shape[0]), predict.device),
+            routed_experts_output=output.routed_experts_output,
+            indexer_topk_output=output.indexer_topk_output,
+        )
+        writer = fallback.draft_kv.direct  # None once given up
+        if writer is None or not writer.write(batch, result):
+            with self.draft_contexts(worker), fallback.draft_kv.kv_only(worker.draft_worker):
+                worker.draft_worker._draft_extend_for_decode(batch, result)
+        self.taken += 1
+        if self.taken == 1 and self.log:  # once: the evidence that it runs, in the server's log
+            logger.info(f"dynspec: the lean fallback step took its first batch ({int(predict.shape[0])} requests)")
+        return result
+
+    def ones(self, rows: int, device: Any) -> Any:
+        """``accept_lens`` of a one-node tree: int32 ones, a view of one buffer."""
+        if self._ones is None or self._ones.shape[0] < rows:
+            import torch
+
+            size = max(rows, 2 * (0 if self._ones is None else self._ones.shape[0]))
+            self._ones = torch.ones((size,), dtype=torch.int32, device=device)
+        return self._ones[:rows]
+
+    def draft_contexts(self, worker: Any) -> contextlib.ExitStack:
+        """The contexts the stock decode branch runs the draft extend in (draft TP group, MoE backends)."""
+        stack = contextlib.ExitStack()
+        draft = worker.draft_worker
+        if callable(getattr(draft, "draft_tp_context", None)):
+            stack.enter_context(draft.draft_tp_context(draft.draft_runner.tp_group))
+        for name in self.CONTEXTS:
+            context = getattr(self.module, name, None)
+            if callable(context):
+                stack.enter_context(context())
+        return stack
 
 
 def write_beside(worker: Any, direct: "DirectKVWrite", log: bool) -> bool:
