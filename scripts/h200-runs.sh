@@ -41,7 +41,8 @@
 #                  a later base-N is a second reference, per_step_base-N.json, and its ratio to base is the drift)
 #   prof V         (as diag) torch-profiler traces of 30 decode steps at 64 requests, base and dynspec (auto,
 #                  falling back), GPU only (30 steps) and CPU+GPU with Python stacks (20 steps):
-#                  scripts/trace_sum.py's per-step tables in $OUT. PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers
+#                  scripts/trace_sum.py's per-step tables in $OUT (scripts/trace_diff.py A-all.txt B-all.txt ranks
+#                  what B's step does more than A's). PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers
 #                  (as in DIAG_RUNS: base* plain decode, on* always-on speculation, any other name dynspec);
 #                  PROF_AT=admission: 40 steps from before 64 requests arrive, after two warm-ups of that load: GPU only,
 #                  then (the next burst) CPU+GPU with Python stacks, whose longest GPU idle gaps name the host's work;

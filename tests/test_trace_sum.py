@@ -77,3 +77,39 @@ def test_the_longest_gaps_name_their_kernels_and_what_the_host_did_between_the_l
 def test_gaps_shorter_than_the_minimum_are_not_listed(tmp_path: Path) -> None:
     write_trace(tmp_path, [*launched("gemm", 0, 100, 1), *launched("norm", 199, 10, 2)])  # 99 us idle
     assert "longest idle gaps" not in summary(tmp_path, 1)
+
+
+# -- scripts/trace_diff.py: two summaries, the rows that differ most ----------------------------------
+
+PROFILE = ROOT / "docs" / "proof" / "0.5.12-v2-s17-r23-profile"  # session 17's base and dynspec steps
+
+
+def diff(ref: Path, other: Path, rows: int = 40) -> str:
+    run = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "trace_diff.py"), str(ref), str(other), str(rows)],
+        capture_output=True, text=True, timeout=60, check=True,
+    )
+    return run.stdout
+
+
+def test_the_diff_ranks_what_the_fallback_step_does_more_than_plain_decode() -> None:
+    out = diff(PROFILE / "base-all.txt", PROFILE / "dyn-all.txt")
+    host = out.split("-- Python functions", 1)[1]
+    assert "+3453.7 |    2823.1 x  1.00 |    6276.8 x  1.00  sglang/srt/managers/scheduler.py(2996): run_batch" in host
+    assert "+5048.2 |         -         |    5048.2 x  0.95  sglang/srt/speculative/dynspec_v2.py(271): fall_back" in host
+    assert "threading.py" not in host  # longer than the step's span: a thread across the window, not the step
+    assert "-532.2 |     554.2 x  0.95 |      22.0 x  2.95  cudaEventSynchronize" in out  # base waits on the GPU, dynspec does not
+
+
+def test_a_summary_against_itself_differs_nowhere() -> None:
+    """The control: no row survives when both sides are the same."""
+    out = diff(PROFILE / "dyn-all.txt", PROFILE / "dyn-all.txt")
+    assert out.splitlines()[1:] == []
+
+
+def test_native_functions_named_by_address_are_compared_by_name(tmp_path: Path) -> None:
+    ref, other = tmp_path / "ref.txt", tmp_path / "other.txt"
+    table = "per step: span 100 us, busy 90 us, idle 10 us\n-- Python functions (host, inclusive): 2.0 per step, 30 us per step\n"
+    ref.write_text(table + "     20.0 us x  1.00  <built-in method replay of X object at 0x7f01>\n     10.0 us x  1.00  <built-in method replay of X object at 0x7f02>\n")
+    other.write_text(table + "     45.0 us x  1.00  <built-in method replay of X object at 0x7e99>\n")
+    assert "+15.0 |      30.0 x  2.00 |      45.0 x  1.00  <built-in method replay of X object>" in diff(ref, other)
