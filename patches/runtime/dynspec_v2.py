@@ -288,6 +288,7 @@ class V2Fallback:
         self._early_publish = early_fence_enabled(proven=False)  # 0.5.13's callback (publish_early)
         self.lean: Optional[FallbackLeanSample] = None  # the one-node tree's sample (attach_fallback)
         self.lean_step: Optional[V2LeanStep] = None  # DYNSPEC_LEAN_STEP=1 on 0.5.12 (attach_fallback)
+        self.stock_extend: Optional[Callable[..., Any]] = None  # the draft worker's own, under feed_twin_directly's
 
     def should_fall_back(self, batch: Any) -> bool:
         """Called at the top of the decode branch; counts the iteration unless re-entered.
@@ -313,11 +314,12 @@ class V2Fallback:
         if self.recorder is not None and batch is not None:
             self.recorder.iteration(self._step, batch)
         fence = early_fence(batch) if batch is not None and self._early_fence else None
-        saved = _SavedSteps(worker, worker.draft_worker)
-        previous = self.target.swap_in()
         kv_only = self._step == self.controller.FALL_BACK
+        # Decided before anything is swapped: nothing that may raise runs outside the try below.
         lean = self.lean_step if kv_only and batch is not None and self.lean_step is not None and self.lean_step.takes(batch) else None
         draft_kv_only = self.draft_kv.kv_only(worker.draft_worker) if kv_only and lean is None else contextlib.nullcontext()
+        saved = _SavedSteps(worker, worker.draft_worker)
+        previous = self.target.swap_in()
         try:
             saved.one_token()
             self.in_fallback = True
@@ -343,6 +345,7 @@ class V2Fallback:
             return
         draft_worker = worker.draft_worker
         stock = draft_worker._draft_extend_for_decode
+        self.stock_extend = stock
 
         def draft_extend_for_decode(*args: Any, **kwargs: Any) -> Any:
             writer = self.draft_kv.direct  # None once given up
@@ -1145,7 +1148,6 @@ class V2LeanStep:
     ``accept_lens`` are views of one buffer of ones: no 0.5.12 file writes any of them in place
     (pinned in the tests). A batch it does not take (``greedy_batch_refusal``: sampling, penalties,
     a logit bias, grammar, logprobs) runs the stock branch, and the first is logged with the reason.
-    Not done here, as v1's lean step: the verify's ``maybe_detect_nan`` (a debug setting).
     ``DYNSPEC_LEAN_STEP=1`` turns it on; off by default until a GPU proof has run it.
     """
 
@@ -1252,6 +1254,9 @@ class V2LeanStep:
             model_worker_batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
         )
         logits_output = output.logits_output
+        detect_nan = getattr(module, "maybe_detect_nan", None)  # as the stock verify: on with SGLANG_SPEC_NAN_DETECTION
+        if callable(detect_nan):
+            detect_nan(logits_output.next_token_logits, "verify: target model logits")
         predict = torch.argmax(logits_output.next_token_logits, dim=-1).to(torch.int32)
         if self.simulated_token is not None:
             predict.fill_(self.simulated_token)
@@ -1273,8 +1278,10 @@ class V2LeanStep:
         )
         writer = fallback.draft_kv.direct  # None once given up
         if writer is None or not writer.write(batch, result):
+            # The draft worker's own extend: feed_twin_directly's would try the writer again.
+            extend = fallback.stock_extend or worker.draft_worker._draft_extend_for_decode
             with self.draft_contexts(worker), fallback.draft_kv.kv_only(worker.draft_worker):
-                worker.draft_worker._draft_extend_for_decode(batch, result)
+                extend(batch, result)
         self.taken += 1
         if self.taken == 1 and self.log:  # once: the evidence that it runs, in the server's log
             logger.info(f"dynspec: the lean fallback step took its first batch ({int(predict.shape[0])} requests)")

@@ -77,6 +77,7 @@ VERIFY_MIRRORED = {
     "EagleDraftInput",
     "GenerationBatchResult",
     "len",
+    "maybe_detect_nan",  # the module's, on the target's logits
 }
 GRAMMAR, PLAN_STREAM = "grammar: refused", "the plan stream: refused (unfit)"
 VERIFY_SKIPPED = {
@@ -85,7 +86,6 @@ VERIFY_SKIPPED = {
     "torch.empty_like": "the bonus tokens' buffer: the argmax is a one-node tree's bonus token",
     "fill_bonus_tokens[bs,]": "the same",
     "compute_spec_v2_logprobs": "logprobs: refused",
-    "maybe_detect_nan": "a debug setting, as v1's lean step",
     "self._mamba_verify_update": "a hybrid target: refused (unfit)",
     "generate_token_bitmask": GRAMMAR,
     "vocab_mask.to": GRAMMAR,
@@ -408,6 +408,8 @@ def draft_worker_and_module() -> tuple[SimpleNamespace, types.ModuleType]:
 
     module.speculative_moe_backend_context = lambda: context("moe")  # type: ignore[attr-defined]
     module.speculative_moe_a2a_backend_context = lambda: context("a2a")  # type: ignore[attr-defined]
+    module.checked_for_nan = []  # type: ignore[attr-defined]
+    module.maybe_detect_nan = lambda tensor, where: module.checked_for_nan.append(where)  # type: ignore[attr-defined]
     draft = SimpleNamespace(
         speculative_num_steps=3,
         speculative_num_draft_tokens=4,
@@ -451,11 +453,17 @@ def stock_result() -> SimpleNamespace:
 
 
 class SwapTarget:
+    """The one-token target state: whether it is installed now."""
+
+    def __init__(self) -> None:
+        self.installed = False
+
     def swap_in(self) -> str:
+        self.installed = True
         return "live"
 
     def swap_out(self, previous: str) -> None:
-        pass
+        self.installed = False
 
 
 def greedy_batch(size: int = 3, **sampling: Any) -> SimpleNamespace:
@@ -507,7 +515,9 @@ def test_a_lean_iteration_builds_the_verifys_result_and_writes_the_draft_kv_dire
     # the write gets the pre-verify lengths (the positions), the verify's slots and its result
     assert writer.written == [([100, 101, 102], [500, 501, 502], result)]
     assert worker.draft_worker.extended == [] and fallback.draft_kv.windows == []
+    assert module.checked_for_nan == ["verify: target model logits"]  # as the stock verify, where that is on
     assert (worker.speculative_num_steps, worker.speculative_num_draft_tokens) == (3, 4)  # restored
+    assert not fallback.target.installed
 
 
 @pytest.mark.usefixtures("trivial_inputs")
@@ -530,6 +540,33 @@ def test_rows_the_writer_cannot_take_go_to_the_stock_extend_kv_only_in_the_draft
     assert worker.draft_worker.extended == [result]
     assert fallback.draft_kv.windows == ["kv-only"]
     assert worker.draft_worker.entered == ["tp draft tp", "moe", "a2a"]
+
+
+@pytest.mark.usefixtures("trivial_inputs")
+def test_the_stock_extend_it_falls_back_to_is_the_draft_workers_own(timeline: list[str]) -> None:
+    """Not feed_twin_directly's wrapper, which would hand the rows to the writer a second time."""
+    writer = Writer(takes=False)
+    worker, fallback, module = lean_stack(timeline, writer)
+    lean_of(fallback, module)
+    own: list[Any] = []
+    fallback.stock_extend = lambda batch, result: own.append(result)
+    assert fallback.should_fall_back(greedy_batch())
+    result = fallback.fall_back(worker, lambda: pytest.fail("the stock branch ran"))
+    assert own == [result] and worker.draft_worker.extended == [] and len(writer.written) == 1
+
+
+@pytest.mark.usefixtures("trivial_inputs")
+def test_a_batch_the_refusal_cannot_read_leaves_the_target_as_it_was(timeline: list[str]) -> None:
+    """The lean step is chosen before the one-token state goes in: an error there swaps nothing."""
+    worker, fallback, module = lean_stack(timeline, Writer())
+    lean_of(fallback, module)
+    batch = greedy_batch()
+    del batch.sampling_info.is_all_greedy
+    assert fallback.should_fall_back(batch)
+    with pytest.raises(AttributeError):
+        fallback.fall_back(worker, lambda: pytest.fail("the stock branch ran"))
+    assert not fallback.target.installed and not fallback.in_fallback
+    assert (worker.speculative_num_steps, worker.speculative_num_draft_tokens) == (3, 4)
 
 
 @pytest.mark.usefixtures("trivial_inputs")
