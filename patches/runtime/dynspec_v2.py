@@ -1111,6 +1111,20 @@ class FallbackLeanSample(LeanVerify):
 LEAN_STEP_ENV = "DYNSPEC_LEAN_STEP"  # V2LeanStep: 1 on (0.5.12's own fallback), unset or 0 off until a GPU proof
 
 
+def source_fingerprint(source: str) -> str:
+    """A digest of Python source that ignores layout: its tokens, without comments, blank lines and
+    indentation. The same for a method read from its file at run time (``inspect.getsource``) and
+    for the same lines cut from the release's file in the tests, on any Python version."""
+    import hashlib
+    import io
+    import textwrap
+    import tokenize
+
+    skipped = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)
+    tokens = tokenize.generate_tokens(io.StringIO(textwrap.dedent(source)).readline)
+    return hashlib.sha256(" ".join(t.string for t in tokens if t.type not in skipped).encode()).hexdigest()
+
+
 def lean_step_unfit(draft_input_fields: Any, result_fields: Any, forward_parameters: Any) -> Optional[str]:
     """Why a release's shapes are not 0.5.12's, the one verify ``V2LeanStep`` mirrors; None if they
     are. 0.5.11's draft input has ``verified_id``; 0.5.13's target forward takes the schedule batch
@@ -1148,6 +1162,9 @@ class V2LeanStep:
     ``accept_lens`` are views of one buffer of ones: no 0.5.12 file writes any of them in place
     (pinned in the tests). A batch it does not take (``greedy_batch_refusal``: sampling, penalties,
     a logit bias, grammar, logprobs) runs the stock branch, and the first is logged with the reason.
+    Which release it mirrors is checked at start-up: the fields and parameters (``lean_step_unfit``)
+    and the tokens of the worker's own ``verify`` (``VERIFY_FINGERPRINT``), so that a tree whose
+    verify was changed, by a fix or by hand, runs the stock branch instead, and says so.
     ``DYNSPEC_LEAN_STEP=1`` turns it on; off by default until a GPU proof has run it.
     """
 
@@ -1163,6 +1180,9 @@ class V2LeanStep:
         "indexer_topk_output",
     )
     TARGET_FORWARD_PARAMETERS = ("model_worker_batch", "forward_batch", "is_verify", "skip_attn_backend_init")
+    # ``source_fingerprint`` of 0.5.12's ``EAGLEWorkerV2.verify``, the body this step mirrors (pinned
+    # in the tests against the release): a tree whose verify differs (a fix, a local change) runs stock.
+    VERIFY_FINGERPRINT = "dff8702beb4a030faf7d394d99c49a4ed38d590b562103c6f625220119c65c22"
     CONTEXTS = ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context")  # the worker module's, around the extend
 
     def __init__(self, module: Any, simulated_token: Optional[int], log: bool) -> None:
@@ -1219,6 +1239,12 @@ class V2LeanStep:
         why_not = lean_step_unfit(fields[0], fields[1], forward)
         if why_not is not None:
             return why_not
+        try:
+            verify = source_fingerprint(inspect.getsource(type(worker).verify))
+        except (AttributeError, OSError, TypeError, SyntaxError):
+            return "EAGLEWorkerV2.verify's source cannot be read"
+        if verify != cls.VERIFY_FINGERPRINT:
+            return "this EAGLEWorkerV2.verify is not 0.5.12's, the one the lean step mirrors"
         if getattr(worker, "plan_stream", None) is not None:
             return "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
         runner = worker.target_worker.model_runner

@@ -13,7 +13,8 @@ verify builds, and the direct write. That is right only while 0.5.12:
    lean batch reaches;
 4. has the shapes ``lean_step_unfit`` recognises, which 0.5.11 and 0.5.13 do not;
 5. writes none of ``next_token_ids``, ``bonus_tokens`` and ``accept_lens`` in place (the argmax is
-   both the first two, the third is views of one buffer).
+   both the first two, the third is views of one buffer);
+6. is the verify whose tokens ``VERIFY_FINGERPRINT`` holds, as the server reads them (``inspect.getsource``).
 
 Each checker takes source text and returns its problems: ``[]`` on 0.5.12, non-empty on a mutated
 source (the negative controls). The behaviour tests run the step on stand-ins for SGLang's objects.
@@ -24,10 +25,13 @@ from __future__ import annotations
 import ast
 import contextlib
 import dataclasses
+import importlib.util
+import inspect
 import logging
 import sys
 import types
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -219,6 +223,43 @@ def test_the_decode_branch_runs_draft_verify_and_the_extend() -> None:
 )
 def test_only_0512s_shapes_are_taken(version: str, why_not: str | None) -> None:
     assert v2.lean_step_unfit(*release_shapes(version)) == why_not
+
+
+def verify_lines(source: str) -> str:
+    """0.5.12's ``EAGLEWorkerV2.verify`` as its file holds it: the lines ``inspect.getsource`` returns."""
+    node = method_of(source, "EAGLEWorkerV2", "verify")
+    return "".join(source.splitlines(keepends=True)[node.lineno - 1 : node.end_lineno])
+
+
+def worker_class_with(verify: str, directory: Path) -> type:
+    """An ``EAGLEWorkerV2`` class, imported from a file, whose ``verify`` is ``verify``'s lines (never called)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "lean_step_worker.py"
+    path.write_text("from __future__ import annotations\n\n\nclass EAGLEWorkerV2:\n" + verify + "\n    # a comment after it\n\n    def after(self):\n        pass\n")
+    spec = importlib.util.spec_from_file_location(f"lean_step_worker_{abs(hash(verify))}", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.EAGLEWorkerV2
+
+
+@pytest.mark.releases
+def test_the_fingerprint_is_0512s_verify_as_the_server_reads_it(tmp_path: Path) -> None:
+    lines = verify_lines(source_of(VERSION, WORKER))
+    assert v2.source_fingerprint(lines) == v2.V2LeanStep.VERIFY_FINGERPRINT
+    # inspect.getsource, as unfit() reads it in the server, sees the same tokens
+    assert v2.source_fingerprint(inspect.getsource(worker_class_with(lines, tmp_path).verify)) == v2.V2LeanStep.VERIFY_FINGERPRINT
+
+
+@pytest.mark.releases
+def test_the_fingerprint_sees_code_not_layout() -> None:
+    """The control: a changed statement changes it; comments, blank lines and indentation do not."""
+    lines = verify_lines(source_of(VERSION, WORKER))
+    relaid = lines.replace("        # Parse args\n", "\n        # parse the arguments\n\n")
+    assert relaid != lines and v2.source_fingerprint(relaid) == v2.V2LeanStep.VERIFY_FINGERPRINT
+    changed = lines.replace("verify_done.record()", "verify_done.record(stream)")
+    assert changed != lines and v2.source_fingerprint(changed) != v2.V2LeanStep.VERIFY_FINGERPRINT
+    assert v2.source_fingerprint(verify_lines(source_of("0.5.11", WORKER))) != v2.V2LeanStep.VERIFY_FINGERPRINT
 
 
 @pytest.mark.releases
@@ -627,11 +668,16 @@ def test_the_iteration_that_switches_back_on_runs_the_stock_branch(timeline: lis
 # -- building it -------------------------------------------------------------------------------------
 
 
-def worker_for_build(module: types.ModuleType, timeline: list[str], writer: Any) -> tuple[Any, v2.V2Fallback]:
+@pytest.fixture
+def worker_class(tmp_path: Path) -> type:
+    """An ``EAGLEWorkerV2`` class whose ``verify`` is 0.5.12's (its source is what unfit() checks)."""
+    return worker_class_with(verify_lines(source_of(VERSION, WORKER)), tmp_path)
+
+
+def worker_for_build(cls: type, module: types.ModuleType, timeline: list[str], writer: Any) -> tuple[Any, v2.V2Fallback]:
     worker, fallback, _ = lean_stack(timeline, writer)
-    monkey = types.new_class("EAGLEWorkerV2")
-    monkey.__module__ = module.__name__
-    built = monkey()
+    cls.__module__ = module.__name__  # where build() looks the release's classes up
+    built = cls()
     built.__dict__.update(worker.__dict__)
     return built, fallback
 
@@ -643,10 +689,11 @@ def worker_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
     return module
 
 
+@pytest.mark.releases
 def test_the_lean_step_is_off_unless_asked_and_a_bad_setting_refuses_to_start(
-    timeline: list[str], worker_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
+    timeline: list[str], worker_class: type, worker_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    worker, fallback = worker_for_build(worker_module, timeline, Writer())
+    worker, fallback = worker_for_build(worker_class, worker_module, timeline, Writer())
     assert v2.V2LeanStep.build(worker, fallback, log=False) is None
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "0")
     assert v2.V2LeanStep.build(worker, fallback, log=False) is None
@@ -665,13 +712,27 @@ def test_the_lean_step_is_off_unless_asked_and_a_bad_setting_refuses_to_start(
         ("0.5.13-forward", "this release's target forward takes no model_worker_batch"),
         ("plan-stream", "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"),
         ("hybrid", "a hybrid (mamba) target, whose verify updates its state"),
+        ("a-changed-verify", "this EAGLEWorkerV2.verify is not 0.5.12's, the one the lean step mirrors"),
+        ("no-verify-source", "EAGLEWorkerV2.verify's source cannot be read"),
     ],
 )
+@pytest.mark.releases
 def test_where_the_step_does_not_fit_it_says_why_once_and_stays_off(
-    timeline: list[str], worker_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, damage: str, why: str
+    timeline: list[str],
+    worker_class: type,
+    worker_module: types.ModuleType,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    tmp_path: Path,
+    damage: str,
+    why: str,
 ) -> None:
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
-    worker, fallback = worker_for_build(worker_module, timeline, Writer())
+    if damage == "a-changed-verify":
+        worker_class = worker_class_with(verify_lines(source_of(VERSION, WORKER)).replace("verify_done.record()", "pass"), tmp_path / "changed")
+    elif damage == "no-verify-source":
+        worker_class = types.new_class("EAGLEWorkerV2", exec_body=lambda ns: ns.update(verify=exec_made_verify()))
+    worker, fallback = worker_for_build(worker_class, worker_module, timeline, Writer())
     if damage == "no-direct-write":
         fallback.draft_kv.direct = None
     elif damage == "0.5.11-draft-input":
@@ -687,8 +748,15 @@ def test_where_the_step_does_not_fit_it_says_why_once_and_stays_off(
         worker.target_worker.forward_batch_generation = lambda batch, forward_batch=None, is_verify=False, skip_attn_backend_init=None: None
     elif damage == "plan-stream":
         worker.plan_stream = "a stream"
-    else:
+    elif damage == "hybrid":
         worker.target_worker.model_runner.mamba2_config = "mamba"
     caplog.set_level(logging.INFO)
     assert v2.V2LeanStep.build(worker, fallback, log=True) is None
     assert [r.getMessage() for r in caplog.records] == [f"dynspec: {v2.LEAN_STEP_ENV}=1, but a fallback iteration runs the stock decode branch ({why})"]
+
+
+def exec_made_verify() -> Any:
+    """A function with no file behind it: ``inspect.getsource`` cannot read it."""
+    namespace: dict = {}
+    exec("def verify(self, batch):\n    return batch\n", namespace)  # noqa: S102 - a fixed string, for the test
+    return namespace["verify"]
