@@ -593,6 +593,8 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     if policy.recorder is not None:
         policy.recorder.watch_drafts(draft_worker, lambda: False)  # draft() is not called at zero steps
     policy.lean_verify = LeanVerify.install(worker, log=rank0)
+    if on_off_setting(LEAN_STEP_ENV, False) and rank0:  # read here too: a bad value refuses to start on every release
+        logger.info(f"dynspec: {LEAN_STEP_ENV} applies to 0.5.12's own fallback only; here the zero-step verify is the lean one")
     return policy
 
 

@@ -639,3 +639,19 @@ def test_the_new_file_is_the_module_and_is_inert_without_the_flag(monkeypatch: p
     assert shipped.attach_zero_step_policy(FakeAdaptiveWorker()) is None
     again, steps, _ = patch_file([SpeculativeDynspecV2], SpeculativeDynspecV2.TARGET, new, "0.5.8")
     assert again == new and steps[0].outcome.value == "already applied"
+
+
+def test_the_lean_step_setting_is_read_and_named_on_the_zero_step_path(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.5.14+ has no own fallback to make lean: asked for, it says so; a bad value refuses to start, as elsewhere."""
+    monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
+    with caplog.at_level(logging.INFO, logger=v2.__name__):
+        v2.attach_zero_step_policy(FakeAdaptiveWorker(speculative_disable_batch_size=32))
+    assert "dynspec: DYNSPEC_LEAN_STEP applies to 0.5.12's own fallback only" in caplog.text
+    monkeypatch.setenv(v2.LEAN_STEP_ENV, "2")
+    with pytest.raises(ValueError, match="DYNSPEC_LEAN_STEP must be 0 or 1, not '2'"):
+        v2.attach_zero_step_policy(FakeAdaptiveWorker(speculative_disable_batch_size=32))
+    monkeypatch.delenv(v2.LEAN_STEP_ENV)
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger=v2.__name__):
+        v2.attach_zero_step_policy(FakeAdaptiveWorker(speculative_disable_batch_size=32))
+    assert "DYNSPEC_LEAN_STEP" not in caplog.text  # the control: unset, nothing said
