@@ -396,6 +396,8 @@ class V2Fallback:
                 logger.info("dynspec: this draft worker has no _draft_extend_for_prefill; prefills write the full draft state")
             return
         draft_kv = self.draft_kv
+        lean = LeanKVPrefill.build(draft_worker, log)  # DYNSPEC_LEAN_STEP=1 on 0.5.12, else None
+        kv_only_extend = stock if lean is None else lean.extend
 
         def draft_extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
             if batch.forward_mode.is_idle() or not draft_kv.writes_kv_only:
@@ -405,7 +407,7 @@ class V2Fallback:
             if self.controller.speculating and not self.controller.switch_off_at_admission(admitted_to_decode(batch)):
                 return stock(batch, *args, **kwargs)
             with draft_kv.kv_only(draft_worker, counted=False):
-                return stock(batch, *args, **kwargs)
+                return kv_only_extend(batch, *args, **kwargs)
 
         draft_worker._draft_extend_for_prefill = draft_extend_for_prefill
         if log:
@@ -1335,6 +1337,110 @@ class V2LeanStep:
             if callable(context):
                 stack.enter_context(context())
         return stack
+
+
+def shift_for_the_draft(input_ids: Any, extend_seq_lens: Any, next_token_ids: Any) -> None:
+    """In place, each request's prompt tokens one to the left and its last slot the target's next
+    token: the draft reads token i + 1 beside the target's hidden state of token i. What 0.5.12's
+    ``_draft_extend_for_prefill`` does with a ``torch.cat`` and a copy per request (two launches each:
+    ≈ 130 for a wave of 64), in at most six for any wave. ``extend_seq_lens``: the forward batch's
+    device copy of the requests' lengths, each at least 1 (a prefill extends every request it holds)."""
+    import torch
+
+    last = torch.cumsum(extend_seq_lens, dim=0) - 1  # each request's last slot (int64)
+    input_ids[:-1] = input_ids[1:].clone()  # the slot before every token takes it, across requests too ...
+    input_ids[last] = next_token_ids.to(input_ids.dtype)  # ... and each request's last slot is its own
+
+
+class LeanKVPrefill:
+    """0.5.12's own fallback (``DYNSPEC_LEAN_STEP=1``): the KV-only draft prefill without the per-request loop.
+
+    While speculation is off, a prefill's draft extend runs KV-only (``V2Fallback.prefill_kv_only``):
+    the draft model stops after its KV write and leaves placeholder logits (one column) and hidden
+    states. The stock body still shifts the prompt tokens with a loop per request (≈ 130 launches
+    for a wave of 64: the most launches a step at admission, which session 22's profile found
+    host-bound) and takes a softmax and top-k of the placeholder. ``extend`` is that body with the
+    shift done at once (``shift_for_the_draft``, the same ids, so the same draft KV) and the top-k
+    of a single column (p 1, index 0) written directly. Only for 0.5.12's body (its tokens are
+    checked at start-up, ``PREFILL_FINGERPRINT``) and drafts whose forward batch takes the ids alone
+    (no n-gram embedding, no multimodal rope positions).
+    """
+
+    # ``source_fingerprint`` of 0.5.12's ``EagleDraftWorker._draft_extend_for_prefill`` (pinned in the tests).
+    PREFILL_FINGERPRINT = "bb1216ed24e49432c538f5c4f3fab24110619bf729a6aee28ed57dc2a39ff7f2"
+
+    def __init__(self, draft_worker: Any, module: Any, log: bool) -> None:
+        self.draft_worker = draft_worker
+        self.module = module  # the release's eagle_worker_v2: EagleDraftInput, ForwardBatch, fast_topk, maybe_detect_nan
+        self.log = log
+        self.taken = 0
+
+    @classmethod
+    def build(cls, draft_worker: Any, log: bool) -> Optional["LeanKVPrefill"]:
+        """The lean prefill for this draft worker, or None: off (the default), or not applicable (said once)."""
+        if not on_off_setting(LEAN_STEP_ENV, False):
+            return None
+        import inspect
+        import sys
+
+        module: Any = sys.modules.get(type(draft_worker).__module__)
+        runner = getattr(draft_worker, "draft_runner", None)
+        why_not: Optional[str] = None
+        if any(getattr(module, name, None) is None for name in ("EagleDraftInput", "ForwardBatch", "fast_topk")):
+            why_not = "the draft worker's module lacks EagleDraftInput, ForwardBatch or fast_topk"
+        elif getattr(runner, "use_ngram_embedding", False) or getattr(runner, "model_is_mrope", False):
+            why_not = "a draft whose forward batch reads more than the ids (n-gram embedding, multimodal rope)"
+        else:
+            try:
+                body = source_fingerprint(inspect.getsource(type(draft_worker)._draft_extend_for_prefill))
+            except (AttributeError, OSError, TypeError, SyntaxError):
+                body = None
+            if body != cls.PREFILL_FINGERPRINT:
+                why_not = "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors"
+        if why_not is not None:
+            if log:
+                logger.info(f"dynspec: {LEAN_STEP_ENV}=1, but a KV-only prefill runs the stock body ({why_not})")
+            return None
+        if log:
+            logger.info(f"dynspec: a KV-only prefill shifts its prompts in one pass ({LEAN_STEP_ENV}=1)")
+        return cls(draft_worker, module, log)
+
+    def extend(self, batch: Any, target_hidden_states: Any, next_token_ids: Any, mm_input_embeds: Any = None) -> Any:
+        """0.5.12's ``_draft_extend_for_prefill`` inside ``DraftKV.kv_only`` (the draft forward stops after
+        its KV write): the same draft input, forward batch and KV; the placeholder's top-k made directly."""
+        import torch
+
+        module, runner = self.module, self.draft_worker.draft_runner
+        next_draft_input = module.EagleDraftInput(
+            hidden_states=target_hidden_states,
+            bonus_tokens=next_token_ids,
+            new_seq_lens=batch.seq_lens,
+            num_tokens_per_req=1,  # the draft's decode mode: one token per request
+            num_tokens_for_logprob_per_req=1,
+        )
+        batch.spec_info = next_draft_input
+        forward_batch = module.ForwardBatch.init_new(batch, runner)
+        forward_batch.return_logprob = False
+        if mm_input_embeds is not None:
+            forward_batch.mm_input_embeds = mm_input_embeds
+        # After init_new, which keeps the same ids tensor and makes the lengths' device copy.
+        shift_for_the_draft(forward_batch.input_ids, forward_batch.extend_seq_lens, next_token_ids)
+        logits_output = runner.forward(forward_batch).logits_output
+        detect_nan = getattr(module, "maybe_detect_nan", None)
+        if callable(detect_nan):
+            detect_nan(logits_output.next_token_logits, "draft_extend_for_prefill")
+        logits = logits_output.next_token_logits
+        rows = int(logits.shape[0])
+        if logits.shape[-1] == 1:  # the placeholder: softmax of one logit is 1, its top-1 index 0
+            next_draft_input.topk_p = torch.ones((rows, 1), dtype=torch.float32, device=logits.device)
+            next_draft_input.topk_index = torch.zeros((rows, 1), dtype=torch.int64, device=logits.device)
+        else:  # real logits (the stand-in gave up mid-forward): the stock body's top-k
+            next_draft_input.topk_p, next_draft_input.topk_index = module.fast_topk(torch.softmax(logits, dim=-1), self.draft_worker.topk, dim=-1)
+        next_draft_input.hidden_states = logits_output.hidden_states
+        self.taken += 1
+        if self.taken == 1 and self.log:
+            logger.info(f"dynspec: the lean KV-only prefill took its first wave ({rows} requests)")
+        return next_draft_input
 
 
 def write_beside(worker: Any, direct: "DirectKVWrite", log: bool) -> bool:

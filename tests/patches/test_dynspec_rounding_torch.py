@@ -646,3 +646,59 @@ def test_the_own_fallbacks_stand_ins_are_views_of_one_set_with_the_stock_values(
         pointers = {getattr(stand_in, name).data_ptr() for stand_in in made}
         assert len(pointers) == 1, name  # one allocation each, not one a step
         assert getattr(made[0], name).untyped_storage().size() // getattr(made[0], name).element_size() >= write.capacity
+
+
+# -- LeanKVPrefill's shift: the same ids as 0.5.12's loop ------------------------------------------
+
+
+def stock_prefill_shift() -> Any:
+    """0.5.12's own shift, cut from ``EagleDraftWorker._draft_extend_for_prefill`` (the release's
+    code, run as it is): its first statement, the loop over the requests."""
+    import ast
+
+    from patcher.releases import unpacked
+
+    member = "srt/speculative/eagle_worker_v2.py"
+    source = (unpacked("0.5.12", [member]) / "sglang" / member).read_text()
+    worker = next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "EagleDraftWorker")
+    body = next(n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name == "_draft_extend_for_prefill").body
+    loop = next(n for n in body if isinstance(n, ast.If) and "is_idle" in ast.unparse(n.test))
+    code = compile(ast.Module(body=[loop], type_ignores=[]), "0.5.12 _draft_extend_for_prefill", "exec")
+
+    def shift(input_ids: Any, lens: list[int], next_token_ids: Any) -> None:
+        batch = SimpleNamespace(input_ids=input_ids, extend_seq_lens=lens, forward_mode=SimpleNamespace(is_idle=lambda: False))
+        exec(code, {"torch": torch, "batch": batch, "next_token_ids": next_token_ids})  # noqa: S102 - the release's own lines
+
+    return shift
+
+
+WAVES = [[1], [5], [3, 1, 4], [1, 1, 1], [40, 2, 17, 1, 9], [7] * 64]
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("lens", WAVES, ids=[f"{len(w)}-requests" for w in WAVES])
+def test_the_one_pass_shift_leaves_the_ids_0512s_loop_leaves(lens: list[int]) -> None:
+    stock = stock_prefill_shift()
+    generator = torch.Generator().manual_seed(len(lens) * 31 + sum(lens))
+    ids = torch.randint(0, 30000, (sum(lens),), generator=generator)
+    next_tokens = torch.randint(0, 30000, (len(lens),), generator=generator, dtype=torch.int64)
+    expected = ids.clone()
+    stock(expected, lens, next_tokens)
+    got = ids.clone()
+    v2.shift_for_the_draft(got, torch.tensor(lens, dtype=torch.int32), next_tokens.to(torch.int32))
+    assert torch.equal(got, expected) and got.dtype == expected.dtype
+
+
+@pytest.mark.releases
+def test_a_shift_that_forgets_each_requests_last_slot_differs() -> None:
+    """The control: the global shift alone moves the next request's first token into each last slot."""
+    stock = stock_prefill_shift()
+    lens = [3, 1, 4]
+    ids = torch.arange(100, 108)
+    next_tokens = torch.tensor([7, 8, 9])
+    expected = ids.clone()
+    stock(expected, lens, next_tokens)
+    assert expected.tolist() == [101, 102, 7, 8, 105, 106, 107, 9]
+    shifted_only = ids.clone()
+    shifted_only[:-1] = ids[1:].clone()
+    assert not torch.equal(shifted_only, expected)

@@ -225,22 +225,30 @@ def test_only_0512s_shapes_are_taken(version: str, why_not: str | None) -> None:
     assert v2.lean_step_unfit(*release_shapes(version)) == why_not
 
 
-def verify_lines(source: str) -> str:
-    """0.5.12's ``EAGLEWorkerV2.verify`` as its file holds it: the lines ``inspect.getsource`` returns."""
-    node = method_of(source, "EAGLEWorkerV2", "verify")
+def method_lines(source: str, cls: str = "EAGLEWorkerV2", name: str = "verify") -> str:
+    """A method of 0.5.12 as its file holds it: the lines ``inspect.getsource`` returns."""
+    node = method_of(source, cls, name)
     return "".join(source.splitlines(keepends=True)[node.lineno - 1 : node.end_lineno])
 
 
-def worker_class_with(verify: str, directory: Path) -> type:
-    """An ``EAGLEWorkerV2`` class, imported from a file, whose ``verify`` is ``verify``'s lines (never called)."""
+def verify_lines(source: str) -> str:
+    return method_lines(source)
+
+
+def class_with(lines: str, directory: Path, cls: str = "EAGLEWorkerV2") -> type:
+    """A class ``cls``, imported from a file, whose one method is ``lines`` (never called)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "lean_step_worker.py"
-    path.write_text("from __future__ import annotations\n\n\nclass EAGLEWorkerV2:\n" + verify + "\n    # a comment after it\n\n    def after(self):\n        pass\n")
-    spec = importlib.util.spec_from_file_location(f"lean_step_worker_{abs(hash(verify))}", path)
+    path.write_text(f"from __future__ import annotations\n\n\nclass {cls}:\n" + lines + "\n    # a comment after it\n\n    def after(self):\n        pass\n")
+    spec = importlib.util.spec_from_file_location(f"lean_step_worker_{abs(hash(lines))}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.EAGLEWorkerV2
+    return getattr(module, cls)
+
+
+def worker_class_with(verify: str, directory: Path) -> type:
+    return class_with(verify, directory)
 
 
 @pytest.mark.releases
@@ -356,6 +364,9 @@ def timeline(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     torch.get_device_module = lambda device: device_module  # type: ignore[attr-defined]
     torch.argmax = lambda logits, dim: Tensor([max(range(len(r)), key=r.__getitem__) for r in logits.rows])  # type: ignore[attr-defined]
     torch.ones = lambda shape, dtype=None, device=None: Tensor([1] * shape[0], dtype, device)  # type: ignore[attr-defined]
+    torch.zeros = lambda shape, dtype=None, device=None: Tensor([0] * shape[0], dtype, device)  # type: ignore[attr-defined]
+    torch.float32, torch.int64 = "torch.float32", "torch.int64"  # type: ignore[attr-defined]
+    torch.softmax = lambda logits, dim: ("softmax of", logits)  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, "torch", torch)
     spec_utils = types.ModuleType("sglang.srt.speculative.spec_utils")
     spec_utils.SIMULATE_ACC_LEN = -1  # type: ignore[attr-defined]
@@ -760,3 +771,166 @@ def exec_made_verify() -> Any:
     namespace: dict = {}
     exec("def verify(self, batch):\n    return batch\n", namespace)  # noqa: S102 - a fixed string, for the test
     return namespace["verify"]
+
+
+# -- LeanKVPrefill: the KV-only prefill without its per-request loop ----------------------------------
+
+
+def prefill_lines() -> str:
+    return method_lines(source_of(VERSION, WORKER), "EagleDraftWorker", "_draft_extend_for_prefill")
+
+
+@pytest.mark.releases
+def test_the_prefill_fingerprint_is_0512s_body_as_the_server_reads_it(tmp_path: Path) -> None:
+    lines = prefill_lines()
+    assert v2.source_fingerprint(lines) == v2.LeanKVPrefill.PREFILL_FINGERPRINT
+    cls = class_with(lines, tmp_path, "EagleDraftWorker")
+    assert v2.source_fingerprint(inspect.getsource(cls._draft_extend_for_prefill)) == v2.LeanKVPrefill.PREFILL_FINGERPRINT
+    for version in ("0.5.11", "0.5.13"):  # the control: the neighbours' bodies differ
+        other = method_lines(source_of(version, WORKER), "EagleDraftWorker", "_draft_extend_for_prefill")
+        assert v2.source_fingerprint(other) != v2.LeanKVPrefill.PREFILL_FINGERPRINT, version
+
+
+class ForwardBatchClass:
+    """``ForwardBatch.init_new`` as the lean prefill reads it: the batch's ids, the lengths' device copy."""
+
+    made: list[Any] = []
+
+    @classmethod
+    def init_new(cls, batch: Any, runner: Any) -> SimpleNamespace:
+        made = SimpleNamespace(input_ids=batch.input_ids, extend_seq_lens=Tensor(batch.extend_seq_lens, "torch.int32"), spec_info=batch.spec_info, return_logprob=True)
+        cls.made.append(made)
+        return made
+
+
+def prefill_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, width: int = 1, **runner: Any) -> tuple[Any, types.ModuleType]:
+    cls = class_with(prefill_lines(), tmp_path, "EagleDraftWorker")
+    module = types.ModuleType("fake_eagle_worker_v2_prefill")
+    module.EagleDraftInput = EagleDraftInputWide  # type: ignore[attr-defined]
+    module.ForwardBatch = ForwardBatchClass  # type: ignore[attr-defined]
+    module.fast_topk = lambda probs, topk, dim: (("top", topk, "p"), ("top", topk, "index"))  # type: ignore[attr-defined]
+    module.checked_for_nan = []  # type: ignore[attr-defined]
+    module.maybe_detect_nan = lambda tensor, where: module.checked_for_nan.append(where)  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    cls.__module__ = module.__name__
+    worker = cls()
+    forwards: list[Any] = []
+
+    def forward(forward_batch: Any) -> SimpleNamespace:
+        forwards.append(list(forward_batch.input_ids.values))  # what the draft reads: the ids after the shift
+        logits = SimpleNamespace(shape=(2, width), device="cuda:0")
+        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states="placeholder hidden states"))
+
+    worker.draft_runner = SimpleNamespace(forward=forward, forwards=forwards, **runner)
+    worker.topk = 1
+    return worker, module
+
+
+@dataclasses.dataclass
+class EagleDraftInputWide(EagleDraftInput):
+    num_tokens_per_req: Any = None
+    num_tokens_for_logprob_per_req: Any = None
+
+
+def prefill_batch() -> SimpleNamespace:
+    return SimpleNamespace(input_ids=Tensor([11, 12, 13, 21, 22]), extend_seq_lens=[3, 2], seq_lens=Tensor([3, 2]), spec_info=None)
+
+
+@pytest.mark.releases
+def test_the_lean_prefill_builds_the_stock_draft_input_with_the_ids_shifted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeline: list[str]
+) -> None:
+    monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
+    shifted: list[Any] = []
+
+    def shift(input_ids: Tensor, lens: Tensor, next_tokens: Tensor) -> None:  # its exactness: the torch tests
+        shifted.append((lens.values, next_tokens.values))
+        input_ids.values = [12, 13, 7, 22, 8]
+
+    monkeypatch.setattr(v2, "shift_for_the_draft", shift)
+    worker, module = prefill_worker(tmp_path, monkeypatch)
+    lean = v2.LeanKVPrefill.build(worker, log=False)
+    assert lean is not None
+    batch = prefill_batch()
+    made = lean.extend(batch, "target hidden states", Tensor([7, 8]))
+    assert shifted == [([3, 2], [7, 8])] and worker.draft_runner.forwards == [[12, 13, 7, 22, 8]]
+    assert batch.spec_info is made and ForwardBatchClass.made[-1].return_logprob is False
+    assert (made.hidden_states, made.bonus_tokens.values, made.new_seq_lens is batch.seq_lens) == ("placeholder hidden states", [7, 8], True)
+    assert (made.num_tokens_per_req, made.num_tokens_for_logprob_per_req) == (1, 1)
+    assert (made.topk_p.values, made.topk_p.dtype, made.topk_index.values, made.topk_index.dtype) == ([1, 1], "torch.float32", [0, 0], "torch.int64")
+    assert module.checked_for_nan == ["draft_extend_for_prefill"]
+
+
+@pytest.mark.releases
+def test_real_logits_get_the_stock_top_k(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeline: list[str]) -> None:
+    """Where the KV-only forward gave up mid-way and returned the full logits, the top-k is the stock body's."""
+    monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
+    monkeypatch.setattr(v2, "shift_for_the_draft", lambda *args: None)
+    worker, _ = prefill_worker(tmp_path, monkeypatch, width=32000)
+    lean = v2.LeanKVPrefill.build(worker, log=False)
+    assert lean is not None
+    made = lean.extend(prefill_batch(), "target hidden states", Tensor([7, 8]))
+    assert (made.topk_p, made.topk_index) == (("top", 1, "p"), ("top", 1, "index"))
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize(
+    ("damage", "why"),
+    [
+        ("", None),
+        ("a-changed-body", "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors"),
+        ("ngram", "a draft whose forward batch reads more than the ids (n-gram embedding, multimodal rope)"),
+        ("no-fast-topk", "the draft worker's module lacks EagleDraftInput, ForwardBatch or fast_topk"),
+    ],
+)
+def test_the_lean_prefill_is_built_only_where_it_fits_and_says_why_not(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, timeline: list[str], damage: str, why: str | None
+) -> None:
+    worker, module = prefill_worker(tmp_path, monkeypatch, use_ngram_embedding=damage == "ngram")
+    assert v2.LeanKVPrefill.build(worker, log=True) is None  # off unless asked
+    monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
+    if damage == "a-changed-body":
+        changed = class_with(prefill_lines().replace("num_tokens_per_req=1", "num_tokens_per_req=2"), tmp_path / "changed", "EagleDraftWorker")
+        changed.__module__ = module.__name__
+        runner = worker.draft_runner
+        worker = changed()
+        worker.draft_runner = runner
+    elif damage == "no-fast-topk":
+        del module.fast_topk
+    caplog.set_level(logging.INFO)
+    built = v2.LeanKVPrefill.build(worker, log=True)
+    said = [r.getMessage() for r in caplog.records]
+    if why is None:
+        assert isinstance(built, v2.LeanKVPrefill) and said == ["dynspec: a KV-only prefill shifts its prompts in one pass (DYNSPEC_LEAN_STEP=1)"]
+    else:
+        assert built is None and said == [f"dynspec: {v2.LEAN_STEP_ENV}=1, but a KV-only prefill runs the stock body ({why})"]
+
+
+@pytest.mark.releases
+def test_the_prefill_hook_runs_the_lean_body_only_inside_the_kv_only_window(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeline: list[str]
+) -> None:
+    monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
+    monkeypatch.setattr(v2, "shift_for_the_draft", lambda *args: None)
+    draft, module = prefill_worker(tmp_path, monkeypatch)
+    stock: list[Any] = []
+    draft._draft_extend_for_prefill = lambda batch, *args, **kwargs: stock.append(batch) or "stock draft input"
+    windows: list[str] = []
+
+    @contextlib.contextmanager
+    def kv_only(owner: Any, counted: bool = True) -> Iterator[None]:
+        windows.append("kv-only")
+        yield
+
+    draft_kv = SimpleNamespace(writes_kv_only=True, kv_only=kv_only)
+    controller = runtime.SwitchController(2, min_steps=1, log=False)
+    fallback = v2.V2Fallback(controller, SwapTarget(), draft_kv)
+    fallback.prefill_kv_only(draft, log=False)
+    batch = prefill_batch()
+    batch.forward_mode = SimpleNamespace(is_idle=lambda: False)
+    batch.reqs = []
+    assert draft._draft_extend_for_prefill(batch, "hidden", Tensor([7, 8])) == "stock draft input"  # speculating, a small wave
+    assert windows == []
+    controller.step(9)  # off
+    made = draft._draft_extend_for_prefill(batch, "hidden", Tensor([7, 8]))
+    assert windows == ["kv-only"] and isinstance(made, EagleDraftInputWide) and len(stock) == 1
