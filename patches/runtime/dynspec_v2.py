@@ -396,7 +396,7 @@ class V2Fallback:
                 logger.info("dynspec: this draft worker has no _draft_extend_for_prefill; prefills write the full draft state")
             return
         draft_kv = self.draft_kv
-        lean = LeanKVPrefill.build(draft_worker, log)  # DYNSPEC_LEAN_STEP=1 on 0.5.12, else None
+        lean = LeanKVPrefill.build(draft_worker, stock, log)  # DYNSPEC_LEAN_PREFILL / _STEP=1 on 0.5.12, else None
         kv_only_extend = stock if lean is None else lean.extend
 
         def draft_extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -595,8 +595,9 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     if policy.recorder is not None:
         policy.recorder.watch_drafts(draft_worker, lambda: False)  # draft() is not called at zero steps
     policy.lean_verify = LeanVerify.install(worker, log=rank0)
-    if on_off_setting(LEAN_STEP_ENV, False) and rank0:  # read here too: a bad value refuses to start on every release
-        logger.info(f"dynspec: {LEAN_STEP_ENV} applies to 0.5.12's own fallback only; here the zero-step verify is the lean one")
+    # Read here too: a bad value refuses to start on every release.
+    if (on_off_setting(LEAN_STEP_ENV, False) | lean_prefill_enabled()) and rank0:
+        logger.info(f"dynspec: {LEAN_STEP_ENV} and {LEAN_PREFILL_ENV} apply to 0.5.12's own fallback only; here the zero-step verify is the lean one")
     return policy
 
 
@@ -1113,6 +1114,13 @@ class FallbackLeanSample(LeanVerify):
 
 
 LEAN_STEP_ENV = "DYNSPEC_LEAN_STEP"  # V2LeanStep: 1 on (0.5.12's own fallback), unset or 0 off until a GPU proof
+LEAN_PREFILL_ENV = "DYNSPEC_LEAN_PREFILL"  # LeanKVPrefill: 0 or 1; unset, as DYNSPEC_LEAN_STEP
+
+
+def lean_prefill_enabled() -> bool:
+    """``DYNSPEC_LEAN_PREFILL``, which follows ``DYNSPEC_LEAN_STEP`` unless set: one switch turns both
+    halves of the lean fallback on, and either can be turned off alone (a bad value refuses to start)."""
+    return on_off_setting(LEAN_PREFILL_ENV, on_off_setting(LEAN_STEP_ENV, False))
 
 
 def source_fingerprint(source: str) -> str:
@@ -1369,16 +1377,18 @@ class LeanKVPrefill:
     # ``source_fingerprint`` of 0.5.12's ``EagleDraftWorker._draft_extend_for_prefill`` (pinned in the tests).
     PREFILL_FINGERPRINT = "bb1216ed24e49432c538f5c4f3fab24110619bf729a6aee28ed57dc2a39ff7f2"
 
-    def __init__(self, draft_worker: Any, module: Any, log: bool) -> None:
+    def __init__(self, draft_worker: Any, stock: Callable[..., Any], module: Any, log: bool) -> None:
         self.draft_worker = draft_worker
+        self.stock = stock  # the release's body, for a wave the one-pass shift is not known to fit
         self.module = module  # the release's eagle_worker_v2: EagleDraftInput, ForwardBatch, fast_topk, maybe_detect_nan
         self.log = log
         self.taken = 0
 
     @classmethod
-    def build(cls, draft_worker: Any, log: bool) -> Optional["LeanKVPrefill"]:
-        """The lean prefill for this draft worker, or None: off (the default), or not applicable (said once)."""
-        if not on_off_setting(LEAN_STEP_ENV, False):
+    def build(cls, draft_worker: Any, stock: Callable[..., Any], log: bool) -> Optional["LeanKVPrefill"]:
+        """The lean prefill for this draft worker (``stock``: its own body), or None: off (the
+        default), or not applicable (said once)."""
+        if not lean_prefill_enabled():
             return None
         import inspect
         import sys
@@ -1399,17 +1409,19 @@ class LeanKVPrefill:
                 why_not = "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors"
         if why_not is not None:
             if log:
-                logger.info(f"dynspec: {LEAN_STEP_ENV}=1, but a KV-only prefill runs the stock body ({why_not})")
+                logger.info(f"dynspec: {LEAN_PREFILL_ENV} is on, but a KV-only prefill runs the stock body ({why_not})")
             return None
         if log:
-            logger.info(f"dynspec: a KV-only prefill shifts its prompts in one pass ({LEAN_STEP_ENV}=1)")
-        return cls(draft_worker, module, log)
+            logger.info(f"dynspec: a KV-only prefill shifts its prompts in one pass ({LEAN_PREFILL_ENV}, as {LEAN_STEP_ENV} unless set)")
+        return cls(draft_worker, stock, module, log)
 
     def extend(self, batch: Any, target_hidden_states: Any, next_token_ids: Any, mm_input_embeds: Any = None) -> Any:
         """0.5.12's ``_draft_extend_for_prefill`` inside ``DraftKV.kv_only`` (the draft forward stops after
         its KV write): the same draft input, forward batch and KV; the placeholder's top-k made directly."""
         import torch
 
+        if min(batch.extend_seq_lens, default=0) < 1:  # never in 0.5.12; the stock body would fail loudly, the shift not
+            return self.stock(batch, target_hidden_states, next_token_ids, mm_input_embeds)
         module, runner = self.module, self.draft_worker.draft_runner
         next_draft_input = module.EagleDraftInput(
             hidden_states=target_hidden_states,

@@ -646,11 +646,15 @@ def test_the_lean_step_setting_is_read_and_named_on_the_zero_step_path(caplog: p
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
     with caplog.at_level(logging.INFO, logger=v2.__name__):
         v2.attach_zero_step_policy(FakeAdaptiveWorker(speculative_disable_batch_size=32))
-    assert "dynspec: DYNSPEC_LEAN_STEP applies to 0.5.12's own fallback only" in caplog.text
+    assert "dynspec: DYNSPEC_LEAN_STEP and DYNSPEC_LEAN_PREFILL apply to 0.5.12's own fallback only" in caplog.text
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "2")
     with pytest.raises(ValueError, match="DYNSPEC_LEAN_STEP must be 0 or 1, not '2'"):
         v2.attach_zero_step_policy(FakeAdaptiveWorker(speculative_disable_batch_size=32))
     monkeypatch.delenv(v2.LEAN_STEP_ENV)
+    monkeypatch.setenv(v2.LEAN_PREFILL_ENV, "yes")
+    with pytest.raises(ValueError, match="DYNSPEC_LEAN_PREFILL must be 0 or 1, not 'yes'"):
+        v2.attach_zero_step_policy(FakeAdaptiveWorker(speculative_disable_batch_size=32))
+    monkeypatch.delenv(v2.LEAN_PREFILL_ENV)
     caplog.clear()
     with caplog.at_level(logging.INFO, logger=v2.__name__):
         v2.attach_zero_step_policy(FakeAdaptiveWorker(speculative_disable_batch_size=32))

@@ -376,7 +376,7 @@ def timeline(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         package.__path__ = []
         monkeypatch.setitem(sys.modules, name, package)
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
-    for name in (v2.LEAN_STEP_ENV, v2.EARLY_FENCE_ENV, runtime.RECORD_ENV):
+    for name in (v2.LEAN_STEP_ENV, v2.LEAN_PREFILL_ENV, v2.EARLY_FENCE_ENV, runtime.RECORD_ENV):
         monkeypatch.delenv(name, raising=False)
     return events
 
@@ -832,6 +832,10 @@ class EagleDraftInputWide(EagleDraftInput):
     num_tokens_for_logprob_per_req: Any = None
 
 
+def STOCK_PREFILL(batch: Any, *args: Any) -> str:  # noqa: N802 - a constant-like stand-in
+    return "the stock body"
+
+
 def prefill_batch() -> SimpleNamespace:
     return SimpleNamespace(input_ids=Tensor([11, 12, 13, 21, 22]), extend_seq_lens=[3, 2], seq_lens=Tensor([3, 2]), spec_info=None)
 
@@ -849,7 +853,7 @@ def test_the_lean_prefill_builds_the_stock_draft_input_with_the_ids_shifted(
 
     monkeypatch.setattr(v2, "shift_for_the_draft", shift)
     worker, module = prefill_worker(tmp_path, monkeypatch)
-    lean = v2.LeanKVPrefill.build(worker, log=False)
+    lean = v2.LeanKVPrefill.build(worker, STOCK_PREFILL, log=False)
     assert lean is not None
     batch = prefill_batch()
     made = lean.extend(batch, "target hidden states", Tensor([7, 8]))
@@ -867,7 +871,7 @@ def test_real_logits_get_the_stock_top_k(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
     monkeypatch.setattr(v2, "shift_for_the_draft", lambda *args: None)
     worker, _ = prefill_worker(tmp_path, monkeypatch, width=32000)
-    lean = v2.LeanKVPrefill.build(worker, log=False)
+    lean = v2.LeanKVPrefill.build(worker, STOCK_PREFILL, log=False)
     assert lean is not None
     made = lean.extend(prefill_batch(), "target hidden states", Tensor([7, 8]))
     assert (made.topk_p, made.topk_index) == (("top", 1, "p"), ("top", 1, "index"))
@@ -887,7 +891,7 @@ def test_the_lean_prefill_is_built_only_where_it_fits_and_says_why_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, timeline: list[str], damage: str, why: str | None
 ) -> None:
     worker, module = prefill_worker(tmp_path, monkeypatch, use_ngram_embedding=damage == "ngram")
-    assert v2.LeanKVPrefill.build(worker, log=True) is None  # off unless asked
+    assert v2.LeanKVPrefill.build(worker, STOCK_PREFILL, log=True) is None  # off unless asked
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
     if damage == "a-changed-body":
         changed = class_with(prefill_lines().replace("num_tokens_per_req=1", "num_tokens_per_req=2"), tmp_path / "changed", "EagleDraftWorker")
@@ -898,12 +902,13 @@ def test_the_lean_prefill_is_built_only_where_it_fits_and_says_why_not(
     elif damage == "no-fast-topk":
         del module.fast_topk
     caplog.set_level(logging.INFO)
-    built = v2.LeanKVPrefill.build(worker, log=True)
+    built = v2.LeanKVPrefill.build(worker, STOCK_PREFILL, log=True)
     said = [r.getMessage() for r in caplog.records]
     if why is None:
-        assert isinstance(built, v2.LeanKVPrefill) and said == ["dynspec: a KV-only prefill shifts its prompts in one pass (DYNSPEC_LEAN_STEP=1)"]
+        assert isinstance(built, v2.LeanKVPrefill)
+        assert said == ["dynspec: a KV-only prefill shifts its prompts in one pass (DYNSPEC_LEAN_PREFILL, as DYNSPEC_LEAN_STEP unless set)"]
     else:
-        assert built is None and said == [f"dynspec: {v2.LEAN_STEP_ENV}=1, but a KV-only prefill runs the stock body ({why})"]
+        assert built is None and said == [f"dynspec: {v2.LEAN_PREFILL_ENV} is on, but a KV-only prefill runs the stock body ({why})"]
 
 
 @pytest.mark.releases
@@ -934,3 +939,31 @@ def test_the_prefill_hook_runs_the_lean_body_only_inside_the_kv_only_window(
     controller.step(9)  # off
     made = draft._draft_extend_for_prefill(batch, "hidden", Tensor([7, 8]))
     assert windows == ["kv-only"] and isinstance(made, EagleDraftInputWide) and len(stock) == 1
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize(
+    ("step", "prefill", "built"),
+    [("1", None, True), ("1", "0", False), (None, "1", True), ("0", None, False), (None, None, False)],
+)
+def test_the_lean_prefill_follows_the_lean_step_unless_set(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeline: list[str], step: str | None, prefill: str | None, built: bool
+) -> None:
+    for name, value in ((v2.LEAN_STEP_ENV, step), (v2.LEAN_PREFILL_ENV, prefill)):
+        if value is not None:
+            monkeypatch.setenv(name, value)
+    worker, _ = prefill_worker(tmp_path, monkeypatch)
+    assert isinstance(v2.LeanKVPrefill.build(worker, STOCK_PREFILL, log=False), v2.LeanKVPrefill) == built
+
+
+@pytest.mark.releases
+def test_a_wave_with_an_empty_request_goes_to_the_stock_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeline: list[str]) -> None:
+    """Never in 0.5.12, but the stock body would fail loudly where the one-pass shift would write the neighbour's slot."""
+    monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
+    monkeypatch.setattr(v2, "shift_for_the_draft", lambda *args: pytest.fail("shifted"))
+    worker, _ = prefill_worker(tmp_path, monkeypatch)
+    lean = v2.LeanKVPrefill.build(worker, STOCK_PREFILL, log=False)
+    assert lean is not None
+    batch = prefill_batch()
+    batch.extend_seq_lens = [3, 0, 2]
+    assert lean.extend(batch, "hidden", Tensor([7, 8, 9])) == "the stock body"
