@@ -1170,7 +1170,7 @@ class LeanFallbackStep:
         batch.seq_lens_cpu.add_(1)
         batch.out_cache_loc, batch.input_ids = rows[1], rows[2]
         batch.forward_mode = ForwardMode.DECODE
-        with self.draft_contexts(worker):
+        with draft_extend_contexts(worker, "draft_model_runner", self.module):
             if unfinished:
                 batch.spec_info = self.next_draft_input(worker, batch, rows, keep, fallback)
             else:
@@ -1182,17 +1182,6 @@ class LeanFallbackStep:
             num_correct_drafts_per_req_cpu=[0] * bs,
             can_run_cuda_graph=result.can_run_cuda_graph,
         )
-
-    def draft_contexts(self, worker: Any) -> contextlib.ExitStack:
-        """The contexts the stock decode branch runs the draft extend in (draft TP group, MoE backends)."""
-        stack = contextlib.ExitStack()
-        if callable(getattr(worker, "draft_tp_context", None)):
-            stack.enter_context(worker.draft_tp_context(worker.draft_model_runner.tp_group))
-        for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
-            context = getattr(self.module, name, None)
-            if callable(context):
-                stack.enter_context(context())
-        return stack
 
     def next_draft_input(self, worker: Any, batch: Any, rows: Tuple[Any, ...], keep: Any, fallback: "DynspecFallback") -> Any:
         """Write the rows' draft KV and return the next iteration's ``EagleDraftInput``: the direct
@@ -1249,6 +1238,21 @@ class LeanFallbackStep:
             seq_lens_cpu=seq_lens_cpu,
             req_pool_indices=req_pool_indices,
         )
+
+
+def draft_extend_contexts(owner: Any, runner: str, module: Any) -> contextlib.ExitStack:
+    """The contexts a stock decode branch runs the draft extend in: the draft's TP group (``owner``'s
+    ``draft_tp_context`` with the group of its ``runner`` attribute) and the worker module's MoE
+    backends. v1's lean step (the worker holds them) and v2's (its draft worker does) enter them
+    where they run a release's extend themselves."""
+    stack = contextlib.ExitStack()
+    if callable(getattr(owner, "draft_tp_context", None)):
+        stack.enter_context(owner.draft_tp_context(getattr(owner, runner).tp_group))
+    for name in ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context"):
+        context = getattr(module, name, None)
+        if callable(context):
+            stack.enter_context(context())
+    return stack
 
 
 def commit_one_token(batch: Any, tokens: List[int]) -> List[int]:

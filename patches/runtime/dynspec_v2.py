@@ -1137,6 +1137,17 @@ def source_fingerprint(source: str) -> str:
     return hashlib.sha256(" ".join(t.string for t in tokens if t.type not in skipped).encode()).hexdigest()
 
 
+def method_fingerprint(cls: Any, name: str) -> Optional[str]:
+    """``source_fingerprint`` of ``cls``'s own ``name`` as its file holds it (not an instance's
+    wrapper); None where the source cannot be read (no file, no such method)."""
+    import inspect
+
+    try:
+        return source_fingerprint(inspect.getsource(getattr(cls, name)))
+    except (AttributeError, OSError, TypeError, SyntaxError):
+        return None
+
+
 def lean_step_unfit(draft_input_fields: Any, result_fields: Any, forward_parameters: Any) -> Optional[str]:
     """Why a release's shapes are not 0.5.12's, the one verify ``V2LeanStep`` mirrors; None if they
     are. 0.5.11's draft input has ``verified_id``; 0.5.13's target forward takes the schedule batch
@@ -1195,7 +1206,6 @@ class V2LeanStep:
     # ``source_fingerprint`` of 0.5.12's ``EAGLEWorkerV2.verify``, the body this step mirrors (pinned
     # in the tests against the release): a tree whose verify differs (a fix, a local change) runs stock.
     VERIFY_FINGERPRINT = "dff8702beb4a030faf7d394d99c49a4ed38d590b562103c6f625220119c65c22"
-    CONTEXTS = ("speculative_moe_backend_context", "speculative_moe_a2a_backend_context")  # the worker module's, around the extend
 
     def __init__(self, module: Any, simulated_token: Optional[int], log: bool) -> None:
         self.module = module  # the release's eagle_worker_v2: its input and result classes and contexts
@@ -1251,9 +1261,8 @@ class V2LeanStep:
         why_not = lean_step_unfit(fields[0], fields[1], forward)
         if why_not is not None:
             return why_not
-        try:
-            verify = source_fingerprint(inspect.getsource(type(worker).verify))
-        except (AttributeError, OSError, TypeError, SyntaxError):
+        verify = method_fingerprint(type(worker), "verify")
+        if verify is None:
             return "EAGLEWorkerV2.verify's source cannot be read"
         if verify != cls.VERIFY_FINGERPRINT:
             return "this EAGLEWorkerV2.verify is not 0.5.12's, the one the lean step mirrors"
@@ -1317,8 +1326,10 @@ class V2LeanStep:
         writer = fallback.draft_kv.direct  # None once given up
         if writer is None or not writer.write(batch, result):
             # The draft worker's own extend: feed_twin_directly's would try the writer again.
+            from sglang.srt.speculative.dynspec_runtime import draft_extend_contexts
+
             extend = fallback.stock_extend or worker.draft_worker._draft_extend_for_decode
-            with self.draft_contexts(worker), fallback.draft_kv.kv_only(worker.draft_worker):
+            with draft_extend_contexts(worker.draft_worker, "draft_runner", self.module), fallback.draft_kv.kv_only(worker.draft_worker):
                 extend(batch, result)
         self.taken += 1
         if self.taken == 1 and self.log:  # once: the evidence that it runs, in the server's log
@@ -1334,17 +1345,6 @@ class V2LeanStep:
             self._ones = torch.ones((size,), dtype=torch.int32, device=device)
         return self._ones[:rows]
 
-    def draft_contexts(self, worker: Any) -> contextlib.ExitStack:
-        """The contexts the stock decode branch runs the draft extend in (draft TP group, MoE backends)."""
-        stack = contextlib.ExitStack()
-        draft = worker.draft_worker
-        if callable(getattr(draft, "draft_tp_context", None)):
-            stack.enter_context(draft.draft_tp_context(draft.draft_runner.tp_group))
-        for name in self.CONTEXTS:
-            context = getattr(self.module, name, None)
-            if callable(context):
-                stack.enter_context(context())
-        return stack
 
 
 def shift_for_the_draft(input_ids: Any, extend_seq_lens: Any, next_token_ids: Any) -> None:
@@ -1390,7 +1390,6 @@ class LeanKVPrefill:
         default), or not applicable (said once)."""
         if not lean_prefill_enabled():
             return None
-        import inspect
         import sys
 
         module: Any = sys.modules.get(type(draft_worker).__module__)
@@ -1400,13 +1399,8 @@ class LeanKVPrefill:
             why_not = "the draft worker's module lacks EagleDraftInput, ForwardBatch or fast_topk"
         elif getattr(runner, "use_ngram_embedding", False) or getattr(runner, "model_is_mrope", False):
             why_not = "a draft whose forward batch reads more than the ids (n-gram embedding, multimodal rope)"
-        else:
-            try:
-                body = source_fingerprint(inspect.getsource(type(draft_worker)._draft_extend_for_prefill))
-            except (AttributeError, OSError, TypeError, SyntaxError):
-                body = None
-            if body != cls.PREFILL_FINGERPRINT:
-                why_not = "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors"
+        elif method_fingerprint(type(draft_worker), "_draft_extend_for_prefill") != cls.PREFILL_FINGERPRINT:
+            why_not = "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors"
         if why_not is not None:
             if log:
                 logger.info(f"dynspec: {LEAN_PREFILL_ENV} is on, but a KV-only prefill runs the stock body ({why_not})")
