@@ -22,8 +22,8 @@ state a full extend in every iteration would have left.
 
 On 0.5.12, where the draft KV is written directly (``kv-direct``), a greedy fallback iteration skips
 the stock ``draft()`` / ``verify()`` / extend altogether (``LeanFallbackStep``): the verify's
-preparation, the one-token target forward, the argmax, one wait for the GPU, the verify's
-per-request bookkeeping, and the direct write, so it costs about a plain decode step.
+preparation, the one-token target forward, the argmax, the direct write (queued before the wait),
+one wait for the GPU and the verify's per-request bookkeeping, so it costs about a plain decode step.
 
 The decision uses the decode batch size only, so every tensor-parallel rank decides the same.
 Torch and SGLang are imported inside functions: the controller runs anywhere.
@@ -1031,6 +1031,9 @@ class DynspecFallback:
         return verify_input_cls(**fields)
 
 
+WRITE_AHEAD_ENV = "DYNSPEC_WRITE_AHEAD"  # LeanFallbackStep: 0 writes the draft KV after the step's wait, for A/B runs
+
+
 class LeanFallbackStep:
     """v1 (0.5.12) with ``kv-direct`` fed directly: a fallback iteration as a plain decode step.
 
@@ -1047,6 +1050,17 @@ class LeanFallbackStep:
     order as the stock extend would get them (the unfinished requests), so the same graph is
     replayed. The scheduler and the next iteration see what the stock verify and extend leave.
 
+    Without the overlap scheduler the host's work after the wait is the GPU's idle time, and the
+    write's host work (four copies into the graph's inputs, the padding, the replay) was most of
+    what this step added after it. So the write is queued before the wait, for every request, while
+    the target forward still runs, behind the tokens' copy to the host (``TokensToHost``), which is
+    all the wait waits for; the write's GPU time then falls in the host's time after the wait too.
+    Where a request finished in this step the stock extend writes only the others, in the graph
+    for their count, which may round their K/V apart from the graph for all: those rows are
+    written again, as before (rare: a request finishes once in hundreds of steps). A finished
+    request's row keeps the K/V the write left in its slot, where the stock extend leaves what was
+    there; only a later prompt that contains that request's output could read it (radix cache).
+
     A batch it does not take (sampling, penalties, logit bias, a custom logit processor, grammar,
     logprobs, not a decode) runs the stock path, and the first is logged, with the reason. A batch
     the direct write cannot take (no graph for its row count) runs the stock extend KV-only.
@@ -1056,21 +1070,28 @@ class LeanFallbackStep:
     decode batch reads it).
     """
 
-    def __init__(self, worker_module: Any, extend_input_cls: Any, next_input_cls: Any, simulated_token: Optional[int], log: bool) -> None:
+    def __init__(
+        self, worker_module: Any, extend_input_cls: Any, next_input_cls: Any, simulated_token: Optional[int], log: bool, ahead: bool = True
+    ) -> None:
         self.module = worker_module  # the release's eagle_worker module: its classes and contexts
         self.extend_input_cls = extend_input_cls
         self.next_input_cls = next_input_cls
         self.simulated_token = simulated_token  # SGLANG_SIMULATE_ACC_LEN's token for every accepted one, or None
         self.log = log  # rank 0
         self.said_no = False  # the first batch left to the stock path has been logged
+        self.to_host = TokensToHost()
+        # The draft KV written before the step's wait (``DYNSPEC_WRITE_AHEAD``); never with the bit
+        # check, which writes after it, beside the full extend it compares with.
+        self.ahead = ahead
 
     @classmethod
     def build(cls, worker: Any, next_input_cls: Any, log: bool) -> Optional["LeanFallbackStep"]:
         """The lean step for this worker, or None (the stock path; why is logged on rank 0)."""
-        from sglang.srt.speculative.dynspec_v2 import LeanVerify, lean_verify_enabled
+        from sglang.srt.speculative.dynspec_v2 import LeanVerify, lean_verify_enabled, on_off_setting
 
         if not lean_verify_enabled():
             return None
+        ahead = on_off_setting(WRITE_AHEAD_ENV, True)  # a bad value refuses to start
         module: Any = sys.modules.get(type(worker).__module__)
         why_not = cls.unfit(worker, module)
         simulated: Optional[int] = None
@@ -1083,8 +1104,12 @@ class LeanFallbackStep:
                 logger.info(f"dynspec: a fallback iteration runs the stock one-node verify ({why_not})")
             return None
         if log:
-            logger.info("dynspec: a fallback iteration of a greedy batch runs as a plain decode step (the target's argmax, one host sync, the draft KV written directly)")
-        return cls(module, module.EagleDraftExtendInput, next_input_cls, simulated, log)
+            when = "before it" if ahead else f"after it, {WRITE_AHEAD_ENV}=0"
+            logger.info(
+                "dynspec: a fallback iteration of a greedy batch runs as a plain decode step (the target's argmax, "
+                f"one host sync, the draft KV written directly, {when})"
+            )
+        return cls(module, module.EagleDraftExtendInput, next_input_cls, simulated, log, ahead)
 
     # What the per-request bookkeeping (``commit``) calls on a request, as 0.5.12's verify does.
     REQ_NEEDS = ("check_finished", "finished", "update_spec_correct_drafts_histogram", "update_reasoning_tokens")
@@ -1153,7 +1178,7 @@ class LeanFallbackStep:
         if self.simulated_token is not None:
             predict.fill_(self.simulated_token)
         bs = len(batch.reqs)
-        unfinished = commit_one_token(batch, predict.tolist())  # the step's one wait for the GPU
+        self.to_host.start(predict)
 
         hidden = logits_output.hidden_states
         if fallback.bit_check is not None and hidden is not None:
@@ -1162,19 +1187,27 @@ class LeanFallbackStep:
             # (return_hidden_states). The stock verify gathers them into a copy too.
             logits_output.hidden_states = hidden.clone()
         rows = (positions, batch.out_cache_loc, predict, hidden)
-        keep = None
-        if len(unfinished) < bs:  # as the verify hands the extend only the unfinished requests
-            keep = torch.tensor(unfinished, dtype=torch.int64, device=predict.device)
-            rows = tuple(t[keep] for t in rows)
-        batch.seq_lens.add_(1)
-        batch.seq_lens_cpu.add_(1)
-        batch.out_cache_loc, batch.input_ids = rows[1], rows[2]
-        batch.forward_mode = ForwardMode.DECODE
         with draft_extend_contexts(worker, "draft_model_runner", self.module):
-            if unfinished:
-                batch.spec_info = self.next_draft_input(worker, batch, rows, keep, fallback)
-            else:
+            ahead_tried = self.ahead and fallback.draft_kv.direct is not None and fallback.bit_check is None
+            # Queued before the wait (see the class); None where not tried or not taken.
+            ahead = self.written(fallback.draft_kv.direct, ForwardMode.DECODE, rows) if ahead_tried else None
+            unfinished = commit_one_token(batch, self.to_host.wait())  # the step's one wait for the GPU
+            keep = None
+            if len(unfinished) < bs:  # as the verify hands the extend only the unfinished requests
+                keep = torch.tensor(unfinished, dtype=torch.int64, device=predict.device)
+                # After the write's replay, and safe: the twin is captured after the target's graphs.
+                rows = tuple(t[keep] for t in rows)
+            batch.seq_lens.add_(1)
+            batch.seq_lens_cpu.add_(1)
+            batch.out_cache_loc, batch.input_ids = rows[1], rows[2]
+            batch.forward_mode = ForwardMode.DECODE
+            if not unfinished:
                 worker._draft_preprocess_idle(batch)
+            elif ahead is not None and keep is None:
+                batch.spec_info = ahead
+            else:  # the kept rows again, or rows the write ahead did not take
+                declined = ahead_tried and ahead is None
+                batch.spec_info = self.next_draft_input(worker, batch, rows, keep, fallback, declined)
         return self.module.GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=predict,
@@ -1183,36 +1216,49 @@ class LeanFallbackStep:
             can_run_cuda_graph=result.can_run_cuda_graph,
         )
 
-    def next_draft_input(self, worker: Any, batch: Any, rows: Tuple[Any, ...], keep: Any, fallback: "DynspecFallback") -> Any:
-        """Write the rows' draft KV and return the next iteration's ``EagleDraftInput``: the direct
-        write's stand-ins (never drafted from: ``RESUME`` runs the full extend), or, where the direct
-        write cannot take the rows, what the stock extend returns, run KV-only."""
+    def written(self, writer: Any, mode: Any, rows: Tuple[Any, ...]) -> Any:
+        """The next ``EagleDraftInput`` once ``writer`` took ``rows`` (positions, slots, tokens,
+        hidden states): the direct write's stand-ins, never drafted from (``RESUME`` runs the full
+        extend); None where it did not take them."""
         from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode
 
         positions, slots, tokens, hidden = rows
-        writer = fallback.draft_kv.direct
         verified = types.SimpleNamespace(
             next_token_ids=tokens,
             logits_output=types.SimpleNamespace(hidden_states=hidden),
             next_draft_input=types.SimpleNamespace(),
         )
-        rows_in = types.SimpleNamespace(forward_mode=batch.forward_mode, seq_lens=positions, out_cache_loc=slots)
+        if not writer.write(types.SimpleNamespace(forward_mode=mode, seq_lens=positions, out_cache_loc=slots), verified):
+            return None
+        stand_in = verified.next_draft_input
+        return self.next_input_cls(
+            bonus_tokens=tokens,  # read only: the next iteration copies it (trivial_verify_input)
+            hidden_states=stand_in.hidden_states,
+            topk_p=stand_in.topk_p,
+            topk_index=stand_in.topk_index,
+            capture_hidden_mode=CaptureHiddenMode.LAST,
+        )
+
+    def next_draft_input(
+        self, worker: Any, batch: Any, rows: Tuple[Any, ...], keep: Any, fallback: "DynspecFallback", declined: bool = False
+    ) -> Any:
+        """Write the rows' draft KV and return the next iteration's ``EagleDraftInput``: the direct
+        write's stand-ins, or, where the direct write cannot take the rows, what the stock extend
+        returns, run KV-only. ``declined``: the writer did not take every request's row ahead of
+        the wait; it is asked again only for fewer rows."""
+        slots = rows[1]
+        writer = fallback.draft_kv.direct
         if fallback.bit_check is not None and writer is not None and fallback.stock_extend is not None:
             # The check: these rows written directly, then the full extend of the input the verify would
             # have made, on the same slots; the full extend's draft KV and next input stay.
             batch.spec_info = self.extend_input(batch, rows, keep)
             full_extend = fallback.stock_extend
-            writes = checked_writes(writer, int(slots.shape[0]), lambda: writer.write(rows_in, verified))
+            writes = checked_writes(writer, int(slots.shape[0]), lambda: self.written(writer, batch.forward_mode, rows) is not None)
             return fallback.bit_check.compare(slots, writes, lambda: full_extend(batch))
-        if writer is not None and writer.write(rows_in, verified):
-            stand_in = verified.next_draft_input
-            return self.next_input_cls(
-                bonus_tokens=tokens,  # read only: the next iteration copies it (trivial_verify_input)
-                hidden_states=stand_in.hidden_states,
-                topk_p=stand_in.topk_p,
-                topk_index=stand_in.topk_index,
-                capture_hidden_mode=CaptureHiddenMode.LAST,
-            )
+        if writer is not None and not (declined and keep is None):
+            next_input = self.written(writer, batch.forward_mode, rows)
+            if next_input is not None:
+                return next_input
         batch.spec_info = self.extend_input(batch, rows, keep)
         with fallback.draft_kv.kv_only(worker):
             return worker.forward_draft_extend_after_decode(batch)
@@ -1238,6 +1284,43 @@ class LeanFallbackStep:
             seq_lens_cpu=seq_lens_cpu,
             req_pool_indices=req_pool_indices,
         )
+
+
+class TokensToHost:
+    """A fallback step's one wait for the GPU: its tokens copied into pinned host memory behind an
+    event, so that what the step queues after the copy (v1's lean step: the draft KV write) is not
+    waited for, as ``tolist()``, which waits for the whole stream, would. CPU tensors (tests) are
+    read as they are."""
+
+    def __init__(self) -> None:
+        self.host: Any = None  # pinned, room for the largest batch so far (grown by powers of two)
+        self.copied: Any = None  # an event recorded after each copy, made with the buffer
+        self.pending: Any = None  # the step's tokens: ``host``'s first rows, or a CPU tensor
+        self.waits = False  # whether ``pending`` is a copy under way
+
+    def start(self, tokens: Any) -> None:
+        """Queue the copy of ``tokens`` (one dimension) to the host; ``wait`` reads them."""
+        if tokens.device.type == "cpu":
+            self.pending, self.waits = tokens, False
+            return
+        import torch
+
+        count = int(tokens.shape[0])
+        if self.host is None or self.host.shape[0] < count or self.host.dtype != tokens.dtype:
+            room = 1 << max(count - 1, 0).bit_length()
+            self.host = torch.empty(room, dtype=tokens.dtype, pin_memory=True)
+            self.copied = torch.get_device_module(tokens.device).Event()
+        pending = self.host[:count]
+        pending.copy_(tokens, non_blocking=True)
+        self.copied.record()  # the current stream, which the copy went to
+        self.pending, self.waits = pending, True
+
+    def wait(self) -> List[int]:
+        """The tokens ``start`` queued, once copied; the host buffer is free again when this returns."""
+        pending, self.pending = self.pending, None
+        if self.waits:
+            self.copied.synchronize()
+        return pending.tolist()
 
 
 def draft_extend_contexts(owner: Any, runner: str, module: Any) -> contextlib.ExitStack:

@@ -464,11 +464,19 @@ def lean_world(monkeypatch: pytest.MonkeyPatch, reqs: list[Req], tokens: list[in
     return step, worker, batch, fallback
 
 
+def slot_bytes(twin: Twin, slots: list[int]) -> Any:
+    """The K/V bytes of these slots."""
+    pool, at = twin.model_runner.token_to_kv_pool, torch.tensor(slots)
+    return torch.cat([pool.k_buffer[0][at].view(torch.uint8).flatten(), pool.v_buffer[0][at].view(torch.uint8).flatten()])
+
+
 def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfinished_requests(monkeypatch: pytest.MonkeyPatch) -> None:
     """Five requests, the second and fourth finish in this step: the verify hands the extend the
     other three (tokens, pre-step positions, their slots, their hidden rows), whose stock graph is
-    4; the lean step's direct write leaves those bits. The scheduler then sees every request's
-    token, one more KV slot committed, lengths + 1 for all, and a next draft input of the three."""
+    4. The lean step wrote all five ahead of its wait (graph 8, which rounds apart) and writes the
+    three again in graph 1, which rounds as graph 4: their bits are the stock extend's. The
+    scheduler then sees every request's token, one more KV slot committed, lengths + 1 for all,
+    and a next draft input of the three."""
     reqs = [Req(max_new=1 if i in (1, 3) else 8) for i in range(5)]
     tokens = [11, 12, 13, 14, 15]
     direct, stock = V1Twin(apart=(8, 12, 16)), V1Twin(apart=(8, 12, 16))
@@ -480,8 +488,9 @@ def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfin
     hidden = worker.target_worker.forward_batch_generation(worker.target_worker.seen[0], True).logits_output.hidden_states
     reference = SimpleNamespace(seq_lens=torch.arange(40, 45)[keep], out_cache_loc=torch.arange(300, 305)[keep])
     stock_rows = SimpleNamespace(next_token_ids=torch.tensor(tokens)[keep], logits_output=SimpleNamespace(hidden_states=hidden[keep]))
-    assert torch.equal(pool_bytes(direct), stock_extend_bytes(stock, reference, stock_rows))
-    assert direct.replays == [1]  # 3 requests: stock graph 4, which rounds as the packed graph 1
+    stock_extend_bytes(stock, reference, stock_rows)
+    assert torch.equal(slot_bytes(direct, [300, 302, 304]), slot_bytes(stock, [300, 302, 304]))
+    assert direct.replays == [8, 1]  # all five ahead of the wait, then the three in graph 1, which rounds as graph 4
 
     assert [r.output_ids for r in reqs] == [[t] for t in tokens]
     assert [r.kv_committed_len for r in reqs] == [41] * 5 and all(r.kv_allocated_len == 41 for r in reqs)
@@ -498,22 +507,102 @@ def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfin
     (positions, slots), = batch.req_to_token_writes
     assert positions.tolist() == list(range(40, 45)) and slots.tolist() == list(range(300, 305))
     assert worker.target_worker.seen[0].input_ids.tolist() == [0, 1, 2, 3, 4]
-    # Negative control: writing every request's row (finished ones too) replays graph 8 and leaves other bits.
+    # Negative control: the write ahead alone (every request's row, finished ones too) replays graph 8,
+    # whose bits for the three are not the stock extend's: the second write is what makes them so.
     everyone = V1Twin(apart=(8, 12, 16))
     v1_writer(everyone).write(
-        SimpleNamespace(forward_mode=ForwardMode(ForwardMode.TARGET_VERIFY), seq_lens=torch.arange(40, 45), out_cache_loc=torch.arange(300, 305)),
+        SimpleNamespace(forward_mode=ForwardMode(ForwardMode.DECODE), seq_lens=torch.arange(40, 45), out_cache_loc=torch.arange(300, 305)),
         SimpleNamespace(next_token_ids=torch.tensor(tokens), logits_output=SimpleNamespace(hidden_states=hidden), next_draft_input=SimpleNamespace()),
     )
-    assert not torch.equal(pool_bytes(everyone), pool_bytes(direct))
+    assert everyone.replays == [8] and not torch.equal(slot_bytes(everyone, [300, 302, 304]), slot_bytes(stock, [300, 302, 304]))
+
+
+def replays_at_the_wait(step: Any, twin: V1Twin) -> list[list[int]]:
+    """What the twin had replayed each time the step waited for its tokens."""
+    seen: list[list[int]] = []
+    wait = step.to_host.wait
+
+    def waiting() -> list[int]:
+        seen.append(list(twin.replays))
+        return wait()
+
+    step.to_host.wait = waiting
+    return seen
+
+
+def test_a_step_in_which_no_request_finishes_writes_once_and_before_its_wait(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+    """Six requests, none finishes: one replay (graph 8, the stock one's rounding), queued before the
+    step waits for its tokens, with the stock extend's bits; the next draft input is that write's.
+    The control: with the bit check on, the write comes after the wait, as before."""
+    tokens = [11, 12, 13, 14, 15, 16]
+    direct, stock = V1Twin(apart=(8, 12, 16)), V1Twin(apart=(8, 12, 16))
+    step, worker, batch, fallback = lean_world(monkeypatch, [Req(8) for _ in tokens], tokens, v1_writer(direct))
+    at_wait = replays_at_the_wait(step, direct)
+    step.step(worker, batch, fallback)
+    assert at_wait == [[8]] and direct.replays == [8]
+    hidden = worker.target_worker.outputs[-1]
+    stock_extend_bytes(
+        stock,
+        SimpleNamespace(seq_lens=torch.arange(40, 46), out_cache_loc=torch.arange(300, 306)),
+        SimpleNamespace(next_token_ids=torch.tensor(tokens), logits_output=SimpleNamespace(hidden_states=hidden)),
+    )
+    assert torch.equal(pool_bytes(direct), pool_bytes(stock))
+    assert batch.spec_info.bonus_tokens.tolist() == tokens and batch.spec_info.topk_p.shape == (6, 1)
+
+    twin = V1Twin(apart=(8, 12, 16))
+    step, worker, batch, fallback = lean_world(monkeypatch, [Req(8) for _ in tokens], tokens, v1_writer(twin))
+    fallback.bit_check, _ = bit_check(twin, tmp_path)
+    fallback.stock_extend = stock_extend_of(twin)
+    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
+    at_wait = replays_at_the_wait(step, twin)
+    step.step(worker, batch, fallback)
+    assert at_wait == [[]] and twin.replays
+
+    # DYNSPEC_WRITE_AHEAD=0: after the wait, the same graph and bits.
+    after = V1Twin(apart=(8, 12, 16))
+    step, worker, batch, fallback = lean_world(monkeypatch, [Req(8) for _ in tokens], tokens, v1_writer(after))
+    step.ahead = False
+    at_wait = replays_at_the_wait(step, after)
+    step.step(worker, batch, fallback)
+    assert at_wait == [[]] and after.replays == [8] and torch.equal(pool_bytes(after), pool_bytes(stock))
 
 
 def test_a_step_in_which_every_request_finishes_leaves_an_idle_draft_input(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The write ahead has run (three rows, graph 1); nothing is written after the wait."""
     reqs = [Req(max_new=1) for _ in range(3)]
     direct = V1Twin()
     step, worker, batch, fallback = lean_world(monkeypatch, reqs, [5, 6, 7], v1_writer(direct))
     step.step(worker, batch, fallback)
-    assert worker._draft_preprocess_idle.__self__ == [batch] and direct.replays == []
+    assert worker._draft_preprocess_idle.__self__ == [batch] and direct.replays == [1]
     assert all(r.finished() for r in reqs) and batch.seq_lens.tolist() == [41, 42, 43]
+
+
+@pytest.mark.parametrize(("finishing", "direct_rows", "stock_rows"), [(0, [], [17]), (1, [16], [])], ids=["none-finish", "one-finishes"])
+def test_a_batch_the_write_ahead_does_not_take_is_written_after_the_wait(
+    monkeypatch: pytest.MonkeyPatch, finishing: int, direct_rows: list[int], stock_rows: list[int]
+) -> None:
+    """17 requests, more than the largest graph (16) holds: the write ahead declines them. If none
+    finishes the stock extend runs KV-only and the writer is not asked again for the same rows; if
+    one finishes, the 16 others are written directly after the wait."""
+    reqs = [Req(max_new=1 if i < finishing else 8) for i in range(17)]
+    twin = V1Twin()
+    write = v1_writer(twin)
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, [i % 90 for i in range(17)], write)
+    asked: list[int] = []
+    stock_write = write.write
+
+    def counted(rows_in: Any, verified: Any) -> bool:
+        asked.append(int(rows_in.seq_lens.shape[0]))
+        return stock_write(rows_in, verified)
+
+    write.write = counted  # type: ignore[method-assign]
+    extended: list[int] = []
+    fallback.draft_kv.kv_only = lambda w: contextlib.nullcontext()
+    worker.forward_draft_extend_after_decode = lambda b: extended.append(int(b.spec_info.input_ids.shape[0])) or "the stock extend's"
+    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
+    step.step(worker, batch, fallback)
+    assert asked == [17, *direct_rows] and extended == stock_rows
+    assert twin.replays == ([4] if direct_rows else [])  # 16 rows pack into graph 4, which rounds as 16 here
 
 
 def test_simulated_acceptance_fills_the_tokens_as_the_stock_verify_does(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -702,3 +791,73 @@ def test_a_shift_that_forgets_each_requests_last_slot_differs() -> None:
     shifted_only = ids.clone()
     shifted_only[:-1] = ids[1:].clone()
     assert not torch.equal(shifted_only, expected)
+
+
+# -- TokensToHost: the lean step's one wait, for its tokens' copy only -----------------------------------
+
+
+class OnDevice(torch.Tensor):
+    """A CPU tensor that says it is on a GPU, to take ``TokensToHost``'s device path here."""
+
+    @property
+    def device(self) -> Any:  # type: ignore[override]
+        return torch.device("cuda", 0)
+
+
+class Copied:
+    """An event: ``record`` and ``synchronize`` logged in order."""
+
+    def __init__(self, log: list[str]) -> None:
+        self.log = log
+
+    def record(self) -> None:
+        self.log.append("record")
+
+    def synchronize(self) -> None:
+        self.log.append("synchronize")
+
+
+def device_world(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[tuple[int, Any]]]:
+    """Pinned buffers as plain ones (there is no driver here), events that log."""
+    from patches.runtime import dynspec_runtime as rt
+
+    log: list[str] = []
+    made: list[tuple[int, Any]] = []
+    empty = torch.empty
+
+    def pinned(count: int, dtype: Any, pin_memory: bool) -> Any:
+        assert pin_memory
+        made.append((count, dtype))
+        return empty(count, dtype=dtype)
+
+    monkeypatch.setattr(torch, "empty", pinned)
+    monkeypatch.setattr(torch, "get_device_module", lambda device: SimpleNamespace(Event=lambda: Copied(log)))
+    assert rt.TokensToHost  # imported before the patches above
+    return log, made
+
+
+def reads_after_the_copy(to_host: Any, log: list[str], tokens: list[int]) -> bool:
+    """Whether ``to_host`` gives back ``tokens`` only after waiting for the event recorded after its copy."""
+    to_host.start(torch.tensor(tokens, dtype=torch.int32).as_subclass(OnDevice))
+    log.append("queued after the copy")
+    read = to_host.wait()
+    return read == tokens and log[-3:] == ["record", "queued after the copy", "synchronize"]
+
+
+def test_the_tokens_are_read_once_their_copy_is_done_into_one_pinned_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from patches.runtime import dynspec_runtime as rt
+
+    log, made = device_world(monkeypatch)
+    to_host = rt.TokensToHost()
+    assert reads_after_the_copy(to_host, log, [5, 6, 7])
+    assert reads_after_the_copy(to_host, log, [8, 9, 10, 11])  # room for 4: the same buffer
+    assert reads_after_the_copy(to_host, log, [1] * 5)  # grown to 8
+    assert made == [(4, torch.int32), (8, torch.int32)]
+    assert rt.TokensToHost().start(torch.tensor([1, 2])) is None and log.count("record") == 3  # CPU tokens: no copy
+
+    class Unwaited(rt.TokensToHost):  # the control: read as soon as queued
+        def wait(self) -> list[int]:
+            pending, self.pending = self.pending, None
+            return pending.tolist()
+
+    assert not reads_after_the_copy(Unwaited(), log, [5, 6, 7])
