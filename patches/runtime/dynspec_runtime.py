@@ -1058,8 +1058,10 @@ class LeanFallbackStep:
     Where a request finished in this step the stock extend writes only the others, in the graph
     for their count, which may round their K/V apart from the graph for all: those rows are
     written again, as before (rare: a request finishes once in hundreds of steps). A finished
-    request's row keeps the K/V the write left in its slot, where the stock extend leaves what was
-    there; only a later prompt that contains that request's output could read it (radix cache).
+    request's row is written into its last slot, which nothing reads: with EAGLE the radix cache
+    keys token pairs, so that slot is freed with the request (0.5.12's ``cache_finished_req``), and
+    the next owner's forward writes it again, after the write in the same stream. Not with PD
+    disaggregation, whose transfers fill new slots unordered with the stream: there it writes after.
 
     A batch it does not take (sampling, penalties, logit bias, a custom logit processor, grammar,
     logprobs, not a decode) runs the stock path, and the first is logged, with the reason. A batch
@@ -1087,11 +1089,11 @@ class LeanFallbackStep:
     @classmethod
     def build(cls, worker: Any, next_input_cls: Any, log: bool) -> Optional["LeanFallbackStep"]:
         """The lean step for this worker, or None (the stock path; why is logged on rank 0)."""
-        from sglang.srt.speculative.dynspec_v2 import LeanVerify, lean_verify_enabled, on_off_setting
+        from sglang.srt.speculative.dynspec_v2 import LeanVerify, lean_verify_enabled, on_off_setting, read_setting
 
+        ahead = on_off_setting(WRITE_AHEAD_ENV, True)  # a bad value refuses to start, used or not
         if not lean_verify_enabled():
             return None
-        ahead = on_off_setting(WRITE_AHEAD_ENV, True)  # a bad value refuses to start
         module: Any = sys.modules.get(type(worker).__module__)
         why_not = cls.unfit(worker, module)
         simulated: Optional[int] = None
@@ -1103,8 +1105,12 @@ class LeanFallbackStep:
             if log:
                 logger.info(f"dynspec: a fallback iteration runs the stock one-node verify ({why_not})")
             return None
+        when = "before it" if ahead else f"after it, {WRITE_AHEAD_ENV}=0"
+        if ahead and read_setting(worker, "disaggregation_mode", "null") not in (None, "null"):
+            # A finished request's row is written ahead too, and its slot is freed right after the step;
+            # PD's transfer engine fills new slots without waiting for the worker's stream.
+            ahead, when = False, "after it, as PD disaggregation moves KV into freed slots unordered with the write"
         if log:
-            when = "before it" if ahead else f"after it, {WRITE_AHEAD_ENV}=0"
             logger.info(
                 "dynspec: a fallback iteration of a greedy batch runs as a plain decode step (the target's argmax, "
                 f"one host sync, the draft KV written directly, {when})"
@@ -1187,27 +1193,30 @@ class LeanFallbackStep:
             # (return_hidden_states). The stock verify gathers them into a copy too.
             logits_output.hidden_states = hidden.clone()
         rows = (positions, batch.out_cache_loc, predict, hidden)
-        with draft_extend_contexts(worker, "draft_model_runner", self.module):
-            ahead_tried = self.ahead and fallback.draft_kv.direct is not None and fallback.bit_check is None
-            # Queued before the wait (see the class); None where not tried or not taken.
-            ahead = self.written(fallback.draft_kv.direct, ForwardMode.DECODE, rows) if ahead_tried else None
-            unfinished = commit_one_token(batch, self.to_host.wait())  # the step's one wait for the GPU
-            keep = None
-            if len(unfinished) < bs:  # as the verify hands the extend only the unfinished requests
-                keep = torch.tensor(unfinished, dtype=torch.int64, device=predict.device)
-                # After the write's replay, and safe: the twin is captured after the target's graphs.
-                rows = tuple(t[keep] for t in rows)
-            batch.seq_lens.add_(1)
-            batch.seq_lens_cpu.add_(1)
-            batch.out_cache_loc, batch.input_ids = rows[1], rows[2]
-            batch.forward_mode = ForwardMode.DECODE
-            if not unfinished:
-                worker._draft_preprocess_idle(batch)
-            elif ahead is not None and keep is None:
-                batch.spec_info = ahead
-            else:  # the kept rows again, or rows the write ahead did not take
-                declined = ahead_tried and ahead is None
-                batch.spec_info = self.next_draft_input(worker, batch, rows, keep, fallback, declined)
+        ahead = None  # the next draft input, where every request's row was written before the wait
+        ahead_tried = self.ahead and fallback.draft_kv.direct is not None and fallback.bit_check is None
+        if ahead_tried:  # queued before the wait (see the class)
+            with draft_extend_contexts(worker, "draft_model_runner", self.module):
+                ahead = self.written(fallback.draft_kv.direct, ForwardMode.DECODE, rows)
+        unfinished = commit_one_token(batch, self.to_host.wait())  # the step's one wait for the GPU
+        keep = None
+        if len(unfinished) < bs:  # as the verify hands the extend only the unfinished requests
+            keep = torch.tensor(unfinished, dtype=torch.int64, device=predict.device)
+            # After the write's replay, and safe: the twin is captured after the target's graphs.
+            rows = tuple(t[keep] for t in rows)
+        batch.seq_lens.add_(1)
+        batch.seq_lens_cpu.add_(1)
+        batch.out_cache_loc, batch.input_ids = rows[1], rows[2]
+        batch.forward_mode = ForwardMode.DECODE
+        if ahead is not None and keep is None:
+            batch.spec_info = ahead
+        else:
+            with draft_extend_contexts(worker, "draft_model_runner", self.module):
+                if not unfinished:
+                    worker._draft_preprocess_idle(batch)
+                else:  # the kept rows again, or rows the write ahead did not take
+                    declined = ahead_tried and ahead is None
+                    batch.spec_info = self.next_draft_input(worker, batch, rows, keep, fallback, declined)
         return self.module.GenerationBatchResult(
             logits_output=logits_output,
             next_token_ids=predict,
@@ -1306,13 +1315,14 @@ class TokensToHost:
         import torch
 
         count = int(tokens.shape[0])
+        device = torch.get_device_module(tokens.device)
         if self.host is None or self.host.shape[0] < count or self.host.dtype != tokens.dtype:
             room = 1 << max(count - 1, 0).bit_length()
             self.host = torch.empty(room, dtype=tokens.dtype, pin_memory=True)
-            self.copied = torch.get_device_module(tokens.device).Event()
+            self.copied = device.Event()
         pending = self.host[:count]
-        pending.copy_(tokens, non_blocking=True)
-        self.copied.record()  # the current stream, which the copy went to
+        pending.copy_(tokens, non_blocking=True)  # in the tokens' device's current stream
+        self.copied.record(device.current_stream(tokens.device))
         self.pending, self.waits = pending, True
 
     def wait(self) -> List[int]:

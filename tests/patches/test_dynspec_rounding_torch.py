@@ -489,7 +489,9 @@ def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfin
     reference = SimpleNamespace(seq_lens=torch.arange(40, 45)[keep], out_cache_loc=torch.arange(300, 305)[keep])
     stock_rows = SimpleNamespace(next_token_ids=torch.tensor(tokens)[keep], logits_output=SimpleNamespace(hidden_states=hidden[keep]))
     stock_extend_bytes(stock, reference, stock_rows)
-    assert torch.equal(slot_bytes(direct, [300, 302, 304]), slot_bytes(stock, [300, 302, 304]))
+    others = [slot for slot in range(1, SLOTS) if slot not in (301, 303)]
+    assert torch.equal(slot_bytes(direct, others), slot_bytes(stock, others))  # the kept rows', nothing else
+    assert slot_bytes(direct, [301, 303]).any() and not slot_bytes(stock, [301, 303]).any()  # the finished rows: written ahead
     assert direct.replays == [8, 1]  # all five ahead of the wait, then the three in graph 1, which rounds as graph 4
 
     assert [r.output_ids for r in reqs] == [[t] for t in tokens]
@@ -556,7 +558,7 @@ def test_a_step_in_which_no_request_finishes_writes_once_and_before_its_wait(mon
     step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
     at_wait = replays_at_the_wait(step, twin)
     step.step(worker, batch, fallback)
-    assert at_wait == [[]] and twin.replays
+    assert at_wait == [[]] and twin.replays == [8, 2, 8]  # after the wait: direct, packed control, full extend
 
     # DYNSPEC_WRITE_AHEAD=0: after the wait, the same graph and bits.
     after = V1Twin(apart=(8, 12, 16))
@@ -575,6 +577,50 @@ def test_a_step_in_which_every_request_finishes_leaves_an_idle_draft_input(monke
     step.step(worker, batch, fallback)
     assert worker._draft_preprocess_idle.__self__ == [batch] and direct.replays == [1]
     assert all(r.finished() for r in reqs) and batch.seq_lens.tolist() == [41, 42, 43]
+
+
+def test_with_the_write_after_the_sync_a_step_in_which_some_finish_writes_the_kept_rows_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DYNSPEC_WRITE_AHEAD=0, two of five finish: one replay after the wait (graph 1, as graph 4),
+    the stock extend's bits, and the finished requests' slots untouched, as before r22."""
+    reqs = [Req(max_new=1 if i in (1, 3) else 8) for i in range(5)]
+    direct = V1Twin(apart=(8, 12, 16))
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, [11, 12, 13, 14, 15], v1_writer(direct))
+    step.ahead = False
+    at_wait = replays_at_the_wait(step, direct)
+    step.step(worker, batch, fallback)
+    assert at_wait == [[]] and direct.replays == [1]
+    keep, stock = torch.tensor([0, 2, 4]), V1Twin(apart=(8, 12, 16))
+    hidden = worker.target_worker.outputs[-1]
+    stock_extend_bytes(
+        stock,
+        SimpleNamespace(seq_lens=torch.arange(40, 45)[keep], out_cache_loc=torch.arange(300, 305)[keep]),
+        SimpleNamespace(next_token_ids=torch.tensor([11, 13, 15]), logits_output=SimpleNamespace(hidden_states=hidden[keep])),
+    )
+    assert torch.equal(pool_bytes(direct), pool_bytes(stock))  # the finished requests' slots untouched too
+
+
+@pytest.mark.parametrize(
+    ("requests", "finishing", "replays", "extended"),
+    [(8, 3, [2], [5]), (5, 1, [1], [])],
+    ids=["all-have-a-graph-the-kept-not", "all-have-none-the-kept-do"],
+)
+def test_without_graph_padding_each_write_takes_only_counts_with_a_graph(
+    monkeypatch: pytest.MonkeyPatch, requests: int, finishing: int, replays: list[int], extended: list[int]
+) -> None:
+    """``--disable-cuda-graph-padding``: the stock extend runs a count without a graph eagerly, and
+    so does the direct write. Eight requests (a graph) of which five are kept (none): written ahead
+    (packed in graph 2: every graph rounds alike here), then the stock extend over the five. Five
+    (none) of which four are kept (a graph): nothing ahead, the four written after the wait (graph 1)."""
+    reqs = [Req(max_new=1 if i < finishing else 8) for i in range(requests)]
+    twin = V1Twin()
+    twin.disable_padding = True
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, [10 + i for i in range(requests)], v1_writer(twin))
+    seen: list[int] = []
+    fallback.draft_kv.kv_only = lambda w: contextlib.nullcontext()
+    worker.forward_draft_extend_after_decode = lambda b: seen.append(int(b.spec_info.input_ids.shape[0])) or "the stock extend's"
+    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
+    step.step(worker, batch, fallback)
+    assert twin.replays == replays and seen == extended
 
 
 @pytest.mark.parametrize(("finishing", "direct_rows", "stock_rows"), [(0, [], [17]), (1, [16], [])], ids=["none-finish", "one-finishes"])
@@ -810,38 +856,61 @@ class Copied:
     def __init__(self, log: list[str]) -> None:
         self.log = log
 
-    def record(self) -> None:
+    def record(self, stream: Any) -> None:
+        assert stream == "stream of cuda:0"  # the tokens' device's, where the copy went
         self.log.append("record")
 
     def synchronize(self) -> None:
         self.log.append("synchronize")
 
 
+class Pinned(torch.Tensor):
+    """A host buffer whose copies are logged (the fake ``torch.empty`` makes them)."""
+
+    log: list[str] = []
+
+    def copy_(self, source: Any, non_blocking: bool = False) -> Any:  # type: ignore[override]
+        assert non_blocking
+        Pinned.log.append("copy")
+        return self.as_subclass(torch.Tensor).copy_(source.as_subclass(torch.Tensor))
+
+
 def device_world(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[tuple[int, Any]]]:
-    """Pinned buffers as plain ones (there is no driver here), events that log."""
+    """Pinned buffers as plain ones (there is no driver here) whose copies log, and events that log
+    their stream."""
     from patches.runtime import dynspec_runtime as rt
 
     log: list[str] = []
     made: list[tuple[int, Any]] = []
     empty = torch.empty
+    monkeypatch.setattr(Pinned, "log", log)
 
     def pinned(count: int, dtype: Any, pin_memory: bool) -> Any:
         assert pin_memory
         made.append((count, dtype))
-        return empty(count, dtype=dtype)
+        return empty(count, dtype=dtype).as_subclass(Pinned)
+
+    def current_stream(device: Any) -> str:
+        return f"stream of {device}"
 
     monkeypatch.setattr(torch, "empty", pinned)
-    monkeypatch.setattr(torch, "get_device_module", lambda device: SimpleNamespace(Event=lambda: Copied(log)))
+    monkeypatch.setattr(
+        torch, "get_device_module", lambda device: SimpleNamespace(Event=lambda: Copied(log), current_stream=current_stream)
+    )
     assert rt.TokensToHost  # imported before the patches above
     return log, made
 
 
 def reads_after_the_copy(to_host: Any, log: list[str], tokens: list[int]) -> bool:
     """Whether ``to_host`` gives back ``tokens`` only after waiting for the event recorded after its copy."""
-    to_host.start(torch.tensor(tokens, dtype=torch.int32).as_subclass(OnDevice))
+    return reads_after_the_copy_of(to_host, log, torch.tensor(tokens, dtype=torch.int32))
+
+
+def reads_after_the_copy_of(to_host: Any, log: list[str], tokens: Any) -> bool:
+    to_host.start(tokens.as_subclass(OnDevice))
     log.append("queued after the copy")
     read = to_host.wait()
-    return read == tokens and log[-3:] == ["record", "queued after the copy", "synchronize"]
+    return read == tokens.tolist() and log[-4:] == ["copy", "record", "queued after the copy", "synchronize"]
 
 
 def test_the_tokens_are_read_once_their_copy_is_done_into_one_pinned_buffer(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -853,7 +922,12 @@ def test_the_tokens_are_read_once_their_copy_is_done_into_one_pinned_buffer(monk
     assert reads_after_the_copy(to_host, log, [8, 9, 10, 11])  # room for 4: the same buffer
     assert reads_after_the_copy(to_host, log, [1] * 5)  # grown to 8
     assert made == [(4, torch.int32), (8, torch.int32)]
-    assert rt.TokensToHost().start(torch.tensor([1, 2])) is None and log.count("record") == 3  # CPU tokens: no copy
+    assert reads_after_the_copy_of(to_host, log, torch.tensor([3, 4], dtype=torch.int64))  # another dtype: a buffer of its own
+    assert made[-1] == (2, torch.int64)
+    records = log.count("record")
+    on_host = rt.TokensToHost()
+    on_host.start(torch.tensor([1, 2]))  # CPU tokens: read as they are, no copy, no event
+    assert on_host.wait() == [1, 2] and log.count("record") == records
 
     class Unwaited(rt.TokensToHost):  # the control: read as soon as queued
         def wait(self) -> list[int]:
@@ -861,3 +935,13 @@ def test_the_tokens_are_read_once_their_copy_is_done_into_one_pinned_buffer(monk
             return pending.tolist()
 
     assert not reads_after_the_copy(Unwaited(), log, [5, 6, 7])
+
+    class RecordedFirst(rt.TokensToHost):  # the control: the event before the copy it stands for
+        def start(self, tokens: Any) -> None:
+            self.copied = Copied(log)
+            self.copied.record("stream of cuda:0")
+            self.host = torch.empty(4, dtype=tokens.dtype, pin_memory=True)
+            self.pending, self.waits = self.host[: tokens.shape[0]], True
+            self.pending.copy_(tokens, non_blocking=True)
+
+    assert not reads_after_the_copy(RecordedFirst(), log, [5, 6, 7])

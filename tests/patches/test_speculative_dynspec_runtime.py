@@ -742,3 +742,65 @@ def test_a_wrong_replay_call_raises_what_it_raises_without_dynspec(args: tuple, 
     with pytest.raises(TypeError, match=message):
         backend.init_forward_metadata_replay_cuda_graph(*args, **kwargs)
     assert backend.calls == []
+
+
+# -- v1's lean step at start-up: where its draft-KV write goes (DYNSPEC_WRITE_AHEAD) ----------------------
+
+
+def lean_build_world(monkeypatch: pytest.MonkeyPatch, disaggregation: str = "null") -> Any:
+    """A v1 worker of a fake 0.5.12 that the lean step fits: the worker module's classes, a Req with
+    the verify's methods, no hybrid target, no simulated acceptance."""
+    from patches.runtime import dynspec_v2
+
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_v2", dynspec_v2)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.spec_utils", types.SimpleNamespace(SIMULATE_ACC_LEN=-1))
+    req = type("Req", (), {name: lambda self: None for name in runtime.LeanFallbackStep.REQ_NEEDS})
+    monkeypatch.setitem(sys.modules, "sglang.srt.managers.schedule_batch", types.SimpleNamespace(Req=req))
+    module = types.ModuleType("fake_v1_eagle_worker")
+    module.EagleVerifyInput = type("EagleVerifyInput", (), {"prepare_for_verify": lambda self, b, p: None})  # type: ignore[attr-defined]
+    module.EagleDraftExtendInput = type("EagleDraftExtendInput", (), {"create_idle_input": classmethod(lambda cls: None)})  # type: ignore[attr-defined]
+    module.GenerationBatchResult = lambda **fields: SimpleNamespace(**fields)  # type: ignore[attr-defined]
+    worker_cls = type("EAGLEWorker", (), {"__module__": module.__name__})
+    module.EAGLEWorker = worker_cls  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, module.__name__, module)
+    worker = worker_cls()
+    worker.target_worker = SimpleNamespace(model_runner=SimpleNamespace())
+    worker.server_args = SimpleNamespace(disaggregation_mode=disaggregation)
+    for name in (runtime.WRITE_AHEAD_ENV, dynspec_v2.LEAN_VERIFY_ENV):
+        monkeypatch.delenv(name, raising=False)
+    return worker
+
+
+@pytest.mark.parametrize(
+    ("setting", "disaggregation", "ahead", "said"),
+    [
+        (None, "null", True, "the draft KV written directly, before it)"),
+        ("1", "null", True, "the draft KV written directly, before it)"),
+        ("0", "null", False, "after it, DYNSPEC_WRITE_AHEAD=0)"),
+        (None, "decode", False, "after it, as PD disaggregation moves KV into freed slots"),
+    ],
+)
+def test_the_lean_step_writes_ahead_of_its_sync_unless_told_or_under_pd(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: Any, disaggregation: str, ahead: bool, said: str
+) -> None:
+    worker = lean_build_world(monkeypatch, disaggregation)
+    if setting is not None:
+        monkeypatch.setenv(runtime.WRITE_AHEAD_ENV, setting)
+    with caplog.at_level(logging.INFO, logger=runtime.logger.name):
+        step = runtime.LeanFallbackStep.build(worker, object, log=True)
+    assert step is not None and step.ahead is ahead
+    assert said in caplog.text and "runs as a plain decode step" in caplog.text
+
+
+def test_a_bad_write_ahead_setting_refuses_to_start_even_with_the_lean_step_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    from patches.runtime import dynspec_v2
+
+    worker = lean_build_world(monkeypatch)
+    monkeypatch.setenv(runtime.WRITE_AHEAD_ENV, "yes")
+    with pytest.raises(ValueError, match="DYNSPEC_WRITE_AHEAD must be 0 or 1, not 'yes'"):
+        runtime.LeanFallbackStep.build(worker, object, log=False)
+    monkeypatch.setenv(dynspec_v2.LEAN_VERIFY_ENV, "0")
+    with pytest.raises(ValueError, match="DYNSPEC_WRITE_AHEAD"):
+        runtime.LeanFallbackStep.build(worker, object, log=False)
+    monkeypatch.setenv(runtime.WRITE_AHEAD_ENV, "1")  # the control: a good value, the lean step off
+    assert runtime.LeanFallbackStep.build(worker, object, log=False) is None
