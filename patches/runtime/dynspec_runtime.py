@@ -1055,6 +1055,7 @@ class LeanFallbackStep:
     what this step added after it. So the write is queued before the wait, for every request, while
     the target forward still runs, behind the tokens' copy to the host (``TokensToHost``), which is
     all the wait waits for; the write's GPU time then falls in the host's time after the wait too.
+    The bookkeeping that needs no token (``count_one_verify``) runs before the wait as well.
     Where a request finished in this step the stock extend writes only the others, in the graph
     for their count, which may round their K/V apart from the graph for all: those rows are
     written again, as before (rare: a request finishes once in hundreds of steps). A finished
@@ -1198,6 +1199,7 @@ class LeanFallbackStep:
         if ahead_tried:  # queued before the wait (see the class)
             with draft_extend_contexts(worker, "draft_model_runner", self.module):
                 ahead = self.written(fallback.draft_kv.direct, ForwardMode.DECODE, rows)
+        count_one_verify(batch)  # needs no token: before the wait too
         unfinished = commit_one_token(batch, self.to_host.wait())  # the step's one wait for the GPU
         keep = None
         if len(unfinished) < bs:  # as the verify hands the extend only the unfinished requests
@@ -1348,10 +1350,21 @@ def draft_extend_contexts(owner: Any, runner: str, module: Any) -> contextlib.Ex
     return stack
 
 
+def count_one_verify(batch: Any) -> None:
+    """The half of 0.5.12's verify bookkeeping (``commit_one_token``) that needs no token: one KV
+    slot committed, one verify counted with no draft accepted. The lean step runs it before its
+    wait; nothing the other half calls reads these fields (pinned against 0.5.12's ``Req``)."""
+    for req in batch.reqs:
+        req.kv_committed_len += 1
+        req.kv_allocated_len = req.kv_committed_len
+        req.spec_verify_ct += 1
+        req.update_spec_correct_drafts_histogram(0)
+
+
 def commit_one_token(batch: Any, tokens: List[int]) -> List[int]:
-    """0.5.12's verify bookkeeping for a one-node tree whose root every request accepted: append
-    the token, update reasoning, check finished, commit one KV slot, count the verify; returns the
-    indices of the requests that have not finished. Grammar is not here: the lean step refuses it."""
+    """0.5.12's verify bookkeeping for a one-node tree whose root every request accepted, after
+    ``count_one_verify``: append the token, update reasoning, check finished; returns the indices
+    of the requests that have not finished. Grammar is not here: the lean step refuses it."""
     think_end_id = getattr(batch.model_config, "think_end_id", None)
     unfinished = []
     for i, (req, token) in enumerate(zip(batch.reqs, tokens)):
@@ -1359,14 +1372,9 @@ def commit_one_token(batch: Any, tokens: List[int]) -> List[int]:
         if req.require_reasoning and think_end_id is not None:
             req.update_reasoning_tokens(token, think_end_id)
         req.check_finished()
-        req.kv_committed_len += 1
-        req.kv_allocated_len = req.kv_committed_len
         if not req.finished():
             unfinished.append(i)
-        req.spec_verify_ct += 1
-        req.update_spec_correct_drafts_histogram(0)
     return unfinished
-
 
 def v1_draft_kv_default(worker: Any) -> str:
     """``auto`` on v1: ``kv-direct`` where the worker's extend takes the input the direct write feeds

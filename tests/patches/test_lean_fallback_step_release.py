@@ -29,9 +29,10 @@ from patches.runtime import dynspec_runtime as rt
 
 VERSION = "0.5.12"  # the one v1 release with the EagleDraftExtendInput the lean step needs (v1 ends there)
 EAGLE_INFO = "srt/speculative/eagle_info.py"
+SCHEDULE_BATCH = "srt/managers/schedule_batch.py"
 EAGLE_WORKER = "srt/speculative/eagle_worker.py"
 SPEC_UTILS = "srt/speculative/spec_utils.py"
-MEMBERS = [EAGLE_INFO, EAGLE_WORKER, SPEC_UTILS]
+MEMBERS = [EAGLE_INFO, EAGLE_WORKER, SPEC_UTILS, SCHEDULE_BATCH]
 # What the verify does per request that the lean step does not: grammar (refused) and adding 0.
 NOT_MIRRORED = {"req.grammar", "req.spec_num_correct_drafts"}
 
@@ -78,13 +79,39 @@ def bookkeeping_problems(source: str) -> list[str]:
     loop = verify_loop(source)
     if loop is None:
         return ["EagleVerifyInput.verify has no loop over batch.reqs"]
-    mirrored = req_uses(runtime_function(rt.commit_one_token.__name__))
+    mirrored = req_uses(runtime_function(rt.commit_one_token.__name__)) | req_uses(runtime_function(rt.count_one_verify.__name__))
     stock = req_uses(loop)
-    problems = [f"the verify does {use} per request, commit_one_token does not" for use in sorted(stock - mirrored - NOT_MIRRORED)]
-    problems += [f"commit_one_token does {use}, the verify does not" for use in sorted(mirrored - stock)]
+    problems = [f"the verify does {use} per request, the lean step does not" for use in sorted(stock - mirrored - NOT_MIRRORED)]
+    problems += [f"the lean step does {use}, the verify does not" for use in sorted(mirrored - stock)]
     increments = {ast.unparse(n) for n in ast.walk(loop) if isinstance(n, ast.AugAssign)}
     if "req.spec_verify_ct += 1" not in increments:
         problems.append("the verify counts its verifies otherwise")
+    return problems
+
+
+def self_uses(node: ast.AST) -> set[str]:
+    """Every ``self.<name>`` the code reads, writes or calls."""
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"}
+
+
+def early_count_problems(schedule_batch: str) -> list[str]:
+    """``count_one_verify`` runs before the tokens are known, so before ``commit_one_token``'s calls
+    on a request (``check_finished``, ``finished``, ``update_reasoning_tokens``, and the methods of
+    ``Req`` they call in turn): none of those may read what it changes."""
+    counted = {"kv_committed_len", "kv_allocated_len", "spec_verify_ct", "spec_correct_drafts_histogram"}
+    pending, seen, problems = ["check_finished", "finished", "update_reasoning_tokens"], set(), []
+    while pending:
+        name = pending.pop()
+        if name in seen:
+            continue
+        seen.add(name)
+        method = method_of(schedule_batch, "Req", name)
+        if method is None:
+            problems.append(f"Req has no {name}")
+            continue
+        uses = self_uses(method)
+        problems += [f"Req.{name} reads {field}, which the lean step counts before it" for field in sorted(uses & counted)]
+        pending += [use for use in uses if method_of(schedule_batch, "Req", use) is not None]
     return problems
 
 
@@ -126,6 +153,11 @@ def test_the_verify_bookkeeping_is_what_commit_one_token_does() -> None:
 
 
 @pytest.mark.releases
+def test_what_the_lean_step_counts_before_its_wait_is_read_by_nothing_it_calls_after() -> None:
+    assert early_count_problems(source_of(SCHEDULE_BATCH)) == []
+
+
+@pytest.mark.releases
 def test_the_verify_forward_is_prepared_as_the_lean_step_prepares_it() -> None:
     assert forward_problems(source_of(EAGLE_WORKER)) == []
 
@@ -148,6 +180,18 @@ def test_the_scheduler_truncates_the_next_draft_input() -> None:
         (bookkeeping_problems, EAGLE_INFO, "req.spec_verify_ct += 1", "req.spec_verify_ct += 2"),
         (bookkeeping_problems, EAGLE_INFO, "            req.kv_allocated_len = req.kv_committed_len\n", ""),
         (forward_problems, EAGLE_WORKER, "model_worker_batch, is_verify=True", "model_worker_batch"),
+        (
+            early_count_problems,
+            SCHEDULE_BATCH,
+            "        if self._check_vocab_boundary_finish(new_accepted_tokens):",
+            "        if self.kv_committed_len < 0:\n            return\n\n        if self._check_vocab_boundary_finish(new_accepted_tokens):",
+        ),
+        (  # a method check_finished calls reads one: the walk follows the calls
+            early_count_problems,
+            SCHEDULE_BATCH,
+            "        if self.sampling_params.ignore_eos:\n            return False\n",
+            "        if self.sampling_params.ignore_eos or self.spec_verify_ct > 9:\n            return False\n",
+        ),
         (truncation_problems, EAGLE_INFO, "self.bonus_tokens = self.bonus_tokens[: len(new_indices)]", "pass"),
     ],
 )
