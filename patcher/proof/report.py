@@ -10,7 +10,8 @@ markers in the tree name}, ``passed``, ``equivalence`` {``passed``,
 mode: {level: [each run's median steady tok/s]}} and ``outside_steady_ms`` {server mode: {level: [each
 timed run's milliseconds beyond its tokens at its steady speed]}} (``steps``),
 ``mixed_load`` {``passed``, ``seconds`` {``base``, ``always_on``, ``dynspec``},
-``oracle_seconds``, ``phases``, and with ``--mixed-variant`` ``variants`` {name: {``env``,
+``oracle_seconds``, ``phases``, ``phase_median_sums`` and ``dynspec_over_oracle_by_phase`` (the oracle's
+statistic for every server, reported, not judged), and with ``--mixed-variant`` ``variants`` {name: {``env``,
 ``seconds``, ``over_dynspec``, ``dynspec_over_oracle``}}}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
 ``skip_resumed``, ``full_resumed``, ``requests``, ``resumed_over_full``, ``resumed_over_always_on``, ``skip_over_full``
 ({``ratio``, ``ci95``}), ``control_drops``, with real weights ``proposals``}, ``model`` (``dummy``, or the real model's name) and ``model_sha256`` (real weights: {``gguf``, ``head``}, the
@@ -207,6 +208,12 @@ def summary(report: Report) -> str:
             f"    per-phase oracle {_fmt(ml.get('oracle_seconds'), 2)} "
             f"(dynspec / oracle {_fmt(ml.get('dynspec_over_oracle'), 3)})"
         )
+        sums = ml.get("phase_median_sums") or {}
+        if ml.get("dynspec_over_oracle_by_phase") is not None:
+            lines.append(
+                f"    sums of phase medians: base {_fmt(sums.get('base'), 2)}, always-on {_fmt(sums.get('always_on'), 2)}, "
+                f"dynspec {_fmt(sums.get('dynspec'), 2)} ({_fmt(ml.get('dynspec_over_oracle_by_phase'), 3)}x the oracle; not the verdict)"
+            )
         lines.append(f"{'C':>5}  {'base':>7}  {'always-on':>9}  {'dynspec':>7}  {'oracle':>7}")
         for row in ml["phases"]:
             lines.append(

@@ -1919,3 +1919,43 @@ def test_session_22_at_admission_the_own_fallbacks_extra_time_is_mostly_idle_gpu
 
     assert long_gaps(dyn) - long_gaps(base) == 600
     assert long_gaps(base) < 0.4 * b_idle  # negative control: base's idle is mostly short gaps
+
+
+# -- session 24 (no GPU): mixed_load's verdict ratio and the oracle's own statistic, from committed reports --
+
+# report directory: (the verdict's ratio, dynspec's sum of per-phase medians over the oracle), as docs/proof says
+MIXED_BY_PHASE = {
+    "0.5.17-v2-s22-r32-stream-tput": (1.027, 1.005),
+    "0.5.17-v2-s21-r32-tput": (1.048, 1.039),
+    "0.5.17-v2-s20-r32-tput": (1.012, 1.001),
+    "0.5.17-v2-s10-kv-batch4-throughput": (1.027, 1.021),
+    "0.5.17-v2-s6-kv-direct-throughput": (1.020, 0.997),
+    "0.5.17-v2-s5-kv-graph-throughput": (1.042, 1.040),
+    "0.5.12-v2-s21-r32-prefill-graph-tput": (1.000, 0.998),
+    "0.5.12-v2-s20-r32-tput": (1.032, 1.025),
+    "0.5.12-v2-s18-r28-tput": (1.030, 1.016),
+    "0.5.12-v2-s16-r23-tput": (1.035, 1.019),
+    "0.5.12-v2-s15-r16-prefill-kv-tput": (1.006, 0.995),
+    "0.5.12-v2-s12-every-iteration-throughput": (1.041, 1.032),
+    "0.5.12-v2-s11-kv-direct-throughput": (1.040, 1.044),
+    "0.5.12-v1-s14-r15-mixed": (1.082, 1.070),
+}
+
+
+def by_phase(mixed: dict) -> float:
+    return sum(row["dynspec_s"] for row in mixed["phases"]) / mixed["oracle_seconds"]
+
+
+@pytest.mark.parametrize("name", sorted(MIXED_BY_PHASE))
+def test_session_24_mixed_load_read_by_phase_as_the_oracle_is(name: str) -> None:
+    """The oracle is a sum of per-phase medians; so is the by-phase reading of dynspec, recomputed
+    from each committed report's phases (the verdict's ratio divides its median pass total)."""
+    mixed = json.loads((PROOF / name / "report.json").read_text())["mixed_load"]
+    verdict, phased = MIXED_BY_PHASE[name]
+    assert round(mixed["seconds"]["dynspec"] / mixed["oracle_seconds"], 4) == mixed["dynspec_over_oracle"]
+    assert mixed["dynspec_over_oracle"] == pytest.approx(verdict, abs=5e-4)  # as the docs round it
+    assert round(by_phase(mixed), 3) == phased
+    assert mixed["oracle_seconds"] == pytest.approx(sum(row["oracle_s"] for row in mixed["phases"]), abs=0.002)
+    # The control: the same reading with one phase a tenth of a second slower moves the third decimal.
+    slower = {**mixed, "phases": [{**mixed["phases"][0], "dynspec_s": mixed["phases"][0]["dynspec_s"] + 0.1}, *mixed["phases"][1:]]}
+    assert round(by_phase(slower), 3) != phased

@@ -108,6 +108,22 @@ def test_phases_and_totals_are_medians_over_the_passes() -> None:
     assert entry["oracle_seconds"] == 6.0
 
 
+def test_the_sums_of_per_phase_medians_are_reported_beside_the_verdict() -> None:
+    """dynspec's passes each have one slow phase, a different one each time: its median total (8)
+    counts one; the sum of its phase medians (6), the oracle's statistic, none. The verdict stays
+    on the totals. The control: passes without a slow phase read the same both ways."""
+    dynspec = passes([4, 2, 2], [2, 4, 2], [2, 2, 4])
+    entry = mixed.judge(SCHEDULE, {"base": passes([2, 3, 2]), "always_on": passes([3, 2, 3]), "dynspec": dynspec}, 1.1, [])
+    assert entry["oracle_seconds"] == 6.0 and entry["seconds"]["dynspec"] == 8.0
+    assert entry["phase_median_sums"] == {"base": 7.0, "always_on": 8.0, "dynspec": 6.0}
+    assert (entry["dynspec_over_oracle"], entry["dynspec_over_oracle_by_phase"]) == (1.3333, 1.0)
+    assert not entry["passed"]  # 8 > 1.1 x 6, and not faster than always-on's 8
+    steady = mixed.judge(SCHEDULE, {"base": passes([2, 3, 2]), "always_on": passes([3, 2, 3]), "dynspec": passes([2, 2, 2])}, 1.1, [])
+    assert steady["dynspec_over_oracle"] == steady["dynspec_over_oracle_by_phase"] == 1.0 and steady["passed"]
+    text = reports.summary({"mixed_load": {**entry, "repeats": 3}})
+    assert "sums of phase medians: base 7.00, always-on 8.00, dynspec 6.00 (1.000x the oracle; not the verdict)" in text
+
+
 def test_more_than_max_ratio_times_the_oracle_fails() -> None:
     entry = mixed.judge(
         SCHEDULE,
