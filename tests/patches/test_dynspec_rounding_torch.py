@@ -579,6 +579,48 @@ def test_a_step_in_which_every_request_finishes_leaves_an_idle_draft_input(monke
     assert all(r.finished() for r in reqs) and batch.seq_lens.tolist() == [41, 42, 43]
 
 
+def stock_bits_of_the_kept(worker: Any, tokens: list[int], kept: list[int], twin: V1Twin) -> V1Twin:
+    """What the stock extend leaves for the kept requests (pre-step positions 40 + i, slots 300 + i)."""
+    keep = torch.tensor(kept)
+    stock_extend_bytes(
+        twin,
+        SimpleNamespace(seq_lens=torch.arange(40, 40 + len(tokens))[keep], out_cache_loc=torch.arange(300, 300 + len(tokens))[keep]),
+        SimpleNamespace(
+            next_token_ids=torch.tensor(tokens)[keep], logits_output=SimpleNamespace(hidden_states=worker.target_worker.outputs[-1][keep])
+        ),
+    )
+    return twin
+
+
+def test_rows_written_ahead_in_a_graph_that_rounds_by_row_are_written_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Twelve requests, the first finishes: graphs 8 - 16 round rows from the eighth on apart (by
+    row). Written ahead, the ninth request sat at row 8; in the stock extend of the eleven kept it
+    sits at row 7. The kept rows are written again (graph 12): the stock bits. The control: the
+    write ahead alone leaves other bits for that request, though its graph is the stock one."""
+    tokens = [20 + i for i in range(12)]
+    reqs = [Req(max_new=1 if i == 0 else 8) for i in range(12)]
+    direct = V1Twin(late_rows=(8, 12, 16))
+    write = v1_writer(direct)
+    assert write.rounding is not None and write.rounding[SIZES.index(12)] < 0
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, tokens, write)
+    step.step(worker, batch, fallback)
+    assert direct.replays == [12, 12]
+    kept = list(range(1, 12))
+    stock = stock_bits_of_the_kept(worker, tokens, kept, V1Twin(late_rows=(8, 12, 16)))
+    slots = [300 + i for i in kept]
+    assert torch.equal(slot_bytes(direct, slots), slot_bytes(stock, slots))
+    ahead_only = V1Twin(late_rows=(8, 12, 16))
+    v1_writer(ahead_only).write(
+        SimpleNamespace(forward_mode=ForwardMode(ForwardMode.DECODE), seq_lens=torch.arange(40, 52), out_cache_loc=torch.arange(300, 312)),
+        SimpleNamespace(
+            next_token_ids=torch.tensor(tokens),
+            logits_output=SimpleNamespace(hidden_states=worker.target_worker.outputs[-1]),
+            next_draft_input=SimpleNamespace(),
+        ),
+    )
+    assert not torch.equal(slot_bytes(ahead_only, [308]), slot_bytes(stock, [308]))
+
+
 def test_with_the_write_after_the_sync_a_step_in_which_some_finish_writes_the_kept_rows_once(monkeypatch: pytest.MonkeyPatch) -> None:
     """DYNSPEC_WRITE_AHEAD=0, two of five finish: one replay after the wait (graph 1, as graph 4),
     the stock extend's bits, and the finished requests' slots untouched, as before r22."""
