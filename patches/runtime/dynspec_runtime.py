@@ -963,7 +963,7 @@ class DynspecFallback:
         self.bit_check = KVBitCheck.from_env(self.draft_kv.graph, log)
         # With the bit check too: its lean iterations compare the lean rows' direct write with the full
         # extend (exact_kv's reference server turns the lean step off, DYNSPEC_LEAN_VERIFY=0).
-        self.lean = LeanFallbackStep.build(worker, next_input_cls, log)
+        self.lean = LeanFallbackStep.build(worker, next_input_cls, log, checked=self.bit_check is not None)
         stock = worker.forward_draft_extend_after_decode
         self.stock_extend = stock
 
@@ -1061,8 +1061,10 @@ class LeanFallbackStep:
     written again, as before (rare: a request finishes once in hundreds of steps). A finished
     request's row is written into its last slot, which nothing reads: with EAGLE the radix cache
     keys token pairs, so that slot is freed with the request (0.5.12's ``cache_finished_req``), and
-    the next owner's forward writes it again, after the write in the same stream. Not with PD
-    disaggregation, whose transfers fill new slots unordered with the stream: there it writes after.
+    the next owner's forward writes it again, after the write in the same stream. Where that is
+    not so, the write stays after the wait: PD disaggregation, whose transfers fill new slots
+    unordered with the stream, and streaming sessions, whose next turn keeps and reads that slot
+    (where the stock extend leaves what was there).
 
     A batch it does not take (sampling, penalties, logit bias, a custom logit processor, grammar,
     logprobs, not a decode) runs the stock path, and the first is logged, with the reason. A batch
@@ -1083,13 +1085,14 @@ class LeanFallbackStep:
         self.log = log  # rank 0
         self.said_no = False  # the first batch left to the stock path has been logged
         self.to_host = TokensToHost()
-        # The draft KV written before the step's wait (``DYNSPEC_WRITE_AHEAD``); never with the bit
-        # check, which writes after it, beside the full extend it compares with.
+        # The draft KV written before the step's wait (``DYNSPEC_WRITE_AHEAD``; ``build`` says where
+        # not); never with the bit check, which writes after it, beside the full extend it compares with.
         self.ahead = ahead
 
     @classmethod
-    def build(cls, worker: Any, next_input_cls: Any, log: bool) -> Optional["LeanFallbackStep"]:
-        """The lean step for this worker, or None (the stock path; why is logged on rank 0)."""
+    def build(cls, worker: Any, next_input_cls: Any, log: bool, checked: bool = False) -> Optional["LeanFallbackStep"]:
+        """The lean step for this worker, or None (the stock path; why is logged on rank 0).
+        ``checked``: the KV bit check is on (``DYNSPEC_CHECK_KV_BITS``)."""
         from sglang.srt.speculative.dynspec_v2 import LeanVerify, lean_verify_enabled, on_off_setting, read_setting
 
         ahead = on_off_setting(WRITE_AHEAD_ENV, True)  # a bad value refuses to start, used or not
@@ -1107,10 +1110,16 @@ class LeanFallbackStep:
                 logger.info(f"dynspec: a fallback iteration runs the stock one-node verify ({why_not})")
             return None
         when = "before it" if ahead else f"after it, {WRITE_AHEAD_ENV}=0"
-        if ahead and read_setting(worker, "disaggregation_mode", "null") not in (None, "null"):
-            # A finished request's row is written ahead too, and its slot is freed right after the step;
-            # PD's transfer engine fills new slots without waiting for the worker's stream.
+        # A finished request's row is written ahead too: where its last slot may be read or refilled
+        # outside the worker's stream, the write stays after the wait.
+        if ahead and checked:
+            ahead, when = False, "after it, beside the KV bit check's full extend"
+        elif ahead and read_setting(worker, "disaggregation_mode", "null") not in (None, "null"):
+            # The slot is freed right after the step, and PD's transfers fill new slots unordered with the stream.
             ahead, when = False, "after it, as PD disaggregation moves KV into freed slots unordered with the write"
+        elif ahead and read_setting(worker, "enable_streaming_session", False):
+            # The stock extend leaves that slot's draft KV as it was, and a session's next turn keeps and reads it.
+            ahead, when = False, "after it, as a streaming session's next turn reads a finished request's last slot"
         if log:
             logger.info(
                 "dynspec: a fallback iteration of a greedy batch runs as a plain decode step (the target's argmax, "
@@ -1375,6 +1384,7 @@ def commit_one_token(batch: Any, tokens: List[int]) -> List[int]:
         if not req.finished():
             unfinished.append(i)
     return unfinished
+
 
 def v1_draft_kv_default(worker: Any) -> str:
     """``auto`` on v1: ``kv-direct`` where the worker's extend takes the input the direct write feeds

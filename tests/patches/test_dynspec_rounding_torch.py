@@ -569,6 +569,88 @@ def test_a_step_in_which_no_request_finishes_writes_once_and_before_its_wait(mon
     assert at_wait == [[]] and after.replays == [8] and torch.equal(pool_bytes(after), pool_bytes(stock))
 
 
+def timeline_world(monkeypatch: pytest.MonkeyPatch, reqs: list[Req], tokens: list[int], twin: V1Twin) -> tuple[Any, ...]:
+    """``lean_world`` with the draft's TP context and the worker module's MoE context recorded, with
+    each replay, the wait, the bookkeeping, the idle draft input and the stock extend."""
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, tokens, v1_writer(twin))
+    timeline: list[str] = []
+
+    def context(name: str) -> Any:
+        @contextlib.contextmanager
+        def entered(*args: Any) -> Any:
+            timeline.append(f"enter {name}")
+            yield
+            timeline.append(f"exit {name}")
+
+        return entered
+
+    worker.draft_tp_context = context("tp")
+    worker.draft_model_runner = SimpleNamespace(tp_group="the draft's group")
+    step.module.speculative_moe_backend_context = context("moe")
+    replay = twin.replay
+    twin.replay = lambda size: timeline.append("replay") or replay(size)  # type: ignore[method-assign]
+    wait = step.to_host.wait
+    step.to_host.wait = lambda: timeline.append("wait") or wait()
+    worker._draft_preprocess_idle = lambda b: timeline.append("idle")
+    fallback.draft_kv.kv_only = lambda w: contextlib.nullcontext()
+    worker.forward_draft_extend_after_decode = lambda b: timeline.append("extend") or "the stock extend's"
+    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
+    return step, worker, batch, fallback, timeline
+
+
+IN = ["enter tp", "enter moe"]
+OUT = ["exit moe", "exit tp"]
+
+
+@pytest.mark.parametrize(
+    ("requests", "finishing", "expected"),
+    [
+        (6, 0, [*IN, "replay", *OUT, "wait"]),
+        (5, 2, [*IN, "replay", *OUT, "wait", *IN, "replay", *OUT]),
+        (3, 3, [*IN, "replay", *OUT, "wait", *IN, "idle", *OUT]),
+        (17, 0, [*IN, *OUT, "wait", *IN, "extend", *OUT]),
+    ],
+    ids=["none-finish", "some-finish", "all-finish", "declined"],
+)
+def test_every_draft_write_runs_in_the_drafts_contexts_and_the_wait_outside(
+    monkeypatch: pytest.MonkeyPatch, requests: int, finishing: int, expected: list[str]
+) -> None:
+    """The draft's TP group and the MoE backends around each write, the idle draft input and the
+    stock extend, as the stock decode branch runs its extend; the wait and the bookkeeping outside.
+    The control: without the contexts (a runtime that forgot them) the same timeline differs."""
+    reqs = [Req(max_new=1 if i < finishing else 8) for i in range(requests)]
+    tokens = [10 + i for i in range(requests)]
+    step, worker, batch, fallback, timeline = timeline_world(monkeypatch, reqs, tokens, V1Twin(apart=(8, 12, 16)))
+    step.step(worker, batch, fallback)
+    assert timeline == expected
+
+    from patches.runtime import dynspec_runtime as rt
+
+    monkeypatch.setattr(rt, "draft_extend_contexts", lambda *args: contextlib.ExitStack())
+    reqs = [Req(max_new=1 if i < finishing else 8) for i in range(requests)]
+    step, worker, batch, fallback, timeline = timeline_world(monkeypatch, reqs, tokens, V1Twin(apart=(8, 12, 16)))
+    step.step(worker, batch, fallback)
+    assert timeline != expected
+
+
+def test_the_bookkeeping_that_needs_no_token_is_done_before_the_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    """At the wait every request has its KV slot committed and its verify counted, and no token yet.
+    The control: the first request's token is appended only after."""
+    reqs = [Req(max_new=8) for _ in range(4)]
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, [5, 6, 7, 8], v1_writer(V1Twin()))
+    seen: list[tuple[Any, ...]] = []
+    wait = step.to_host.wait
+
+    def waiting() -> list[int]:
+        seen.append(tuple((r.kv_committed_len, r.kv_allocated_len, r.spec_verify_ct, list(r.histogram), list(r.output_ids)) for r in reqs))
+        return wait()
+
+    step.to_host.wait = waiting
+    step.step(worker, batch, fallback)
+    assert seen == [tuple((41, 41, 1, [0], []) for _ in reqs)]
+    assert [r.output_ids for r in reqs] == [[5], [6], [7], [8]] and [r.kv_committed_len for r in reqs] == [41] * 4
+
+
 def test_a_step_in_which_every_request_finishes_leaves_an_idle_draft_input(monkeypatch: pytest.MonkeyPatch) -> None:
     """The write ahead has run (three rows, graph 1); nothing is written after the wait."""
     reqs = [Req(max_new=1) for _ in range(3)]
@@ -665,7 +747,9 @@ def test_without_graph_padding_each_write_takes_only_counts_with_a_graph(
     assert twin.replays == replays and seen == extended
 
 
-@pytest.mark.parametrize(("finishing", "direct_rows", "stock_rows"), [(0, [], [17]), (1, [16], [])], ids=["none-finish", "one-finishes"])
+@pytest.mark.parametrize(
+    ("finishing", "direct_rows", "stock_rows"), [(0, [], [17]), (1, [16], []), (17, [], [])], ids=["none-finish", "one-finishes", "all-finish"]
+)
 def test_a_batch_the_write_ahead_does_not_take_is_written_after_the_wait(
     monkeypatch: pytest.MonkeyPatch, finishing: int, direct_rows: list[int], stock_rows: list[int]
 ) -> None:

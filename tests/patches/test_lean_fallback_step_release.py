@@ -30,9 +30,11 @@ from patches.runtime import dynspec_runtime as rt
 VERSION = "0.5.12"  # the one v1 release with the EagleDraftExtendInput the lean step needs (v1 ends there)
 EAGLE_INFO = "srt/speculative/eagle_info.py"
 SCHEDULE_BATCH = "srt/managers/schedule_batch.py"
+SERVER_ARGS = "srt/server_args.py"
+TOKENIZER_CONTROL = "srt/managers/tokenizer_control_mixin.py"
 EAGLE_WORKER = "srt/speculative/eagle_worker.py"
 SPEC_UTILS = "srt/speculative/spec_utils.py"
-MEMBERS = [EAGLE_INFO, EAGLE_WORKER, SPEC_UTILS, SCHEDULE_BATCH]
+MEMBERS = [EAGLE_INFO, EAGLE_WORKER, SPEC_UTILS, SCHEDULE_BATCH, SERVER_ARGS, TOKENIZER_CONTROL]
 # What the verify does per request that the lean step does not: grammar (refused) and adding 0.
 NOT_MIRRORED = {"req.grammar", "req.spec_num_correct_drafts"}
 
@@ -94,12 +96,27 @@ def self_uses(node: ast.AST) -> set[str]:
     return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"}
 
 
+def req_calls(node: ast.AST) -> set[str]:
+    """The ``req.<name>(...)`` methods the code calls."""
+    return {
+        n.func.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "req"
+    }
+
+
 def early_count_problems(schedule_batch: str) -> list[str]:
     """``count_one_verify`` runs before the tokens are known, so before ``commit_one_token``'s calls
-    on a request (``check_finished``, ``finished``, ``update_reasoning_tokens``, and the methods of
-    ``Req`` they call in turn): none of those may read what it changes."""
-    counted = {"kv_committed_len", "kv_allocated_len", "spec_verify_ct", "spec_correct_drafts_histogram"}
-    pending, seen, problems = ["check_finished", "finished", "update_reasoning_tokens"], set(), []
+    on a request (and the methods of ``Req`` they call in turn): none of those may read what it
+    changes, which is what it assigns and what the methods it calls write."""
+    early = runtime_function(rt.count_one_verify.__name__)
+    counted = {name.removeprefix("req.") for name in req_uses(early)} - req_calls(early)
+    for name in req_calls(early):
+        method = method_of(schedule_batch, "Req", name)
+        if method is None:
+            return [f"Req has no {name}"]
+        counted |= {ast.unparse(t).removeprefix("self.").split("[")[0] for n in ast.walk(method) for t in assigned(n)}
+    pending, seen, problems = sorted(req_calls(runtime_function(rt.commit_one_token.__name__))), set(), []
     while pending:
         name = pending.pop()
         if name in seen:
@@ -112,6 +129,30 @@ def early_count_problems(schedule_batch: str) -> list[str]:
         uses = self_uses(method)
         problems += [f"Req.{name} reads {field}, which the lean step counts before it" for field in sorted(uses & counted)]
         pending += [use for use in uses if method_of(schedule_batch, "Req", use) is not None]
+    return problems
+
+
+def assigned(node: ast.AST) -> list[ast.expr]:
+    """What an assignment, an augmented one or a mutating call (``extend``, ``append``) writes."""
+    if isinstance(node, ast.Assign):
+        return list(node.targets)
+    if isinstance(node, ast.AugAssign):
+        return [node.target]
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("extend", "append"):
+        return [node.func.value]
+    return []
+
+
+def setting_problems(server_args: str, tokenizer_control: str) -> list[str]:
+    """The settings ``LeanFallbackStep.build`` reads to keep the write after the wait: their names
+    and off values in ``ServerArgs``, and that a streaming session needs its flag."""
+    problems = []
+    if 'disaggregation_mode: Literal["null", "prefill", "decode"] = "null"' not in server_args:
+        problems.append("ServerArgs.disaggregation_mode is not the one whose off value is 'null'")
+    if "enable_streaming_session: bool = False" not in server_args:
+        problems.append("ServerArgs has no enable_streaming_session, off by default")
+    if "if not self.server_args.enable_streaming_session:" not in tokenizer_control:
+        problems.append("a streaming session no longer needs --enable-streaming-session")
     return problems
 
 
@@ -158,6 +199,27 @@ def test_what_the_lean_step_counts_before_its_wait_is_read_by_nothing_it_calls_a
 
 
 @pytest.mark.releases
+def test_the_settings_that_keep_the_write_after_the_wait_are_read_by_their_names() -> None:
+    assert setting_problems(source_of(SERVER_ARGS), source_of(TOKENIZER_CONTROL)) == []
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize(
+    ("member", "old", "new"),
+    [
+        (SERVER_ARGS, 'disaggregation_mode: Literal["null", "prefill", "decode"]', 'disaggregation: Literal["null", "prefill", "decode"]'),
+        (SERVER_ARGS, "enable_streaming_session: bool = False", "streaming_sessions: bool = False"),
+        (TOKENIZER_CONTROL, "if not self.server_args.enable_streaming_session:", "if False:"),
+    ],
+)
+def test_the_settings_checker_reports_a_changed_release(member: str, old: str, new: str) -> None:
+    sources = {SERVER_ARGS: source_of(SERVER_ARGS), TOKENIZER_CONTROL: source_of(TOKENIZER_CONTROL)}
+    assert old in sources[member]
+    sources[member] = sources[member].replace(old, new, 1)
+    assert setting_problems(sources[SERVER_ARGS], sources[TOKENIZER_CONTROL]) != []
+
+
+@pytest.mark.releases
 def test_the_verify_forward_is_prepared_as_the_lean_step_prepares_it() -> None:
     assert forward_problems(source_of(EAGLE_WORKER)) == []
 
@@ -185,6 +247,18 @@ def test_the_scheduler_truncates_the_next_draft_input() -> None:
             SCHEDULE_BATCH,
             "        if self._check_vocab_boundary_finish(new_accepted_tokens):",
             "        if self.kv_committed_len < 0:\n            return\n\n        if self._check_vocab_boundary_finish(new_accepted_tokens):",
+        ),
+        (  # what a method count_one_verify calls writes counts too
+            early_count_problems,
+            SCHEDULE_BATCH,
+            "        if self._check_vocab_boundary_finish(new_accepted_tokens):",
+            "        if not self.spec_correct_drafts_histogram:\n            return\n\n        if self._check_vocab_boundary_finish(new_accepted_tokens):",
+        ),
+        (
+            early_count_problems,
+            SCHEDULE_BATCH,
+            "        if self._check_vocab_boundary_finish(new_accepted_tokens):",
+            "        if self.kv_allocated_len < 0:\n            return\n\n        if self._check_vocab_boundary_finish(new_accepted_tokens):",
         ),
         (  # a method check_finished calls reads one: the walk follows the calls
             early_count_problems,

@@ -747,7 +747,7 @@ def test_a_wrong_replay_call_raises_what_it_raises_without_dynspec(args: tuple, 
 # -- v1's lean step at start-up: where its draft-KV write goes (DYNSPEC_WRITE_AHEAD) ----------------------
 
 
-def lean_build_world(monkeypatch: pytest.MonkeyPatch, disaggregation: str = "null") -> Any:
+def lean_build_world(monkeypatch: pytest.MonkeyPatch, disaggregation: str = "null", streaming: bool = False) -> Any:
     """A v1 worker of a fake 0.5.12 that the lean step fits: the worker module's classes, a Req with
     the verify's methods, no hybrid target, no simulated acceptance."""
     from patches.runtime import dynspec_v2
@@ -765,29 +765,32 @@ def lean_build_world(monkeypatch: pytest.MonkeyPatch, disaggregation: str = "nul
     monkeypatch.setitem(sys.modules, module.__name__, module)
     worker = worker_cls()
     worker.target_worker = SimpleNamespace(model_runner=SimpleNamespace())
-    worker.server_args = SimpleNamespace(disaggregation_mode=disaggregation)
+    worker.server_args = SimpleNamespace(disaggregation_mode=disaggregation, enable_streaming_session=streaming)
     for name in (runtime.WRITE_AHEAD_ENV, dynspec_v2.LEAN_VERIFY_ENV):
         monkeypatch.delenv(name, raising=False)
     return worker
 
 
 @pytest.mark.parametrize(
-    ("setting", "disaggregation", "ahead", "said"),
+    ("setting", "server", "ahead", "said"),
     [
-        (None, "null", True, "the draft KV written directly, before it)"),
-        ("1", "null", True, "the draft KV written directly, before it)"),
-        ("0", "null", False, "after it, DYNSPEC_WRITE_AHEAD=0)"),
-        (None, "decode", False, "after it, as PD disaggregation moves KV into freed slots"),
+        (None, {}, True, "the draft KV written directly, before it)"),
+        ("1", {}, True, "the draft KV written directly, before it)"),
+        ("0", {}, False, "after it, DYNSPEC_WRITE_AHEAD=0)"),
+        (None, {"disaggregation": "decode"}, False, "after it, as PD disaggregation moves KV into freed slots"),
+        (None, {"streaming": True}, False, "after it, as a streaming session's next turn reads"),
+        (None, {"checked": True}, False, "after it, beside the KV bit check's full extend)"),
     ],
 )
-def test_the_lean_step_writes_ahead_of_its_sync_unless_told_or_under_pd(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: Any, disaggregation: str, ahead: bool, said: str
+def test_the_lean_step_writes_ahead_of_its_sync_unless_told_or_where_a_finished_slot_matters(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: Any, server: dict, ahead: bool, said: str
 ) -> None:
-    worker = lean_build_world(monkeypatch, disaggregation)
+    checked = server.pop("checked", False)
+    worker = lean_build_world(monkeypatch, **server)
     if setting is not None:
         monkeypatch.setenv(runtime.WRITE_AHEAD_ENV, setting)
     with caplog.at_level(logging.INFO, logger=runtime.logger.name):
-        step = runtime.LeanFallbackStep.build(worker, object, log=True)
+        step = runtime.LeanFallbackStep.build(worker, object, log=True, checked=checked)
     assert step is not None and step.ahead is ahead
     assert said in caplog.text and "runs as a plain decode step" in caplog.text
 
