@@ -1959,3 +1959,27 @@ def test_session_24_mixed_load_read_by_phase_as_the_oracle_is(name: str) -> None
     # The control: the same reading with one phase a tenth of a second slower moves the third decimal.
     slower = {**mixed, "phases": [{**mixed["phases"][0], "dynspec_s": mixed["phases"][0]["dynspec_s"] + 0.1}, *mixed["phases"][1:]]}
     assert round(by_phase(slower), 3) != phased
+
+
+# -- session 24 (runtime r22 / v2 module r39 at 9a5acee): v1's exact_kv with the write ahead of the sync --
+
+S24_REVISIONS = {"speculative_dynspec_runtime": 22, "speculative_dynspec_v2": 39}
+S24_V1_EXACT = PROOF / "0.5.12-v1-s24-r22-exactkv"
+
+
+def test_session_24_v1s_lean_step_writing_ahead_of_its_sync_leaves_the_full_extends_draft_kv() -> None:
+    """KV_CHECKS=exact_kv on 0.5.12 v1, 5 cycles (fresh machine, 3 servers at a time): the server under
+    test ran the lean step with its write queued before the sync ("before it" in its start-up line),
+    and its 1988 proposals after a fallback span equal the full extend's; the no-write control
+    differs at 32 of 1980 (so the check has teeth, unlike session 22's 3-cycle load)."""
+    report = report_of(S24_V1_EXACT, {}, S24_REVISIONS)
+    recs, files = kv_proof_recordings(S24_V1_EXACT)
+    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
+    assert entry["passed"] and report["exact_kv"]["passed"] and report["exact_kv"]["load"]["cycles"] == 5
+    assert {k: entry[k] for k in COUNTS} == {"compared_requests": 28, "compared_steps": 1988, "control_differs": True}
+    assert (entry["control_mismatches"], entry["control_compared_steps"]) == (32, 1980)
+    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]  # the control as the candidate
+    ran = "runs as a plain decode step (the target's argmax, one host sync, the draft KV written directly, before it)"
+    assert ran in files["dynspec.log"] and ran not in files["dynspec-full.log"]
+    env = {s["name"]: s["env"] for s in report["servers"]}
+    assert env["dynspec-full"]["DYNSPEC_LEAN_VERIFY"] == "0" and "DYNSPEC_WRITE_AHEAD" not in env["dynspec"]
