@@ -1983,3 +1983,38 @@ def test_session_24_v1s_lean_step_writing_ahead_of_its_sync_leaves_the_full_exte
     assert ran in files["dynspec.log"] and ran not in files["dynspec-full.log"]
     env = {s["name"]: s["env"] for s in report["servers"]}
     assert env["dynspec-full"]["DYNSPEC_LEAN_VERIFY"] == "0" and "DYNSPEC_WRITE_AHEAD" not in env["dynspec"]
+
+
+S24_DIAG = {"a": PROOF / "0.5.12-v1-s24-r22-ahead-diag-a", "b": PROOF / "0.5.12-v1-s24-r22-ahead-diag-b"}
+AHEAD_SAID = "the draft KV written directly, before it)"
+AFTER_SAID = "the draft KV written directly, after it, DYNSPEC_WRITE_AHEAD=0)"
+
+
+@pytest.mark.parametrize(
+    ("call", "published"),
+    [
+        ("a", {"ahead": (0.952, 0.94), "after": (0.955, 0.941), "ahead-2": (1.034, 1.064)}),
+        ("b", {"after": (0.896, 0.977), "ahead": (0.988, 0.996), "base-2": (1.012, 1.028)}),
+    ],
+)
+def test_session_24_v1s_step_with_the_write_ahead_of_its_sync_and_after_it(call: str, published: dict) -> None:
+    """`diag` on 0.5.12 v1 (every server without overlap), per step against the no-overlap base at
+    64 / 100 requests: call a on a fresh machine (base, ahead, after, ahead-2), call b right after
+    on the warm one, the A/B reversed (base, after, ahead, base-2). Each dynspec server said which
+    it ran. The control: a server's log against itself reads 1."""
+    logs = diag_logs_with_medians(S24_DIAG[call], published)
+    for name in published:
+        if name.startswith("ahead"):
+            assert AHEAD_SAID in logs[name] and AFTER_SAID not in logs[name], name
+        elif name == "after":
+            assert AFTER_SAID in logs[name] and AHEAD_SAID not in logs[name]
+        else:
+            assert "plain decode step" not in logs[name]  # a second plain-decode reference
+    assert ratio_against_itself(logs["after"]) == 1.0
+    if call == "b":  # against the second base, measured last
+        again = steps.per_step(logs, "base-2", [64, 100])
+        assert json.loads((S24_DIAG["b"] / "per_step_base-2.json").read_text()) == again
+        assert {n: (again[n]["64"]["median"], again[n]["100"]["median"]) for n in ("ahead", "after")} == {
+            "ahead": (0.967, 0.968),
+            "after": (0.887, 0.95),
+        }
