@@ -1058,7 +1058,7 @@ class LeanFallbackStep:
     The bookkeeping that needs no token (``count_one_verify``) runs before the wait as well.
     Where a request finished in this step the stock extend writes only the others, in the graph
     for their count, which may round their K/V apart from the graph for all: those rows are
-    written again, as before (rare: a request finishes once in hundreds of steps). A finished
+    written again, as before (such a step costs what it did before r22). A finished
     request's row is written into its last slot, which nothing reads: with EAGLE the radix cache
     keys token pairs, so that slot is freed with the request (0.5.12's ``cache_finished_req``), and
     the next owner's forward writes it again, after the write in the same stream. Where that is

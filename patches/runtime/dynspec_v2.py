@@ -1346,7 +1346,6 @@ class V2LeanStep:
         return self._ones[:rows]
 
 
-
 def shift_for_the_draft(input_ids: Any, extend_seq_lens: Any, next_token_ids: Any) -> None:
     """In place, each request's prompt tokens one to the left and its last slot the target's next
     token: the draft reads token i + 1 beside the target's hidden state of token i. What 0.5.12's
