@@ -1931,6 +1931,7 @@ MIXED_BY_PHASE = {
     "0.5.17-v2-s10-kv-batch4-throughput": (1.027, 1.021),
     "0.5.17-v2-s6-kv-direct-throughput": (1.020, 0.997),
     "0.5.17-v2-s5-kv-graph-throughput": (1.042, 1.040),
+    "0.5.12-v2-s25-r22-lean-tput": (1.025, 1.010),
     "0.5.12-v2-s21-r32-prefill-graph-tput": (1.000, 0.998),
     "0.5.12-v2-s20-r32-tput": (1.032, 1.025),
     "0.5.12-v2-s18-r28-tput": (1.030, 1.016),
@@ -2018,3 +2019,75 @@ def test_session_24_v1s_step_with_the_write_ahead_of_its_sync_and_after_it(call:
             "ahead": (0.967, 0.968),
             "after": (0.887, 0.95),
         }
+
+
+# -- session 25 (runtime r22 / v2 module r39 at c38f108): 0.5.12's lean v2 step on a GPU; v1 end to end --
+
+S25_LEAN = {"proof": PROOF / "0.5.12-v2-s25-r22-lean-proof", "tput": PROOF / "0.5.12-v2-s25-r22-lean-tput"}
+S25_V1 = {"proof": PROOF / "0.5.12-v1-s25-r22-proof", "tput": PROOF / "0.5.12-v1-s25-r22-tput"}
+LEAN_ON = {"DYNSPEC_LEAN_STEP": "1"}
+LEAN_V2_SAID = "a fallback iteration of a greedy batch runs as a plain decode step (DYNSPEC_LEAN_STEP=1"
+LEAN_V2_TOOK = "the lean fallback step took its first batch"
+LEAN_PREFILL_TOOK = "the lean KV-only prefill took its first wave"
+
+
+def test_session_25_the_lean_v2_step_keeps_outputs_and_the_draft_kv_exact_on_0_5_12() -> None:
+    """DYNSPEC_LEAN_STEP=1 on 0.5.12 v2 (warm machine, 3 servers at a time): the server under test ran
+    the lean step and the lean KV-only prefill, and equivalence, 100 crossings and exact_kv (1834 /
+    1834, the control differs at 58) pass; the full-extend reference said the step does not apply."""
+    report = report_of(S25_LEAN["proof"], LEAN_ON, S24_REVISIONS)
+    _, files, found = passed_kv_proof(S25_LEAN["proof"])
+    assert found == {"compared_requests": 28, "compared_steps": 1834, "control_differs": True}
+    assert (report["exact_kv"]["control_mismatches"], report["crossings"]["count"]) == (58, 100)
+    assert all(said in files["dynspec.log"] for said in (LEAN_V2_SAID, LEAN_V2_TOOK, LEAN_PREFILL_TOOK))
+    assert LEAN_V2_TOOK not in files["dynspec-full.log"]  # negative control: the reference ran the stock branch
+    assert "kv-direct does not write this server's draft KV" in files["dynspec-full.log"]
+
+
+def test_session_25_with_the_lean_v2_step_r_passes_at_64_and_misses_at_128_by_one_runs_admission() -> None:
+    """kv-tput on 0.5.12 v2 with DYNSPEC_LEAN_STEP=1 (fresh machine, interleaved, mixed load median
+    of 5): R 0.975 / 0.961 at 64 / 128 (session 21 without the lean step: 0.961 / 0.966), per step
+    0.980 / 0.999 (0.982 / 0.991); mixed load PASS 1.025x. At 128 one of dynspec's three runs spent
+    711 ms outside its steady steps (the others 306 and 191; base 255, 136, 252)."""
+    report = report_of(S25_LEAN["tput"], LEAN_ON, S24_REVISIONS)
+    tput, load = report["throughput"], report["mixed_load"]
+    assert tput["envelope_ratio"] == [1.0064, 1.0329, 1.0189, 1.0617, 0.9753, 0.9613] and not tput["passed"]
+    logs = members(S25_LEAN["tput"] / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    assert tput["per_step"] == ratios
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.98, 60), "128": (0.999, 38)}
+    assert ratio_against_itself(logs["dynspec-sim.log"]) == 1.0  # negative control
+    assert tput["outside_steady_ms"]["dynspec"]["128"] == [306, 191, 711]
+    assert (load["passed"], load["dynspec_over_oracle"], load["repeats"]) == (True, 1.0248, 5)
+    assert load["seconds"] == {k: statistics.median(v) for k, v in load["samples"].items()}
+    assert LEAN_V2_TOOK in logs["dynspec-sim.log"] and LEAN_V2_TOOK not in logs["base-sim.log"]
+    before = json.loads((PROOF / "0.5.12-v2-s21-r32-prefill-graph-tput" / "report.json").read_text())["throughput"]
+    assert before["envelope_ratio"][4] < 0.97 <= tput["envelope_ratio"][4]
+
+
+def test_session_25_v1_on_r22_keeps_outputs_and_crosses() -> None:
+    """KV_CHECKS=equivalence,crossings on 0.5.12 v1 (r22, its exact_kv ran in session 24): the lean
+    step wrote the draft KV ahead of its sync, and both checks pass."""
+    report = report_of(S25_V1["proof"], {}, S24_REVISIONS)
+    assert report["equivalence"]["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] == 100
+    logs = members(S25_V1["proof"] / "logs.tar.gz", "dynspec.log", "base.log")
+    assert AHEAD_SAID in logs["dynspec.log"] and AHEAD_SAID not in logs["base.log"]
+
+
+def test_session_25_v1s_fallback_step_is_a_plain_step_without_overlap_end_to_end() -> None:
+    """v1's kv-tput at 64 / 128 on r22 (dynspec measured beside two idle servers, the no-overlap base
+    alone after them): R against max(no-overlap base, always-on) 1.00 / 1.06, per step against the
+    no-overlap base 1.008 / 1.063 (session 20 on r19: 0.89 / 0.90 and 0.90 / 0.935)."""
+    report = report_of(S25_V1["tput"], {}, S24_REVISIONS)
+    tput = report["throughput"]
+    assert tput["passed"] and tput["judged_against"] == "base_no_overlap" and tput["levels"] == [64, 128]
+    assert tput["envelope_ratio_no_overlap"] == [1.0015, 1.058]
+    best = [max(b, a) for b, a in zip(tput["base_no_overlap"], tput["always_on"])]
+    assert [round(d / b, 4) for d, b in zip(tput["dynspec"], best)] == tput["envelope_ratio_no_overlap"]
+    logs = members(S25_V1["tput"] / "logs.tar.gz", "base-no-overlap-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"plain": logs["base-no-overlap-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "plain", [64, 128])
+    assert tput["per_step_no_overlap"] == {"dynspec": ratios["dynspec"]}
+    assert {c: r["median"] for c, r in ratios["dynspec"].items()} == {"64": 1.008, "128": 1.063}
+    assert ratio_against_itself(logs["base-no-overlap-sim.log"]) == 1.0  # negative control
+    then = s20_report(S20_TPUT["0.5.12-v1"])["throughput"]["per_step_no_overlap"]["dynspec"]
+    assert all(then[c]["median"] < 0.97 <= ratios["dynspec"][c]["median"] for c in ("64", "128"))
