@@ -595,8 +595,8 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     if policy.recorder is not None:
         policy.recorder.watch_drafts(draft_worker, lambda: False)  # draft() is not called at zero steps
     policy.lean_verify = LeanVerify.install(worker, log=rank0)
-    # Read here too: a bad value refuses to start on every release.
-    if (on_off_setting(LEAN_STEP_ENV, False) | lean_prefill_enabled()) and rank0:
+    lean_prefill_enabled()  # read here too: a bad value refuses to start on every release
+    if rank0 and any(os.environ.get(env, "").strip() for env in (LEAN_STEP_ENV, LEAN_PREFILL_ENV)):
         logger.info(f"dynspec: {LEAN_STEP_ENV} and {LEAN_PREFILL_ENV} apply to 0.5.12's own fallback only; here the zero-step verify is the lean one")
     return policy
 
@@ -1113,14 +1113,19 @@ class FallbackLeanSample(LeanVerify):
         return predict, ones, index
 
 
-LEAN_STEP_ENV = "DYNSPEC_LEAN_STEP"  # V2LeanStep: 1 on (0.5.12's own fallback), unset or 0 off until a GPU proof
+LEAN_STEP_ENV = "DYNSPEC_LEAN_STEP"  # V2LeanStep on 0.5.12's own fallback: unset or 1 on (proven, session 25), 0 off
 LEAN_PREFILL_ENV = "DYNSPEC_LEAN_PREFILL"  # LeanKVPrefill: 0 or 1; unset, as DYNSPEC_LEAN_STEP
+
+
+def lean_step_enabled() -> bool:
+    """``DYNSPEC_LEAN_STEP``: on unless 0 (a bad value refuses to start)."""
+    return on_off_setting(LEAN_STEP_ENV, True)
 
 
 def lean_prefill_enabled() -> bool:
     """``DYNSPEC_LEAN_PREFILL``, which follows ``DYNSPEC_LEAN_STEP`` unless set: one switch turns both
-    halves of the lean fallback on, and either can be turned off alone (a bad value refuses to start)."""
-    return on_off_setting(LEAN_PREFILL_ENV, on_off_setting(LEAN_STEP_ENV, False))
+    halves of the lean fallback off, and either can be turned off alone (a bad value refuses to start)."""
+    return on_off_setting(LEAN_PREFILL_ENV, lean_step_enabled())
 
 
 def source_fingerprint(source: str) -> str:
@@ -1188,7 +1193,8 @@ class V2LeanStep:
     Which release it mirrors is checked at start-up: the fields and parameters (``lean_step_unfit``)
     and the tokens of the worker's own ``verify`` (``VERIFY_FINGERPRINT``), so that a tree whose
     verify was changed, by a fix or by hand, runs the stock branch instead, and says so.
-    ``DYNSPEC_LEAN_STEP=1`` turns it on; off by default until a GPU proof has run it.
+    On by default since a GPU proof ran it (session 25: equivalence, crossings, exact_kv and the
+    throughput of 0.5.12 v2); ``DYNSPEC_LEAN_STEP=0`` runs the stock branch, for A/B runs.
     """
 
     DRAFT_INPUT_FIELDS = ("bonus_tokens", "new_seq_lens", "verify_done")
@@ -1218,7 +1224,7 @@ class V2LeanStep:
     @classmethod
     def build(cls, worker: Any, fallback: "V2Fallback", log: bool) -> Optional["V2LeanStep"]:
         """The lean step for this worker, or None: off (the default), or not applicable (said once)."""
-        if not on_off_setting(LEAN_STEP_ENV, False):  # read first: a bad value refuses to start
+        if not lean_step_enabled():  # read first: a bad value refuses to start
             return None
         import sys
 
@@ -1231,12 +1237,12 @@ class V2LeanStep:
             simulated, why_not = LeanVerify.simulated_token_of(importlib.import_module("sglang.srt.speculative.spec_utils"))
         if why_not:
             if log:
-                logger.info(f"dynspec: {LEAN_STEP_ENV}=1, but a fallback iteration runs the stock decode branch ({why_not})")
+                logger.info(f"dynspec: the lean fallback step does not apply, a fallback iteration runs the stock decode branch ({why_not})")
             return None
         if log:
             logger.info(
-                f"dynspec: a fallback iteration of a greedy batch runs as a plain decode step ({LEAN_STEP_ENV}=1: "
-                "the release's verify preparation and target forward, the argmax, the draft KV written directly)"
+                "dynspec: a fallback iteration of a greedy batch runs as a plain decode step (the release's verify "
+                f"preparation and target forward, the argmax, the draft KV written directly; {LEAN_STEP_ENV}=0 turns it off)"
             )
         return cls(module, simulated, log)
 
@@ -1253,8 +1259,8 @@ class V2LeanStep:
         verify_input_cls, draft_input_cls, result_cls = classes
         if not callable(getattr(verify_input_cls, "prepare_for_v2_verify", None)):
             return "this release's EagleVerifyInput has no prepare_for_v2_verify"
-        try:
-            forward = inspect.signature(worker.target_worker.forward_batch_generation).parameters
+        try:  # on by default on every own-fallback release: a tree without these reads as unfit, not a crash
+            forward = inspect.signature(getattr(getattr(worker, "target_worker", None), "forward_batch_generation", None)).parameters
         except (TypeError, ValueError):
             forward = {}
         fields = [getattr(c, "__dataclass_fields__", {}) for c in (draft_input_cls, result_cls)]
@@ -1360,7 +1366,7 @@ def shift_for_the_draft(input_ids: Any, extend_seq_lens: Any, next_token_ids: An
 
 
 class LeanKVPrefill:
-    """0.5.12's own fallback (``DYNSPEC_LEAN_STEP=1``): the KV-only draft prefill without the per-request loop.
+    """0.5.12's own fallback (``DYNSPEC_LEAN_PREFILL``, on as ``DYNSPEC_LEAN_STEP``): the KV-only draft prefill without the per-request loop.
 
     While speculation is off, a prefill's draft extend runs KV-only (``V2Fallback.prefill_kv_only``):
     the draft model stops after its KV write and leaves placeholder logits (one column) and hidden
@@ -1385,8 +1391,8 @@ class LeanKVPrefill:
 
     @classmethod
     def build(cls, draft_worker: Any, stock: Callable[..., Any], log: bool) -> Optional["LeanKVPrefill"]:
-        """The lean prefill for this draft worker (``stock``: its own body), or None: off (the
-        default), or not applicable (said once)."""
+        """The lean prefill for this draft worker (``stock``: its own body), or None: turned off, or
+        not applicable (said once)."""
         if not lean_prefill_enabled():
             return None
         import sys
@@ -1402,7 +1408,7 @@ class LeanKVPrefill:
             why_not = "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors"
         if why_not is not None:
             if log:
-                logger.info(f"dynspec: {LEAN_PREFILL_ENV} is on, but a KV-only prefill runs the stock body ({why_not})")
+                logger.info(f"dynspec: the lean KV-only prefill does not apply, a KV-only prefill runs the stock body ({why_not})")
             return None
         if log:
             logger.info(f"dynspec: a KV-only prefill shifts its prompts in one pass ({LEAN_PREFILL_ENV}, as {LEAN_STEP_ENV} unless set)")

@@ -1,4 +1,4 @@
-"""``V2LeanStep`` (0.5.12's own fallback, ``DYNSPEC_LEAN_STEP=1``): what it assumes of 0.5.12, and what it does.
+"""``V2LeanStep`` (0.5.12's own fallback, on unless ``DYNSPEC_LEAN_STEP=0``): what it assumes of 0.5.12, and what it does.
 
 The lean step replaces a fallback iteration's stock decode branch (``draft()``, ``verify()``, the
 draft extend) by the verify's preparation, the target forward, the argmax, the result 0.5.12's
@@ -701,11 +701,11 @@ def worker_module(monkeypatch: pytest.MonkeyPatch) -> types.ModuleType:
 
 
 @pytest.mark.releases
-def test_the_lean_step_is_off_unless_asked_and_a_bad_setting_refuses_to_start(
+def test_the_lean_step_is_on_unless_turned_off_and_a_bad_setting_refuses_to_start(
     timeline: list[str], worker_class: type, worker_module: types.ModuleType, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     worker, fallback = worker_for_build(worker_class, worker_module, timeline, Writer())
-    assert v2.V2LeanStep.build(worker, fallback, log=False) is None
+    assert isinstance(v2.V2LeanStep.build(worker, fallback, log=False), v2.V2LeanStep)  # unset: on (session 25's proof)
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "0")
     assert v2.V2LeanStep.build(worker, fallback, log=False) is None
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
@@ -763,7 +763,9 @@ def test_where_the_step_does_not_fit_it_says_why_once_and_stays_off(
         worker.target_worker.model_runner.mamba2_config = "mamba"
     caplog.set_level(logging.INFO)
     assert v2.V2LeanStep.build(worker, fallback, log=True) is None
-    assert [r.getMessage() for r in caplog.records] == [f"dynspec: {v2.LEAN_STEP_ENV}=1, but a fallback iteration runs the stock decode branch ({why})"]
+    assert [r.getMessage() for r in caplog.records] == [
+        f"dynspec: the lean fallback step does not apply, a fallback iteration runs the stock decode branch ({why})"
+    ]
 
 
 def exec_made_verify() -> Any:
@@ -891,8 +893,9 @@ def test_the_lean_prefill_is_built_only_where_it_fits_and_says_why_not(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, timeline: list[str], damage: str, why: str | None
 ) -> None:
     worker, module = prefill_worker(tmp_path, monkeypatch, use_ngram_embedding=damage == "ngram")
-    assert v2.LeanKVPrefill.build(worker, STOCK_PREFILL, log=True) is None  # off unless asked
-    monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
+    monkeypatch.setenv(v2.LEAN_STEP_ENV, "0")
+    assert v2.LeanKVPrefill.build(worker, STOCK_PREFILL, log=True) is None  # turned off: nothing said
+    monkeypatch.delenv(v2.LEAN_STEP_ENV)  # unset: on
     if damage == "a-changed-body":
         changed = class_with(prefill_lines().replace("num_tokens_per_req=1", "num_tokens_per_req=2"), tmp_path / "changed", "EagleDraftWorker")
         changed.__module__ = module.__name__
@@ -908,7 +911,7 @@ def test_the_lean_prefill_is_built_only_where_it_fits_and_says_why_not(
         assert isinstance(built, v2.LeanKVPrefill)
         assert said == ["dynspec: a KV-only prefill shifts its prompts in one pass (DYNSPEC_LEAN_PREFILL, as DYNSPEC_LEAN_STEP unless set)"]
     else:
-        assert built is None and said == [f"dynspec: {v2.LEAN_PREFILL_ENV} is on, but a KV-only prefill runs the stock body ({why})"]
+        assert built is None and said == [f"dynspec: the lean KV-only prefill does not apply, a KV-only prefill runs the stock body ({why})"]
 
 
 @pytest.mark.releases
@@ -944,7 +947,7 @@ def test_the_prefill_hook_runs_the_lean_body_only_inside_the_kv_only_window(
 @pytest.mark.releases
 @pytest.mark.parametrize(
     ("step", "prefill", "built"),
-    [("1", None, True), ("1", "0", False), (None, "1", True), ("0", None, False), (None, None, False)],
+    [("1", None, True), ("1", "0", False), (None, "1", True), ("0", None, False), (None, None, True), (None, "0", False), ("0", "1", True)],
 )
 def test_the_lean_prefill_follows_the_lean_step_unless_set(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeline: list[str], step: str | None, prefill: str | None, built: bool

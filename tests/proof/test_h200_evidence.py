@@ -2091,3 +2091,19 @@ def test_session_25_v1s_fallback_step_is_a_plain_step_without_overlap_end_to_end
     assert ratio_against_itself(logs["base-no-overlap-sim.log"]) == 1.0  # negative control
     then = s20_report(S20_TPUT["0.5.12-v1"])["throughput"]["per_step_no_overlap"]["dynspec"]
     assert all(then[c]["median"] < 0.97 <= ratios["dynspec"][c]["median"] for c in ("64", "128"))
+
+
+def phases_over_oracle(evidence: Path, above: bool) -> float:
+    """dynspec's summed phase medians over the oracle's, for the phases above the threshold (32) or below it."""
+    rows = [r for r in json.loads((evidence / "report.json").read_text())["mixed_load"]["phases"] if (r["C"] > 32) == above]
+    return round(sum(r["dynspec_s"] for r in rows) / sum(r["oracle_s"] for r in rows), 3)
+
+
+def test_session_25_the_lean_steps_mixed_load_differs_from_session_21s_below_the_threshold() -> None:
+    """Mixed load 1.025x (lean step) against session 21's 1.000x (without): above the threshold, where
+    the lean step runs, both read 1.047x / 1.043x their phases' oracle; below it, where both servers
+    speculate with the same code, 0.973x against 0.951x."""
+    before = PROOF / "0.5.12-v2-s21-r32-prefill-graph-tput"
+    assert (phases_over_oracle(S25_LEAN["tput"], True), phases_over_oracle(before, True)) == (1.047, 1.043)
+    assert (phases_over_oracle(S25_LEAN["tput"], False), phases_over_oracle(before, False)) == (0.973, 0.951)
+    assert phases_over_oracle(S25_LEAN["tput"], True) != phases_over_oracle(S25_LEAN["tput"], False)  # the split matters
