@@ -2107,3 +2107,37 @@ def test_session_25_the_lean_steps_mixed_load_differs_from_session_21s_below_the
     assert (phases_over_oracle(S25_LEAN["tput"], True), phases_over_oracle(before, True)) == (1.047, 1.043)
     assert (phases_over_oracle(S25_LEAN["tput"], False), phases_over_oracle(before, False)) == (0.973, 0.951)
     assert phases_over_oracle(S25_LEAN["tput"], True) != phases_over_oracle(S25_LEAN["tput"], False)  # the split matters
+
+
+S7_PROFILE_17 = PROOF / "0.5.17-v2-s7-profile"
+
+
+def small_kernels(table: str) -> tuple[float, float]:
+    """(us per step, launches per step) of the kernels under 5 us a launch in trace_sum's GPU work."""
+    section = table.split("-- GPU work", 1)[1].split("\n--", 1)[0]
+    rows = [(float(m.group(1)), float(m.group(2))) for m in re.finditer(r"^\s+([\d.]+) us x\s+([\d.]+)\s", section, re.M)]
+    small = [(us, n) for us, n in rows if us / n < 5]
+    return round(sum(us for us, _ in small), 1), round(sum(n for _, n in small), 1)
+
+
+def test_session_25_reading_session_7s_0_5_17_profile_the_extra_step_is_gpu_work() -> None:
+    """0.5.17's only GPU profile (session 7, r10 / r14, 64 requests, GPU only): in the call whose GPU
+    never waited on the host (idle 342 us a step against base's 350) dynspec's step was 176 us more
+    busy, the size of the 0.17 ms the iteration logs of session 21 found. Of it, about 76 us are 49
+    more small kernels a step (under 5 us each) and one more launch of each of the target's two
+    GEMM kernels the draft's KV-only layer shares (fc and QKV). So the gap is GPU work, which a
+    stream beside the next forward cannot hide when the GPU has no gap to put it in."""
+    base, call1, call2 = ((S7_PROFILE_17 / f"{n}.txt").read_text() for n in ("base-gpu", "dyn-gpu-call1", "dyn-gpu-call2"))
+    (_, b_busy, b_idle), (_, d_busy, d_idle) = per_step_span(base), per_step_span(call2)
+    assert (d_busy - b_busy, b_idle, d_idle) == (176, 350, 342)
+    assert per_step_span(call1)[1] - b_busy == 85 and per_step_span(call1)[2] > 1000  # that call waited on the host
+    (b_us, b_n), (d_us, d_n) = small_kernels(base), small_kernels(call2)
+    assert (round(d_us - b_us, 1), round(d_n - b_n, 1)) == (76.0, 49.0)
+    assert 0 < d_us - b_us < d_busy - b_busy  # the small kernels are part of the extra, not all of it
+
+    def launches(table: str, prefix: str) -> float:
+        return float(re.search(rf"x\s+([\d.]+)\s+{prefix}", table).group(1))  # type: ignore[union-attr]
+
+    for gemm in ("nvjet_sm90_tst_96x64", "nvjet_sm90_tst_64x64"):
+        assert (launches(base, gemm), launches(call2, gemm)) == (32.0, 33.0)
+    assert launches(call2, "nvjet_sm90_tst_256x64") == 32.0  # the target's own GEMM: no extra launch
