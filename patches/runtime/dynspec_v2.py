@@ -287,7 +287,7 @@ class V2Fallback:
         self._early_fence = early_fence_enabled()  # read once: a bad value refuses at start-up
         self._early_publish = early_fence_enabled(proven=False)  # 0.5.13's callback (publish_early)
         self.lean: Optional[FallbackLeanSample] = None  # the one-node tree's sample (attach_fallback)
-        self.lean_step: Optional[V2LeanStep] = None  # DYNSPEC_LEAN_STEP=1 on 0.5.12 (attach_fallback)
+        self.lean_step: Optional[V2LeanStep] = None  # on 0.5.12 unless DYNSPEC_LEAN_STEP=0 (attach_fallback)
         self.stock_extend: Optional[Callable[..., Any]] = None  # the draft worker's own, under feed_twin_directly's
 
     def should_fall_back(self, batch: Any) -> bool:
@@ -396,7 +396,7 @@ class V2Fallback:
                 logger.info("dynspec: this draft worker has no _draft_extend_for_prefill; prefills write the full draft state")
             return
         draft_kv = self.draft_kv
-        lean = LeanKVPrefill.build(draft_worker, stock, log)  # DYNSPEC_LEAN_PREFILL / _STEP=1 on 0.5.12, else None
+        lean = LeanKVPrefill.build(draft_worker, stock, log)  # on 0.5.12 unless DYNSPEC_LEAN_PREFILL / _STEP=0, else None
         kv_only_extend = stock if lean is None else lean.extend
 
         def draft_extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -1223,7 +1223,7 @@ class V2LeanStep:
 
     @classmethod
     def build(cls, worker: Any, fallback: "V2Fallback", log: bool) -> Optional["V2LeanStep"]:
-        """The lean step for this worker, or None: off (the default), or not applicable (said once)."""
+        """The lean step for this worker, or None: turned off (``DYNSPEC_LEAN_STEP=0``), or not applicable (said once)."""
         if not lean_step_enabled():  # read first: a bad value refuses to start
             return None
         import sys
