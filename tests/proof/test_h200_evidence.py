@@ -1192,10 +1192,15 @@ STREAM_LINE = "kv-direct writes the draft KV on a stream of its own"
 LEAN_LINE = "the lean one-node verify took its first batch"
 
 
+def gpu_rows(table: str) -> list[tuple[float, float, str]]:
+    """trace_sum's "GPU work" section: (microseconds per step, launches per step, kernel name) per line."""
+    section = table.split("-- GPU work", 1)[1].split("\n--", 1)[0]
+    return [(float(us), float(n), name) for us, n, name in re.findall(r"^\s+([\d.]+) us x\s+([\d.]+)\s+(.*)$", section, re.M)]
+
+
 def gpu_work(table: str) -> dict[str, float]:
     """trace_sum's "GPU work" section: microseconds per step by kernel name."""
-    section = table.split("-- GPU work", 1)[1].split("\n--", 1)[0]
-    return {m.group(2): float(m.group(1)) for m in re.finditer(r"^\s+([\d.]+) us x\s+[\d.]+\s+(.*)$", section, re.M)}
+    return {name: us for us, _, name in gpu_rows(table)}
 
 
 def per_step_span(table: str) -> tuple[float, float, float]:
@@ -2114,9 +2119,7 @@ S7_PROFILE_17 = PROOF / "0.5.17-v2-s7-profile"
 
 def small_kernels(table: str) -> tuple[float, float]:
     """(us per step, launches per step) of the kernels under 5 us a launch in trace_sum's GPU work."""
-    section = table.split("-- GPU work", 1)[1].split("\n--", 1)[0]
-    rows = [(float(m.group(1)), float(m.group(2))) for m in re.finditer(r"^\s+([\d.]+) us x\s+([\d.]+)\s", section, re.M)]
-    small = [(us, n) for us, n in rows if us / n < 5]
+    small = [(us, n) for us, n, _ in gpu_rows(table) if us / n < 5]
     return round(sum(us for us, _ in small), 1), round(sum(n for _, n in small), 1)
 
 
@@ -2136,7 +2139,7 @@ def test_session_25_reading_session_7s_0_5_17_profile_the_extra_step_is_gpu_work
     assert 0 < d_us - b_us < d_busy - b_busy  # the small kernels are part of the extra, not all of it
 
     def launches(table: str, prefix: str) -> float:
-        return float(re.search(rf"x\s+([\d.]+)\s+{prefix}", table).group(1))  # type: ignore[union-attr]
+        return next(n for _, n, name in gpu_rows(table) if name.startswith(prefix))
 
     for gemm in ("nvjet_sm90_tst_96x64", "nvjet_sm90_tst_64x64"):
         assert (launches(base, gemm), launches(call2, gemm)) == (32.0, 33.0)
