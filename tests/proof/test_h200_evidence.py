@@ -2144,3 +2144,91 @@ def test_session_25_reading_session_7s_0_5_17_profile_the_extra_step_is_gpu_work
     for gemm in ("nvjet_sm90_tst_96x64", "nvjet_sm90_tst_64x64"):
         assert (launches(base, gemm), launches(call2, gemm)) == (32.0, 33.0)
     assert launches(call2, "nvjet_sm90_tst_256x64") == 32.0  # the target's own GEMM: no extra launch
+
+
+# -- session 26 (runtime r22 / v2 module r40 at 6707982): 0.5.17 and 0.5.13 on the final runtime --
+
+S26_REVISIONS = {"speculative_dynspec_runtime": 22, "speculative_dynspec_v2": 40}
+S26_17 = {n: PROOF / f"0.5.17-v2-s26-r22-{n}" for n in ("proof", "tput", "profile")}
+S26_13 = PROOF / "0.5.13-v2-s26-r22-proof"
+STREAM_SAID = "kv-direct writes the draft KV on a stream of its own"
+
+
+@pytest.mark.parametrize(
+    ("evidence", "compared_steps", "graph_prefills"),
+    [(S26_17["proof"], 1828, False), (S26_13, 1856, True)],
+    ids=["0.5.17", "0.5.13"],
+)
+def test_session_26_the_final_runtime_keeps_outputs_and_the_draft_kv_exact(evidence: Path, compared_steps: int, graph_prefills: bool) -> None:
+    """kv-proof on r22 / r40 with nothing set (3 servers at a time): equivalence, 100 crossings and
+    exact_kv pass on 0.5.17 (zero-step state) and 0.5.13 (own fallback), the no-write control
+    differing at 32 steps on each; the server under test wrote the draft KV on its own stream, the
+    full-extend reference did not. 0.5.13 replayed its target prefill graphs (piecewise patch)."""
+    report = report_of(evidence, {}, S26_REVISIONS)
+    _, files, found = passed_kv_proof(evidence)
+    assert found == {"compared_requests": 28, "compared_steps": compared_steps, "control_differs": True}
+    assert (report["exact_kv"]["control_mismatches"], report["crossings"]["count"]) == (32, 100)
+    assert STREAM_SAID in files["dynspec.log"] and STREAM_SAID not in files["dynspec-full.log"]
+    said = "the target's prefill replays its piecewise CUDA graphs"
+    assert (said in files["dynspec.log"]) is graph_prefills
+
+
+def test_session_26_0_5_17s_fallback_step_reads_0_98_of_plain_decode_and_r_misses_by_a_third_of_a_point() -> None:
+    """kv-tput on 0.5.17 (warm machine, interleaved, mixed load median of 5): per step 0.983 / 0.992
+    at 64 / 128 (61 / 38 pairs; sessions 20 - 22 read 0.974 - 0.978 at 64); R 0.9667 / 0.9671. At 64
+    the runs' steady speeds (0.982 of base's) and time outside them (185 ms median against 160)
+    model R as 0.969, and the steady speeds alone as 0.984; mixed load PASS 1.008x (1.005x by phase)."""
+    report = report_of(S26_17["tput"], {}, S26_REVISIONS)
+    tput, load = report["throughput"], report["mixed_load"]
+    assert tput["envelope_ratio"] == [0.995, 0.9921, 0.9948, 0.9851, 0.9667, 0.9671] and not tput["passed"]
+    logs = members(S26_17["tput"] / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    assert tput["per_step"] == ratios
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.983, 61), "128": (0.992, 38)}
+    assert ratio_against_itself(logs["dynspec-sim.log"]) == 1.0  # negative control
+    # R at 64 from its two parts: 16384 tokens at each server's median steady speed, plus its median time outside it.
+    outside = {s: statistics.median(tput["outside_steady_ms"][s]["64"]) / 1000 for s in ("base", "dynspec")}
+    steady = {s: statistics.median(tput["per_run"][s]["64"][1:]) for s in ("base", "dynspec")}  # the warm-up first
+    modelled = {s: 64 * 256 / (64 * 256 / steady[s] + outside[s]) for s in ("base", "dynspec")}
+    assert round(modelled["dynspec"] / modelled["base"], 3) == 0.969 and (outside["dynspec"], outside["base"]) == (0.185, 0.16)
+    assert round(steady["dynspec"] / steady["base"], 3) == 0.982
+    steady_only = 64 * 256 / (64 * 256 / steady["dynspec"] + outside["base"])  # the control: base's time outside
+    assert round(steady_only / modelled["base"], 3) == 0.984
+    assert (load["passed"], load["dynspec_over_oracle"], load["dynspec_over_oracle_by_phase"], load["repeats"]) == (True, 1.008, 1.0054, 5)
+    assert load["seconds"] == {k: statistics.median(v) for k, v in load["samples"].items()}
+
+
+def profiled_at_tokens(log: str) -> int:
+    """The KV size (#token) of the last decode log line before the first profile started."""
+    before = log.split("Profiling starts", 1)[0]
+    return int(re.findall(r"Decode batch, #running-req: 64, #token: (\d+)", before)[-1])
+
+
+def test_session_26_0_5_17s_profile_the_fallback_step_is_its_two_gemms_and_small_kernels() -> None:
+    """0.5.17 at 64 requests, base then dynspec (30 steps, GPU only), idle per step 295 / 377 us:
+    dynspec's step has one more launch of each GEMM kernel the KV-only draft layer shares with the
+    target (fc and QKV, 64 us), and 33 more launches of small kernels (under 5 us each, 59 us: the
+    draft layer's norms, rope and KV store, and the step's copies, fills and index kernels); its attention took
+    103 us more because its profile began ~3100 tokens of KV later (30816 against 27680), not from
+    more work per token."""
+    base, dyn = ((S26_17["profile"] / f"{n}-gpu.txt").read_text() for n in ("base", "dyn"))
+    (_, b_busy, b_idle), (_, d_busy, d_idle) = per_step_span(base), per_step_span(dyn)
+    assert (d_busy - b_busy, b_idle, d_idle) == (211, 295, 377)
+    b, d = gpu_work(base), gpu_work(dyn)
+    gemms = [k for k in d if k.startswith(("nvjet_sm90_tst_96x64", "nvjet_sm90_tst_64x64"))]
+    assert round(sum(d[k] - b[k] for k in gemms), 1) == 63.8
+    launches = {name: n for _, n, name in gpu_rows(dyn)}
+    assert [launches[k] for k in gemms] == [33.0, 33.0] and all(n == 32.0 for _, n, k in gpu_rows(base) if k in gemms)
+    # Small by the larger launch of the two: a copy kernel runs 8.8 us a launch in base, 4.8 in dynspec.
+    rows = {side: {k: (us, n) for us, n, k in gpu_rows(t)} for side, t in (("base", base), ("dyn", dyn))}
+    small = [k for k in set(rows["base"]) | set(rows["dyn"]) if max(us / n for us, n in (r[k] for r in rows.values() if k in r)) < 5]
+    more = {k: [rows["dyn"].get(k, (0, 0))[i] - rows["base"].get(k, (0, 0))[i] for i in (0, 1)] for k in small}
+    assert (round(sum(us for us, _ in more.values()), 1), round(sum(n for _, n in more.values()), 1)) == (58.9, 33.0)
+    assert small_kernels(dyn)[0] - small_kernels(base)[0] > 80  # negative control: by each table's own launches, the copy counts once
+    attention = "_fwd_grouped_kernel_stage1"
+    logs = {n: gzip.decompress((S26_17["profile"] / f"{n}.log.gz").read_bytes()).decode() for n in ("base", "dyn")}
+    at = {n: profiled_at_tokens(log) for n, log in logs.items()}
+    assert at == {"base": 27680, "dyn": 30816}
+    # Per KV token the attention costs dynspec no more: its 6 % more time is under its 11 % more KV.
+    assert d[attention] / b[attention] < at["dyn"] / at["base"]
+    assert round(d[attention] - b[attention], 1) == 102.9
