@@ -17,21 +17,28 @@ class Flag:
     def option(self) -> str:
         return "--" + self.field.replace("_", "-")
 
+    @property
+    def parser_type(self) -> str:
+        """What ``add_argument(type=...)`` converts the command line with: the annotation's type."""
+        return "str" if "str" in self.type else "int"
+
 
 FLAGS = (
     Flag(
         "speculative_disable_batch_size",
-        "Optional[int]",
+        "Optional[str]",  # a number, or auto (dynspec_auto.parse_threshold reads it)
         "None",
         "dynspec: switch speculative decoding off while the decode batch has more than this many "
-        "requests (unset: always speculate).",
+        "requests (unset: always speculate); auto: the server finds the switch point from its own "
+        "step timings and acceptance (SGLang 0.5.14+).",
     ),
     Flag(
         "speculative_enable_batch_size",
         "Optional[int]",
         "None",
         "dynspec: switch speculative decoding back on when the decode batch has at most this many "
-        "requests (default: --speculative-disable-batch-size).",
+        "requests (default: --speculative-disable-batch-size; with auto, speculation is never "
+        "switched off at or below it).",
     ),
     Flag(
         "speculative_switch_min_steps",
@@ -61,7 +68,7 @@ def add_argument_calls() -> str:
     return "".join(
         f"parser.add_argument(\n"
         f"    {json.dumps(f.option)},\n"
-        f"    type=int,\n"
+        f"    type={f.parser_type},\n"
         f"    default=ServerArgs.{f.field},\n"
         f"    help={json.dumps(f.help)},\n"
         f")\n"

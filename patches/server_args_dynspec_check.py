@@ -27,7 +27,12 @@ CHECK = "_dynspec_check_server_args"
 CHECK_FUNCTION = '''\
 def _dynspec_check_server_args(args):
     """Refuse dynspec flag values and combinations the fallback cannot serve, naming the fix."""
-    disable = getattr(args, "speculative_disable_batch_size", None)
+    from sglang.srt.speculative.dynspec_auto import AUTO, parse_threshold
+
+    disable = parse_threshold(
+        getattr(args, "speculative_disable_batch_size", None),
+        "--speculative-disable-batch-size",
+    )
     enable = getattr(args, "speculative_enable_batch_size", None)
     min_steps = getattr(args, "speculative_switch_min_steps", 8)
     if disable is None:
@@ -37,13 +42,12 @@ def _dynspec_check_server_args(args):
             )
         return
     for flag, value in (
-        ("--speculative-disable-batch-size", disable),
         ("--speculative-enable-batch-size", enable),
         ("--speculative-switch-min-steps", min_steps),
     ):
         if value is not None and (not isinstance(value, int) or value < 1):
             raise ValueError(f"{flag} must be a positive integer, got {value!r}")
-    if enable is not None and enable > disable:
+    if enable is not None and disable != AUTO and enable > disable:
         raise ValueError(
             f"--speculative-enable-batch-size ({enable}) must not exceed "
             f"--speculative-disable-batch-size ({disable})"
@@ -66,25 +70,32 @@ def _dynspec_check_server_args(args):
     for flag, present in unsupported:
         if present:
             raise ValueError(f"--speculative-disable-batch-size does not support {flag}")
+    # With auto the floor (the enable size, if given) is the size that must leave room above it.
+    if disable == AUTO:
+        if enable is None:
+            return
+        threshold, named = enable, f"--speculative-enable-batch-size {enable} (auto's floor)"
+    else:
+        threshold, named = disable, f"--speculative-disable-batch-size {disable}"
     max_running = getattr(args, "max_running_requests", None)
-    if max_running is not None and disable >= max_running:
+    if max_running is not None and threshold >= max_running:
         raise ValueError(
-            f"--speculative-disable-batch-size {disable} can never trigger: at most "
+            f"{named} can never trigger: at most "
             f"{max_running} requests run at once; lower it or raise --max-running-requests"
         )
     if not getattr(args, "disable_cuda_graph", False):
         graph_sizes = getattr(args, "cuda_graph_bs", None)
         largest = max(graph_sizes) if graph_sizes else getattr(args, "cuda_graph_max_bs", None)
-        if largest is not None and disable >= largest:
+        if largest is not None and threshold >= largest:
             raise ValueError(
-                f"--speculative-disable-batch-size {disable} is not below the largest CUDA-graph "
+                f"{named} is not below the largest CUDA-graph "
                 f"batch size ({largest}), so the fallback would never run on a graph; raise "
-                f"--cuda-graph-max-bs above {disable} or lower the threshold"
+                f"--cuda-graph-max-bs above {threshold} or lower the threshold"
             )
 '''
 
 class ServerArgsDynspecCheck(CstPatch):
-    REVISION = 1
+    REVISION = 2
     TARGET = "srt/server_args.py"
     SGLANG = ">=0.4.10.post2"
     SUMMARY = "validate the dynspec flags at startup (ServerArgs.check_server_args)"

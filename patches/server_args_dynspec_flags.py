@@ -49,7 +49,7 @@ def insert_annotated_fields(patch: CstPatch, module: cst.Module, class_name: str
 
 
 class ServerArgsDynspecFlags(CstPatch):
-    REVISION = 1
+    REVISION = 2
     TARGET = "srt/server_args.py"
     SGLANG = ">=0.5.14,<0.5.20"
     SUMMARY = "--speculative-disable-batch-size and friends: annotated ServerArgs fields"

@@ -28,7 +28,7 @@ NEIGHBOUR_OPTION = "--" + NEIGHBOUR.replace("_", "-")
 
 
 class ServerArgsDynspecFlagsLegacy(CstPatch):
-    REVISION = 1
+    REVISION = 2
     TARGET = "srt/server_args.py"
     SGLANG = ">=0.4.10.post2,<0.5.14"
     SUMMARY = "--speculative-disable-batch-size and friends: dataclass fields + add_argument"

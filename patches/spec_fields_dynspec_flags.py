@@ -14,7 +14,7 @@ from patches.server_args_dynspec_flags import annotated_neighbour, insert_annota
 
 
 class SpecFieldsDynspecFlags(CstPatch):
-    REVISION = 1
+    REVISION = 2
     TARGET = "srt/arg_groups/fields/spec.py"
     SGLANG = ">=0.5.20"
     SUMMARY = "--speculative-disable-batch-size and friends: fields of the Spec namespace"

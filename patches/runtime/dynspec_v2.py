@@ -27,7 +27,8 @@ rejected, so speculation can resume at the next iteration with nothing to flush.
   between the configured steps and 0 with dynspec's thresholds, hysteresis and minimum dwell.
 
 The decision uses the decode batch size only (``batch.seq_lens.shape[0]``, a CPU shape), so every
-tensor-parallel rank decides the same without communicating. Torch and SGLang are imported inside
+tensor-parallel rank decides the same without communicating. With ``auto`` (0.5.14+) the thresholds
+come from ``dynspec_auto``, from rank 0's timings, handed to every rank at the same iterations. Torch and SGLang are imported inside
 functions: everything else runs anywhere.
 """
 
@@ -39,8 +40,9 @@ import json
 import logging
 import os
 import time
+from collections import deque
 from types import SimpleNamespace
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
 
 logger = logging.getLogger(__name__)
 
@@ -81,16 +83,29 @@ def read_setting(worker: Any, name: str, default: Any = None) -> Any:
     return getattr(worker.server_args, name, default)
 
 
-def dynspec_settings(worker: Any) -> Optional[Tuple[int, int, int]]:
-    """``(disable_above, enable_at_or_below, min_steps)``, or None while the flag is unset."""
-    disable_above = read_setting(worker, "speculative_disable_batch_size")
+def dynspec_settings(worker: Any) -> Optional[Tuple[Any, int, int]]:
+    """``(disable_above, enable_at_or_below, min_steps)``, or None while the flag is unset.
+
+    ``disable_above`` is an int or ``AUTO``; with ``AUTO``, ``enable_at_or_below`` is auto's floor
+    (1 unless given): speculation is never switched off at or below it."""
+    from sglang.srt.speculative.dynspec_auto import AUTO, parse_threshold
+
+    disable_above = parse_threshold(read_setting(worker, "speculative_disable_batch_size"), _FLAG)
     if disable_above is None:
         return None
     enable_at_or_below = read_setting(worker, "speculative_enable_batch_size")
     if enable_at_or_below is None:
-        enable_at_or_below = disable_above
+        enable_at_or_below = 1 if disable_above == AUTO else disable_above
     min_steps = read_setting(worker, "speculative_switch_min_steps", 8)
     return disable_above, enable_at_or_below, 8 if min_steps is None else min_steps
+
+
+def _refuse_auto(settings: Tuple[Any, int, int], where: str) -> None:
+    """``auto`` needs the zero-step mode's verify feed (0.5.14+); elsewhere a number is asked for."""
+    from sglang.srt.speculative.dynspec_auto import AUTO
+
+    if settings[0] == AUTO:
+        raise ValueError(f"{_FLAG} auto needs SGLang 0.5.14 or later (its zero-step mode); {where}, give a number")
 
 
 def _refuse_bit_check() -> None:
@@ -135,6 +150,8 @@ def _switch_controller(worker: Any, settings: Tuple[int, int, int], rank0: bool)
         name = read_setting(worker, "served_model_name") or str(read_setting(worker, "model_path"))
         metrics = DynspecMetrics(name)
     disable_above, enable_at_or_below, min_steps = settings
+    if not isinstance(disable_above, int):  # auto: its floor until AutoDriver sets the thresholds
+        disable_above = enable_at_or_below
     return SwitchController(disable_above, enable_at_or_below, min_steps, log=rank0, metrics=metrics)
 
 
@@ -172,6 +189,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     settings = dynspec_settings(worker)
     if settings is None:
         return None
+    _refuse_auto(settings, "on this release")
     _refuse_bit_check()
     from sglang.srt.speculative.dynspec_runtime import (
         DraftKV,
@@ -589,6 +607,7 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     draft_worker = worker.draft_worker
     draft_kv = DraftKV.build(draft_worker.draft_runner, log=rank0)
     policy = ZeroStepPolicy(worker, controller, draft_kv, DraftRecorder.from_env(rank0), log=rank0)
+    policy.auto = not isinstance(settings[0], int)
     worker.adaptive_controller = policy
     if draft_kv.saves_work:
         policy.watch_draft_extend(draft_worker)
@@ -659,6 +678,11 @@ class ZeroStepPolicy:
         # 0.976 / 0.997 at 64 / 128 against 0.974 / 0.988 without). Read now, so a bad value refuses even without kv-direct.
         self._kv_stream = on_off_setting(KV_STREAM_ENV, True)
         self.lean_verify: Optional[LeanVerify] = None  # set by attach_zero_step_policy
+        self.auto = False  # --speculative-disable-batch-size auto: init_states builds the driver
+        self.driver: Any = None  # dynspec_auto.AutoDriver, or None with a fixed N
+        # (speculated, batch size) of the decode iterations whose verify the scheduler has not
+        # handed back yet (it does one iteration late, in order): the acceptance comes from those.
+        self._unverified: Deque[Tuple[bool, int]] = deque(maxlen=4)
 
     @property
     def candidate_steps(self) -> List[int]:
@@ -684,6 +708,8 @@ class ZeroStepPolicy:
                 build = lambda: self._graph_like(zero, stock_graph, capture_bs)  # noqa: E731
                 self.draft_kv.capture_graph(build, zero.draft_extend_attn_backend)
             self._build_direct()
+        if self.auto and self.driver is None:
+            self.driver = self._auto_driver(cuda_graph_bs)
         if self.log:
             from sglang.srt.speculative.dynspec_runtime import describe_draft_kv
 
@@ -694,6 +720,39 @@ class ZeroStepPolicy:
                 f"at least {self.controller.min_steps} iterations between switches; one-token target CUDA graphs "
                 f"for batch sizes {list(graphs) if graphs else 'none (eager)'}; {describe_draft_kv(self.draft_kv)}"
             )
+
+    def _auto_driver(self, cuda_graph_bs: Optional[List[int]]) -> Any:
+        """``auto``'s driver: thresholds between the floor and the largest size the fallback can
+        serve on a CUDA graph below the running-request limit; rank 0's decisions on every rank."""
+        from sglang.srt.speculative.dynspec_auto import BUCKETS, AutoDriver, AutoThreshold
+
+        floor = self.controller.enable_at_or_below
+        limits = [max(cuda_graph_bs) - 1] if cuda_graph_bs else []
+        max_running = read_setting(self.worker, "max_running_requests")
+        if isinstance(max_running, int):
+            limits.append(max_running - 1)
+        ceiling = max(floor, min(limits) if limits else BUCKETS[-1])
+        share = None
+        if _tensor_parallel(self.worker):
+            from sglang.srt.distributed import get_tp_group
+
+            group = get_tp_group()
+            share = lambda ours: group.broadcast_object(ours, src=0)  # noqa: E731
+        driver = AutoDriver(self.controller, AutoThreshold(floor, ceiling), rank0=_tp_rank(self.worker) == 0, share=share, log=self.log)
+        stock = self.worker.forward_batch_generation
+
+        def forward_batch_generation(batch: Any, *args: Any, **kwargs: Any) -> Any:
+            if not batch.forward_mode.is_decode() or getattr(batch, "is_extend_in_batch", False):
+                driver.auto.interrupted()  # the period to the next decode is not a decode step
+            return stock(batch, *args, **kwargs)
+
+        self.worker.forward_batch_generation = forward_batch_generation
+        if self.log:
+            logger.info(
+                f"dynspec: {_FLAG} auto: the switch point between {floor} and {ceiling} requests, found from this "
+                f"server's step timings and acceptance (speculating everywhere until both modes are timed)"
+            )
+        return driver
 
     def _build_direct(self) -> None:
         """``kv-direct``: feed the captured twin straight from the verify, where it allows it."""
@@ -749,7 +808,9 @@ class ZeroStepPolicy:
     def activate_step_by_batch(self, batch_size: int) -> None:
         if batch_size <= 0:  # an idle batch: keep the current state, count nothing
             return
-        self._step = self.controller.step(batch_size)
+        self._step = (self.driver or self.controller).step(batch_size)
+        if self.driver is not None:
+            self._unverified.append((self._step == self.controller.SPECULATE, batch_size))
         direct = self.draft_kv.direct
         if direct is not None and direct.pending and self._step != self.controller.FALL_BACK:
             direct.flush()  # staged rows go in before this iteration drafts or extends from the KV
@@ -764,8 +825,17 @@ class ZeroStepPolicy:
             return
         self.worker.apply_runtime_state(state)
 
-    def on_verify_complete(self, *args: Any, **kwargs: Any) -> None:
-        return None
+    def on_verify_complete(self, num_correct_drafts_per_req: Any = None, *args: Any, batch_size: int = 0, **kwargs: Any) -> None:
+        """The scheduler's copy of a verify's accepted drafts per request, one iteration late:
+        ``auto``'s acceptance, from the iterations that speculated; ignored with a fixed N."""
+        if self.driver is None or not self._unverified or num_correct_drafts_per_req is None:
+            return
+        speculated, size = self._unverified.popleft()
+        if size != len(num_correct_drafts_per_req):
+            self._unverified.clear()  # out of step (a batch without a verify): start again
+            return
+        if speculated:
+            self.driver.auto.verified(num_correct_drafts_per_req)
 
     def publish_early(self, batch: Any, on_publish: Any) -> Any:
         """Called just before the decode branch's verify; returns the callback the stock code keeps.

@@ -29,6 +29,7 @@ import pytest
 from packaging.version import Version
 
 from patcher import releases
+from patches.runtime import dynspec_auto
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
 from tests.conftest import RELEASES
@@ -426,6 +427,7 @@ def sglang_side(monkeypatch: pytest.MonkeyPatch) -> None:
         package.__path__ = []
         monkeypatch.setitem(sys.modules, name, package)
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
 
 
 class DraftWorker:

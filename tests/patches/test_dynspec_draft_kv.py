@@ -34,6 +34,7 @@ from packaging.version import Version
 from patcher import releases
 from patcher.proof import exactkv
 from patcher.proof import run as proof_run
+from patches.runtime import dynspec_auto
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
 from tests.conftest import RELEASES
@@ -80,6 +81,7 @@ def sglang_side(monkeypatch: pytest.MonkeyPatch) -> None:
         package.__path__ = []
         monkeypatch.setitem(sys.modules, name, package)
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
     monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
     install_fake_torch(monkeypatch)
 

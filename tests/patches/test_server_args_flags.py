@@ -6,7 +6,9 @@ the server will run.
 
 from __future__ import annotations
 
+import argparse
 import ast
+import sys
 from types import SimpleNamespace
 from typing import Any
 
@@ -15,9 +17,17 @@ import pytest
 from patcher.engine import apply_text
 from patcher.releases import unpacked
 from patches._flags import FLAGS
+from patches.runtime import dynspec_auto
 from patches.server_args_dynspec_check import CHECK, ServerArgsDynspecCheck
 from patches.server_args_dynspec_flags import ServerArgsDynspecFlags
+from patches.server_args_dynspec_flags_legacy import ServerArgsDynspecFlagsLegacy
 from patches.spec_fields_dynspec_flags import SpecFieldsDynspecFlags
+
+
+@pytest.fixture(autouse=True)
+def shipped_auto_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check imports ``dynspec_auto`` from the patched tree, where ``speculative_dynspec_auto`` puts it."""
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
 
 ANNOTATED = '''\
 @dataclasses.dataclass
@@ -33,10 +43,12 @@ class ServerArgs:
 @pytest.mark.parametrize(("ns", "version"), [("", "0.5.14"), ('        NS("spec"),\n', "0.5.17")], ids=["plain", "NS"])
 def test_annotated_fields_copy_the_neighbours_namespace(ns: str, version: str) -> None:
     out = apply_text([ServerArgsDynspecFlags], ANNOTATED.format(ns=ns), version)
-    added = out.split("# dynspec: server_args_dynspec_flags r1\n")[1].split("    speculative_attention_mode")[0]
+    added = out.split(f"# dynspec: server_args_dynspec_flags r{ServerArgsDynspecFlags.REVISION}\n")[1].split("    speculative_attention_mode")[0]
     assert added.count(": A[") == 3
     assert added.count('NS("spec")') == (3 if ns else 0)
-    assert "    speculative_disable_batch_size: A[\n        Optional[int],\n" in added
+    # a string, so that the command line may say auto (SGLang derives argparse's type from it)
+    assert "    speculative_disable_batch_size: A[\n        Optional[str],\n" in added
+    assert "    speculative_enable_batch_size: A[\n        Optional[int],\n" in added
 
 
 def test_old_style_neighbour_is_drift_for_the_annotated_patch() -> None:
@@ -94,7 +106,11 @@ def test_valid_settings_pass(check: Any) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"speculative_disable_batch_size": 0}, "--speculative-disable-batch-size must be a positive integer, got 0"),
+        ({"speculative_disable_batch_size": 0}, "--speculative-disable-batch-size must be a positive integer or auto, got 0"),
+        ({"speculative_disable_batch_size": "thirty"}, "--speculative-disable-batch-size must be a positive integer or auto, got 'thirty'"),
+        ({"speculative_disable_batch_size": "32", "speculative_enable_batch_size": 40}, "(40) must not exceed --speculative-disable-batch-size (32)"),
+        ({"speculative_disable_batch_size": "auto", "speculative_enable_batch_size": 128}, "--speculative-enable-batch-size 128 (auto's floor) can never trigger"),
+        ({"speculative_disable_batch_size": "auto", "speculative_eagle_topk": 4}, "does not support --speculative-eagle-topk > 1"),
         ({"speculative_switch_min_steps": -1}, "--speculative-switch-min-steps must be a positive integer"),
         ({"speculative_enable_batch_size": 40}, "--speculative-enable-batch-size (40) must not exceed --speculative-disable-batch-size (32)"),
         ({"speculative_algorithm": "NGRAM"}, "works with --speculative-algorithm EAGLE or EAGLE3, not NGRAM"),
@@ -114,6 +130,35 @@ def test_refusals_name_the_flag_and_the_fix(check: Any, overrides: dict[str, Any
     assert message in str(error.value)
 
 
+def test_auto_and_command_line_numbers_pass(check: Any) -> None:
+    check(args(speculative_disable_batch_size="auto"))
+    check(args(speculative_disable_batch_size="AUTO", speculative_enable_batch_size=8))  # 8: auto's floor
+    check(args(speculative_disable_batch_size="32", speculative_enable_batch_size=16))
+
+
+def test_the_legacy_command_line_takes_auto_and_numbers() -> None:
+    """0.5.12's patched ``add_cli_args`` calls, run on argparse: the threshold arrives as the text
+    given (the check and the runtime read it), the other two as ints."""
+    tree = unpacked("0.5.12", ["srt/server_args.py"])
+    patched = apply_text([ServerArgsDynspecFlagsLegacy], (tree / "sglang" / "srt" / "server_args.py").read_text(), "0.5.12")
+    add_cli_args = next(
+        m
+        for c in ast.parse(patched).body
+        if isinstance(c, ast.ClassDef) and c.name == "ServerArgs"
+        for m in c.body
+        if isinstance(m, ast.FunctionDef) and m.name == "add_cli_args"
+    )
+    ours = [s for s in add_cli_args.body if any(f.option in ast.unparse(s) for f in FLAGS)]
+    parser = argparse.ArgumentParser()
+    defaults = SimpleNamespace(**{f.field: eval(f.default) for f in FLAGS})
+    exec(compile(ast.Module(ours, []), "server_args.py", "exec"), {"parser": parser, "ServerArgs": defaults})
+    parsed = parser.parse_args(["--speculative-disable-batch-size", "auto", "--speculative-enable-batch-size", "4"])
+    assert (parsed.speculative_disable_batch_size, parsed.speculative_enable_batch_size) == ("auto", 4)
+    assert parser.parse_args(["--speculative-disable-batch-size", "32"]).speculative_disable_batch_size == "32"
+    with pytest.raises(SystemExit):  # the control: the other flags are still ints
+        parser.parse_args(["--speculative-enable-batch-size", "auto"])
+
+
 def test_no_cuda_graph_needs_no_graph_headroom(check: Any) -> None:
     check(args(cuda_graph_max_bs=8, disable_cuda_graph=True))
 
@@ -124,4 +169,4 @@ def test_check_is_called_first_in_check_server_args(version: str, argument: str)
     source = (tree / "sglang" / "srt" / "server_args.py").read_text()
     patched = apply_text([ServerArgsDynspecCheck], source, version)
     method = patched.split("    def check_server_args(self):\n", 1)[1]
-    assert method.startswith(f"        # dynspec: server_args_dynspec_check r1\n        {CHECK}({argument})\n")
+    assert method.startswith(f"        # dynspec: server_args_dynspec_check r{ServerArgsDynspecCheck.REVISION}\n        {CHECK}({argument})\n")

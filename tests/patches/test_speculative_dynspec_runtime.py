@@ -24,11 +24,23 @@ import pytest
 
 from patcher.engine import patch_file
 from patcher.releases import unpacked
+from patches.runtime import dynspec_auto
 from patches.runtime import dynspec_runtime as runtime
 from patches.speculative_dynspec_runtime import SpeculativeDynspecRuntime
 from tests.conftest import RELEASES
 from tests.patches.fake_draft import draft_stack
 from tests.patches.test_eagle_worker_dynspec_fallback import V1_RELEASES
+
+
+@pytest.fixture(autouse=True)
+def shipped_auto_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``sglang.srt.speculative.dynspec_auto``, which ``attach_dynspec`` imports, as a patched tree has it."""
+    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = []
+            monkeypatch.setitem(sys.modules, name, package)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
 
 SwitchController = runtime.SwitchController
 
@@ -397,6 +409,15 @@ def test_attach_is_a_no_op_without_the_flag() -> None:
 def test_attach_refuses_unsupported_settings() -> None:
     with pytest.raises(ValueError, match="does not support --enable-dp-attention"):
         runtime.attach_dynspec(worker_with(speculative_disable_batch_size=8, enable_dp_attention=True))
+
+
+def test_attach_refuses_auto_and_reads_a_command_line_number() -> None:
+    """v1 has no verify feed for auto: refused at start-up, naming what to give instead. A number
+    arrives as the text typed (the flag is a string so that it can say auto) and is read as one."""
+    with pytest.raises(ValueError, match=r"^--speculative-disable-batch-size auto needs SGLang 0.5.14 or later .*give a number$"):
+        runtime.attach_dynspec(worker_with(speculative_disable_batch_size="auto"))
+    fallback = runtime.attach_dynspec(worker_with(speculative_disable_batch_size="32"))
+    assert fallback is not None and fallback.controller.disable_above == 32 == fallback.controller.enable_at_or_below
 
 
 def test_attach_builds_the_controller_from_the_flags(caplog: pytest.LogCaptureFixture) -> None:

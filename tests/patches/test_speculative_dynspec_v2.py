@@ -23,6 +23,7 @@ import pytest
 
 from patcher.engine import patch_file
 from patcher.releases import unpacked
+from patches.runtime import dynspec_auto
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
 from patches.speculative_dynspec_v2 import SpeculativeDynspecV2
@@ -41,6 +42,7 @@ def sglang_package(monkeypatch: pytest.MonkeyPatch) -> None:
         package.__path__ = []
         monkeypatch.setitem(sys.modules, name, package)
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
 
 
 def source_of(version: str, member: str) -> str:
@@ -465,6 +467,9 @@ class FakeAdaptiveWorker:
     def _build_trivial_verify_input(self, batch: Any) -> None:
         raise AssertionError("not called by the policy")
 
+    def forward_batch_generation(self, batch: Any) -> str:
+        return "forward"
+
     def init_cuda_graphs(self, cuda_graph_bs: Any) -> None:  # what the real one does with its controller
         if self.adaptive_controller is not None:
             self.adaptive_controller.register(SimpleNamespace(speculative_num_steps=self.speculative_num_steps))
@@ -574,6 +579,80 @@ def test_policy_switches_with_hysteresis_and_dwell() -> None:
     assert (policy.controller.spec_iterations, policy.controller.fallback_iterations) == (2, 7)
     policy.on_verify_complete([2, 2, 2], batch_size=3)  # acceptance does not move it
     assert worker.applied == [0, 3, 0]
+
+
+def test_the_own_fallback_refuses_auto() -> None:
+    with pytest.raises(ValueError, match=r"^--speculative-disable-batch-size auto needs SGLang 0.5.14 or later .*on this release, give a number$"):
+        v2.attach_fallback(worker_with(speculative_disable_batch_size="auto"))
+
+
+def test_a_fixed_n_has_no_driver_and_ignores_the_verify_feed() -> None:
+    worker = FakeAdaptiveWorker(speculative_disable_batch_size="32")  # as typed on the command line
+    policy = v2.attach_zero_step_policy(worker)
+    worker.init_cuda_graphs(GRAPH_SIZES)
+    assert policy.driver is None and policy.controller.disable_above == 32
+    policy.activate_step_by_batch(4)
+    policy.on_verify_complete([2, 2, 2, 2], batch_size=4)
+    assert not policy._unverified
+
+
+def test_auto_builds_its_driver_once_the_graph_sizes_are_known(caplog: pytest.LogCaptureFixture) -> None:
+    """Floor 1 (no enable size), ceiling one below the largest graph (64) and the running limit (40):
+    39; the zero-step state is captured for every size above the floor, since the switch moves."""
+    worker = FakeAdaptiveWorker(speculative_disable_batch_size="auto", max_running_requests=40)
+    policy = v2.attach_zero_step_policy(worker)
+    with caplog.at_level(logging.INFO, logger=v2.__name__):
+        worker.init_cuda_graphs(GRAPH_SIZES)
+    assert worker.built == [(0, 1, GRAPH_SIZES[1:])]
+    assert (policy.driver.auto.floor, policy.driver.auto.ceiling) == (1, 39)
+    assert "auto: the switch point between 1 and 39 requests" in caplog.text
+    assert (policy.controller.disable_above, policy.controller.enable_at_or_below) == (39, 39)  # speculate until timed
+
+
+def test_auto_takes_the_acceptance_from_the_iterations_that_speculated() -> None:
+    """The scheduler hands each verify back one iteration late: a zero-step verify's zeros are
+    not acceptance, and a result out of step with the iterations starts the matching again."""
+    worker = FakeAdaptiveWorker(speculative_disable_batch_size="auto", speculative_enable_batch_size=2, speculative_switch_min_steps=1)
+    policy = v2.attach_zero_step_policy(worker)
+    worker.init_cuda_graphs(GRAPH_SIZES)
+    auto = policy.driver.auto
+    auto.thresholds = dynspec_auto.Thresholds(4, 4)
+    policy.driver._left = 10**6  # no new decision during the test
+    policy.driver._apply(auto.thresholds)
+    policy.activate_step_by_batch(3)  # speculates
+    policy.activate_step_by_batch(8)  # falls back
+    policy.on_verify_complete([2, 2, 2], batch_size=3)
+    assert auto.acceptance == 3.0
+    policy.on_verify_complete([0] * 8, batch_size=8)  # the zero-step verify: not acceptance
+    assert auto.acceptance == 3.0
+    policy.activate_step_by_batch(3)
+    policy.on_verify_complete([1] * 5, batch_size=5)  # out of step: dropped, and the queue with it
+    assert auto.acceptance == 3.0 and not policy._unverified
+    policy.activate_step_by_batch(3)
+    policy.on_verify_complete([0, 0, 0], batch_size=3)
+    assert auto.acceptance == pytest.approx(2.8)
+
+
+def test_auto_times_only_decodes_and_shares_rank_0s_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:
+    broadcasts: list[Any] = []
+
+    class Group:
+        def broadcast_object(self, obj: Any, src: int = 0) -> Any:
+            broadcasts.append((obj, src))
+            return obj
+
+    distributed = types.ModuleType("sglang.srt.distributed")
+    distributed.get_tp_group = Group  # type: ignore[attr-defined]
+    monkeypatch.setitem(sys.modules, "sglang.srt.distributed", distributed)
+    worker = FakeAdaptiveWorker(speculative_disable_batch_size="auto", tp_size=2)
+    policy = v2.attach_zero_step_policy(worker)
+    worker.init_cuda_graphs(GRAPH_SIZES)
+    policy.activate_step_by_batch(4)
+    assert broadcasts and broadcasts[0][1] == 0 and broadcasts[0][0][0] == dynspec_auto.Thresholds(63, 63)
+    policy.driver.auto._previous = (4, True, 0.0)
+    prefill = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: False))
+    assert worker.forward_batch_generation(prefill) == "forward"
+    assert policy.driver.auto._previous is None  # the prefill's time is not a decode step's
 
 
 def test_policy_without_states_keeps_speculating_and_says_so(caplog: pytest.LogCaptureFixture) -> None:

@@ -38,6 +38,7 @@ from typing import Any
 import pytest
 
 from patcher.releases import unpacked
+from patches.runtime import dynspec_auto
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
 from tests.patches.test_lean_verify_releases import inplace_write_problems, scanned_sources
@@ -376,6 +377,7 @@ def timeline(monkeypatch: pytest.MonkeyPatch) -> list[str]:
         package.__path__ = []
         monkeypatch.setitem(sys.modules, name, package)
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
     for name in (v2.LEAN_STEP_ENV, v2.LEAN_PREFILL_ENV, v2.EARLY_FENCE_ENV, runtime.RECORD_ENV):
         monkeypatch.delenv(name, raising=False)
     return events
