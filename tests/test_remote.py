@@ -30,6 +30,7 @@ import pytest
 from patcher import bundle, remote, txn
 from patcher.errors import ConnectionLost, ExitCode, Refused, RemotePythonMissing
 from patcher.registry import load_recipe
+from patches.server_args_dynspec_check import ServerArgsDynspecCheck
 from tests.conftest import ROOT, snapshot, targets
 from tests.terminal import Tmux, fixed_length_dir, needs_tmux, same_place
 from tests.test_terminal import check_screen
@@ -246,7 +247,7 @@ def test_several_hosts_get_a_summary_and_the_first_failure_code(server: Server, 
     applied = [
         line
         for line in status.stdout.splitlines()
-        if line.split()[:3] == ["server_args_dynspec_check", "r1", "applied"]
+        if line.split()[:3] == ["server_args_dynspec_check", f"r{ServerArgsDynspecCheck.REVISION}", "applied"]
     ]
     assert len(applied) == 2
     assert "# good2: SGLang" in status.stdout
@@ -778,7 +779,7 @@ def test_summary_screen(server: Server, release_tree, columns: int) -> None:
         assert tmux.wait_exit() == ExitCode.HOST_KEY
         screen = same_place(tmux.screen(), where).replace(str(server.dir), "SSHD")
         check_screen(f"remote-summary-{columns}", screen)
-        assert "\x1b[32mpatched 5 file(s)" in tmux.colours()
+        assert "\x1b[32mpatched 6 file(s)" in tmux.colours()
     finally:
         tmux.close()
         shutil.rmtree(where, ignore_errors=True)

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from patcher.registry import all_patches
 from patcher.render import ANSI_ESCAPE, color_diff, screen_rows
+from patches.server_args_dynspec_flags_legacy import ServerArgsDynspecFlagsLegacy
 from tests.conftest import ROOT, run_dynspec
 from tests.terminal import Tmux, fixed_length_dir, needs_tmux, on_pty, same_place, terminal_env
 
@@ -53,7 +54,8 @@ def test_diff_on_a_terminal_is_in_gits_colours_and_the_same_bytes_without_them(p
     assert seen.returncode == 0, seen.stderr
     assert "\x1b[1mdiff --git a/srt/server_args.py b/srt/server_args.py\x1b[m\n" in seen.stdout
     assert "\x1b[36m@@ -583,6 +583,10 @@\x1b[m\n" in seen.stdout
-    assert "\x1b[32m+    # dynspec: server_args_dynspec_flags_legacy r1\x1b[m\n" in seen.stdout
+    marker = f"# dynspec: server_args_dynspec_flags_legacy r{ServerArgsDynspecFlagsLegacy.REVISION}"
+    assert f"\x1b[32m+    {marker}\x1b[m\n" in seen.stdout
     assert plain(seen.stdout) == piped
     assert seen.stderr == ""
 
