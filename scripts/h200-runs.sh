@@ -26,6 +26,9 @@
 #                  vocabulary); v1 adds --no-overlap-base (its reference) and runs throughput only: its
 #                  mixed_load is `kv-mixed V v1`, a call of its own. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec;
 #                  TPUT_LEVELS="16,64,128" runs fewer throughput levels (a call that must fit beside another)
+#   kv-auto V      (as kv-tput, 0.5.14+) --speculative-disable-batch-size auto against the fixed N of
+#                  AUTO_SWEEP (default 8,16,32,48,64,96) on the mixed load at simulated acceptance
+#                  AUTO_ACCEPT (default 3; one per call), base once: the auto_threshold check
 #   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
 #   (any proof step) SERVER_ARGS="..." in the env goes to every server (--extra-args), e.g. "--decode-log-interval 1":
 #                  a log line per decode iteration, whose throughput is that iteration's speed
@@ -248,6 +251,13 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     [ -n "${3:-}" ] && extra="$extra --shape $3"
     proof "proof-$1-$2-${step#kv-}${3:+-$3}" --path "$2" --checks "$checks" --threshold 32 $extra \
       --throughput-levels "${TPUT_LEVELS:-1,4,16,32,64,128}" ;;
+  kv-auto) kit_for "$1"
+    # auto against fixed N on the mixed load (issue 16): per acceptance 8 servers, base once. One
+    # acceptance fits a call (estimate: 3 groups of 3 starts, ~70 s each, and 9 x (warm-up + 2
+    # passes) of ~11 s, ~510 s): AUTO_ACCEPT=3 (default), AUTO_REPEATS passes (default 2).
+    proof "proof-$1-v2-auto-acc${AUTO_ACCEPT:-3}" --path v2 --checks auto_threshold --threshold 32 \
+      --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" \
+      --auto-acceptance "${AUTO_ACCEPT:-3}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
       && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json /tmp/real/; } && ls -la /tmp/real ;;
   # a head (13 MB) does not fit beside a 44 MiB wheel part and the work tree: a call of its own, before real-b

@@ -200,7 +200,7 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "--checks",
     default="equivalence,crossings,exact_kv",
     show_default=True,
-    help="Comma list of equivalence, crossings, exact_kv, acceptance, throughput, mixed_load.",
+    help="Comma list of equivalence, crossings, exact_kv, acceptance, throughput, mixed_load, auto_threshold.",
 )
 @click.option(
     "--model",
@@ -357,6 +357,22 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "Repeatable.",
 )
 @click.option(
+    "--auto-acceptance",
+    "auto_acceptances",
+    type=IntList(),
+    default=",".join(f"{a:g}" for a in DEFAULTS.auto_acceptances),
+    show_default=True,
+    help="auto_threshold: the simulated acceptances (SGLANG_SIMULATE_ACC_LEN) it is run at, each with its "
+    "own servers (always-on, auto and one per --auto-sweep N; base once).",
+)
+@click.option(
+    "--auto-sweep",
+    type=IntList(),
+    default=",".join(map(str, DEFAULTS.auto_sweep)),
+    show_default=True,
+    help="auto_threshold: the fixed thresholds auto's mixed-load time is compared with (the best of them).",
+)
+@click.option(
     "--parallel-starts",
     type=click.IntRange(1, 8),
     default=DEFAULTS.parallel_starts,
@@ -445,6 +461,8 @@ def proof(
     mixed_new_tokens: int,
     mixed_repeats: int,
     mixed_variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
+    auto_acceptances: tuple[int, ...],
+    auto_sweep: tuple[int, ...],
     parallel_starts: int,
     interleave: bool,
     tp: int | None,
@@ -473,6 +491,10 @@ def proof(
     mixed_load   concurrency rising and falling (--mixed-phases) on the three throughput
                  servers: dynspec's total time <= 1.03 x the per-phase faster of base and
                  always-on, and below both
+    auto_threshold the mixed load at each --auto-acceptance on dynspec with
+                 --speculative-disable-batch-size auto and with each fixed N of --auto-sweep
+                 (0.5.14+, v2): auto's total <= 1.03 x the best N's, not slower than both
+                 static servers
 
     Without dynspec applied to the SGLang under test, only speculation off vs always on is
     checked. Progress goes to stderr, the summary to stdout; logs, report.json and
@@ -531,6 +553,8 @@ def proof(
         mixed_new_tokens=mixed_new_tokens,
         mixed_repeats=mixed_repeats,
         mixed_variants=mixed_variants,
+        auto_acceptances=tuple(float(a) for a in auto_acceptances),
+        auto_sweep=auto_sweep,
         parallel_starts=parallel_starts,
         interleave=interleave,
         tp=tp,

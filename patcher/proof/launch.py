@@ -18,6 +18,7 @@ MODELS = Path(__file__).resolve().parent / "models"
 # (draft8b's 128k lm_head is the pessimistic case for the draft extend's cost)
 SHAPES = {"small": ("target", "draft"), "8b": ("target8b", "draft8b"), "8b-32k": ("target8b", "draft8b-32k")}
 MAX_RUNNING_REQUESTS = 128
+AUTO = "auto"  # --speculative-disable-batch-size auto
 # With --parallel-starts > 1, several servers share the GPU. SGLang sizes a KV pool from the memory
 # free before and after it loads its weights (pool = after - (1 - fraction) x before), which servers
 # loading side by side make meaningless: each gets a fixed pool instead, far above any load here (128
@@ -58,7 +59,7 @@ SIMULATION_VARS = ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD", "SIM
 class Dynspec:
     """dynspec's server flags; ``None`` leaves a flag out so the server's default applies."""
 
-    disable_batch_size: int
+    disable_batch_size: int | str  # a number, or "auto" (0.5.14+)
     enable_batch_size: int | None = None
     switch_min_steps: int | None = None
 
@@ -72,8 +73,12 @@ class Dynspec:
 
     @property
     def on_at_most(self) -> int:
-        """The largest batch size at which speculation comes back on."""
-        return self.disable_batch_size if self.enable_batch_size is None else self.enable_batch_size
+        """The largest batch size at which speculation comes back on (a fixed threshold's)."""
+        if self.enable_batch_size is not None:
+            return self.enable_batch_size
+        if not isinstance(self.disable_batch_size, int):
+            raise ValueError("auto has no fixed switch-on size")
+        return self.disable_batch_size
 
 
 def adaptive_config(threshold: int) -> dict[str, dict[str, list[int]]]:

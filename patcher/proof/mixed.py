@@ -145,3 +145,66 @@ def judge(
             else "incomplete"
         ),
     }
+
+
+def judge_auto(
+    runs: Mapping[str, Sequence[Run]],
+    schedule: Schedule,
+    acceptances: Sequence[float],
+    sweep: Sequence[int],
+    max_ratio: float,
+) -> dict[str, Any]:
+    """The ``auto_threshold`` report entry. ``runs`` is keyed ``base`` (one server: it does not
+    speculate, so acceptance does not touch it) and, per acceptance ``a``, ``always_on@a``,
+    ``auto@a`` and ``n@a`` for each fixed N of ``sweep``. At each acceptance auto's median total
+    must be at most ``max_ratio`` x the best fixed N's, and not slower than both static servers.
+    Whether it beat both is reported beside (``faster_than_both``), not judged."""
+    n = len(schedule.phases)
+    problems: list[str] = []
+
+    def total(key: str) -> float | None:
+        good = [r for r in runs.get(key, []) if not r.failures and len(r.phases) == n]
+        for run in runs.get(key, []):
+            problems.extend(f"{key}: {f}" for f in run.failures[:3])
+        return round(statistics.median(r.seconds for r in good), 3) if good else None
+
+    base = total("base")
+    by_acceptance: dict[str, dict[str, Any]] = {}
+    for a in acceptances:
+        label = f"{a:g}"
+        fixed = {size: total(f"{size}@{label}") for size in sweep}
+        auto, always_on = total(f"auto@{label}"), total(f"always_on@{label}")
+        measured = {size: s for size, s in fixed.items() if s is not None}
+        missing = [k for k, v in (("auto", auto), ("always-on", always_on), ("base", base)) if v is None]
+        missing += [f"N={size}" for size, s in fixed.items() if s is None]
+        entry: dict[str, Any] = {"auto_s": auto, "base_s": base, "always_on_s": always_on, "fixed_s": {str(k): v for k, v in fixed.items()}}
+        if measured:
+            best_n = min(measured, key=lambda size: (measured[size], size))
+            entry.update(best_fixed_n=best_n, best_fixed_s=measured[best_n])
+        if missing:
+            problems.append(f"acceptance {label}: no complete pass on {', '.join(missing)}")
+        elif auto is not None and base is not None and always_on is not None:
+            ratio = round(auto / entry["best_fixed_s"], 4)
+            entry.update(auto_over_best_fixed=ratio, faster_than_both=auto < min(base, always_on))
+            if ratio > max_ratio:
+                problems.append(
+                    f"acceptance {label}: auto took {auto:.2f} s, {ratio:.3f}x the best fixed N's "
+                    f"(N={entry['best_fixed_n']}, {entry['best_fixed_s']:.2f} s; at most {max_ratio:g}x)"
+                )
+            if auto > base and auto > always_on:
+                problems.append(f"acceptance {label}: auto ({auto:.2f} s) is slower than base ({base:.2f}) and always-on ({always_on:.2f})")
+        by_acceptance[label] = entry
+    return {
+        "passed": not problems,
+        "by_acceptance": by_acceptance,
+        "sweep": list(sweep),
+        "max_ratio": max_ratio,
+        "schedule": schedule.describe(),
+        "problems": problems,
+        "detail": "; ".join(
+            f"acceptance {a}: auto {e['auto_s']:.2f} s, best N={e['best_fixed_n']} {e['best_fixed_s']:.2f} s ({e['auto_over_best_fixed']:.3f}x)"
+            for a, e in by_acceptance.items()
+            if "auto_over_best_fixed" in e
+        )
+        or "incomplete",
+    }

@@ -30,7 +30,7 @@ from typing import Any
 
 from patcher.proof.steps import describe, describe_outside, describe_runs
 
-CHECKS = ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load")
+CHECKS = ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load", "auto_threshold")
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "summary.txt"
 PLOT_NAME = "throughput.png"
@@ -225,6 +225,17 @@ def summary(report: Report) -> str:
             lines.append(
                 f"    variant {variant} ({env}): {_fmt(v.get('seconds'), 2)} s, "
                 f"{_fmt(v.get('over_dynspec'), 3)}x dynspec's, {_fmt(v.get('dynspec_over_oracle'), 3)}x the oracle"
+            )
+
+    auto = report.get("auto_threshold")
+    if auto and auto.get("by_acceptance"):
+        lines.append("")
+        lines.append(f"auto threshold: mixed-load total s, median of {auto.get('repeats')}; fixed N in {auto.get('sweep')}")
+        lines.append(f"{'accept':>6}  {'auto':>7}  {'best N':>6}  {'its s':>7}  {'auto/N':>6}  {'base':>7}  {'always-on':>9}")
+        for a, e in auto["by_acceptance"].items():
+            lines.append(
+                f"{a:>6}  {_fmt(e.get('auto_s'), 2):>7}  {e.get('best_fixed_n', '-')!s:>6}  {_fmt(e.get('best_fixed_s'), 2):>7}  "
+                f"{_fmt(e.get('auto_over_best_fixed'), 3):>6}  {_fmt(e.get('base_s'), 2):>7}  {_fmt(e.get('always_on_s'), 2):>9}"
             )
 
     lines.append("")

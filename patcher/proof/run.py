@@ -24,6 +24,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+from packaging.version import InvalidVersion, Version
+
 from patcher.proof import acceptance, detect, exactkv, launch, logscan, mixed, steps
 from patcher.proof import report as reports
 from patcher.proof.client import (
@@ -41,6 +43,16 @@ from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
 from patcher.proof.ramp import RampSchedule, run_ramp
 from patcher.proof.servers import Progress, Server, ServerSpec, free_port, stderr_progress
+
+AUTO_SINCE = "0.5.14"  # auto needs the zero-step mode (dynspec_auto, ZeroStepPolicy)
+
+
+def since(version: str, first: str) -> bool:
+    try:
+        return Version(version) >= Version(first)
+    except InvalidVersion:
+        return False
+
 
 SERVER_NAMES = {
     "base": "base",
@@ -113,6 +125,10 @@ class ProofOptions:
     max_mixed_ratio: float = 1.03  # dynspec's total / the per-phase oracle's, at most
     # more dynspec servers on the mixed load, each (name, its own env): an A/B in the same call
     mixed_variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...] = ()
+    # auto_threshold: the simulated acceptances, and the fixed thresholds auto is compared with
+    auto_acceptances: tuple[float, ...] = (2.0, 3.0, 4.0)
+    auto_sweep: tuple[int, ...] = (8, 16, 32, 48, 64, 96)
+    max_auto_ratio: float = 1.03  # auto's mixed-load total / the best fixed N's, at most
     parallel_starts: int = 1  # servers started at once (each measured alone); > 1 shares the GPU
     # throughput and mixed_load, where all their servers start at once: the servers take turns at
     # every level and pass (rotating the order), rather than one server's levels after another's
@@ -181,7 +197,7 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
     checks = [c for c in reports.CHECKS if c in opts.checks]
     skipped: dict[str, str] = {c: "not asked for" for c in reports.CHECKS if c not in checks}
     if not sglang.dynspec_applied:
-        for check in ("crossings", "exact_kv", "acceptance", "mixed_load"):
+        for check in ("crossings", "exact_kv", "acceptance", "mixed_load", "auto_threshold"):
             if check in checks:
                 checks.remove(check)
                 skipped[check] = f"dynspec is not applied to {sglang.package} (no --speculative-disable-batch-size)"
@@ -228,6 +244,18 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             raise ProofUsageError(
                 f"--mixed-phases {','.join(map(str, opts.mixed_phases))} must have a phase <= {m} and one > {n}"
             )
+    if "auto_threshold" in checks:
+        if opts.path != "v2" or not since(sglang.version, AUTO_SINCE):
+            raise ProofUsageError(
+                f"auto_threshold needs --path v2 on SGLang {AUTO_SINCE} or later (its zero-step mode); "
+                f"this is {opts.path} on {sglang.version}"
+            )
+        if not opts.auto_sweep or any(not 1 <= n < launch.MAX_RUNNING_REQUESTS for n in opts.auto_sweep):
+            raise ProofUsageError(f"--auto-sweep needs thresholds in 1 .. {launch.MAX_RUNNING_REQUESTS - 1}, got {opts.auto_sweep}")
+        if not opts.auto_acceptances or any(a < 1 for a in opts.auto_acceptances):
+            raise ProofUsageError(f"--auto-acceptance needs simulated acceptances of at least 1, got {opts.auto_acceptances}")
+        if opts.model != "dummy":
+            raise ProofUsageError("auto_threshold runs on dummy weights with simulated acceptance (--model dummy)")
     if opts.mixed_variants and "mixed_load" not in checks:
         raise ProofUsageError("--mixed-variant needs the mixed_load check (--checks mixed_load) and dynspec applied")
     if opts.parallel_starts > 1:
@@ -436,6 +464,11 @@ class Proof:
                 self.correctness(
                     "equivalence" in checks, "crossings" in checks, "exact_kv" in checks, "acceptance" in checks
                 )
+            if "auto_threshold" in checks:
+                if self.aborted:
+                    self.report["auto_threshold"] = {"passed": False, "problems": [f"not run: {self.aborted}"]}
+                else:
+                    self.auto_threshold()
             simulated = [c for c in ("throughput", "mixed_load") if c in checks]
             if simulated:
                 if self.aborted:
@@ -1216,6 +1249,41 @@ class Proof:
         tp["problems"] = problems
         tp["passed"] = not problems and len(tok_s) == len(modes)
         self.report["throughput"] = tp
+
+    def auto_threshold(self) -> None:
+        """``auto`` against fixed thresholds on the mixed load, at each simulated acceptance: per
+        acceptance always-on, dynspec with ``auto`` and one dynspec server per fixed N; base once.
+        Each server is measured alone (a warm-up pass, then ``mixed_repeats``)."""
+        opts = self.opts
+        shape = opts.shape_for("mixed_load")
+        plans: list[tuple[str, Plan]] = [("base", Plan("base", shape, opts.auto_acceptances[0], "base-auto"))]
+        for a in opts.auto_acceptances:
+            label = f"{a:g}"
+            plans.append((f"always_on@{label}", Plan("always_on", shape, a, f"always-on-acc{label}")))
+            auto = launch.Dynspec(launch.AUTO, opts.enable_threshold, opts.switch_min_steps)
+            plans.append((f"auto@{label}", Plan("dynspec", shape, a, f"dynspec-auto-acc{label}", dynspec=auto)))
+            for n in opts.auto_sweep:
+                fixed = launch.Dynspec(n, None, opts.switch_min_steps)
+                plans.append((f"{n}@{label}", Plan("dynspec", shape, a, f"dynspec-n{n}-acc{label}", dynspec=fixed)))
+        runs: dict[str, list[mixed.Run]] = {}
+        problems: list[str] = []
+        with self.starting([plan for _, plan in plans]):
+            for key, plan in plans:
+                try:
+                    with self.serve(plan) as server:
+                        runs[key] = self.mixed_load(server, plan.name, warmup=True)
+                except ServerStartError as error:
+                    problems.append(str(error).splitlines()[0])
+                    self.progress(f"ERROR: {error}")
+                    break
+                finally:
+                    if self.server_info.get("errors"):
+                        problems.append(f"{self.server_info.get('error_count')} error line(s) in {plan.name}.log: {self.server_info['errors'][0]}")
+        entry = mixed.judge_auto(runs, opts.mixed_schedule, opts.auto_acceptances, opts.auto_sweep, opts.max_auto_ratio)
+        entry["problems"] = problems + entry["problems"]
+        entry["passed"] = not entry["problems"]
+        entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats)
+        self.report["auto_threshold"] = entry
 
     def mixed_load(self, server: Server, name: str, *, warmup: bool) -> list[mixed.Run]:
         opts = self.opts

@@ -314,7 +314,7 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--speculative-algorithm")
-    parser.add_argument("--speculative-disable-batch-size", type=int)
+    parser.add_argument("--speculative-disable-batch-size")  # a number, or auto (played as 48)
     parser.add_argument("--speculative-enable-batch-size", type=int)
     parser.add_argument("--speculative-adaptive", action="store_true")
     parser.add_argument("--speculative-adaptive-config")
@@ -336,8 +336,9 @@ def main(argv: list[str]) -> None:
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     log(f"scheduler pid {child.pid}")
     time.sleep(float(os.environ.get("FAKE_SGLANG_START_DELAY", "0.2")))
+    threshold = args.speculative_disable_batch_size
     state = State(
-        args.speculative_disable_batch_size,
+        None if threshold is None else 48 if threshold == "auto" else int(threshold),
         args.speculative_enable_batch_size,
         bool(args.speculative_algorithm),
         faults,

@@ -373,3 +373,75 @@ def test_levels_taking_turns_warm_up_rotate_and_keep_a_failed_run_as_that_server
     first, second = (r for r, _ in out["b"])
     assert len(first.samples) == 3 and first.failures == []
     assert second.failures and second.samples == ()  # the failed run, not a median that hides it
+
+
+# -- auto_threshold: auto against a sweep of fixed thresholds -------------------------------------
+
+
+def auto_runs(auto: float, fixed: dict[int, float], base: float = 10.0, always_on: float = 9.0) -> dict[str, list[mixed.Run]]:
+    """Passes of SCHEDULE at acceptance 3 whose totals are the given seconds (split evenly over its phases)."""
+
+    def runs(total: float) -> list[mixed.Run]:
+        return passes(*[[total / 3] * 3] * 3)
+
+    out = {"base": runs(base), "always_on@3": runs(always_on), "auto@3": runs(auto)}
+    out.update({f"{n}@3": runs(s) for n, s in fixed.items()})
+    return out
+
+
+def test_auto_within_the_ratio_of_the_best_fixed_n_passes_and_says_which_n() -> None:
+    entry = mixed.judge_auto(auto_runs(8.1, {8: 8.5, 32: 8.0, 64: 8.8}), SCHEDULE, [3.0], [8, 32, 64], 1.03)
+    assert entry["passed"], entry["problems"]
+    row = entry["by_acceptance"]["3"]
+    assert (row["best_fixed_n"], row["best_fixed_s"], row["auto_s"], row["auto_over_best_fixed"]) == (32, 8.0, 8.1, 1.0125)
+    assert row["faster_than_both"] and (row["base_s"], row["always_on_s"]) == (10.0, 9.0)
+    assert row["fixed_s"] == {"8": 8.5, "32": 8.0, "64": 8.8}
+    assert "acceptance 3: auto 8.10 s, best N=32 8.00 s (1.012x)" in entry["detail"]
+
+
+def test_auto_beyond_the_ratio_or_slower_than_both_static_servers_fails() -> None:
+    """The negative controls: 4 % behind the best N; then slower than base and always-on alike."""
+    behind = mixed.judge_auto(auto_runs(8.32, {32: 8.0}), SCHEDULE, [3.0], [32], 1.03)
+    assert not behind["passed"] and "1.040x the best fixed N's (N=32, 8.00 s; at most 1.03x)" in behind["problems"][0]
+    slow = mixed.judge_auto(auto_runs(10.5, {32: 10.4}, base=10.0, always_on=9.0), SCHEDULE, [3.0], [32], 1.03)
+    assert not slow["passed"] and "slower than base (10.00) and always-on (9.00)" in slow["problems"][0]
+    between = mixed.judge_auto(auto_runs(9.5, {32: 9.4}, base=10.0, always_on=9.0), SCHEDULE, [3.0], [32], 1.03)
+    assert between["passed"] and not between["by_acceptance"]["3"]["faster_than_both"]  # reported, not judged
+
+
+def test_a_server_without_a_complete_pass_fails_auto_threshold() -> None:
+    runs = auto_runs(8.0, {32: 8.0})
+    runs["32@3"] = passes([1.0, 1.0, 1.0], failed_phase=1)
+    entry = mixed.judge_auto(runs, SCHEDULE, [3.0], [32], 1.03)
+    assert not entry["passed"] and any("no complete pass on N=32" in p for p in entry["problems"])
+    assert entry["detail"] == "incomplete"
+
+
+def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any, tmp_path: Path) -> None:
+    opts = mixed_options(
+        site(version="0.5.17"), tmp_path / "out", checks=("auto_threshold",), path="v2",
+        auto_acceptances=(2.0, 3.0), auto_sweep=(2, 6), max_auto_ratio=100.0,
+    )  # fmt: skip
+    result = run_proof(opts, lambda m: None)
+    names = [s["name"] for s in result["servers"]]
+    assert names == [
+        "base-auto",
+        "always-on-acc2", "dynspec-auto-acc2", "dynspec-n2-acc2", "dynspec-n6-acc2",
+        "always-on-acc3", "dynspec-auto-acc3", "dynspec-n2-acc3", "dynspec-n6-acc3",
+    ]  # fmt: skip
+    servers = {s["name"]: s for s in result["servers"]}
+    assert servers["dynspec-auto-acc2"]["argv"][servers["dynspec-auto-acc2"]["argv"].index("--speculative-disable-batch-size") + 1] == "auto"
+    assert servers["dynspec-n6-acc3"]["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3"
+    entry = result["auto_threshold"]
+    assert entry["passed"], entry["problems"]
+    assert set(entry["by_acceptance"]) == {"2", "3"} and entry["by_acceptance"]["2"]["best_fixed_n"] in (2, 6)
+    assert "auto threshold: mixed-load total s, median of 2" in reports.summary(result)
+
+
+@pytest.mark.parametrize(("version", "path"), [("0.5.13", "v2"), ("0.5.17", "v1")])
+def test_auto_threshold_needs_v2_on_0_5_14_or_later(site: Any, tmp_path: Path, version: str, path: str) -> None:
+    from patcher.proof.errors import ProofUsageError
+
+    opts = mixed_options(site(version=version), tmp_path / "out", checks=("auto_threshold",), path=path)
+    with pytest.raises(ProofUsageError, match=r"auto_threshold needs --path v2 on SGLang 0.5.14 or later"):
+        run_proof(opts, lambda m: None)

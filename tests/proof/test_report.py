@@ -239,6 +239,12 @@ def new_check_entries(mixed_dynspec: float = 1.0) -> dict[str, Any]:
 
 def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
     entries = new_check_entries()
+    phases = mixed.DEFAULT_PHASES
+    n = len(phases)
+
+    def run(seconds: list[float]) -> list[mixed.Run]:
+        return [mixed.Run([LevelResult(c, 128, s) for c, s in zip(phases, seconds)])]
+
     assert {"passed", "compared_requests", "compared_steps", "control_differs"} <= set(entries["exact_kv"])
     ml = entries["mixed_load"]
     assert {"passed", "seconds", "oracle_seconds", "phases"} <= set(ml) and set(ml["seconds"]) == {
@@ -246,7 +252,17 @@ def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
         "always_on",
         "dynspec",
     }
-    assert report.CHECKS == ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load")
+    assert report.CHECKS == ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load", "auto_threshold")
+    # issue 16's contract: auto_threshold.by_acceptance[a] has these keys
+    auto = mixed.judge_auto(
+        {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)},
+        mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128),
+        [3.0],
+        [32],
+        1.03,
+    )
+    assert {"passed", "by_acceptance"} <= set(auto) and auto["passed"]
+    assert {"auto_s", "best_fixed_s", "best_fixed_n", "base_s", "always_on_s"} <= set(auto["by_acceptance"]["3"])
     from patcher.proof import acceptance
 
     entry = acceptance.judge({k: acceptance.Trace() for k in ("kv", "full", "skip", acceptance.NEVER_OFF)}, 1, [])
