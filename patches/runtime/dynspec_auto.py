@@ -296,6 +296,9 @@ class AutoDriver:
             self.last = decision
             if self.log and changed:
                 logger.info(decision.describe())
+            metrics = getattr(self.controller, "metrics", None)  # the runtime's DynspecMetrics, rank 0 only
+            if metrics is not None:
+                metrics.auto_decision(thresholds.disable_above, thresholds.enable_at_or_below, decision.acceptance)
 
     def _apply(self, thresholds: Thresholds) -> None:
         self.controller.disable_above = thresholds.disable_above

@@ -152,7 +152,14 @@ class DynspecMetrics:
         ("fallback", "sglang:dynspec_fallback_iterations_total", "Decode iterations run without speculation."),
         ("switches", "sglang:dynspec_switches_total", "Times dynspec switched speculation on or off."),
     )
+    # auto's latest decision (dynspec_auto.AutoDriver), created at its first: a fixed N exports none
+    GAUGES = (
+        ("disable_above", "sglang:dynspec_disable_above", "auto: speculation is off above this batch size."),
+        ("enable_at_or_below", "sglang:dynspec_enable_at_or_below", "auto: speculation is back on at or below this batch size."),
+        ("acceptance", "sglang:dynspec_acceptance", "auto: its estimate of accepted drafts + 1 per verify."),
+    )
     _counters: Optional[dict] = None  # one set per process: prometheus refuses duplicate names
+    _gauges: Optional[dict] = None
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
@@ -167,6 +174,25 @@ class DynspecMetrics:
         bound = self._counters_for_model()
         if bound:
             bound["switches"].inc()
+
+    def auto_decision(self, disable_above: int, enable_at_or_below: int, acceptance: Optional[float]) -> None:
+        """Export auto's thresholds and acceptance estimate (rank 0, at each decision)."""
+        gauges = DynspecMetrics._create_gauges()
+        values = {"disable_above": disable_above, "enable_at_or_below": enable_at_or_below, "acceptance": acceptance}
+        for key, gauge in gauges.items():
+            if values[key] is not None:
+                gauge.labels(model_name=self.model_name).set(values[key])
+
+    @classmethod
+    def _create_gauges(cls) -> dict:
+        if cls._gauges is None:
+            try:
+                from prometheus_client import Gauge
+            except ImportError:
+                cls._gauges = {}
+            else:
+                cls._gauges = {key: Gauge(name, doc, labelnames=["model_name"]) for key, name, doc in cls.GAUGES}
+        return cls._gauges
 
     def _counters_for_model(self) -> dict:
         if self._bound is None:

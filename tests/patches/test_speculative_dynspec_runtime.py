@@ -170,8 +170,20 @@ def fake_prometheus(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
 
             return Child()
 
-    monkeypatch.setitem(sys.modules, "prometheus_client", types.SimpleNamespace(Counter=Counter))
+    class Gauge(Counter):
+        def labels(self, **labels: str) -> Any:
+            key = tuple(sorted(labels.items()))
+            gauge = self
+
+            class Child:
+                def set(self, value: float) -> None:
+                    gauge.values[key] = value
+
+            return Child()
+
+    monkeypatch.setitem(sys.modules, "prometheus_client", types.SimpleNamespace(Counter=Counter, Gauge=Gauge))
     monkeypatch.setattr(runtime.DynspecMetrics, "_counters", None)
+    monkeypatch.setattr(runtime.DynspecMetrics, "_gauges", None)
     return created
 
 
@@ -185,6 +197,23 @@ def test_metrics_count_iterations_and_switches(fake_prometheus: dict[str, Any]) 
         "sglang:dynspec_switches_total": 2,
     }
     assert all(c.labelnames == ["model_name"] for c in fake_prometheus.values())
+
+
+def test_auto_exports_its_decisions_and_a_fixed_n_no_gauges(fake_prometheus: dict[str, Any]) -> None:
+    fixed = SwitchController(8, min_steps=1, log=False, metrics=runtime.DynspecMetrics("m"))
+    decisions(fixed, [1, 9])
+    assert not any(name.startswith("sglang:dynspec_disable") for name in fake_prometheus)  # the control
+    controller = SwitchController(1, min_steps=1, log=False, metrics=runtime.DynspecMetrics("m"))
+    auto = dynspec_auto.AutoThreshold(1, 63)
+    driver = dynspec_auto.AutoDriver(controller, auto, clock=lambda: 0.0, log=False)
+    auto.verified([2, 2])
+    driver.step(4)
+    gauges = {name: c.values for name, c in fake_prometheus.items() if not name.endswith("_total")}
+    assert gauges == {
+        "sglang:dynspec_disable_above": {(("model_name", "m"),): 63},
+        "sglang:dynspec_enable_at_or_below": {(("model_name", "m"),): 63},
+        "sglang:dynspec_acceptance": {(("model_name", "m"),): 3.0},
+    }
 
 
 def test_metrics_are_created_once_per_process(fake_prometheus: dict[str, Any]) -> None:
