@@ -16,8 +16,8 @@ where the gain falls steeply), the controller's dwell and the medians below keep
 wanders near the switch point, or noisy timings, from switching back and forth.
 
 The estimates. Per batch-size bucket and mode, the median of the last ``window`` steady periods
-(from one iteration's start to the next's, both of the same size and mode: under the overlap
-scheduler, the GPU's step). Only buckets where both modes have run are compared: between two, the
+(from one iteration's start to the next's, when the last three iterations ran the same size and
+mode: under the overlap scheduler that period is the GPU time of the iteration before it). Only buckets where both modes have run are compared: between two, the
 switch point is where the straight line through their gains crosses the level; no cost is guessed
 for a size neither mode has run at. The acceptance is an EMA of accepted drafts + 1 per verify,
 kept while speculation is off. Where the batch has run lately with no sample of the other mode,
@@ -115,31 +115,40 @@ class AutoThreshold:
         self.iterations = 0
         self._seconds: Dict[Tuple[bool, int], Deque[float]] = {}
         self._sampled_at: Dict[Tuple[bool, int], int] = {}  # the iteration of each bucket's latest sample
-        self._previous: Optional[Tuple[int, bool, float]] = None  # (batch size, speculated, start)
+        # The last two iterations (batch size, speculated, start), cleared by anything unsteady.
+        self._previous: Deque[Tuple[int, bool, float]] = deque(maxlen=2)
         self._recent_sizes: Deque[int] = deque(maxlen=every)
+        self._speculated_last = True
+        self._settled = self.thresholds  # the last estimated thresholds (a probe's end returns to them)
 
     # -- what the controller reports ------------------------------------------------------------
 
     def iteration(self, batch_size: int, speculates: bool, started: float, steady: bool = True) -> None:
         """A decode iteration of ``batch_size`` requests starts at ``started`` (seconds, monotonic).
 
-        The time since the previous start is that iteration's cost when both ran the same size and
-        mode and ``steady`` holds for both (the controller passes False for a switch's iteration and
-        its ``RESUME``, which cost what neither mode does)."""
+        Under the overlap scheduler an iteration is launched before the previous one's result is
+        waited for, so the time between two starts is the GPU time of the iteration before them.
+        It counts as a step of this size and mode only when the last three iterations all ran it and
+        were ``steady`` (the controller passes False for a ``RESUME``, which runs the full draft
+        extend); without overlap this only drops one sample more."""
         self.iterations += 1
         self._recent_sizes.append(batch_size)
-        previous, self._previous = self._previous, (batch_size, speculates, started) if steady else None
-        if previous is None or not steady:
+        self._speculated_last = speculates
+        if not steady:
+            self._previous.clear()
             return
-        size, speculated, then = previous
-        if size == batch_size and speculated == speculates and started > then:
-            key = (speculates, bucket_of(batch_size))
-            self._seconds.setdefault(key, deque(maxlen=self.window)).append(started - then)
-            self._sampled_at[key] = self.iterations
+        if len(self._previous) == 2 and all(size == batch_size and spec == speculates for size, spec, _ in self._previous):
+            then = self._previous[-1][2]
+            if started > then:
+                key = (speculates, bucket_of(batch_size))
+                self._seconds.setdefault(key, deque(maxlen=self.window)).append(started - then)
+                self._sampled_at[key] = self.iterations
+        self._previous.append((batch_size, speculates, started))
 
     def interrupted(self) -> None:
-        """Something other than a decode ran since the last iteration (a prefill): its period is not a step."""
-        self._previous = None
+        """Something other than a decode ran since the last iteration (a prefill): the periods it
+        overlaps (the next two, under the overlap scheduler) are not steps."""
+        self._previous.clear()
 
     def verified(self, accepted_drafts: Sequence[int]) -> None:
         """A speculative verify's accepted drafts per request (the bonus token not counted)."""
@@ -175,10 +184,11 @@ class AutoThreshold:
         probe = self._probe()
         if probe is not None:
             return self._adopt(Decision(probe[0], self.probe_iterations, probe[1], self.acceptance, tuple(gains)))
-        if not gains:
+        if not gains:  # after a probe too: back to what was settled, not the probe's thresholds
             why = "no acceptance yet" if self.acceptance is None else "no timings of both modes yet"
-            return self._adopt(Decision(self.thresholds, self.every, why, self.acceptance, ()))
-        return self._adopt(Decision(self._from_gains(gains), self.every, "estimated", self.acceptance, tuple(gains)))
+            return self._adopt(Decision(self._settled, self.every, why, self.acceptance, ()))
+        self._settled = self._from_gains(gains)
+        return self._adopt(Decision(self._settled, self.every, "estimated", self.acceptance, tuple(gains)))
 
     def _from_gains(self, gains: List[Tuple[int, float]]) -> Thresholds:
         disable = self._crossing(gains, 1.0)
@@ -207,8 +217,7 @@ class AutoThreshold:
             return None
         size = int(statistics.median(self._recent_sizes))
         bucket = bucket_of(size)
-        speculating_here = size <= self.thresholds.disable_above
-        other = not speculating_here
+        other = not self._speculated_last  # the mode the controller is not running now (hysteresis included)
         sampled = self._sampled_at.get((other, bucket))
         if sampled is not None and self.iterations - sampled < self.stale_after:
             return None
@@ -268,10 +277,10 @@ class AutoDriver:
         self._apply(auto.thresholds)
 
     def step(self, batch_size: int) -> str:
+        started = self.clock()  # before a decision's broadcast, which is not the step's
         if self._left <= 0:
             self._next_period()
         self._left -= 1
-        started = self.clock()
         step = self.controller.step(batch_size)
         self.auto.iteration(batch_size, step == self.controller.SPECULATE, started, steady=step != self.controller.RESUME)
         return step

@@ -191,7 +191,10 @@ class DynspecMetrics:
             except ImportError:
                 cls._gauges = {}
             else:
-                cls._gauges = {key: Gauge(name, doc, labelnames=["model_name"]) for key, name, doc in cls.GAUGES}
+                # "mostrecent", as SGLang's own gauges: one value across its processes, none kept for dead ones
+                cls._gauges = {
+                    key: Gauge(name, doc, labelnames=["model_name"], multiprocess_mode="mostrecent") for key, name, doc in cls.GAUGES
+                }
         return cls._gauges
 
     def _counters_for_model(self) -> dict:

@@ -171,6 +171,10 @@ def fake_prometheus(monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
             return Child()
 
     class Gauge(Counter):
+        def __init__(self, name: str, doc: str, labelnames: list[str], multiprocess_mode: str) -> None:
+            assert multiprocess_mode == "mostrecent"  # as SGLang's gauges, under PROMETHEUS_MULTIPROC_DIR
+            super().__init__(name, doc, labelnames)
+
         def labels(self, **labels: str) -> Any:
             key = tuple(sorted(labels.items()))
             gauge = self

@@ -649,10 +649,10 @@ def test_auto_times_only_decodes_and_shares_rank_0s_thresholds(monkeypatch: pyte
     worker.init_cuda_graphs(GRAPH_SIZES)
     policy.activate_step_by_batch(4)
     assert broadcasts and broadcasts[0][1] == 0 and broadcasts[0][0][0] == dynspec_auto.Thresholds(63, 63)
-    policy.driver.auto._previous = (4, True, 0.0)
+    policy.driver.auto._previous.append((4, True, 0.0))
     prefill = SimpleNamespace(forward_mode=SimpleNamespace(is_decode=lambda: False))
     assert worker.forward_batch_generation(prefill) == "forward"
-    assert policy.driver.auto._previous is None  # the prefill's time is not a decode step's
+    assert not policy.driver.auto._previous  # the prefill's time is not a decode step's
 
 
 def test_policy_without_states_keeps_speculating_and_says_so(caplog: pytest.LogCaptureFixture) -> None:

@@ -433,8 +433,10 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
     assert servers["dynspec-auto-acc2"]["argv"][servers["dynspec-auto-acc2"]["argv"].index("--speculative-disable-batch-size") + 1] == "auto"
     assert servers["dynspec-n6-acc3"]["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3"
     entry = result["auto_threshold"]
-    assert entry["passed"], entry["problems"]
+    # timing on a CPU is noise: only its verdict on speed may fail, nothing may be missing or broken
+    assert all(" is slower than base " in p for p in entry["problems"]), entry["problems"]
     assert set(entry["by_acceptance"]) == {"2", "3"} and entry["by_acceptance"]["2"]["best_fixed_n"] in (2, 6)
+    assert all(isinstance(e["auto_over_best_fixed"], float) for e in entry["by_acceptance"].values())
     assert "auto threshold: mixed-load total s, median of 2" in reports.summary(result)
 
 
