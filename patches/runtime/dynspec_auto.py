@@ -314,6 +314,20 @@ class AutoDriver:
         self.controller.enable_at_or_below = thresholds.enable_at_or_below
 
 
+def zero_step_mode_here() -> bool:
+    """Whether the SGLang this module was installed into has the zero-step mode auto runs on
+    (0.5.14+: ``EAGLEWorkerV2._build_trivial_verify_input`` in ``eagle_worker_v2.py`` beside this
+    file). Read as text, so that the start-up check imports none of the release's speculative code."""
+    import os
+
+    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eagle_worker_v2.py")
+    try:
+        with open(worker, encoding="utf-8") as f:
+            return "def _build_trivial_verify_input(" in f.read()
+    except OSError:
+        return False
+
+
 def parse_threshold(value: object, flag: str) -> Optional[object]:
     """A ``--speculative-disable-batch-size`` value: None (unset), ``AUTO``, or a positive int.
 
