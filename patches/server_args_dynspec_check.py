@@ -27,17 +27,19 @@ CHECK = "_dynspec_check_server_args"
 CHECK_FUNCTION = '''\
 def _dynspec_check_server_args(args):
     """Refuse dynspec flag values and combinations the fallback cannot serve, naming the fix."""
-    from sglang.srt.speculative.dynspec_auto import AUTO, parse_threshold, zero_step_mode_here
+    from sglang.srt.speculative.dynspec_auto import (
+        AUTO,
+        auto_unavailable,
+        parse_threshold,
+        zero_step_mode_here,
+    )
 
     disable = parse_threshold(
         getattr(args, "speculative_disable_batch_size", None),
         "--speculative-disable-batch-size",
     )
     if disable == AUTO and not zero_step_mode_here():
-        raise ValueError(
-            "--speculative-disable-batch-size auto needs SGLang 0.5.14 or later (its zero-step "
-            "mode); on this release, give a number"
-        )
+        raise auto_unavailable("on this release")
     enable = getattr(args, "speculative_enable_batch_size", None)
     min_steps = getattr(args, "speculative_switch_min_steps", 8)
     if disable is None:
@@ -100,7 +102,7 @@ def _dynspec_check_server_args(args):
 '''
 
 class ServerArgsDynspecCheck(CstPatch):
-    REVISION = 3
+    REVISION = 4
     TARGET = "srt/server_args.py"
     SGLANG = ">=0.4.10.post2"
     SUMMARY = "validate the dynspec flags at startup (ServerArgs.check_server_args)"

@@ -12,7 +12,7 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecAuto(NewFilePatch):
-    REVISION = 4
+    REVISION = 5
     TARGET = "srt/speculative/dynspec_auto.py"
     SGLANG = ">=0.4.10.post2"
     SUMMARY = "dynspec auto module: the flag's reading, the auto switch point (0.5.14+)"

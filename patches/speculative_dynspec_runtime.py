@@ -15,7 +15,7 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecRuntime(NewFilePatch):
-    REVISION = 25
+    REVISION = 26
     TARGET = "srt/speculative/dynspec_runtime.py"
     SGLANG = ">=0.4.10.post2"
     SUMMARY = "dynspec runtime module: switch controller, metrics, one-token fallback state, KV-only draft extend"

@@ -12,7 +12,7 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecV2(NewFilePatch):
-    REVISION = 41
+    REVISION = 42
     TARGET = "srt/speculative/dynspec_v2.py"
     SGLANG = ">=0.5.4"
     SUMMARY = "dynspec v2 module: one-token fallback (0.5.4-0.5.13), zero-step policy (0.5.14+)"

@@ -75,6 +75,13 @@ def measure_together(clients: Mapping[str, Client], schedule: Schedule, repeats:
     return take_turns({name: partial(run_once, client, schedule) for name, client in clients.items()}, warmup=warmup, repeats=repeats)
 
 
+def complete_passes(name: str, passes: Sequence[Run], phases: int, problems: list[str]) -> list[Run]:
+    """The passes that ran every phase without a failure; each pass's first failures go to ``problems``."""
+    for run in passes:
+        problems += [f"{name}: {f}" for f in run.failures[:3]]
+    return [r for r in passes if not r.failures and len(r.phases) == phases]
+
+
 def judge(
     schedule: Schedule,
     runs: Mapping[str, Sequence[Run]],
@@ -93,9 +100,7 @@ def judge(
     total_s: dict[str, float] = {}
     samples: dict[str, list[float]] = {}
     for name, passes in runs.items():
-        for run in passes:
-            problems += [f"{name}: {f}" for f in run.failures[:3]]
-        good = [r for r in passes if not r.failures and len(r.phases) == n]
+        good = complete_passes(name, passes, n, problems)
         if not good:
             continue
         phase_s[name] = [round(statistics.median(r.phases[i].seconds for r in good), 3) for i in range(n)]
@@ -163,9 +168,7 @@ def judge_auto(
     problems: list[str] = []
 
     def total(key: str) -> float | None:
-        good = [r for r in runs.get(key, []) if not r.failures and len(r.phases) == n]
-        for run in runs.get(key, []):
-            problems.extend(f"{key}: {f}" for f in run.failures[:3])
+        good = complete_passes(key, runs.get(key, []), n, problems)
         return round(statistics.median(r.seconds for r in good), 3) if good else None
 
     base = total("base")

@@ -54,6 +54,12 @@ def since(version: str, first: str) -> bool:
         return False
 
 
+def error_note(name: str, info: Mapping[str, Any]) -> str | None:
+    """A stopped server's error lines as a problem: how many, and the first; None without any."""
+    errors = info.get("errors")
+    return f"{info.get('error_count')} error line(s) in {name}.log: {errors[0]}" if errors else None
+
+
 SERVER_NAMES = {
     "base": "base",
     "always_on": "always-on",
@@ -1095,8 +1101,8 @@ class Proof:
         together = opts.interleave and not opts.mixed_variants and 1 < len(plans) <= opts.parallel_starts
 
         def note_errors(name: str, info: dict[str, Any]) -> None:
-            if info.get("errors"):
-                note = f"{info.get('error_count')} error line(s) in {name}.log: {info['errors'][0]}"
+            note = error_note(name, info)
+            if note:
                 problems.append(note)
                 mixed_problems.append(note)
 
@@ -1277,8 +1283,9 @@ class Proof:
                     self.progress(f"ERROR: {error}")
                     break
                 finally:
-                    if self.server_info.get("errors"):
-                        problems.append(f"{self.server_info.get('error_count')} error line(s) in {plan.name}.log: {self.server_info['errors'][0]}")
+                    note = error_note(plan.name, self.server_info)
+                    if note:
+                        problems.append(note)
         entry = mixed.judge_auto(runs, opts.mixed_schedule, opts.auto_acceptances, opts.auto_sweep, opts.max_auto_ratio)
         entry["problems"] = problems + entry["problems"]
         entry["passed"] = not entry["problems"]

@@ -271,8 +271,6 @@ class AutoDriver:
         self.share = share
         self.clock = clock
         self.log = log
-        self.decisions = 0
-        self.last: Optional[Decision] = None
         self._left = 0
         self._apply(auto.thresholds)
 
@@ -295,14 +293,12 @@ class AutoDriver:
             thresholds, iterations = ours
         self.auto.thresholds = thresholds  # rank 0's, on every rank
         self._left = iterations
-        self.decisions += 1
         changed = (thresholds.disable_above, thresholds.enable_at_or_below) != (
             self.controller.disable_above,
             self.controller.enable_at_or_below,
         )
         self._apply(thresholds)
         if decision is not None:
-            self.last = decision
             if self.log and changed:
                 logger.info(decision.describe())
             metrics = getattr(self.controller, "metrics", None)  # the runtime's DynspecMetrics, rank 0 only
@@ -312,6 +308,12 @@ class AutoDriver:
     def _apply(self, thresholds: Thresholds) -> None:
         self.controller.disable_above = thresholds.disable_above
         self.controller.enable_at_or_below = thresholds.enable_at_or_below
+
+
+def auto_unavailable(where: str) -> ValueError:
+    """The refusal of ``auto`` where it cannot run (before 0.5.14, v1, the own fallback): one text
+    for the start-up check and both runtimes; ``where`` ends it before "give a number"."""
+    return ValueError(f"--speculative-disable-batch-size auto needs SGLang 0.5.14 or later (its zero-step mode); {where}, give a number")
 
 
 def zero_step_mode_here() -> bool:

@@ -251,14 +251,14 @@ def fallback_capture_sizes(cuda_graph_bs: Any, enable_at_or_below: int) -> Optio
 
 def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
     """Build the fallback for an ``EAGLEWorker`` at the end of its ``__init__``; None when off."""
-    from sglang.srt.speculative.dynspec_auto import AUTO, parse_threshold
+    from sglang.srt.speculative.dynspec_auto import AUTO, auto_unavailable, parse_threshold
 
     args = worker.server_args
     disable_above = parse_threshold(getattr(args, "speculative_disable_batch_size", None), _FLAG)
     if disable_above is None:
         return None
     if disable_above == AUTO:
-        raise ValueError(f"{_FLAG} auto needs SGLang 0.5.14 or later (its zero-step mode); with --disable-overlap-schedule, give a number")
+        raise auto_unavailable("with --disable-overlap-schedule")
     reason = unsupported_reason(args)
     if reason is not None:
         raise ValueError(reason)

@@ -102,10 +102,10 @@ def dynspec_settings(worker: Any) -> Optional[Tuple[Any, int, int]]:
 
 def _refuse_auto(settings: Tuple[Any, int, int], where: str) -> None:
     """``auto`` needs the zero-step mode's verify feed (0.5.14+); elsewhere a number is asked for."""
-    from sglang.srt.speculative.dynspec_auto import AUTO
+    from sglang.srt.speculative.dynspec_auto import AUTO, auto_unavailable
 
     if settings[0] == AUTO:
-        raise ValueError(f"{_FLAG} auto needs SGLang 0.5.14 or later (its zero-step mode); {where}, give a number")
+        raise auto_unavailable(where)
 
 
 def _refuse_bit_check() -> None:
@@ -153,6 +153,11 @@ def _switch_controller(worker: Any, settings: Tuple[int, int, int], rank0: bool)
     if not isinstance(disable_above, int):  # auto: its floor until AutoDriver sets the thresholds
         disable_above = enable_at_or_below
     return SwitchController(disable_above, enable_at_or_below, min_steps, log=rank0, metrics=metrics)
+
+
+def not_a_decode(batch: Any) -> bool:
+    """A forward that is not a plain decode: a prefill, or a decode batch with an extend in it."""
+    return not batch.forward_mode.is_decode() or bool(getattr(batch, "is_extend_in_batch", False))
 
 
 def batch_size_of(batch: Any) -> int:
@@ -742,7 +747,7 @@ class ZeroStepPolicy:
         stock = self.worker.forward_batch_generation
 
         def forward_batch_generation(batch: Any, *args: Any, **kwargs: Any) -> Any:
-            if not batch.forward_mode.is_decode() or getattr(batch, "is_extend_in_batch", False):
+            if not_a_decode(batch):
                 driver.auto.interrupted()  # the period to the next decode is not a decode step
             return stock(batch, *args, **kwargs)
 
@@ -787,8 +792,7 @@ class ZeroStepPolicy:
 
         def forward_batch_generation(batch: Any, *args: Any, **kwargs: Any) -> Any:
             direct = self.draft_kv.direct
-            other = not batch.forward_mode.is_decode() or getattr(batch, "is_extend_in_batch", False)
-            if direct is not None and direct.pending and other:
+            if direct is not None and direct.pending and not_a_decode(batch):
                 direct.flush()
             return stock(batch, *args, **kwargs)
 
