@@ -29,6 +29,9 @@
 #   kv-auto V      (as kv-tput, 0.5.14+) --speculative-disable-batch-size auto against the fixed N of
 #                  AUTO_SWEEP (default 8,16,32,48,64,96) on the mixed load at simulated acceptance
 #                  AUTO_ACCEPT (default 3; one per call), base once: the auto_threshold check
+#   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
+#                  auto (3 servers; exact_kv needs a fixed N): levels 1,4,16,48,128 and a 1 <-> 128 ramp,
+#                  past auto's ceiling (127), each switch judged against the thresholds its line names
 #   (any proof step) EXPECT_READY="words" in the env stops the call early if dynspec's ready line lacks them
 #   (any proof step) SERVER_ARGS="..." in the env goes to every server (--extra-args), e.g. "--decode-log-interval 1":
 #                  a log line per decode iteration, whose throughput is that iteration's speed
@@ -258,6 +261,8 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     proof "proof-$1-v2-auto-acc${AUTO_ACCEPT:-3}" --path v2 --checks auto_threshold --threshold 32 \
       --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" \
       --auto-acceptance "${AUTO_ACCEPT:-3}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" ;;
+  auto-proof) kit_for "$1"
+    proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
       && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json /tmp/real/; } && ls -la /tmp/real ;;
   # a head (13 MB) does not fit beside a 44 MiB wheel part and the work tree: a call of its own, before real-b

@@ -19,6 +19,7 @@ from click.core import ParameterSource
 
 from patcher.proof import plot, report
 from patcher.proof.errors import ProofUsageError
+from patcher.proof.launch import AUTO, MAX_RUNNING_REQUESTS
 from patcher.proof.run import ProofOptions, default_out, run_proof
 
 DEFAULTS = ProofOptions(out=Path("."))
@@ -44,6 +45,28 @@ class IntList(click.ParamType):  # type: ignore[type-arg]  # generic only in new
         if self.length is not None and len(items) != self.length:
             self.fail(f"{value!r}: give exactly {self.length} integers", param, ctx)
         return items
+
+
+class Threshold(click.ParamType):  # type: ignore[type-arg]
+    """``--speculative-disable-batch-size``'s value: a positive integer, or ``auto``."""
+
+    name = "N|auto"
+
+    def convert(self, value: object, param: click.Parameter | None, ctx: click.Context | None) -> int | str:
+        if isinstance(value, int) or value == AUTO:
+            return value
+        try:
+            number = int(str(value))
+        except ValueError:
+            self.fail(f"{value!r} is neither a positive integer nor {AUTO}", param, ctx)
+        if number < 1:
+            self.fail(f"{value!r}: give a positive integer, or {AUTO}", param, ctx)
+        return number
+
+
+# With --threshold auto and nothing else said: levels and a ramp that reach past auto's ceiling
+AUTO_LEVELS = (1, 4, 16, 48, MAX_RUNNING_REQUESTS)
+AUTO_RAMP = (1, MAX_RUNNING_REQUESTS)
 
 
 class EnvVariant(click.ParamType):  # type: ignore[type-arg]
@@ -158,10 +181,12 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
 )
 @click.option(
     "--threshold",
-    type=click.IntRange(1),
+    type=Threshold(),
     default=DEFAULTS.threshold,
     show_default=True,
-    help="--speculative-disable-batch-size: speculation off above this batch size.",
+    help="--speculative-disable-batch-size: speculation off above this batch size; auto (0.5.14+, v2; "
+    f"equivalence, crossings, throughput and mixed_load): the server finds its own, and --levels and --ramp "
+    f"default to {','.join(map(str, AUTO_LEVELS))} and {','.join(map(str, AUTO_RAMP))}, past its ceiling.",
 )
 @click.option(
     "--enable-threshold",
@@ -428,7 +453,7 @@ def proof(
     sglang: str,
     python: str,
     spec_path: str,
-    threshold: int,
+    threshold: int | str,
     enable_threshold: int | None,
     switch_min_steps: int | None,
     levels: tuple[int, ...],
@@ -514,6 +539,11 @@ def proof(
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--extra-args") from error
     out = out or default_out()
+    if threshold == AUTO:
+        if ctx.get_parameter_source("levels") == ParameterSource.DEFAULT:
+            levels = AUTO_LEVELS
+        if ctx.get_parameter_source("ramp") == ParameterSource.DEFAULT:
+            ramp = AUTO_RAMP
     opts = ProofOptions(
         out=out,
         sglang=sglang,

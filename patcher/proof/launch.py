@@ -19,6 +19,9 @@ MODELS = Path(__file__).resolve().parent / "models"
 SHAPES = {"small": ("target", "draft"), "8b": ("target8b", "draft8b"), "8b-32k": ("target8b", "draft8b-32k")}
 MAX_RUNNING_REQUESTS = 128
 AUTO = "auto"  # --speculative-disable-batch-size auto
+# auto's highest switch point on these servers: one below the running-request limit and the largest
+# CUDA-graph batch (both MAX_RUNNING_REQUESTS), so a batch that large is served off whatever it decides
+AUTO_CEILING = MAX_RUNNING_REQUESTS - 1
 # With --parallel-starts > 1, several servers share the GPU. SGLang sizes a KV pool from the memory
 # free before and after it loads its weights (pool = after - (1 - fraction) x before), which servers
 # loading side by side make meaningless: each gets a fixed pool instead, far above any load here (128

@@ -1,7 +1,8 @@
 """Read an SGLang server log: dynspec's switch lines, and anything that looks like an error.
 
-The runtime patch logs one line per switch, ``dynspec: speculation OFF at batch size N`` or
-``dynspec: speculation ON at batch size N``; SGLang prefixes its own ``[date time TPn]``.
+The runtime patch logs one line per switch, ``dynspec: speculation OFF at batch size B (off above
+N, on at or below M)`` or ``... ON ...``, with the thresholds in force when it switched (with
+``auto`` they move); SGLang prefixes its own ``[date time TPn]``.
 SGLang's log format carries no level name, so errors are found by their text: a traceback, an
 ``...Error`` or ``ERROR`` word, CUDA/NCCL failures, the scheduler's "sigquit from a child"
 message, an out-of-memory or leak report, or a ``/generate`` that uvicorn logged as 4xx/5xx
@@ -18,7 +19,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-TRANSITION = re.compile(r"dynspec: speculation (OFF|ON) at batch size (\d+)")
+# The thresholds in parentheses are optional: the runtime's first revisions did not log them.
+TRANSITION = re.compile(r"dynspec: speculation (OFF|ON) at batch size (\d+)(?: \(off above (\d+), on at or below (\d+)\))?")
 TRACEBACK = "Traceback (most recent call last)"
 ERROR_PATTERNS = (
     re.compile(r"\b\w*Error\b"),  # RuntimeError, AssertionError, "Error:", ...
@@ -40,6 +42,22 @@ class Transition:
     direction: str  # "OFF" or "ON"
     batch_size: int
     line: int  # 1-based line number in the log file
+    off_above: int | None = None  # the thresholds the line says were in force; None if it does not say
+    on_at_most: int | None = None
+
+    @classmethod
+    def of(cls, m: re.Match[str], line: int) -> Transition:
+        off, on = m.group(3), m.group(4)
+        return cls(m.group(1), int(m.group(2)), line, None if off is None else int(off), None if on is None else int(on))
+
+    def against_its_thresholds(self) -> str | None:
+        """What is wrong with a switch its own thresholds do not allow (OFF at a batch size at or
+        below the off-above size, ON above the on-at-most size); None if it agrees or names none."""
+        if self.direction == "OFF" and self.off_above is not None and self.batch_size <= self.off_above:
+            return f"line {self.line}: OFF at batch size {self.batch_size}, not above {self.off_above}"
+        if self.direction == "ON" and self.on_at_most is not None and self.batch_size > self.on_at_most:
+            return f"line {self.line}: ON at batch size {self.batch_size}, above {self.on_at_most}"
+        return None
 
 
 @dataclass(frozen=True)
@@ -88,7 +106,7 @@ def scan(text: str, first_line: int = 1) -> Scan:
         number = first_line + i
         m = TRANSITION.search(line)
         if m:
-            result.transitions.append(Transition(m.group(1), int(m.group(2)), number))
+            result.transitions.append(Transition.of(m, number))
         if TRACEBACK in line:
             j = i + 1
             while j < len(lines) and (not lines[j].strip() or lines[j][:1].isspace()):
@@ -165,7 +183,7 @@ class LogFollower:
         self.offset += len(complete)
         text = complete.decode("utf-8", "replace")
         new = [
-            Transition(m.group(1), int(m.group(2)), self._line + n)
+            Transition.of(m, self._line + n)
             for n, line in enumerate(text.splitlines())
             if (m := TRANSITION.search(line))
         ]

@@ -45,6 +45,9 @@ from patcher.proof.ramp import RampSchedule, run_ramp
 from patcher.proof.servers import Progress, Server, ServerSpec, free_port, stderr_progress
 
 AUTO_SINCE = "0.5.14"  # auto needs the zero-step mode (dynspec_auto, ZeroStepPolicy)
+# With --threshold auto: checks that compare dynspec servers which must switch alike (exact_kv,
+# acceptance), or that sweep fixed thresholds themselves (auto_threshold)
+AUTO_REFUSES = ("exact_kv", "acceptance", "auto_threshold")
 
 
 def since(version: str, first: str) -> bool:
@@ -95,7 +98,7 @@ class ProofOptions:
     sglang: str = "auto"
     python: str = sys.executable
     path: str = "v2"
-    threshold: int = 32
+    threshold: int | str = 32  # --speculative-disable-batch-size: a number, or launch.AUTO
     enable_threshold: int | None = None
     switch_min_steps: int | None = None
     levels: tuple[int, ...] = (1, 4, 16, 48)
@@ -163,6 +166,25 @@ class ProofOptions:
     def dynspec(self) -> launch.Dynspec:
         return launch.Dynspec(self.threshold, self.enable_threshold, self.switch_min_steps)
 
+    @property
+    def auto(self) -> bool:
+        """The dynspec server finds its own switch point (``--threshold auto``)."""
+        return self.threshold == launch.AUTO
+
+    @property
+    def surely_off_above(self) -> int:
+        """Above this batch size the dynspec server is off whatever it decides: the fixed threshold,
+        or auto's ceiling."""
+        return launch.AUTO_CEILING if self.auto else int(self.threshold)
+
+    @property
+    def surely_on_at_most(self) -> int:
+        """At or below this batch size it speculates again: the switch-on size, or auto's floor (the
+        switch-on size if given, else 1)."""
+        if self.auto:
+            return self.enable_threshold or 1
+        return self.dynspec.on_at_most
+
     def shape_for(self, check: str) -> str:
         if self.shape != "auto":
             return self.shape
@@ -179,7 +201,7 @@ class ProofOptions:
         return exactkv.Load(
             cycles=self.exact_kv_cycles,
             long=long,
-            short=self.threshold + 8 - long,
+            short=int(self.threshold) + 8 - long,  # plan() refuses exact_kv with auto
             joiners=2,
             long_tokens=self.exact_kv_long_tokens,
             short_tokens=self.exact_kv_short_tokens,
@@ -232,17 +254,32 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
     for name, values in (("--levels", opts.levels), ("--throughput-levels", opts.throughput_levels)):
         if not values or any(v < 1 for v in values) or len(set(values)) != len(values):
             raise ProofUsageError(f"{name} needs distinct positive integers, got {values}")
+    if opts.auto:
+        refused = [c for c in checks if c in AUTO_REFUSES] + (["--upstream-adaptive"] if opts.upstream_adaptive else [])
+        if refused:
+            raise ProofUsageError(
+                f"--threshold auto with {', '.join(refused)}: each compares servers that must switch at "
+                "the same batch sizes (or sweeps fixed ones); run it with a number"
+            )
+        if opts.path != "v2" or not since(sglang.version, AUTO_SINCE):
+            raise ProofUsageError(
+                f"--threshold auto needs --path v2 on SGLang {AUTO_SINCE} or later (its zero-step mode); "
+                f"this is {opts.path} on {sglang.version}"
+            )
     if sglang.dynspec_applied:
-        n, m = opts.threshold, opts.dynspec.on_at_most
+        # With auto: from its floor up past its ceiling, so every level, ramp and phase that must
+        # test a mode does so whatever it decides.
+        n, m = opts.surely_off_above, opts.surely_on_at_most
+        above = f"auto's ceiling {n}" if opts.auto else "the threshold"
         if not 1 <= m <= n < launch.MAX_RUNNING_REQUESTS:
             raise ProofUsageError(
-                f"need 1 <= --enable-threshold ({m}) <= --threshold ({n}) < {launch.MAX_RUNNING_REQUESTS} "
-                "(the servers' --max-running-requests)"
+                f"need 1 <= --enable-threshold ({m}) <= --threshold ({opts.threshold}) < {launch.MAX_RUNNING_REQUESTS} "
+                f"(the servers' --max-running-requests{'; auto switches at most at ' + str(n) if opts.auto else ''})"
             )
         if "equivalence" in checks and not (min(opts.levels) <= m and max(opts.levels) > n):
             raise ProofUsageError(
                 f"--levels {','.join(map(str, opts.levels))} must have a level <= {m} and one > {n}, "
-                "so equivalence is checked below and above the threshold"
+                f"so equivalence is checked below {'its floor' if opts.auto else 'the threshold'} and above {above}"
             )
         if "crossings" in checks and not (opts.ramp_low <= m and opts.ramp_high > n):
             raise ProofUsageError(f"--ramp {opts.ramp_low},{opts.ramp_high} must go from <= {m} to > {n}")
@@ -283,7 +320,7 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
                 f"--upstream-adaptive: SGLang {sglang.version} at {sglang.package} has no --speculative-adaptive "
                 "(no speculative_adaptive_config in its ServerArgs)"
             )
-        if sglang.dynspec_applied and not any(c > opts.threshold for c in opts.throughput_levels):
+        if sglang.dynspec_applied and not any(c > opts.surely_off_above for c in opts.throughput_levels):
             raise ProofUsageError(
                 f"--upstream-adaptive compares at levels above --threshold {opts.threshold}; "
                 f"--throughput-levels {','.join(map(str, opts.throughput_levels))} has none"
@@ -447,7 +484,7 @@ class Proof:
             "dynspec_applied": sglang.dynspec_applied,
             "dynspec_revisions": detect.applied_revisions(sglang.package),  # patch id -> revision in the tree
             "threshold": opts.threshold,
-            "enable_threshold": opts.dynspec.on_at_most,
+            "enable_threshold": opts.enable_threshold if opts.auto else opts.dynspec.on_at_most,
             "switch_min_steps": opts.switch_min_steps,
             "dynspec_flags": " ".join(opts.dynspec.flags()),
             # the runtime's switches (DYNSPEC_ONE_TOKEN_ATTENTION, DYNSPEC_EARLY_FENCE), as the servers got them
@@ -902,6 +939,11 @@ class Proof:
             target=opts.min_crossings,
             transitions_off_batch_sizes=sorted({t.batch_size for t in scan.transitions if t.direction == "OFF"}),
             transitions_on_batch_sizes=sorted({t.batch_size for t in scan.transitions if t.direction == "ON"}),
+            # each switch against the thresholds its line says were in force (auto moves them)
+            against_thresholds=[wrong for t in scan.transitions if (wrong := t.against_its_thresholds())][:MAX_LISTED],
+            thresholds_logged=[
+                list(pair) for pair in sorted({(t.off_above, t.on_at_most) for t in scan.transitions if t.off_above is not None and t.on_at_most is not None})
+            ],
         )
         cr["errors"].extend(result.failures[:MAX_LISTED])
         self.progress(
@@ -929,19 +971,36 @@ class Proof:
 
     def judge_crossings(self, cr: dict[str, Any]) -> None:
         opts = self.opts
-        n, m = opts.threshold, opts.dynspec.on_at_most
+        # Never OFF at or below ``lowest_off``, never ON above ``highest_on``: a fixed threshold's
+        # sizes, or with auto its floor and ceiling (its switch point moves between them).
+        m, n = opts.surely_on_at_most, opts.surely_off_above
+        lowest_off, highest_on = (m, n) if opts.auto else (n, m)
         problems: list[str] = cr["problems"]
         if "waves" in cr:
             if cr["count"] < opts.min_crossings:
                 problems.append(f"only {cr['count']} switches logged, {opts.min_crossings} needed")
             if not cr["off"] or not cr["on"]:
                 problems.append(f"switches one way only ({cr['off']} OFF, {cr['on']} ON)")
-            wrong_off = [b for b in cr["transitions_off_batch_sizes"] if b <= n]
-            wrong_on = [b for b in cr["transitions_on_batch_sizes"] if b > m]
+            wrong_off = [b for b in cr["transitions_off_batch_sizes"] if b <= lowest_off]
+            wrong_on = [b for b in cr["transitions_on_batch_sizes"] if b > highest_on]
             if wrong_off:
-                problems.append(f"switched OFF at batch size {wrong_off[0]} <= threshold {n}")
+                floor = "auto's floor" if opts.auto else "threshold"
+                problems.append(f"switched OFF at batch size {wrong_off[0]} <= {floor} {lowest_off}")
             if wrong_on:
-                problems.append(f"switched ON at batch size {wrong_on[0]} > {m}")
+                problems.append(f"switched ON at batch size {wrong_on[0]} > {highest_on}")
+            if cr.get("against_thresholds"):
+                problems.append(
+                    f"{len(cr['against_thresholds'])} switch(es) against the thresholds their own line names, "
+                    f"first: {cr['against_thresholds'][0]}"
+                )
+            logged = [tuple(pair) for pair in cr.get("thresholds_logged", [])]
+            if opts.auto:
+                outside = [(off, on) for off, on in logged if not m <= on <= off <= n]
+                if outside:
+                    problems.append(f"auto switched with thresholds {outside[0][0]} / {outside[0][1]}, outside its bounds {m} .. {n}")
+            elif any(pair != (n, m) for pair in logged):
+                other = next(pair for pair in logged if pair != (n, m))
+                problems.append(f"switched with thresholds {other[0]} / {other[1]}, not the configured {n} / {m}")
         if cr["errors"]:
             problems.append(f"{len(cr['errors'])} error(s): {cr['errors'][0]}")
         cr["passed"] = not problems
@@ -949,6 +1008,10 @@ class Proof:
             f"{cr['count']} switches ({cr['off']} OFF, {cr['on']} ON) in {cr.get('waves', 0)} waves, "
             f"{cr.get('ok_requests', 0)}/{cr.get('requests', 0)} requests OK, no errors"
         )
+        if opts.auto and cr.get("thresholds_logged"):  # where auto put its switch point during the ramp
+            cr["detail"] += "; auto's thresholds (off above / on at or below): " + ", ".join(
+                f"{off} / {on}" for off, on in cr["thresholds_logged"]
+            )
         cr["errors"] = cr["errors"][:MAX_LISTED]
 
     def judge_equivalence(
@@ -960,7 +1023,7 @@ class Proof:
     ) -> dict[str, Any]:
         opts = self.opts
         real = opts.model_dir is not None
-        n, m = opts.threshold, opts.dynspec.on_at_most
+        n, m = opts.surely_off_above, opts.surely_on_at_most
         columns = [c for c in ("base", "always_on", "dynspec", "dynspec_after_ramp") if c in runs]
         mismatches: list[dict[str, Any]] = []
         modes_differ: list[dict[str, Any]] = []  # always-on's outputs other than base's
@@ -983,7 +1046,8 @@ class Proof:
                     if expect and state[col] != expect:
                         problems.append(
                             f"{col} C={c}: speculation was {state[col]} at the end of the level, expected {expect} "
-                            f"(threshold {n}); this level did not test the switched path"
+                            f"({'auto, off above ' + str(n) + ' whatever it decides' if opts.auto else 'threshold ' + str(n)}); "
+                            "this level did not test the switched path"
                         )
                 if ref is not None and col != "base":
                     # On real weights SGLang's own two modes may round a near tie apart: there a dynspec
@@ -1062,7 +1126,7 @@ class Proof:
         shape = opts.shape_for("throughput")
         modes = ["dynspec"] if self.sglang.dynspec_applied else []
         modes += ["always_on", "base"]
-        adaptive_config = launch.adaptive_config(opts.threshold)
+        adaptive_config = launch.adaptive_config(opts.surely_off_above)
         if opts.upstream_adaptive:
             modes.append(launch.UPSTREAM_ADAPTIVE)
             (opts.out / launch.ADAPTIVE_CONFIG_NAME).write_text(json.dumps(adaptive_config) + "\n")
@@ -1362,13 +1426,13 @@ class Proof:
             return
         ratios = reports.over(tp["dynspec"] or [None] * len(upstream), upstream)
         tp["dynspec_over_upstream"] = ratios
-        checked = [(c, r) for c, r in zip(tp["levels"], ratios) if c > opts.threshold]
+        checked = [(c, r) for c, r in zip(tp["levels"], ratios) if c > opts.surely_off_above]
         failed = [(c, r) for c, r in checked if r is None or r < opts.min_upstream_ratio]
         tp["upstream_failed_levels"] = [c for c, _ in failed]
         if failed and not run_problems:
             at = ", ".join(f"C={c} ({'-' if r is None else f'{r:.2f}'})" for c, r in failed)
             problems.append(f"dynspec / upstream adaptive below {opts.min_upstream_ratio:g} at {at}")
-        tp["detail"] += f"; dynspec >= {opts.min_upstream_ratio:g}x upstream adaptive at C > {opts.threshold}"
+        tp["detail"] += f"; dynspec >= {opts.min_upstream_ratio:g}x upstream adaptive at C > {opts.surely_off_above}"
 
 
 def load_real(model_dir: Path) -> tuple[str, list[list[int]], dict[str, str | None]]:

@@ -4,9 +4,12 @@ It serves ``/health``, ``/model_info``, ``/get_model_info`` and a ``/generate`` 
 outputs are a fixed function of the prompt, and logs like SGLang (``[date TP0] ...`` lines and
 uvicorn-style access lines) to stdout. With ``--speculative-disable-batch-size N`` it plays the
 patched server: the batch size is the number of requests in flight, and it logs
-``dynspec: speculation OFF at batch size B`` when that exceeds N, ``... ON ...`` when it is back
-at or below the enable threshold. Like SGLang it starts a child process ("scheduler") in its
-own process group and logs its pid.
+``dynspec: speculation OFF at batch size B (off above N, on at or below M)`` when that exceeds N,
+``... ON ...`` when it is back at or below the enable threshold M. With ``auto`` it starts at
+auto's ceiling (``--max-running-requests`` - 1) both ways and, at its first switch off, moves
+to ``FAKE_SGLANG_AUTO`` (``OFF,ON``, default 48,40), logging a ``dynspec auto:`` line, as the
+runtime's driver does once it has timed both modes. Like SGLang it starts a child process
+("scheduler") in its own process group and logs its pid.
 
 Faults, for the tests that must see the harness fail (``FAKE_SGLANG_FAULT``, comma list):
 ``diverge`` (outputs change while speculation is off), ``http500`` (every 5th /generate fails),
@@ -16,7 +19,9 @@ logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` an
 ``adaptiveoff`` (with ``--speculative-adaptive``, log SGLang's warning that it turned it off),
 ``kvdrift`` (a KV-only dynspec server's drafts after a fallback span differ from
 ``DYNSPEC_DRAFT_KV=full``'s), ``nocontrol`` (``DYNSPEC_DRAFT_KV=skip`` drafts what full does),
-``kvoff`` (a KV-only dynspec server's start-up line says it runs the full draft extend).
+``kvoff`` (a KV-only dynspec server's start-up line says it runs the full draft extend),
+``autowrong`` (with ``auto``, each switch off names its own batch size as the size it is off above),
+``thresholdlie`` (with a number N, switch lines name N + 1 as the size speculation is off above).
 
 With ``FAKE_SGLANG_ACCEPT=A`` a recorded request's speculative step advances A tokens (accepted + 1)
 while its draft KV is exact and one token once it is stale (after an off span under ``skip``, or
@@ -117,9 +122,18 @@ def draft_kv_mode(setting: str | None) -> str:
 
 
 class State:
-    def __init__(self, disable: int | None, enable: int | None, speculative: bool, faults: set[str]) -> None:
+    def __init__(
+        self,
+        disable: int | None,
+        enable: int | None,
+        speculative: bool,
+        faults: set[str],
+        found: tuple[int, int] | None = None,
+    ) -> None:
         self.disable = disable
         self.enable = enable if enable is not None else (disable or 0)
+        self.found = found  # auto: the thresholds it moves to at its first switch off
+        self.auto = found is not None
         self.speculative = speculative
         self.faults = faults
         self.on = True
@@ -163,10 +177,15 @@ class State:
             if self.on and self.inflight > self.disable:
                 self.on = False
                 size = self.enable if "wrongside" in self.faults else self.inflight
-                log(f"dynspec: speculation OFF at batch size {size}")
+                off = size if "autowrong" in self.faults and self.auto else self.disable + ("thresholdlie" in self.faults)
+                log(f"dynspec: speculation OFF at batch size {size} (off above {off}, on at or below {self.enable})")
+                if self.found is not None:
+                    self.disable, self.enable = self.found
+                    self.found = None
+                    log(f"dynspec auto: off above {self.disable}, on at or below {self.enable} (as timed)")
             elif not self.on and self.inflight <= self.enable:
                 self.on = True
-                log(f"dynspec: speculation ON at batch size {self.inflight}")
+                log(f"dynspec: speculation ON at batch size {self.inflight} (off above {self.disable}, on at or below {self.enable})")
 
     def records(self, rid: Any) -> bool:
         return bool(self.record_path) and isinstance(rid, str) and rid.startswith(RECORD_RID_PREFIX)
@@ -314,7 +333,8 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--speculative-algorithm")
-    parser.add_argument("--speculative-disable-batch-size")  # a number, or auto (played as 48)
+    parser.add_argument("--speculative-disable-batch-size")  # a number, or auto
+    parser.add_argument("--max-running-requests", type=int, default=128)
     parser.add_argument("--speculative-enable-batch-size", type=int)
     parser.add_argument("--speculative-adaptive", action="store_true")
     parser.add_argument("--speculative-adaptive-config")
@@ -337,11 +357,17 @@ def main(argv: list[str]) -> None:
     log(f"scheduler pid {child.pid}")
     time.sleep(float(os.environ.get("FAKE_SGLANG_START_DELAY", "0.2")))
     threshold = args.speculative_disable_batch_size
+    ceiling = args.max_running_requests - 1
+    found: tuple[int, int] | None = None
+    if threshold == "auto":  # speculating everywhere until both modes are timed, as the runtime's driver
+        off, on = (int(x) for x in os.environ.get("FAKE_SGLANG_AUTO", "48,40").split(","))
+        found = (off, max(on, args.speculative_enable_batch_size or 1))
     state = State(
-        None if threshold is None else 48 if threshold == "auto" else int(threshold),
-        args.speculative_enable_batch_size,
+        None if threshold is None else ceiling if threshold == "auto" else int(threshold),
+        ceiling if threshold == "auto" else args.speculative_enable_batch_size,
         bool(args.speculative_algorithm),
         faults,
+        found,
     )
     if state.disable is not None:
         log(

@@ -75,6 +75,10 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
         (["--mixed-variant", "x:lower=1"], "'lower=1' is not ENV=VALUE"),
         (["--mixed-variant", "x:A=1+B"], "'B' is not ENV=VALUE"),
         (["--checks", "equivalence", "--mixed-variant", "x:A=1"], "--mixed-variant needs the mixed_load check"),
+        (["--threshold", "many"], "'many' is neither a positive integer nor auto"),
+        (["--threshold", "0"], "'0': give a positive integer, or auto"),
+        (["--threshold", "auto"], "--threshold auto with exact_kv"),  # in the default checks
+        (["--threshold", "auto", "--checks", "equivalence"], "--threshold auto needs --path v2 on SGLang 0.5.14"),
         (["--checks", "mixed_load", "--mixed-variant", "x:A=1", "--mixed-variant", "x:B=2"], "names must differ"),
     ]
     for args, message in cases:
@@ -114,6 +118,24 @@ def test_the_exact_kv_and_mixed_load_options_reach_the_proof(tmp_path, monkeypat
         ("prefill-kv", (("DYNSPEC_PREFILL_KV", "1"), ("DYNSPEC_DRAFT_KV", "kv-direct"))),
         ("b", (("X", ""),)),
     )
+
+
+def test_auto_brings_levels_and_a_ramp_past_its_ceiling_unless_told_otherwise(tmp_path, monkeypatch):
+    seen = []
+
+    def fake_run_proof(opts, progress):
+        seen.append(opts)
+        opts.out.mkdir(parents=True, exist_ok=True)
+        return {"crossings": {"passed": True, "problems": [], "detail": "ok"}}
+
+    monkeypatch.setattr(command, "run_proof", fake_run_proof)
+    out = ["--out", str(tmp_path / "o"), "--checks", "equivalence,crossings"]
+    for args in (["--threshold", "auto"], ["--threshold", "auto", "--levels", "1,200", "--ramp", "2,150"], ["--threshold", "8"]):
+        assert CliRunner().invoke(proof, [*args, *out]).exit_code == 0
+    auto, told, fixed = seen
+    assert (auto.threshold, auto.levels, auto.ramp_low, auto.ramp_high) == ("auto", (1, 4, 16, 48, 128), 1, 128)
+    assert (told.levels, told.ramp_low, told.ramp_high) == ((1, 200), 2, 150)
+    assert (fixed.threshold, fixed.levels, fixed.ramp_high) == (8, (1, 4, 16, 48), 64)
 
 
 def test_plot_only_reads_a_report_and_says_why_it_cannot_draw(tmp_path, monkeypatch):

@@ -8,6 +8,7 @@ level in; where always-on gave base's output, to base's.
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -18,7 +19,15 @@ from patcher.proof.client import LevelResult, Reply
 from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE
 from patcher.proof.logscan import Transition
 from patcher.proof.report import summary
-from patcher.proof.run import BASE_REPEAT, Proof, level_mode, matches_its_mode, outputs_differ, proposals_apart
+from patcher.proof.run import (
+    BASE_REPEAT,
+    Proof,
+    ProofOptions,
+    level_mode,
+    matches_its_mode,
+    outputs_differ,
+    proposals_apart,
+)
 
 A = f"{RID_PREFIX}0-long-1"
 
@@ -55,9 +64,7 @@ def judge(
     where always-on's output differs from base's. Speculation goes off at batch size ``switch_at``
     (16: at the level's first decode; 12: within it, once requests finished)."""
     threshold = 8 if switched_off else 32
-    opts = SimpleNamespace(
-        threshold=threshold, dynspec=SimpleNamespace(on_at_most=threshold), levels=[16], new_tokens=3, model_dir="real" if real else None
-    )
+    opts = ProofOptions(out=Path("."), threshold=threshold, levels=(16,), new_tokens=3, model_dir=Path("real") if real else None)
     runs = {
         "base": [(level({0: BASE, 1: BASE}), [])],
         "always_on": [(level({0: BASE, 1: OTHER}), [])],

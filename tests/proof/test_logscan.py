@@ -3,6 +3,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from patcher.proof.logscan import LogFollower, read_window, scan, scan_file, tail
+from patches.runtime.dynspec_runtime import SWITCH_LOG
 
 LOG = """\
 [2026-11-29 12:00:00] server_args=ServerArgs(model_path='/m/target', log_level='info')
@@ -23,6 +24,24 @@ def test_switch_lines_are_counted_with_direction_size_and_line():
         ("OFF", 40, 7),
     ]
     assert (result.count, result.off, result.on) == (3, 2, 1)
+
+
+def test_the_thresholds_in_force_are_read_from_the_runtimes_own_switch_line():
+    line = SWITCH_LOG.format(state="OFF", batch_size=64, off=52, on=44)
+    (t,) = scan(f"[2026-12-05 04:48:59 TP0] {line}\n", first_line=9).transitions
+    assert (t.direction, t.batch_size, t.line, t.off_above, t.on_at_most) == ("OFF", 64, 9, 52, 44)
+    assert t.against_its_thresholds() is None
+    # lines of the runtime's first revisions name none, and nothing is judged against them
+    assert [(t.off_above, t.on_at_most, t.against_its_thresholds()) for t in scan(LOG).transitions] == [(None, None, None)] * 3
+
+
+def test_a_switch_its_own_thresholds_do_not_allow_is_named():
+    off, on = (SWITCH_LOG.format(state=state, batch_size=44, off=44, on=40) for state in ("OFF", "ON"))
+    wrong_off, wrong_on = scan(f"{off}\n{on}\n").transitions
+    assert wrong_off.against_its_thresholds() == "line 1: OFF at batch size 44, not above 44"
+    assert wrong_on.against_its_thresholds() == "line 2: ON at batch size 44, above 40"
+    right_off, right_on = scan(off.replace("size 44", "size 45") + "\n" + on.replace("size 44", "size 40")).transitions
+    assert right_off.against_its_thresholds() is None and right_on.against_its_thresholds() is None
 
 
 def test_a_clean_log_has_no_errors():

@@ -152,6 +152,68 @@ def test_a_switch_on_the_wrong_side_of_the_threshold_fails(site, tmp_path):
     assert "switched OFF at batch size 4 <= threshold 4" in result["crossings"]["problems"]
 
 
+def auto_options(root: Path, out: Path, faults: str = "", **kw: object) -> ProofOptions:
+    """``--threshold auto`` as the command sets it up: levels and a ramp past auto's ceiling (127)."""
+    settings: dict[str, object] = {
+        "threshold": "auto",
+        "levels": (1, 2, 128),
+        "ramp_high": 128,
+        "min_crossings": 6,
+        "checks": ("equivalence", "crossings"),
+    }
+    return options(root, out, faults, **{**settings, **kw})
+
+
+def test_auto_proves_equivalence_and_crossings_where_it_moves_its_switch_point(site, tmp_path):
+    result = run_proof(auto_options(site(version="0.5.17"), tmp_path / "out"), lambda m: None)
+    assert result["passed"], reports.summary(result)
+    assert result["threshold"] == "auto" and result["enable_threshold"] is None
+    assert result["dynspec_flags"] == "--speculative-disable-batch-size auto"
+    states = [row["dynspec_state"] for row in result["equivalence"]["per_level"]]
+    assert states[0].startswith("ON") and "OFF" in states[2]  # 128 is above any switch point auto may choose
+    # speculating everywhere at first (the ceiling both ways) until level 128, then where the fake "timed" it
+    assert "OFF at batch size 128 (off above 127, on at or below 127)" in (tmp_path / "out" / "dynspec.log").read_text()
+    cr = result["crossings"]
+    assert cr["thresholds_logged"] == [[48, 40]] and cr["against_thresholds"] == []
+    assert cr["detail"].endswith("auto's thresholds (off above / on at or below): 48 / 40")
+    assert cr["count"] >= 6 and min(cr["transitions_off_batch_sizes"]) > 48 and max(cr["transitions_on_batch_sizes"]) <= 40
+
+
+def test_auto_fails_crossings_where_a_switch_disagrees_with_its_own_thresholds(site, tmp_path):
+    # the control: each switch off names its own batch size as the size it is off above
+    result = run_proof(auto_options(site(version="0.5.17"), tmp_path / "out", "autowrong"), lambda m: None)
+    cr = result["crossings"]
+    assert not cr["passed"] and result["equivalence"]["passed"]
+    assert re.search(r"^line \d+: OFF at batch size (\d+), not above \1$", cr["against_thresholds"][0])
+    assert any("switch(es) against the thresholds their own line names" in p for p in cr["problems"])
+
+
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"checks": ("exact_kv",)}, "--threshold auto with exact_kv"),
+        ({"upstream_adaptive": True, "checks": ("throughput",)}, "--threshold auto with --upstream-adaptive"),
+        ({"version": "0.5.13"}, "--threshold auto needs --path v2 on SGLang 0.5.14 or later"),
+        ({"levels": (1, 2, 64)}, "one > 127, so equivalence is checked below its floor and above auto's ceiling 127"),
+        ({"ramp_high": 100}, "--ramp 1,100 must go from <= 1 to > 127"),
+    ],
+)
+def test_auto_refuses_what_it_cannot_judge_before_any_server(site, tmp_path, kw, message):
+    version = str(kw.pop("version", "0.5.17"))
+    opts = auto_options(site(version=version), tmp_path / "out", **kw)
+    with pytest.raises(ProofUsageError) as error:
+        run_proof(opts, lambda m: None)
+    assert message in str(error.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_switch_lines_that_name_other_thresholds_than_the_configured_fail(site, tmp_path):
+    result = run_proof(options(site(), tmp_path / "out", faults="thresholdlie", checks=("crossings",)), lambda m: None)
+    cr = result["crossings"]
+    assert not cr["passed"] and cr["thresholds_logged"] == [[4, 4], [5, 4]]  # the ON lines tell the truth
+    assert "switched with thresholds 5 / 4, not the configured 4 / 4" in cr["problems"]
+
+
 def test_without_dynspec_only_off_and_always_on_are_compared(site, tmp_path):
     opts = options(site(applied=False), tmp_path / "out", checks=("equivalence", "crossings", "throughput"))
     result = run_proof(opts, lambda m: None)
