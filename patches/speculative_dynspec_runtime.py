@@ -15,9 +15,11 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecRuntime(NewFilePatch):
-    REVISION = 26
+    REVISION = 27
     TARGET = "srt/speculative/dynspec_runtime.py"
     SGLANG = ">=0.4.10.post2"
+    # dynspec_v2, which it imports inside functions, requires it: the one way the two can be ordered.
+    REQUIRES = ("speculative_dynspec_settings",)
     SUMMARY = "dynspec runtime module: switch controller, metrics, one-token fallback state, KV-only draft extend"
 
     def content(self) -> str:

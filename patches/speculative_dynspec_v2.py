@@ -12,9 +12,11 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecV2(NewFilePatch):
-    REVISION = 42
+    REVISION = 43
     TARGET = "srt/speculative/dynspec_v2.py"
     SGLANG = ">=0.5.4"
+    # The modules dynspec_v2 imports.
+    REQUIRES = ("speculative_dynspec_settings", "speculative_dynspec_runtime", "speculative_dynspec_auto")
     SUMMARY = "dynspec v2 module: one-token fallback (0.5.4-0.5.13), zero-step policy (0.5.14+)"
 
     def content(self) -> str:

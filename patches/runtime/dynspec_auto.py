@@ -43,9 +43,6 @@ logger = logging.getLogger(__name__)
 # Batch-size buckets: CUDA graphs pad a batch to the next captured size, so nearby sizes cost alike.
 BUCKETS: Tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 256, 384, 512, 768, 1024)
 
-AUTO = "auto"
-
-
 def bucket_of(batch_size: int) -> int:
     """The smallest bucket that holds ``batch_size`` (the largest bucket beyond it)."""
     i = bisect.bisect_left(BUCKETS, batch_size)
@@ -308,41 +305,3 @@ class AutoDriver:
     def _apply(self, thresholds: Thresholds) -> None:
         self.controller.disable_above = thresholds.disable_above
         self.controller.enable_at_or_below = thresholds.enable_at_or_below
-
-
-def auto_unavailable(where: str) -> ValueError:
-    """The refusal of ``auto`` where it cannot run (before 0.5.14, v1, the own fallback): one text
-    for the start-up check and both runtimes; ``where`` ends it before "give a number"."""
-    return ValueError(f"--speculative-disable-batch-size auto needs SGLang 0.5.14 or later (its zero-step mode); {where}, give a number")
-
-
-def zero_step_mode_here() -> bool:
-    """Whether the SGLang this module was installed into has the zero-step mode auto runs on
-    (0.5.14+: ``EAGLEWorkerV2._build_trivial_verify_input`` in ``eagle_worker_v2.py`` beside this
-    file). Read as text, so that the start-up check imports none of the release's speculative code."""
-    import os
-
-    worker = os.path.join(os.path.dirname(os.path.abspath(__file__)), "eagle_worker_v2.py")
-    try:
-        with open(worker, encoding="utf-8") as f:
-            return "def _build_trivial_verify_input(" in f.read()
-    except OSError:
-        return False
-
-
-def parse_threshold(value: object, flag: str) -> Optional[object]:
-    """A ``--speculative-disable-batch-size`` value: None (unset), ``AUTO``, or a positive int.
-
-    The flag is a string on the command line (so that it can say ``auto``) and an int from
-    Python callers; anything else is refused with a message that names the flag."""
-    if value is None:
-        return None
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == AUTO:
-            return AUTO
-        if text.isdigit() and int(text) >= 1:
-            return int(text)
-    elif isinstance(value, int) and not isinstance(value, bool) and value >= 1:
-        return value
-    raise ValueError(f"{flag} must be a positive integer or auto, got {value!r}")

@@ -42,14 +42,14 @@ import os
 import sys
 import time
 import types
-from typing import Any, Callable, Iterator, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple, Union
+
+# Relative: ``sglang.srt.speculative`` in a patched tree, ``patches.runtime`` in dynspec's own.
+from .dynspec_settings import DEFAULT_MIN_STEPS, FLAG, auto_unavailable, getter_of, read_settings, unsupported_reason
 
 logger = logging.getLogger(__name__)
 
 SWITCH_LOG = "dynspec: speculation {state} at batch size {batch_size} (off above {off}, on at or below {on})"
-
-# The flag every refusal names.
-_FLAG = "--speculative-disable-batch-size"
 
 # What one decode iteration runs (SwitchController.step).
 SPECULATE = "speculate"
@@ -76,7 +76,7 @@ class SwitchController:
         self,
         disable_above: int,
         enable_at_or_below: Optional[int] = None,
-        min_steps: int = 8,
+        min_steps: int = DEFAULT_MIN_STEPS,
         *,
         log: bool = True,
         metrics: Optional["DynspecMetrics"] = None,
@@ -86,7 +86,7 @@ class SwitchController:
         if self.enable_at_or_below > self.disable_above:
             raise ValueError(
                 f"--speculative-enable-batch-size ({self.enable_at_or_below}) must not exceed "
-                f"{_FLAG} ({self.disable_above})"
+                f"{FLAG} ({self.disable_above})"
             )
         self.min_steps = min_steps
         self.log = log
@@ -158,12 +158,12 @@ class DynspecMetrics:
         ("enable_at_or_below", "sglang:dynspec_enable_at_or_below", "auto: speculation is back on at or below this batch size."),
         ("acceptance", "sglang:dynspec_acceptance", "auto: its estimate of accepted drafts + 1 per verify."),
     )
-    _counters: Optional[dict] = None  # one set per process: prometheus refuses duplicate names
-    _gauges: Optional[dict] = None
+    _counters: Optional[Dict[str, Any]] = None  # one set per process: prometheus refuses duplicate names
+    _gauges: Optional[Dict[str, Any]] = None
 
     def __init__(self, model_name: str) -> None:
         self.model_name = model_name
-        self._bound: Optional[dict] = None
+        self._bound: Optional[Dict[str, Any]] = None
 
     def iteration(self, speculating: bool) -> None:
         bound = self._counters_for_model()
@@ -184,7 +184,7 @@ class DynspecMetrics:
                 gauge.labels(model_name=self.model_name).set(values[key])
 
     @classmethod
-    def _create_gauges(cls) -> dict:
+    def _create_gauges(cls) -> Dict[str, Any]:
         if cls._gauges is None:
             try:
                 from prometheus_client import Gauge
@@ -197,14 +197,14 @@ class DynspecMetrics:
                 }
         return cls._gauges
 
-    def _counters_for_model(self) -> dict:
+    def _counters_for_model(self) -> Dict[str, Any]:
         if self._bound is None:
             counters = DynspecMetrics._create_counters()
             self._bound = {key: c.labels(model_name=self.model_name) for key, c in counters.items()}
         return self._bound
 
     @classmethod
-    def _create_counters(cls) -> dict:
+    def _create_counters(cls) -> Dict[str, Any]:
         if cls._counters is None:
             try:
                 from prometheus_client import Counter
@@ -216,26 +216,6 @@ class DynspecMetrics:
                     key: Counter(name, doc, labelnames=["model_name"]) for key, name, doc in cls.NAMES
                 }
         return cls._counters
-
-
-def unsupported_reason(server_args: Any) -> Optional[str]:
-    """Why the fallback cannot run with these server arguments, naming the flag; None if it can."""
-    algorithm = (getattr(server_args, "speculative_algorithm", None) or "").upper()
-    if algorithm not in ("EAGLE", "EAGLE3"):
-        return f"{_FLAG} works with --speculative-algorithm EAGLE or EAGLE3, not {algorithm or 'none'}"
-    checks = (
-        ("--speculative-eagle-topk > 1", (getattr(server_args, "speculative_eagle_topk", 1) or 1) > 1),
-        ("--enable-dp-attention", getattr(server_args, "enable_dp_attention", False)),
-        ("--pp-size > 1", (getattr(server_args, "pp_size", 1) or 1) > 1),
-        ("--enable-two-batch-overlap", getattr(server_args, "enable_two_batch_overlap", False)),
-        ("--enable-pdmux", getattr(server_args, "enable_pdmux", False)),
-        ("--enable-multi-layer-eagle", getattr(server_args, "enable_multi_layer_eagle", False)),
-        ("--speculative-adaptive", getattr(server_args, "speculative_adaptive", False)),
-    )
-    for flag, present in checks:
-        if present:
-            return f"{_FLAG} does not support {flag}"
-    return None
 
 
 def fallback_capture_sizes(cuda_graph_bs: Any, enable_at_or_below: int) -> Optional[List[int]]:
@@ -251,21 +231,16 @@ def fallback_capture_sizes(cuda_graph_bs: Any, enable_at_or_below: int) -> Optio
 
 def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
     """Build the fallback for an ``EAGLEWorker`` at the end of its ``__init__``; None when off."""
-    from sglang.srt.speculative.dynspec_auto import AUTO, auto_unavailable, parse_threshold
-
     args = worker.server_args
-    disable_above = parse_threshold(getattr(args, "speculative_disable_batch_size", None), _FLAG)
-    if disable_above is None:
+    settings = read_settings(getter_of(args))
+    if settings is None:
         return None
-    if disable_above == AUTO:
+    if not isinstance(settings.disable_above, int):  # auto
         raise auto_unavailable("with --disable-overlap-schedule")
-    reason = unsupported_reason(args)
+    reason = unsupported_reason(getter_of(args))
     if reason is not None:
         raise ValueError(reason)
-    enable_at_or_below = getattr(args, "speculative_enable_batch_size", None)
-    if enable_at_or_below is None:
-        enable_at_or_below = disable_above
-    min_steps = getattr(args, "speculative_switch_min_steps", 8)
+    disable_above, enable_at_or_below, min_steps = settings.disable_above, settings.enable_at_or_below, settings.min_steps
     rank0 = getattr(worker, "tp_rank", 0) == 0
 
     tic = time.perf_counter()
@@ -441,7 +416,8 @@ def serve_verify_as_decode(backend: Any) -> Any:
         if not (name.startswith("__") and name.endswith("__"))
     }
     namespace.update(__module__=base.__module__, __qualname__=base.__qualname__, __doc__=base.__doc__)
-    backend.__class__ = type(base)(base.__name__, (base,), namespace)
+    metaclass: Any = type(base)  # ABCMeta for SGLang's backends
+    backend.__class__ = metaclass(base.__name__, (base,), namespace)
     backend._dynspec_plus_one = None
     return backend
 
@@ -522,7 +498,7 @@ def _names_by_position(function: Callable[..., Any]) -> Optional[Tuple[Tuple[str
     return positional, tuple(p.name for p in parameters if p.default is p.empty)
 
 
-def _call_as_decode(method: Any, plus_one: Callable[[Any], Any], args: Tuple[Any, ...], kwargs: dict) -> Any:
+def _call_as_decode(method: Any, plus_one: Callable[[Any], Any], args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Any:
     """Call a bound metadata ``method`` with its TARGET_VERIFY arguments rebound by name as DECODE's.
 
     Every one-token replay comes here. Where the signature allows, the arguments are named with a
@@ -532,7 +508,7 @@ def _call_as_decode(method: Any, plus_one: Callable[[Any], Any], args: Tuple[Any
     function = method.__func__
     positional = (method.__self__, *args)
     plan = _names_by_position(function)
-    arguments: Optional[dict] = None
+    arguments: Optional[Dict[str, Any]] = None
     if plan is not None and len(positional) <= len(plan[0]) and kwargs.keys().isdisjoint(plan[0][: len(positional)]):
         arguments = dict(zip(plan[0], positional))
         arguments.update(kwargs)
@@ -565,7 +541,7 @@ def _decode_view(forward_batch: Any, plus_one: Callable[[Any], Any]) -> Any:
     return view
 
 
-def _decode_arguments(arguments: dict, plus_one: Callable[[Any], Any]) -> None:
+def _decode_arguments(arguments: Dict[str, Any], plus_one: Callable[[Any], Any]) -> None:
     """Rewrite TARGET_VERIFY metadata arguments, in place, into their one-token DECODE equivalent."""
     mode = arguments.get("forward_mode")
     if mode is None or not mode.is_target_verify():
@@ -906,7 +882,7 @@ class DraftRecorder:
         if not rows:
             return
         positions = batch.seq_lens.tolist()
-        record: dict = {"step": step, "rid": [rids[i] for i in rows], "pos": [int(positions[i]) for i in rows]}
+        record: Dict[str, Any] = {"step": step, "rid": [rids[i] for i in rows], "pos": [int(positions[i]) for i in rows]}
         if verify_input is not None:
             drafts = verify_input.draft_token.reshape(len(positions), -1)[:, 1:].tolist()
             record["draft"] = [drafts[i] for i in rows]
@@ -1374,7 +1350,8 @@ class TokensToHost:
         pending, self.pending = self.pending, None
         if self.waits:
             self.copied.synchronize()
-        return pending.tolist()
+        tokens: List[int] = pending.tolist()
+        return tokens
 
 
 def draft_extend_contexts(owner: Any, runner: str, module: Any) -> contextlib.ExitStack:
@@ -1540,7 +1517,7 @@ def trivial_tree_fields(
     capture_hidden_mode: Any,
     seq_lens_sum: int,
     seq_lens_cpu: Any,
-) -> dict:
+) -> Dict[str, Any]:
     """``EagleVerifyInput`` keyword arguments for a one-node tree (verify with 0 steps, 1 token)."""
     return {
         "draft_token": draft_token,

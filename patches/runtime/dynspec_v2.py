@@ -42,24 +42,12 @@ import os
 import time
 from collections import deque
 from types import SimpleNamespace
-from typing import Any, Callable, Deque, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterator, List, Mapping, Optional, Tuple
+
+# Relative: ``sglang.srt.speculative`` in a patched tree, ``patches.runtime`` in dynspec's own.
+from .dynspec_settings import FLAG, Getter, Settings, auto_unavailable, read_settings, unsupported_reason
 
 logger = logging.getLogger(__name__)
-
-_FLAG = "--speculative-disable-batch-size"
-
-# Settings the refusal check reads (dynspec_runtime.unsupported_reason), with their defaults.
-_CHECKED_SETTINGS = {
-    "speculative_algorithm": None,
-    "speculative_eagle_topk": 1,
-    "enable_dp_attention": False,
-    "pp_size": 1,
-    "enable_two_batch_overlap": False,
-    "enable_pdmux": False,
-    "enable_multi_layer_eagle": False,
-    "speculative_adaptive": False,
-}
-
 
 # -- reading settings ----------------------------------------------------------------------------
 
@@ -83,29 +71,14 @@ def read_setting(worker: Any, name: str, default: Any = None) -> Any:
     return getattr(worker.server_args, name, default)
 
 
-def dynspec_settings(worker: Any) -> Optional[Tuple[Any, int, int]]:
-    """``(disable_above, enable_at_or_below, min_steps)``, or None while the flag is unset.
-
-    ``disable_above`` is an int or ``AUTO``; with ``AUTO``, ``enable_at_or_below`` is auto's floor
-    (1 unless given): speculation is never switched off at or below it."""
-    from sglang.srt.speculative.dynspec_auto import AUTO, parse_threshold
-
-    disable_above = parse_threshold(read_setting(worker, "speculative_disable_batch_size"), _FLAG)
-    if disable_above is None:
-        return None
-    enable_at_or_below = read_setting(worker, "speculative_enable_batch_size")
-    if enable_at_or_below is None:
-        enable_at_or_below = 1 if disable_above == AUTO else disable_above
-    min_steps = read_setting(worker, "speculative_switch_min_steps", 8)
-    return disable_above, enable_at_or_below, 8 if min_steps is None else min_steps
+def _getter(worker: Any) -> Getter:
+    """``get`` for ``dynspec_settings``: this release's reading of a setting (``read_setting``)."""
+    return lambda name, default: read_setting(worker, name, default)
 
 
-def _refuse_auto(settings: Tuple[Any, int, int], where: str) -> None:
-    """``auto`` needs the zero-step mode's verify feed (0.5.14+); elsewhere a number is asked for."""
-    from sglang.srt.speculative.dynspec_auto import AUTO, auto_unavailable
-
-    if settings[0] == AUTO:
-        raise auto_unavailable(where)
+def settings_of(worker: Any) -> Optional[Settings]:
+    """dynspec's flags as this worker's release resolves them; None while the flag is unset."""
+    return read_settings(_getter(worker))
 
 
 def _refuse_bit_check() -> None:
@@ -116,10 +89,7 @@ def _refuse_bit_check() -> None:
 
 
 def _refuse_unsupported(worker: Any) -> None:
-    from sglang.srt.speculative.dynspec_runtime import unsupported_reason
-
-    view = SimpleNamespace(**{name: read_setting(worker, name, d) for name, d in _CHECKED_SETTINGS.items()})
-    reason = unsupported_reason(view)
+    reason = unsupported_reason(_getter(worker))
     if reason is not None:
         raise ValueError(reason)
 
@@ -142,17 +112,17 @@ def _tp_rank(worker: Any) -> int:
         return 0
 
 
-def _switch_controller(worker: Any, settings: Tuple[int, int, int], rank0: bool) -> Any:
+def _switch_controller(worker: Any, settings: Settings, rank0: bool) -> Any:
     from sglang.srt.speculative.dynspec_runtime import DynspecMetrics, SwitchController
 
     metrics = None
     if rank0 and read_setting(worker, "enable_metrics", False):
         name = read_setting(worker, "served_model_name") or str(read_setting(worker, "model_path"))
         metrics = DynspecMetrics(name)
-    disable_above, enable_at_or_below, min_steps = settings
+    disable_above = settings.disable_above
     if not isinstance(disable_above, int):  # auto: its floor until AutoDriver sets the thresholds
-        disable_above = enable_at_or_below
-    return SwitchController(disable_above, enable_at_or_below, min_steps, log=rank0, metrics=metrics)
+        disable_above = settings.enable_at_or_below
+    return SwitchController(disable_above, settings.enable_at_or_below, settings.min_steps, log=rank0, metrics=metrics)
 
 
 def not_a_decode(batch: Any) -> bool:
@@ -191,10 +161,11 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     The target's CUDA graphs already exist here (``ModelRunner`` captures them when it is built),
     so the one-token graphs are captured now, next to them.
     """
-    settings = dynspec_settings(worker)
+    settings = settings_of(worker)
     if settings is None:
         return None
-    _refuse_auto(settings, "on this release")
+    if settings.auto:
+        raise auto_unavailable("on this release")
     _refuse_bit_check()
     from sglang.srt.speculative.dynspec_runtime import (
         DraftKV,
@@ -256,10 +227,10 @@ def own_fallback_draft_kv_default(worker: Any, log: bool) -> str:
     else:
         why_not = FallbackDirectWrite.unfit(stock, worker)
     if why_not is None:
-        return DRAFT_KV_DEFAULT_OWN_FALLBACK
+        return str(DRAFT_KV_DEFAULT_OWN_FALLBACK)
     if log:
         logger.info(f"dynspec: {why_not}; by default the fallback writes the draft KV eagerly ({DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED})")
-    return DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED
+    return str(DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED)
 
 
 class _SavedSteps:
@@ -591,7 +562,7 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     calls ``init_states``, which builds the zero-step state; every decode iteration calls
     ``activate_step_by_batch`` before drafting.
     """
-    settings = dynspec_settings(worker)
+    settings = settings_of(worker)
     if settings is None:
         return None
     _refuse_bit_check()
@@ -602,9 +573,9 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
         if not hasattr(worker, name)
     ]
     if missing:
-        raise RuntimeError(f"dynspec: this EAGLEWorkerV2 lacks {', '.join(missing)}; {_FLAG} cannot work here")
+        raise RuntimeError(f"dynspec: this EAGLEWorkerV2 lacks {', '.join(missing)}; {FLAG} cannot work here")
     if getattr(worker, "adaptive_controller", None) is not None:
-        raise ValueError(f"{_FLAG} does not support --speculative-adaptive")
+        raise ValueError(f"{FLAG} does not support --speculative-adaptive")
     from sglang.srt.speculative.dynspec_runtime import DraftKV, DraftRecorder
 
     rank0 = _tp_rank(worker) == 0
@@ -612,7 +583,7 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     draft_worker = worker.draft_worker
     draft_kv = DraftKV.build(draft_worker.draft_runner, log=rank0)
     policy = ZeroStepPolicy(worker, controller, draft_kv, DraftRecorder.from_env(rank0), log=rank0)
-    policy.auto = not isinstance(settings[0], int)
+    policy.auto = settings.auto
     worker.adaptive_controller = policy
     if draft_kv.saves_work:
         policy.watch_draft_extend(draft_worker)
@@ -676,7 +647,7 @@ class ZeroStepPolicy:
         self.log = log
         self.speculative_num_steps = worker.speculative_num_steps
         self._step = controller.SPECULATE
-        self._states: dict = {}
+        self._states: Dict[int, Any] = {}
         self._warned_missing = False
         self._early_publish = early_fence_enabled()  # read once, at start-up
         # On unless 0, as on the own fallback: session 22 measured it on 0.5.17 (exact_kv, and per step
@@ -754,7 +725,7 @@ class ZeroStepPolicy:
         self.worker.forward_batch_generation = forward_batch_generation
         if self.log:
             logger.info(
-                f"dynspec: {_FLAG} auto: the switch point between {floor} and {ceiling} requests, found from this "
+                f"dynspec: {FLAG} auto: the switch point between {floor} and {ceiling} requests, found from this "
                 f"server's step timings and acceptance (speculating everywhere until both modes are timed)"
             )
         return driver
@@ -965,15 +936,15 @@ class LeanVerify:
     # which ``watermark_state`` (refused unless None) gates.
     IGNORED_KWARGS = ("uno_target_max_top_k", "watermark_full_mask")
     PENALTIES = ("acc_additive_penalties", "acc_scaling_penalties", "logit_bias")
-    TREE = ("draft_token_num", "max_tree_depth", "tree_topk")  # a one-node tree has 1 of each
+    TREE: Tuple[str, ...] = ("draft_token_num", "max_tree_depth", "tree_topk")  # a one-node tree has 1 of each
     WHAT = "the lean zero-step verify"  # in the log lines
     SIMULATED_TOKEN = 100  # what SIMULATE_ACC_LEN's "fixed" mode writes as every accepted token
 
-    def __init__(self, stock_sample: Callable[..., Any], sanitize: Optional[Callable[..., Any]], simulated_token: Optional[int]) -> None:
+    def __init__(self, stock_sample: Callable[..., Tuple[Any, Any, Any]], sanitize: Optional[Callable[..., Any]], simulated_token: Optional[int]) -> None:
         self.stock_sample = stock_sample
         self.sanitize = sanitize  # the release's sanitize_nan_logits where the stock sample calls it first
         self.simulated_token = simulated_token  # fill predict with it (SIMULATE_ACC_LEN, fixed mode), or None
-        self.stock_fill: Optional[Callable[..., Any]] = None
+        self.stock_fill: Optional[Callable[..., None]] = None
         self.shadows: List[Tuple[Any, str, Any, Any]] = []  # (module, name, stand-in, stock) per verify
         self._ones: Any = None  # int32 ones and 0 .. n-1, grown to the largest batch seen
         self._indices: Any = None
@@ -1073,7 +1044,7 @@ class LeanVerify:
 
     IDLE = "an idle batch"
 
-    def refusal(self, verify_input: Any, batch: Any, logits: Any, args: Tuple[Any, ...], kwargs: dict) -> Optional[str]:
+    def refusal(self, verify_input: Any, batch: Any, logits: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[str]:
         """Why this batch's one-node verify may not have the known outcome; None if it has (host checks only)."""
         if batch.forward_mode.is_idle():
             return self.IDLE
@@ -1149,7 +1120,7 @@ class FallbackLeanSample(LeanVerify):
     WHAT = "the lean one-node verify"
 
     @classmethod
-    def install(cls, log: bool = True) -> Optional["FallbackLeanSample"]:
+    def install(cls, log: bool = True) -> Optional["FallbackLeanSample"]:  # type: ignore[override]  # no worker: it binds per verify input
         """The lean sample, or None (the stock one, said once) when switched off or not applicable."""
         if not lean_verify_enabled():
             return None
@@ -1333,10 +1304,13 @@ class V2LeanStep:
         verify_input_cls, draft_input_cls, result_cls = classes
         if not callable(getattr(verify_input_cls, "prepare_for_v2_verify", None)):
             return "this release's EagleVerifyInput has no prepare_for_v2_verify"
+        stock_forward = getattr(getattr(worker, "target_worker", None), "forward_batch_generation", None)
+        forward: Mapping[str, Any] = {}
         try:  # on by default on every own-fallback release: a tree without these reads as unfit, not a crash
-            forward = inspect.signature(getattr(getattr(worker, "target_worker", None), "forward_batch_generation", None)).parameters
+            if callable(stock_forward):
+                forward = inspect.signature(stock_forward).parameters
         except (TypeError, ValueError):
-            forward = {}
+            pass
         fields = [getattr(c, "__dataclass_fields__", {}) for c in (draft_input_cls, result_cls)]
         why_not = lean_step_unfit(fields[0], fields[1], forward)
         if why_not is not None:
@@ -1609,7 +1583,10 @@ class RoundingProbe:
 
         device = buffers.input_ids.device
         generator = torch.Generator(device=device).manual_seed(0)
-        ints = lambda like: torch.randint(0, 100, (block,), generator=generator, device=device, dtype=like.dtype)  # noqa: E731
+
+        def ints(like: Any) -> Any:
+            return torch.randint(0, 100, (block,), generator=generator, device=device, dtype=like.dtype)
+
         hidden = torch.randn((block, buffers.hidden_states.shape[1]), generator=generator, device=device)
         return SimpleNamespace(
             input_ids=ints(buffers.input_ids).repeat(blocks),  # below any vocabulary's size
@@ -1848,7 +1825,7 @@ class DirectKVWrite:
             limit = self.same_rounding_rows(rows)
             if members is None or limit < 2 * rows:
                 steps = 1  # who the rows belong to is unknown, or two iterations would not round alike
-            if self.pending and (steps == 1 or self.pending + rows > limit or not self._same(members)):
+            if self.pending and (steps == 1 or members is None or self.pending + rows > limit or not self._same(members)):
                 self.flush()
             self.members = members or []
         at = self.pending  # 0 unless rows wait in staging (steps > 1)
@@ -1943,7 +1920,7 @@ class DirectKVWrite:
         end = at
         while end + 1 < len(self.sizes) and self.rounding[end + 1] == self.rounding[at]:
             end += 1
-        return self.sizes[end] * self.width
+        return int(self.sizes[end] * self.width)
 
     def rounding_groups(self) -> str:
         """The checked graphs (by captured batch size) as runs, each with its number (``check_rounding``;
@@ -2052,7 +2029,7 @@ class ZeroStepDirectWrite(DirectKVWrite):
         self.runner = twin.model_runner
         self.read_done = read_done  # the runner's read-done attribute, or None: the coarse barrier
         self.new_event = twin.device_module.Event if read_done is not None else None
-        self._stubs: Optional[dict] = None  # name -> the stub made at capacity (stand_in), {} if it cannot be
+        self._stubs: Optional[Dict[str, Any]] = None  # name -> the stub made at capacity (stand_in), {} if it cannot be
 
     @classmethod
     def build(cls, twin: Any, worker: Any, log: bool = True) -> Tuple[Optional["ZeroStepDirectWrite"], str]:
@@ -2084,7 +2061,7 @@ class ZeroStepDirectWrite(DirectKVWrite):
         return cls(twin, worker, read_done, log, kv_batch_steps()), ""
 
     def inputs_read(self) -> None:
-        if self.new_event is not None:
+        if self.new_event is not None and self.read_done is not None:
             event = self.new_event()
             event.record()
             setattr(self.runner, self.read_done, event)
@@ -2109,7 +2086,7 @@ class ZeroStepDirectWrite(DirectKVWrite):
         for name, value in stubs.items():
             setattr(target, name, value[:rows])
 
-    def _make_stubs(self) -> dict:
+    def _make_stubs(self) -> Dict[str, Any]:
         """Run the release's stub once for ``capacity`` rows, on stand-ins that carry only that size;
         {} (per-iteration stubs) if it wants more or makes something that is not rows of that size."""
         rows = self.capacity

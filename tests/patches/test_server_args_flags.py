@@ -20,7 +20,7 @@ import pytest
 from patcher.engine import apply_text
 from patcher.releases import unpacked
 from patches._flags import FLAGS
-from patches.runtime import dynspec_auto
+from patches.runtime import dynspec_settings
 from patches.server_args_dynspec_check import CHECK, ServerArgsDynspecCheck
 from patches.server_args_dynspec_flags import ServerArgsDynspecFlags
 from patches.server_args_dynspec_flags_legacy import ServerArgsDynspecFlagsLegacy
@@ -29,11 +29,11 @@ from tests.conftest import ROOT
 
 
 @pytest.fixture(autouse=True)
-def shipped_auto_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The check imports ``dynspec_auto`` from the patched tree, where ``speculative_dynspec_auto``
+def shipped_settings_module(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The check imports ``dynspec_settings`` from the patched tree, where ``speculative_dynspec_settings``
     puts it; here beside a 0.5.14+ tree's zero-step mode (``test_auto_before_0_5_14_...`` takes it away)."""
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
-    monkeypatch.setattr(dynspec_auto, "zero_step_mode_here", lambda: True)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_settings", dynspec_settings)
+    monkeypatch.setattr(dynspec_settings, "zero_step_mode_here", lambda: True)
 
 ANNOTATED = '''\
 @dataclasses.dataclass
@@ -143,7 +143,7 @@ def test_auto_and_command_line_numbers_pass(check: Any) -> None:
 
 
 def test_auto_before_0_5_14_is_refused_at_the_check(check: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(dynspec_auto, "zero_step_mode_here", lambda: False)
+    monkeypatch.setattr(dynspec_settings, "zero_step_mode_here", lambda: False)
     with pytest.raises(ValueError, match=r"^--speculative-disable-batch-size auto needs SGLang 0.5.14 or later"):
         check(args(speculative_disable_batch_size="auto"))
     check(args(speculative_disable_batch_size="32"))  # the control: a number is fine there
@@ -154,18 +154,18 @@ def test_auto_before_0_5_14_is_refused_at_the_check(check: Any, monkeypatch: pyt
 def test_the_zero_step_mode_is_found_beside_the_shipped_module(
     version: str, here: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """dynspec_auto, written beside a copy of the release's eagle_worker_v2.py (as the patch writes
+    """dynspec_settings, written beside a copy of the release's eagle_worker_v2.py (as the patch writes
     it into speculative/), finds the zero-step mode there from 0.5.14 on."""
     member = "srt/speculative/eagle_worker_v2.py"
     release = unpacked(version, [member]) / "sglang" / member
     speculative = tmp_path / "speculative"
     speculative.mkdir()
     shutil.copy(release, speculative / release.name)
-    shutil.copy(ROOT / "patches/runtime/dynspec_auto.py", speculative / "dynspec_auto.py")
-    spec = importlib.util.spec_from_file_location("shipped_dynspec_auto", speculative / "dynspec_auto.py")
+    shutil.copy(ROOT / "patches/runtime/dynspec_settings.py", speculative / "dynspec_settings.py")
+    spec = importlib.util.spec_from_file_location("shipped_dynspec_settings", speculative / "dynspec_settings.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "shipped_dynspec_auto", module)  # its dataclasses look themselves up there
+    monkeypatch.setitem(sys.modules, "shipped_dynspec_settings", module)  # its dataclasses look themselves up there
     spec.loader.exec_module(module)
     assert module.zero_step_mode_here() is here
     (speculative / release.name).unlink()

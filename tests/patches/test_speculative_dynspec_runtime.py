@@ -24,7 +24,7 @@ import pytest
 
 from patcher.engine import patch_file
 from patcher.releases import unpacked
-from patches.runtime import dynspec_auto
+from patches.runtime import dynspec_auto, dynspec_settings
 from patches.runtime import dynspec_runtime as runtime
 from patches.speculative_dynspec_runtime import SpeculativeDynspecRuntime
 from tests.conftest import RELEASES
@@ -233,10 +233,8 @@ def test_metrics_without_prometheus_client_are_a_no_op(monkeypatch: pytest.Monke
     assert decisions(controller, [1, 9]) == "S-"
 
 
-# -- start-up refusals ---------------------------------------------------------------------------
-
-
 def server_args(**overrides: Any) -> SimpleNamespace:
+    """A v1 worker's ``server_args`` the fallback supports (the refusals: test_dynspec_settings.py)."""
     values = {
         "speculative_algorithm": "EAGLE3",
         "speculative_eagle_topk": 1,
@@ -248,34 +246,6 @@ def server_args(**overrides: Any) -> SimpleNamespace:
         "speculative_adaptive": False,
     }
     return SimpleNamespace(**{**values, **overrides})
-
-
-def test_supported_settings_have_no_refusal() -> None:
-    assert runtime.unsupported_reason(server_args()) is None
-    assert runtime.unsupported_reason(server_args(speculative_algorithm="EAGLE")) is None
-    assert runtime.unsupported_reason(SimpleNamespace(speculative_algorithm="EAGLE")) is None  # older releases
-
-
-@pytest.mark.parametrize(
-    ("overrides", "flag"),
-    [
-        ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk > 1"),
-        ({"enable_dp_attention": True}, "--enable-dp-attention"),
-        ({"pp_size": 2}, "--pp-size > 1"),
-        ({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap"),
-        ({"enable_pdmux": True}, "--enable-pdmux"),
-        ({"enable_multi_layer_eagle": True}, "--enable-multi-layer-eagle"),
-        ({"speculative_adaptive": True}, "--speculative-adaptive"),
-    ],
-    ids=lambda v: v if isinstance(v, str) else "",
-)
-def test_unsupported_settings_are_refused_by_flag(overrides: dict[str, Any], flag: str) -> None:
-    assert runtime.unsupported_reason(server_args(**overrides)) == f"--speculative-disable-batch-size does not support {flag}"
-
-
-def test_other_algorithms_are_refused() -> None:
-    reason = runtime.unsupported_reason(server_args(speculative_algorithm="STANDALONE"))
-    assert reason == "--speculative-disable-batch-size works with --speculative-algorithm EAGLE or EAGLE3, not STANDALONE"
 
 
 def test_capture_sizes_keep_only_batches_above_the_switch_on_size() -> None:
@@ -729,6 +699,7 @@ def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatc
     assert steps[0].outcome.value == "patched"
     shipped = types.ModuleType("sglang.srt.speculative.dynspec_runtime")
     monkeypatch.setitem(sys.modules, shipped.__name__, shipped)
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_settings", dynspec_settings)  # shipped beside it
     monkeypatch.setitem(sys.modules, "torch", None)  # importing torch at module level would fail
     exec(compile(new, "dynspec_runtime.py", "exec"), shipped.__dict__)
     assert shipped.SwitchController(8, log=False).step(9) == shipped.FALL_BACK

@@ -23,9 +23,10 @@ import pytest
 
 from patcher.engine import patch_file
 from patcher.releases import unpacked
-from patches.runtime import dynspec_auto
+from patches.runtime import dynspec_auto, dynspec_settings
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
+from patches.runtime.dynspec_settings import Settings
 from patches.speculative_dynspec_v2 import SpeculativeDynspecV2
 from tests.patches.fake_draft import DraftWorker, draft_stack
 from tests.patches.test_eagle_worker_v2_dynspec_fallback import OWN_FALLBACK_RELEASES
@@ -62,8 +63,8 @@ def method_node(classdef: ast.ClassDef, name: str) -> ast.FunctionDef:
 
 def test_settings_come_from_server_args_before_runtime_context_exists() -> None:
     worker = SimpleNamespace(server_args=SimpleNamespace(speculative_disable_batch_size=32))
-    assert v2.dynspec_settings(worker) == (32, 32, 8)
-    assert v2.dynspec_settings(SimpleNamespace(server_args=SimpleNamespace())) is None  # flags patch absent
+    assert v2.settings_of(worker) == Settings(32, 32, 8)
+    assert v2.settings_of(SimpleNamespace(server_args=SimpleNamespace())) is None  # flags patch absent
 
 
 def test_resolved_spec_settings_win_over_the_raw_server_args(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -81,7 +82,7 @@ def test_resolved_spec_settings_win_over_the_raw_server_args(monkeypatch: pytest
     monkeypatch.setitem(sys.modules, context.__name__, context)
     raw = SimpleNamespace(speculative_disable_batch_size=None, speculative_switch_min_steps=3, pp_size=1)
     worker = SimpleNamespace(server_args=raw)
-    assert v2.dynspec_settings(worker) == (48, 24, 3)
+    assert v2.settings_of(worker) == Settings(48, 24, 3)
     assert v2.read_setting(worker, "pp_size") == 1  # not a speculative setting: server_args
     assert v2.read_setting(worker, "nothing", "default") == "default"
 
@@ -711,6 +712,7 @@ def test_the_new_file_is_the_module_and_is_inert_without_the_flag(monkeypatch: p
     assert steps[0].outcome.value == "patched"
     assert not SpeculativeDynspecV2.applies_to("0.5.3")
     shipped = types.ModuleType("sglang.srt.speculative.dynspec_v2")
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_settings", dynspec_settings)  # shipped beside it
     monkeypatch.setitem(sys.modules, "torch", None)  # importing torch would fail
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", None)  # so would the runtime module
     exec(compile(new, "dynspec_v2.py", "exec"), shipped.__dict__)

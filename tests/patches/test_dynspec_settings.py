@@ -1,0 +1,124 @@
+"""The runtime's settings module (``patches/runtime/dynspec_settings.py``): the one reading of the
+three flags and the one list of what they refuse, for the start-up check and both runtimes.
+
+The start-up check itself runs inside each release's patched ``server_args.py`` in
+``test_server_args_flags.py``; here are the pieces and the rule that they have one home.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from patcher.engine import patch_file
+from patches._flags import FLAGS
+from patches.runtime import dynspec_settings as settings
+from patches.runtime.dynspec_settings import (
+    AUTO,
+    DEFAULT_MIN_STEPS,
+    Settings,
+    getter_of,
+    read_settings,
+    unsupported_reason,
+)
+from patches.speculative_dynspec_settings import SpeculativeDynspecSettings
+from tests.conftest import ROOT
+
+SUPPORTED = {
+    "speculative_algorithm": "EAGLE3",
+    "speculative_eagle_topk": 1,
+    "enable_dp_attention": False,
+    "pp_size": 1,
+    "enable_two_batch_overlap": False,
+    "enable_pdmux": False,
+    "enable_multi_layer_eagle": False,
+    "speculative_adaptive": False,
+}
+
+
+def reason(**overrides: Any) -> str | None:
+    return unsupported_reason(getter_of(SimpleNamespace(**{**SUPPORTED, **overrides})))
+
+
+def test_supported_settings_have_no_refusal() -> None:
+    assert reason() is None
+    assert reason(speculative_algorithm="EAGLE") is None
+    assert unsupported_reason(getter_of(SimpleNamespace(speculative_algorithm="EAGLE"))) is None  # older releases
+
+
+@pytest.mark.parametrize(
+    ("overrides", "flag"),
+    [
+        ({"speculative_eagle_topk": 4}, "--speculative-eagle-topk > 1"),
+        ({"enable_dp_attention": True}, "--enable-dp-attention"),
+        ({"pp_size": 2}, "--pp-size > 1"),
+        ({"enable_two_batch_overlap": True}, "--enable-two-batch-overlap"),
+        ({"enable_pdmux": True}, "--enable-pdmux"),
+        ({"enable_multi_layer_eagle": True}, "--enable-multi-layer-eagle"),
+        ({"speculative_adaptive": True}, "--speculative-adaptive"),
+    ],
+    ids=lambda v: v if isinstance(v, str) else "",
+)
+def test_unsupported_settings_are_refused_by_flag(overrides: dict[str, Any], flag: str) -> None:
+    assert reason(**overrides) == f"--speculative-disable-batch-size does not support {flag}"
+
+
+def test_other_algorithms_are_refused() -> None:
+    assert reason(speculative_algorithm="STANDALONE") == (
+        "--speculative-disable-batch-size works with --speculative-algorithm EAGLE or EAGLE3, not STANDALONE"
+    )
+
+
+def read(**values: Any) -> Settings | None:
+    return read_settings(lambda name, default: values.get(name, default))
+
+
+def test_the_flags_read_with_their_defaults() -> None:
+    assert read() is None  # the flag unset: dynspec is off
+    assert read(speculative_disable_batch_size="32") == Settings(32, 32, DEFAULT_MIN_STEPS)
+    assert read(speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=3) == Settings(32, 16, 3)
+    auto = read(speculative_disable_batch_size="auto")
+    assert auto == Settings(AUTO, 1, DEFAULT_MIN_STEPS) and auto.auto  # auto's floor: 1 unless given
+    assert read(speculative_disable_batch_size="auto", speculative_enable_batch_size=8) == Settings(AUTO, 8, DEFAULT_MIN_STEPS)
+    # a None the layout may hold for an unset field is the default too
+    assert read(speculative_disable_batch_size=8, speculative_switch_min_steps=None) == Settings(8, 8, DEFAULT_MIN_STEPS)
+    with pytest.raises(ValueError, match=r"^--speculative-disable-batch-size must be a positive integer or auto, got '0'$"):
+        read(speculative_disable_batch_size="0")
+
+
+def test_the_flags_default_dwell_is_the_runtimes() -> None:
+    """The dwell's default has one home: ServerArgs gets the runtime's number, as the flag patches spell it."""
+    (min_steps,) = [f for f in FLAGS if f.field == "speculative_switch_min_steps"]
+    assert min_steps.default == str(DEFAULT_MIN_STEPS)
+
+
+def homes_of(words: str, files: list[Path]) -> list[str]:
+    return sorted(p.name for p in files if words in p.read_text(encoding="utf-8"))
+
+
+def test_what_is_refused_is_written_in_the_settings_module_only() -> None:
+    """The start-up check and both runtimes call it; none reads a refused setting of its own."""
+    shipped = sorted((ROOT / "patches").glob("*.py")) + sorted((ROOT / "patches" / "runtime").glob("*.py"))
+    for _, name, *_ in settings.UNSUPPORTED:
+        assert homes_of(name, shipped) == ["dynspec_settings.py"], name
+    assert homes_of("works with --speculative-algorithm", shipped) == ["dynspec_settings.py"]
+    # the control: a second copy, as the check patch held before, is found
+    copy = ROOT / "patches" / "runtime" / "dynspec_settings.py"
+    assert homes_of("enable_dp_attention", [copy, copy]) == ["dynspec_settings.py", "dynspec_settings.py"]
+
+
+def test_the_new_file_is_the_settings_module_and_imports_nothing_but_the_standard_library() -> None:
+    new, steps, _ = patch_file([SpeculativeDynspecSettings], SpeculativeDynspecSettings.TARGET, None, "0.4.10.post2")
+    assert new == SpeculativeDynspecSettings.marker() + "\n" + Path(settings.__file__).read_text(encoding="utf-8")
+    assert steps[0].outcome.value == "patched"
+    imported = {
+        (node.module if isinstance(node, ast.ImportFrom) else alias.name).split(".")[0]
+        for node in ast.walk(ast.parse(new))
+        if isinstance(node, (ast.Import, ast.ImportFrom))
+        for alias in node.names
+    }
+    assert imported == {"__future__", "os", "dataclasses", "typing"}
