@@ -2,8 +2,8 @@
 
 Installed by dynspec as ``sglang/srt/speculative/dynspec_v2.py`` and called from the hooks it adds
 to ``speculative/eagle_worker_v2.py``. Nothing here runs unless ``--speculative-disable-batch-size``
-is set; the version-independent parts (switch controller, metrics, refusals, the one-token target
-state) come from ``dynspec_runtime``.
+is set; the version-independent parts (switch controller, metrics, the one-token target state)
+come from ``dynspec_runtime``, the flags' reading and the refusals from ``dynspec_settings``.
 
 Two eras, one idea: while the decode batch is large, verify a one-node tree rooted at the pending
 bonus token against target attention and CUDA graphs built for one token per request, then run the
