@@ -44,7 +44,7 @@ bench: setup
 	$(BIN)/python benchmarks/bench_matrix.py
 
 docs: setup
-	$(BIN)/python -m patcher.matrix_cli
+	$(BIN)/python -m patcher.matrix
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info

@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ENTRY = "from patcher.matrix_cli import matrix; matrix(prog_name='dynspec matrix')"
+ENTRY = "from patcher.matrix.command import matrix; matrix(prog_name='dynspec matrix')"
 
 
 def timed_matrix(*args: str) -> tuple[float, float, int]:

@@ -267,7 +267,7 @@ def _register_commands() -> None:
 
     main.add_command(real)
     try:
-        from patcher.matrix_cli import matrix
+        from patcher.matrix.command import matrix
     except ImportError:  # pragma: no cover - as below
         return
     main.add_command(matrix)

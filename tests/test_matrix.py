@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -32,7 +33,7 @@ SERVER_ARGS_PATCHES = {  # the server-flag patches and the startup check, on the
 
 def dynspec_matrix(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
     """The real command in a subprocess: exit code and streams as a user sees them."""
-    entry = "from patcher.matrix_cli import matrix; matrix(prog_name='dynspec matrix')"
+    entry = "from patcher.matrix.command import matrix; matrix(prog_name='dynspec matrix')"
     return subprocess.run(
         [sys.executable, "-c", entry, *args],
         capture_output=True,
@@ -451,7 +452,7 @@ def test_readme_table_is_generated_from_matrix_json() -> None:
 def test_make_docs_rewrites_a_stale_table(tmp_path: Path) -> None:
     readme = tmp_path / "README.md"
     readme.write_text(f"# x\n\n{m.README_BEGIN}\nstale\n{m.README_END}\n\nafter\n")
-    entry = [sys.executable, "-m", "patcher.matrix_cli", "--baseline", str(m.DEFAULT_BASELINE), "--readme", str(readme)]
+    entry = [sys.executable, "-m", "patcher.matrix", "--baseline", str(m.DEFAULT_BASELINE), "--readme", str(readme)]
     check = subprocess.run([*entry, "--check"], capture_output=True, text=True, cwd=ROOT)
     assert check.returncode == 1 and "out of date" in check.stderr
     assert subprocess.run(entry, capture_output=True, text=True, cwd=ROOT).returncode == 0
@@ -472,7 +473,7 @@ def test_an_installed_dynspec_asks_for_the_baseline_instead_of_looking_in_site_p
     )
     shutil.rmtree(ROOT / "build", ignore_errors=True)
     env = {**os.environ, "PYTHONPATH": str(site), "NO_COLOR": "1"}
-    entry = [sys.executable, "-c", "from patcher.matrix_cli import matrix; matrix(prog_name='dynspec matrix')"]
+    entry = [sys.executable, "-c", "from patcher.matrix.command import matrix; matrix(prog_name='dynspec matrix')"]
     for args, message in (
         ((), "an installed dynspec has no baseline: pass --baseline PATH"),
         (("--releases", "0.5.12", "--update-baseline"), "--update-baseline needs --baseline PATH"),
@@ -487,3 +488,38 @@ def test_an_installed_dynspec_asks_for_the_baseline_instead_of_looking_in_site_p
     )  # fmt: skip
     assert with_baseline.returncode == 0, with_baseline.stderr
     assert json.loads(with_baseline.stdout)["baseline"]["path"] == str(ROOT / "matrix.json")
+
+
+# -- the package --------------------------------------------------------------------------------------
+
+PACKAGE = ROOT / "patcher" / "matrix"
+FLOORS = ["model", "sources", "check", "baseline", "reports", "readme", "command", "__main__"]  # bottom up
+
+
+def test_each_module_imports_only_those_below_it() -> None:
+    """model at the bottom, command at the top: no import runs back up, so there is no cycle."""
+    assert sorted(p.stem for p in PACKAGE.glob("*.py")) == sorted([*FLOORS, "__init__"])
+    for floor, module in enumerate(FLOORS):
+        used = set(re.findall(r"^\s*from patcher\.matrix\.(\w+) import", (PACKAGE / f"{module}.py").read_text(), re.M))
+        assert used <= set(FLOORS[:floor]), module
+
+
+def test_only_the_command_module_imports_click() -> None:
+    importers = sorted(
+        p.name for p in PACKAGE.glob("*.py") if re.search(r"^\s*(import click|from click)", p.read_text(), re.M)
+    )
+    assert importers == ["command.py"]
+
+
+def test_the_package_hands_on_its_modules_names_imported_on_first_use() -> None:
+    """`dynspec` registers the command at every start; that imports the package, not the engine."""
+    code = (
+        "import sys\n"
+        "import patcher.matrix.command\n"
+        "print([m for m in ('libcst', 'packaging', 'patcher.registry', 'patcher.matrix.model') if m in sys.modules])\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]"
+    assert all(hasattr(m, name) for name in m.__all__)
+    assert m.run_matrix.__module__ == "patcher.matrix.check" and m.GLYPH is m.model.GLYPH
+    assert not hasattr(m, "Path")  # the modules' own imports are not handed on

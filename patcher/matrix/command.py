@@ -1,7 +1,8 @@
 """``dynspec matrix``: every patch on many SGLang releases, compared with the recorded baseline.
 
-Parsing and output only; the checks are ``patcher.matrix``. ``python -m patcher.matrix_cli``
-(``make docs``) regenerates README's "Supported releases" table from ``matrix.json``.
+Parsing and output only; the checks are the rest of ``patcher.matrix``. ``python -m patcher.matrix``
+(``make docs``) regenerates README's "Supported releases" table from ``matrix.json``. The only module
+of the package that imports click.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import click
 from patcher.errors import DynspecError, ExitCode, UsageError
 
 if TYPE_CHECKING:
-    from patcher.matrix import Change, Matrix, ReleaseResult
+    from patcher.matrix.model import Change, Matrix, ReleaseResult
     from patcher.render import MatrixProgress
 
 EXIT_CODES = """\b
@@ -245,7 +246,11 @@ def _table(result: Matrix, changes: Sequence[Change]) -> None:
 
 
 def _summary(
-    result: Matrix, changes: Sequence[Change], baseline_path: Path | None, baseline: dict[str, Any] | None, seconds: float
+    result: Matrix,
+    changes: Sequence[Change],
+    baseline_path: Path | None,
+    baseline: dict[str, Any] | None,
+    seconds: float,
 ) -> str:
     from patcher import matrix as m
 
@@ -302,7 +307,3 @@ def matrix_docs(baseline: Path | None, readme: Path | None, check: bool) -> None
         sys.exit(int(ExitCode.CHANGES))
     readme.write_text(new, encoding="utf-8")
     render.say(f"regenerated the supported-releases table in {readme}")
-
-
-if __name__ == "__main__":
-    matrix_docs()
