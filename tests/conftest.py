@@ -10,10 +10,17 @@ from pathlib import Path
 import pytest
 
 from patcher import releases
+from patcher.patch import Patch
 from patcher.registry import all_patches
 
 ROOT = Path(__file__).resolve().parent.parent
 RELEASES = [v for v in (ROOT / "tests" / "releases.txt").read_text().splitlines() if v and not v.startswith("#")]
+
+
+def releases_of(patch: type[Patch]) -> list[str]:
+    """The releases of ``RELEASES`` that ``patch`` applies to: a test's list follows the patch's range,
+    so a new release is added to tests/releases.txt alone."""
+    return [v for v in RELEASES if patch.applies_to(v)]
 
 
 def targets() -> list[str]:

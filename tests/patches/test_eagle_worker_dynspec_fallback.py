@@ -11,9 +11,10 @@ from patcher.errors import AnchorNotFound
 from patcher.releases import unpacked
 from patches.eagle_worker_dynspec_fallback import WORKER
 from patches.eagle_worker_dynspec_fallback import EagleWorkerDynspecFallback as Patch
+from tests.conftest import RELEASES, releases_of
 from tests.patches.real_release import patched_release
 
-V1_RELEASES = ["0.4.10.post2", "0.5.1", "0.5.2", *(f"0.5.{n}" for n in range(3, 13))]
+V1_RELEASES = releases_of(Patch)
 
 
 def worker_source(version: str) -> str:
@@ -59,7 +60,7 @@ def test_real_release(version: str) -> None:
 
 
 def test_release_range_ends_where_the_v1_worker_does() -> None:
-    assert all(Patch.applies_to(v) for v in V1_RELEASES)
+    assert RELEASES[: RELEASES.index("0.5.13")] == V1_RELEASES  # every release up to v1's last
     assert not Patch.applies_to("0.5.13") and not Patch.applies_to("0.4.9")
 
 

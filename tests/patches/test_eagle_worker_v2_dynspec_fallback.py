@@ -12,10 +12,10 @@ from patcher.errors import AnchorNotFound
 from patcher.releases import unpacked
 from patches.eagle_worker_v2_dynspec_fallback import EagleWorkerV2DynspecFallback as Patch
 from patches.eagle_worker_v2_dynspec_fallback import forwarding_arguments
-from tests.conftest import RELEASES
+from tests.conftest import RELEASES, releases_of
 from tests.patches.real_release import patched_release
 
-OWN_FALLBACK_RELEASES = [f"0.5.{n}" for n in range(4, 14)]
+OWN_FALLBACK_RELEASES = releases_of(Patch)
 
 
 def worker_source(version: str) -> str:
@@ -119,11 +119,10 @@ def test_everything_inserted_is_inert_without_the_flag(version: str) -> None:
 
 @pytest.mark.releases
 def test_the_range_is_the_releases_with_a_v2_worker_and_no_zero_step_mode() -> None:
-    applicable = [v for v in RELEASES if Patch.applies_to(v)]
-    assert applicable == OWN_FALLBACK_RELEASES
-    for version in OWN_FALLBACK_RELEASES:
-        assert "_build_trivial_verify_input" not in worker_source(version), version
-    assert "_build_trivial_verify_input" in worker_source("0.5.14")
+    v2 = RELEASES[RELEASES.index("0.5.4") :]  # the first release with EAGLEWorkerV2
+    for version in v2:  # the range follows the releases' code, not a list
+        assert Patch.applies_to(version) == ("_build_trivial_verify_input" not in worker_source(version)), version
+    assert OWN_FALLBACK_RELEASES[-1] == "0.5.13" and not Patch.applies_to("0.5.3")
 
 
 # -- hand-written edge cases -----------------------------------------------------------------------

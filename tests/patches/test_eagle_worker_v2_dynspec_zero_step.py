@@ -11,10 +11,10 @@ from patcher.errors import AnchorNotFound
 from patcher.releases import unpacked
 from patches.eagle_worker_v2_dynspec_fallback import EagleWorkerV2DynspecFallback
 from patches.eagle_worker_v2_dynspec_zero_step import EagleWorkerV2DynspecZeroStep as Patch
-from tests.conftest import RELEASES
+from tests.conftest import RELEASES, releases_of
 from tests.patches.real_release import patched_release
 
-ZERO_STEP_RELEASES = [f"0.5.{n}" for n in range(14, 24)]
+ZERO_STEP_RELEASES = releases_of(Patch)
 MARKER = Patch.marker()
 
 
@@ -75,9 +75,8 @@ def test_nothing_else_changes(version: str) -> None:
 
 @pytest.mark.releases
 def test_the_two_v2_patches_split_the_v2_releases_between_them() -> None:
-    own = [v for v in RELEASES if EagleWorkerV2DynspecFallback.applies_to(v)]
-    zero_step = [v for v in RELEASES if Patch.applies_to(v)]
-    assert zero_step == ZERO_STEP_RELEASES
+    own, zero_step = releases_of(EagleWorkerV2DynspecFallback), releases_of(Patch)
+    assert zero_step[0] == "0.5.14" and own[-1] == "0.5.13"
     assert not set(own) & set(zero_step)
     assert own + zero_step == RELEASES[RELEASES.index("0.5.4") :]
 

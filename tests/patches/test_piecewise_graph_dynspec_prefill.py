@@ -19,9 +19,10 @@ from patcher.releases import unpacked
 from patches.piecewise_graph_dynspec_prefill import DECLARE, ENV
 from patches.piecewise_graph_dynspec_prefill import PiecewiseGraphDynspecPrefill as Patch
 from patches.runtime import dynspec_v2
+from tests.conftest import releases_of
 from tests.patches.real_release import patched_release
 
-RELEASES = ["0.5.11", "0.5.12", "0.5.13"]
+RELEASES = releases_of(Patch)
 MARKER = Patch.marker()
 
 
