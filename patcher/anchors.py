@@ -40,6 +40,12 @@ def find_method(classdef: cst.ClassDef, name: str) -> cst.FunctionDef | None:
     return None
 
 
+def method_of(module: cst.Module, class_name: str, method_name: str) -> cst.FunctionDef | None:
+    """``class_name.method_name`` of a top-level class, else None."""
+    classdef = find_class(module, class_name)
+    return find_method(classdef, method_name) if classdef else None
+
+
 def body_of(node: cst.ClassDef | cst.FunctionDef) -> Sequence[cst.BaseStatement]:
     body = node.body
     return body.body if isinstance(body, cst.IndentedBlock) else ()
@@ -89,6 +95,29 @@ def is_docstring(statement: cst.CSTNode) -> bool:
     return isinstance(small, cst.Expr) and isinstance(small.value, (cst.SimpleString, cst.ConcatenatedString))
 
 
+def after_docstring(body: Sequence[cst.BaseStatement]) -> int:
+    """Where statements go to open ``body``: after its docstring, if it has one."""
+    return 1 if body and is_docstring(body[0]) else 0
+
+
+class _CallFinder(cst.CSTVisitor):
+    def __init__(self, attribute: str) -> None:
+        self.attribute = attribute
+        self.found = False
+
+    def visit_Call(self, node: cst.Call) -> bool:
+        if isinstance(node.func, cst.Attribute) and node.func.attr.value == self.attribute:
+            self.found = True
+        return not self.found
+
+
+def calls(node: cst.CSTNode, attribute: str) -> bool:
+    """``node`` contains a call ``<anything>.<attribute>(...)``."""
+    finder = _CallFinder(attribute)
+    node.visit(finder)
+    return finder.found
+
+
 def is_call_with_first_arg(statement: cst.CSTNode, literal: str) -> bool:
     """``parser.add_argument("--flag", ...)`` as a statement, matched on its first argument."""
     small = single_small_statement(statement)
@@ -131,10 +160,29 @@ def class_field(class_name: str, field: str) -> Anchor:
     return Anchor(find)
 
 
-def method(class_name: str, method_name: str) -> Anchor:
+def class_attribute(class_name: str, name: str) -> Anchor:
+    """The body of class ``class_name`` assigns ``name = ...``."""
+
     def find(module: cst.Module) -> bool:
         classdef = find_class(module, class_name)
-        return classdef is not None and find_method(classdef, method_name) is not None
+        return classdef is not None and any(is_assignment_to(s, name) for s in body_of(classdef))
+
+    return Anchor(find)
+
+
+def method(class_name: str, method_name: str) -> Anchor:
+    def find(module: cst.Module) -> bool:
+        return method_of(module, class_name, method_name) is not None
+
+    return Anchor(find)
+
+
+def method_taking_an_argument(class_name: str, method_name: str) -> Anchor:
+    """``class_name.method_name(self, x, ...)``: a parameter besides ``self``."""
+
+    def find(module: cst.Module) -> bool:
+        function = method_of(module, class_name, method_name)
+        return function is not None and len(function.params.params) >= 2
 
     return Anchor(find)
 
@@ -143,8 +191,7 @@ def method_statement(class_name: str, method_name: str, predicate: Callable[[cst
     """A top-level statement of ``class_name.method_name`` satisfies ``predicate``."""
 
     def find(module: cst.Module) -> bool:
-        classdef = find_class(module, class_name)
-        function = find_method(classdef, method_name) if classdef else None
+        function = method_of(module, class_name, method_name)
         return function is not None and any(predicate(s) for s in body_of(function))
 
     return Anchor(find)
@@ -199,6 +246,27 @@ def with_body(node: Block, statements: Sequence[cst.BaseStatement]) -> Block:
     """``node`` (a class or a function) with ``statements`` as its body."""
     block = cst.ensure_type(node.body, cst.IndentedBlock)
     return node.with_changes(body=block.with_changes(body=list(statements)))
+
+
+def append_to(function: cst.FunctionDef, statements: Sequence[cst.BaseStatement]) -> cst.FunctionDef:
+    return with_body(function, [*body_of(function), *statements])
+
+
+def prepend_to(function: cst.FunctionDef, statements: Sequence[cst.BaseStatement]) -> cst.FunctionDef:
+    """Insert at the top of the body, after the docstring."""
+    body = list(body_of(function))
+    at = after_docstring(body)
+    return with_body(function, [*body[:at], *statements, *body[at:]])
+
+
+def with_class_attribute(classdef: cst.ClassDef, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
+    """The class body with ``statements`` first (after a docstring), a blank line after them."""
+    body = list(body_of(classdef))
+    at = after_docstring(body)
+    rest = body[at:]
+    if rest and not any(not line.comment for line in leading_lines(rest[0])):
+        rest[0] = rest[0].with_changes(leading_lines=[cst.EmptyLine(indent=False), *leading_lines(rest[0])])
+    return [*body[:at], *statements, *rest]
 
 
 def insert_after(

@@ -1,12 +1,13 @@
 """`dynspec bundle`: the plan for one SGLang release in a single file that needs only python3.
 
-The file is a zipapp holding ``dynspec_txn.py`` (patcher/txn.py), ``dynspec_applier.py``
-(patcher/remote_applier.py), a ``__main__.py`` and ``plan.json``: for every target the sha256 of
-the pristine file and the patched bytes, the state.json a local apply would write, and, per patch,
-what `dynspec status` says on the pristine and on the patched tree. On the server,
-``python3 dynspec-plan.pyz apply|status|revert|diff --sglang PATH`` checks every file against the
-plan (refusing with the file and the expected sha256) and writes through ``Tree.commit``, so a
-later local `dynspec status` on that server agrees. The archive is byte-for-byte reproducible.
+The file is a zipapp holding what `dynspec remote` ships (``remote.SHIPPED``: patcher/txn.py,
+treefacts.py and remote_applier.py, as ``dynspec_*.py``), a ``__main__.py`` and ``plan.json``: for
+every target the sha256 of the pristine file and the patched bytes, the state.json a local apply
+would write, and, per patch, what `dynspec status` says on the pristine and on the patched tree.
+On the server, ``python3 dynspec-plan.pyz apply|status|revert|diff --sglang PATH`` checks every
+file against the plan (refusing with the file and the expected sha256) and writes through
+``Tree.commit``, so a later local `dynspec status` on that server agrees. The archive is
+byte-for-byte reproducible.
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from patcher import __version__, engine, releases, remote, txn
-from patcher.errors import NotAnSGLangTree, Refused, UsageError
-from patcher.patch import _contains
+from patcher import __version__, engine, releases, remote, treefacts, txn
+from patcher.errors import Refused, UsageError
 from patcher.registry import Recipe, load_recipe
-from patcher.tree import locate, pick_version, read_versions
 
 PLAN_FORMAT = 1
 
@@ -59,22 +58,19 @@ def pristine_package(version: str | None, source: Path | None, recipe: Recipe) -
         except RuntimeError as error:
             raise UsageError(str(error)) from None
     try:
-        package = locate(str(source)).package_dir
-    except NotAnSGLangTree:
+        package = Path(treefacts.locate_path(str(source)).package_dir)
+    except treefacts.NotATree:
         package = source.resolve()  # fetched files laid out as in the package dir: srt/server_args.py, ...
     if (package / txn.STATE_DIR).exists():
         raise Refused(f"{package} has a dynspec state dir: make the bundle from the unpatched files")
-    found = version or pick_version(read_versions(package))
+    found = version or treefacts.read_version(str(package))
     if found is None:
         raise UsageError(f"cannot tell the SGLang version of {package}; pass --sglang-version")
     return package, found
 
 
 def make_plan(package: Path, version: str, recipe: Recipe, force: bool = False) -> dict[str, Any]:
-    if not _contains(recipe.sglang, version):
-        message = f"SGLang {version} is not a release recipe {recipe.name!r} supports ({recipe.sglang})"
-        if not force:
-            raise Refused(f"{message}; --force tries anyway")
+    recipe.refuse_unsupported(version, force)
     files = txn.Tree(str(package))
     plan = engine.plan(files, recipe, version, None)
     if not plan.pending:

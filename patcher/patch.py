@@ -11,6 +11,7 @@ A patch declares, as class attributes, everything the engine checks before anyth
 ``UPSTREAM``  releases where SGLang itself provides it (status: "provided upstream", nothing written).
 ``UPSTREAM_NOTES``  (specifier, text) pairs: what SGLang provides nearby on those releases, shown by
               ``status`` so a user can tell what the patch adds to it.
+``REQUIRES``  ids of the patches it builds on; a recipe must list them before it where both apply.
 
 The id is the module name, so id and file can never disagree.
 """
@@ -38,6 +39,8 @@ class Patch:
     UPSTREAM_NOTES: ClassVar[tuple[tuple[str, str], ...]] = ()
     # Original lines are only ever added to, never edited or removed; the engine checks it.
     INSERT_ONLY: ClassVar[bool] = True
+    # What this patch's code calls, reads or anchors on comes from these; the registry checks the order.
+    REQUIRES: ClassVar[tuple[str, ...]] = ()
 
     def __init_subclass__(cls, **kwargs: object) -> None:
         super().__init_subclass__(**kwargs)
@@ -48,15 +51,15 @@ class Patch:
 
     @classmethod
     def applies_to(cls, version: str) -> bool:
-        return _contains(cls.SGLANG, version)
+        return version_in(cls.SGLANG, version)
 
     @classmethod
     def provided_upstream(cls, version: str) -> bool:
-        return cls.UPSTREAM is not None and _contains(cls.UPSTREAM, version)
+        return cls.UPSTREAM is not None and version_in(cls.UPSTREAM, version)
 
     @classmethod
     def upstream_note(cls, version: str) -> str | None:
-        return next((text for spec, text in cls.UPSTREAM_NOTES if _contains(spec, version)), None)
+        return next((text for spec, text in cls.UPSTREAM_NOTES if version_in(spec, version)), None)
 
     @classmethod
     def marker(cls) -> str:
@@ -109,7 +112,9 @@ def _with_header(parsed: cst.Module) -> list[cst.BaseStatement]:
     return [first.with_changes(leading_lines=lines), *rest]
 
 
-def _contains(spec: str, version: str) -> bool:
+def version_in(spec: str, version: str) -> bool:
+    """``version`` is one of the releases ``spec`` (a PEP 440 specifier set) names, pre-releases too;
+    a version PEP 440 cannot read is in none."""
     try:
         parsed = Version(version)
     except InvalidVersion:

@@ -9,8 +9,10 @@ from dataclasses import dataclass
 from functools import cache
 from importlib import resources
 
-from patcher.errors import UsageError
-from patcher.patch import CstPatch, NewFilePatch, Patch
+from packaging.specifiers import SpecifierSet
+
+from patcher.errors import Refused, UsageError
+from patcher.patch import CstPatch, NewFilePatch, Patch, version_in
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -49,6 +51,20 @@ class Recipe:
     sglang: str  # the releases this series is verified on; others need --force
     patches: tuple[type[Patch], ...]
 
+    def supports(self, version: str) -> bool:
+        """The series is verified on SGLang ``version``."""
+        return version_in(self.sglang, version)
+
+    def refuse_unsupported(self, version: str, force: bool) -> str | None:
+        """Refuse (exit 4) a release the series is not verified on, unless ``force``; then the note
+        to show. None when the release is supported."""
+        if self.supports(version):
+            return None
+        message = f"SGLang {version} is not a release recipe {self.name!r} supports ({self.sglang})"
+        if not force:
+            raise Refused(f"{message}; --force tries anyway")
+        return f"{message}; going ahead because of --force"
+
 
 def recipe_names() -> list[str]:
     return sorted(p.name[:-5] for p in resources.files("recipes").iterdir() if p.name.endswith(".toml"))
@@ -64,9 +80,35 @@ def load_recipe(name: str) -> Recipe:
     missing = [p for p in data["patches"] if p not in known]
     if missing:
         raise RuntimeError(f"recipe {name!r} names unknown patches: {', '.join(missing)}")
+    patches = tuple(known[p] for p in data["patches"])
+    check_requirements(name, patches)
     return Recipe(
         name=name,
         description=data.get("description", ""),
         sglang=data["sglang"],
-        patches=tuple(known[p] for p in data["patches"]),
+        patches=patches,
     )
+
+
+def check_requirements(name: str, patches: tuple[type[Patch], ...]) -> None:
+    """Refuse a recipe in which a patch comes before, or without, a patch it ``REQUIRES``.
+
+    A requirement binds only on releases where both patches apply. Their ranges are bounds (``>=``,
+    ``<``, ``<=``): if they meet, they meet at the higher lower bound, or at "0" if neither has one.
+    """
+    by_id = {**all_patches(), **{patch.id: patch for patch in patches}}
+    place = {patch.id: number for number, patch in enumerate(patches, 1)}
+    for number, patch in enumerate(patches, 1):
+        for required_id in patch.REQUIRES:
+            required = by_id.get(required_id)
+            if required is None:
+                raise RuntimeError(f"recipe {name!r}: {patch.id} requires {required_id}, which is no patch")
+            named = {"0", *(spec.version for p in (patch, required) for spec in SpecifierSet(p.SGLANG))}
+            if not any(patch.applies_to(v) and required.applies_to(v) for v in named):
+                continue
+            stands = place.get(required_id)
+            if stands is None or stands > number:
+                where = "is not in the recipe" if stands is None else f"stands at patch {stands}"
+                raise RuntimeError(
+                    f"recipe {name!r}: {patch.id} (patch {number}) requires {required_id} before it, which {where}"
+                )

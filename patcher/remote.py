@@ -1,11 +1,12 @@
 """`dynspec remote`: the local engine, a server's files, and the system OpenSSH client between them.
 
 One ssh connection per host and command, so ``~/.ssh/config``, agents and ProxyJump work as they do
-for ``ssh HOST``. Over it runs ``python3 -c BOOTSTRAP``, which reads ``patcher/txn.py`` and
-``patcher/remote_applier.py`` from the same pipe (nothing is installed or left on the server). The
-applier sends a snapshot of the tree: version files, every target, the state dir's record and
-pre-images. Here a ``SnapshotTree`` gives that snapshot the read interface of ``txn.Tree``, so
-``engine.plan`` / ``status`` / ``revert_writes`` / ``unified_diff`` run exactly as for a local tree.
+for ``ssh HOST``. Over it runs ``python3 -c BOOTSTRAP``, which reads the ``SHIPPED`` modules
+(``patcher/txn.py``, ``treefacts.py``, ``remote_applier.py``) from the same pipe (nothing is installed
+or left on the server). The applier sends a snapshot of the tree: its versions (read by treefacts, as
+for a local tree), every target, the state dir's record and pre-images. Here a ``SnapshotTree`` gives
+that snapshot the read interface of ``txn.Tree``, so ``engine.plan`` / ``status`` /
+``revert_writes`` / ``unified_diff`` run exactly as for a local tree.
 For apply and revert the applier holds the tree's lock from before the snapshot until the write,
 recovers an interrupted write first, then gets the writes with the sha256 every file must still
 have, and writes with ``Tree.commit``: the same state dir as a local apply.
@@ -22,7 +23,6 @@ import json
 import shlex
 import shutil
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from patcher import engine, progress, remote_applier, txn
+from patcher import engine, progress, remote_applier, treefacts, txn
 from patcher.engine import targets_in_order
 from patcher.errors import (
     AnchorNotFound,
@@ -48,10 +48,9 @@ from patcher.errors import (
     UnknownHostKey,
     UsageError,
 )
-from patcher.patch import _contains
 from patcher.registry import Recipe
 from patcher.remote_applier import damaged_way_out
-from patcher.tree import choose_version, read_versions
+from patcher.tree import choose_version
 
 MARK = remote_applier.MARK
 TOO_OLD = 86  # BOOTSTRAP's exit status on a python older than 3.9
@@ -73,22 +72,22 @@ def _load(name, source):
     sys.modules[name] = module
     exec(compile(source, module.__file__, "exec"), module.__dict__)
     return module
-_load("dynspec_txn", {txn!r})
-sys.exit(_load("dynspec_applier", {applier!r}).serve())
+for _name, _source in {modules!r}:
+    _load(_name, _source)
+sys.exit(sys.modules["dynspec_applier"].serve())
 """
+
+# The modules that run on servers, by their name there, each after those it imports.
+SHIPPED = {"dynspec_txn": txn, "dynspec_treefacts": treefacts, "dynspec_applier": remote_applier}
 
 
 def shipped_sources() -> dict[str, str]:
-    """The modules that run on servers, by their name there."""
-    return {
-        "dynspec_txn": Path(txn.__file__).read_text(encoding="utf-8"),
-        "dynspec_applier": Path(remote_applier.__file__).read_text(encoding="utf-8"),
-    }
+    """The source of every module in SHIPPED, by its name on the server."""
+    return {name: Path(str(module.__file__)).read_text(encoding="utf-8") for name, module in SHIPPED.items()}
 
 
 def program() -> bytes:
-    sources = shipped_sources()
-    return _PROGRAM.format(txn=sources["dynspec_txn"], applier=sources["dynspec_applier"]).encode()
+    return _PROGRAM.format(modules=list(shipped_sources().items())).encode()
 
 
 # -- ssh ---------------------------------------------------------------------------------------
@@ -353,34 +352,17 @@ class RemoteTree:
         return (self.package_dir / target).relative_to(self.diff_root).as_posix()
 
 
-def versions_of(snap: dict[str, Any]) -> dict[str, str]:
-    """``tree.read_versions`` on the server's version files, laid out in a scratch dir as there."""
-    with tempfile.TemporaryDirectory(prefix="dynspec-versions-") as scratch:
-        package = Path(scratch, "sglang")
-        package.mkdir()
-        for name, data in snap["versions"].items():
-            if data is not None and name in remote_applier.VERSION_FILES:
-                (package / name).write_bytes(base64.b64decode(data))
-        for name, data in snap["dist_info"].items():
-            if name.startswith("sglang-") and name.endswith(".dist-info") and "/" not in name:
-                Path(scratch, name).mkdir()
-                Path(scratch, name, "METADATA").write_bytes(base64.b64decode(data))
-        return read_versions(package)
-
-
 def open_snapshot(
     host: str, snap: dict[str, Any], recipe: Recipe, force: bool, sglang_version: str | None
 ) -> RemoteTree:
     """Session.open's rules: version from the files (then git describe), recipe range, diff root."""
     package_dir = PurePosixPath(snap["package_dir"])
     git = snap["git"]
-    chosen = choose_version(versions_of(snap), sglang_version, git.get("describe"), str(package_dir))
+    chosen = choose_version(snap["versions"], sglang_version, git.get("describe"), str(package_dir))
     version, notes = chosen.version, chosen.notes
-    if not _contains(recipe.sglang, version):
-        message = f"SGLang {version} is not a release recipe {recipe.name!r} supports ({recipe.sglang})"
-        if not force:
-            raise Refused(f"{message}; --force tries anyway")
-        notes.append(f"{message}; going ahead because of --force")
+    forced = recipe.refuse_unsupported(version, force)
+    if forced:
+        notes.append(forced)
     top = git.get("toplevel")
     inside = top is not None and (package_dir == PurePosixPath(top) or PurePosixPath(top) in package_dir.parents)
     diff_root = PurePosixPath(top) if inside else PurePosixPath(snap["root"])

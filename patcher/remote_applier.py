@@ -1,7 +1,8 @@
 """The server side of `dynspec remote` and `dynspec bundle`: standard library only, Python >= 3.9.
 
-This module travels to servers that have nothing but python3, together with ``txn.py`` (shipped as
-the top-level module ``dynspec_txn``). It never imports or runs code from the SGLang tree. It has
+This module travels to servers that have nothing but python3, together with ``txn.py`` and
+``treefacts.py`` (shipped as the top-level modules ``dynspec_txn`` and ``dynspec_treefacts``; see
+``patcher.remote.shipped_sources``). It never imports or runs code from the SGLang tree. It has
 two entry points:
 
 ``serve()``        `dynspec remote`: talks JSON lines with the local dynspec over the ssh pipe.
@@ -30,14 +31,13 @@ import time
 from typing import IO, Any
 
 if __package__ == "patcher":
-    from patcher import txn
+    from patcher import treefacts, txn
 else:  # on a server: shipped next to this module
+    import dynspec_treefacts as treefacts  # type: ignore[import-not-found, no-redef]  # exists only there
     import dynspec_txn as txn  # type: ignore[import-not-found, no-redef]  # exists only there
 
 MARK = b"DYNSPEC1 "
 PROTOCOL = 1
-VERSION_FILES = ("_version.py", "version.py")
-METADATA_HEAD = 16384  # the Version: header is near the top of METADATA; the rest is the README
 
 # Exit codes, the same numbers as patcher/errors.py's ExitCode (the bundle has no patcher).
 EXIT_OK, EXIT_CHANGES, EXIT_USAGE, EXIT_REFUSED, EXIT_PYTHON, EXIT_DAMAGED, EXIT_INTERRUPTED = 0, 1, 2, 4, 8, 10, 130
@@ -62,44 +62,19 @@ class Failure(Exception):
         return EXIT_USAGE if self.kind in ("usage", "not_a_tree") else EXIT_REFUSED
 
 
-def _not_a_tree(path: str, why: str) -> Failure:
-    # Word for word what patcher.errors.NotAnSGLangTree says for a local tree.
-    return Failure("not_a_tree", f"{path} is not an SGLang tree: {why}", path=path, why=why)
-
-
-# -- finding the tree (the rules of patcher/tree.py's locate) -----------------------------------
+# -- finding the tree (patcher/treefacts.py's rules, as for a local tree) --------------------------
 
 
 def locate(spec: str) -> tuple[str, str]:
     """``--sglang`` → (root as given, resolved; the sglang package dir)."""
-    if spec == "auto":
-        import importlib.util
-
-        found = importlib.util.find_spec("sglang")
-        if found is None or not found.submodule_search_locations:
-            raise Failure("usage", "--sglang auto: no 'sglang' package is importable by this Python")
-        package_dir = os.path.realpath(next(iter(found.submodule_search_locations)))
-        root = package_dir
-    else:
-        root = os.path.realpath(os.path.expanduser(spec))
-        if not os.path.exists(root):
-            raise _not_a_tree(spec, "no such directory")
-        if not os.path.isdir(root):
-            raise _not_a_tree(spec, "not a directory")
-        candidates = [os.path.join(root, "python", "sglang"), os.path.join(root, "sglang"), root]
-        package_dir = next(
-            (
-                c
-                for c in candidates
-                if os.path.isdir(os.path.join(c, "srt")) and os.path.exists(os.path.join(c, "__init__.py"))
-            ),
-            "",
-        )
-        if not package_dir:
-            raise _not_a_tree(spec, "expected python/sglang/srt (checkout), sglang/srt (python/) or srt/ (package dir)")
-    if not os.path.isfile(os.path.join(package_dir, "srt", "server_args.py")):
-        raise _not_a_tree(package_dir, "srt/server_args.py is missing")
-    return root, package_dir
+    try:
+        found = treefacts.locate(spec)
+    except treefacts.NotATree as error:
+        # Word for word what patcher.errors.NotAnSGLangTree says for a local tree.
+        raise Failure("not_a_tree", str(error), path=error.path, why=error.why) from None
+    except treefacts.NothingImportable as error:
+        raise Failure("usage", str(error)) from None
+    return found.root, found.package_dir
 
 
 def _b64(data: bytes | None) -> str | None:
@@ -191,16 +166,6 @@ def git_facts(package_dir: str) -> dict[str, str | None]:
 
 def snapshot(root: str, package_dir: str, targets: list[str], tree: Any) -> dict[str, Any]:
     """Everything the local engine reads, as it is on this server now."""
-    versions: dict[str, str | None] = {}
-    for name in VERSION_FILES:
-        versions[name] = _b64(txn.read_bytes(os.path.join(package_dir, name)))
-    dist: dict[str, str] = {}
-    parent = os.path.dirname(package_dir)
-    with contextlib.suppress(OSError):
-        for name in sorted(os.listdir(parent)):
-            if name.startswith("sglang-") and name.endswith(".dist-info"):
-                with contextlib.suppress(OSError), open(os.path.join(parent, name, "METADATA"), "rb") as f:
-                    dist[name] = _b64(f.read(METADATA_HEAD)) or ""
     state = tree.load_state()
     recorded = (state or {}).get("files", {})
     wanted = list(dict.fromkeys([*targets, *recorded]))
@@ -214,8 +179,7 @@ def snapshot(root: str, package_dir: str, targets: list[str], tree: Any) -> dict
         "root": root,
         "package_dir": package_dir,
         "state_dir": tree.state_dir,
-        "versions": versions,
-        "dist_info": dist,
+        "versions": treefacts.read_versions(package_dir),
         "git": git_facts(package_dir),
         "files": {rel: _b64(tree.read(rel)) for rel in wanted},
         "state": state,

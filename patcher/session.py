@@ -10,7 +10,6 @@ from typing import Any
 
 from patcher import engine, progress, txn
 from patcher.errors import AnchorNotFound, DamagedState, Interrupted, Refused
-from patcher.patch import _contains
 from patcher.registry import Recipe, load_recipe
 from patcher.remote_applier import damaged_way_out, git_facts, git_head_file
 from patcher.tree import SGLangTree, choose_version, locate
@@ -36,11 +35,9 @@ class Session:
         chosen = choose_version(tree.sources, sglang_version, git["describe"], str(tree.package_dir))
         version, notes = chosen.version, chosen.notes
         loaded = load_recipe(recipe) if isinstance(recipe, str) else recipe
-        if not _contains(loaded.sglang, version):
-            message = f"SGLang {version} is not a release recipe {loaded.name!r} supports ({loaded.sglang})"
-            if not force:
-                raise Refused(f"{message}; --force tries anyway")
-            notes.append(f"{message}; going ahead because of --force")
+        forced = loaded.refuse_unsupported(version, force)
+        if forced:
+            notes.append(forced)
         top = Path(git["toplevel"]) if git["toplevel"] else None
         diff_root = top if top is not None and _inside(tree.package_dir, top) else tree.root
         files = txn.Tree(str(tree.package_dir))
@@ -77,7 +74,9 @@ class Session:
                 recovered = self.files.recover(self.targets())
             except txn.Interrupted as interrupt:
                 if interrupt.completed:
-                    raise Interrupted("interrupted after finishing an earlier write; nothing else was written") from None
+                    raise Interrupted(
+                        "interrupted after finishing an earlier write; nothing else was written"
+                    ) from None
                 raise Interrupted("interrupted: nothing was written") from None
             if recovered:
                 self.notes.append(recovered)

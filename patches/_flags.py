@@ -1,9 +1,27 @@
-"""The three dynspec server flags, spelled once for every ServerArgs layout SGLang has had."""
+"""The three dynspec server flags, spelled once for every ServerArgs layout SGLang has had, and where
+the flag patches put them.
+"""
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+
+import libcst as cst
+
+from patcher.anchors import (
+    Anchor,
+    annotation_head,
+    body_of,
+    find_class,
+    insert_after,
+    is_field,
+    replace_class,
+    subscript_calls,
+    with_body,
+)
+from patcher.patch import CstPatch
+from patches.runtime.dynspec_settings import DEFAULT_MIN_STEPS  # the runtime's, so ServerArgs' default is the same
 
 
 @dataclass(frozen=True)
@@ -43,13 +61,17 @@ FLAGS = (
     Flag(
         "speculative_switch_min_steps",
         "int",
-        "8",
+        str(DEFAULT_MIN_STEPS),
         "dynspec: minimum number of decode iterations between two speculation on/off switches.",
     ),
 )
 
 # The field every layout has had, next to which the new ones go.
 NEIGHBOUR = "speculative_num_draft_tokens"
+
+# The patches that add the flags, one a layout; a patch that reads the flags requires them (each binds
+# only on the releases it applies to).
+FLAG_PATCHES = ("server_args_dynspec_flags_legacy", "server_args_dynspec_flags", "spec_fields_dynspec_flags")
 
 
 def plain_fields() -> str:
@@ -73,4 +95,28 @@ def add_argument_calls() -> str:
         f"    help={json.dumps(f.help)},\n"
         f")\n"
         for f in FLAGS
+    )
+
+
+def annotated_neighbour(class_name: str) -> Anchor:
+    """``NEIGHBOUR`` declared as ``A[...]``: pins the layout this patch writes."""
+
+    def find(module: cst.Module) -> bool:
+        classdef = find_class(module, class_name)
+        return classdef is not None and any(
+            is_field(s, NEIGHBOUR) and annotation_head(s) == "A" for s in body_of(classdef)
+        )
+
+    return Anchor(find)
+
+
+def insert_annotated_fields(patch: CstPatch, module: cst.Module, class_name: str) -> cst.Module:
+    classdef = find_class(module, class_name)
+    assert classdef is not None
+    neighbour = next(s for s in body_of(classdef) if is_field(s, NEIGHBOUR))
+    fields = patch.parse_statements(module, annotated_fields("spec" if "NS" in subscript_calls(neighbour) else None))
+    return replace_class(
+        module,
+        class_name,
+        lambda c: with_body(c, insert_after(body_of(c), lambda s: is_field(s, NEIGHBOUR), fields)),
     )

@@ -23,13 +23,15 @@ import libcst as cst
 
 from patcher.anchors import (
     Anchor,
+    append_to,
     body_of,
+    class_attribute,
     find_class,
     find_method,
     imports_name,
-    is_assignment_to,
-    is_docstring,
     method,
+    method_taking_an_argument,
+    prepend_to,
     replace_class,
     with_body,
 )
@@ -81,21 +83,11 @@ def _has_decode_branch(module: cst.Module) -> bool:
     return function is not None and len(function.params.params) >= 2 and decode_branch(function) is not None
 
 
-def _draft_takes_batch(module: cst.Module) -> bool:
-    worker = find_class(module, WORKER)
-    function = find_method(worker, "draft") if worker else None
-    return function is not None and len(function.params.params) >= 2
-
-
-def _applied(module: cst.Module) -> bool:
-    worker = find_class(module, WORKER)
-    return worker is not None and any(is_assignment_to(s, STATE) for s in body_of(worker))
-
-
 class EagleWorkerDynspecFallback(CstPatch):
     REVISION = 1
     TARGET = "srt/speculative/eagle_worker.py"
     SGLANG = ">=0.4.10.post2,<0.5.13"
+    REQUIRES = ("speculative_dynspec_runtime",)  # the hooks call attach_dynspec and its fallback
     SUMMARY = "v1 EAGLEWorker: verify one token per request, no draft, while the batch is large"
     UPSTREAM_NOTES = (
         (
@@ -107,10 +99,10 @@ class EagleWorkerDynspecFallback(CstPatch):
     ANCHORS = {
         f"{WORKER}.__init__": method(WORKER, "__init__"),
         f"{WORKER}.forward_batch_generation: if/else (decode branch)": Anchor(_has_decode_branch),
-        f"{WORKER}.draft(self, batch)": Anchor(_draft_takes_batch),
+        f"{WORKER}.draft(self, batch)": method_taking_an_argument(WORKER, "draft"),
         "import EagleVerifyInput": imports_name("EagleVerifyInput"),
     }
-    APPLIED = Anchor(_applied)
+    APPLIED = class_attribute(WORKER, STATE)
 
     def transform(self, module: cst.Module) -> cst.Module:
         def edit(worker: cst.ClassDef) -> cst.ClassDef:
@@ -120,7 +112,7 @@ class EagleWorkerDynspecFallback(CstPatch):
                     name = statement.name.value
                     if name == "__init__":
                         body.extend(self.parse_statements(module, CLASS_ATTRIBUTE))
-                        statement = self._append(module, statement, ATTACH, blank_lines_before=1)
+                        statement = append_to(statement, self.parse_statements(module, ATTACH, blank_lines_before=1))
                     elif name == "draft":
                         statement = self._draft_hook(module, statement)
                     elif name == entry_name:
@@ -134,15 +126,9 @@ class EagleWorkerDynspecFallback(CstPatch):
         entry_name = entry.name.value
         return replace_class(module, WORKER, edit)
 
-    def _append(self, module: cst.Module, function: cst.FunctionDef, code: str, blank_lines_before: int) -> cst.FunctionDef:
-        added = self.parse_statements(module, code, blank_lines_before=blank_lines_before)
-        return with_body(function, [*body_of(function), *added])
-
     def _draft_hook(self, module: cst.Module, draft: cst.FunctionDef) -> cst.FunctionDef:
         hook = self.parse_statements(module, DRAFT_HOOK.format(state=STATE, batch=second_parameter(draft)))
-        body = list(body_of(draft))
-        at = 1 if body and is_docstring(body[0]) else 0
-        return with_body(draft, [*body[:at], *hook, *body[at:]])
+        return prepend_to(draft, hook)
 
     def _decode_hook(self, module: cst.Module, entry: cst.FunctionDef) -> cst.FunctionDef:
         code = DECODE_HOOK.format(state=STATE, batch=second_parameter(entry), entry=entry.name.value)

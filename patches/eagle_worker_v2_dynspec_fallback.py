@@ -24,36 +24,27 @@ in ``dynspec_v2`` by feature detection; the re-entry passes on whatever paramete
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-
 import libcst as cst
 
 from patcher.anchors import (
     Anchor,
     body_of,
-    find_class,
-    find_method,
+    calls,
+    class_attribute,
     imports_name,
-    is_assignment_to,
-    is_docstring,
-    leading_lines,
     method,
+    method_of,
+    method_taking_an_argument,
+    prepend_to,
     replace_class,
     with_body,
+    with_class_attribute,
 )
 from patcher.patch import CstPatch
+from patches._eagle_worker_v2 import CLASS_ATTRIBUTE, ENTRY, STATE, WORKER, attach_and_hook_entry
 
-WORKER = "EAGLEWorkerV2"
 DRAFT_WORKER = "EagleDraftWorker"
-ENTRY = "forward_batch_generation"
-STATE = "_dynspec"
 
-CLASS_ATTRIBUTE = f"{STATE} = None  # a dynspec_v2 object while --speculative-disable-batch-size is set\n"
-ATTACH = """\
-from sglang.srt.speculative.dynspec_v2 import {function}
-
-self.{state} = {function}(self)
-"""
 DECODE_HOOK = """\
 if self.{state} is not None and self.{state}.should_fall_back({batch}):
 {early_publication}    return self.{state}.fall_back(self, lambda: self.{entry}({arguments}))
@@ -68,27 +59,6 @@ if self.{state} is not None and self.{state}.in_fallback:
 """
 
 
-# -- finding things -----------------------------------------------------------------------------
-
-
-class _CallFinder(cst.CSTVisitor):
-    def __init__(self, attribute: str) -> None:
-        self.attribute = attribute
-        self.found = False
-
-    def visit_Call(self, node: cst.Call) -> bool:
-        if isinstance(node.func, cst.Attribute) and node.func.attr.value == self.attribute:
-            self.found = True
-        return not self.found
-
-
-def calls(node: cst.CSTNode, attribute: str) -> bool:
-    """``node`` contains a call ``<anything>.<attribute>(...)``."""
-    finder = _CallFinder(attribute)
-    node.visit(finder)
-    return finder.found
-
-
 def decode_block(function: cst.FunctionDef) -> cst.IndentedBlock | None:
     """The branch of the entry's top-level ``if``/``else`` that drafts (calls ``.draft(...)``)."""
     for statement in body_of(function):
@@ -97,29 +67,6 @@ def decode_block(function: cst.FunctionDef) -> cst.IndentedBlock | None:
                 if isinstance(block, cst.IndentedBlock) and calls(block, "draft"):
                     return block
     return None
-
-
-def method_of(module: cst.Module, class_name: str, method_name: str) -> cst.FunctionDef | None:
-    classdef = find_class(module, class_name)
-    return find_method(classdef, method_name) if classdef else None
-
-
-def takes_batch(class_name: str, method_name: str) -> Anchor:
-    """``class_name.method_name(self, batch, ...)``."""
-
-    def find(module: cst.Module) -> bool:
-        function = method_of(module, class_name, method_name)
-        return function is not None and len(function.params.params) >= 2
-
-    return Anchor(find)
-
-
-def has_class_attribute(class_name: str, name: str) -> Anchor:
-    def find(module: cst.Module) -> bool:
-        classdef = find_class(module, class_name)
-        return classdef is not None and any(is_assignment_to(s, name) for s in body_of(classdef))
-
-    return Anchor(find)
 
 
 def _has_decode_branch(module: cst.Module) -> bool:
@@ -141,62 +88,11 @@ def forwarding_arguments(function: cst.FunctionDef) -> str:
     return ", ".join(arguments)
 
 
-# -- editing ------------------------------------------------------------------------------------
-
-
-def append_to(function: cst.FunctionDef, statements: Sequence[cst.BaseStatement]) -> cst.FunctionDef:
-    return with_body(function, [*body_of(function), *statements])
-
-
-def prepend_to(function: cst.FunctionDef, statements: Sequence[cst.BaseStatement]) -> cst.FunctionDef:
-    """Insert at the top of the body, after the docstring."""
-    body = list(body_of(function))
-    at = 1 if body and is_docstring(body[0]) else 0
-    return with_body(function, [*body[:at], *statements, *body[at:]])
-
-
-def with_class_attribute(classdef: cst.ClassDef, statements: Sequence[cst.BaseStatement]) -> list[cst.BaseStatement]:
-    """The class body with ``statements`` first (after a docstring), a blank line after them."""
-    body = list(body_of(classdef))
-    at = 1 if body and is_docstring(body[0]) else 0
-    rest = body[at:]
-    if rest and not any(not line.comment for line in leading_lines(rest[0])):
-        rest[0] = rest[0].with_changes(leading_lines=[cst.EmptyLine(indent=False), *leading_lines(rest[0])])
-    return [*body[:at], *statements, *rest]
-
-
-def attach_in_init(patch: CstPatch, module: cst.Module, worker: cst.ClassDef, function_name: str) -> list[cst.BaseStatement]:
-    """``_dynspec = None`` first in the class body, and ``self._dynspec = <function>(self)`` at the end of ``__init__``."""
-    attribute = patch.parse_statements(module, CLASS_ATTRIBUTE)
-    attach = patch.parse_statements(module, ATTACH.format(function=function_name, state=STATE), blank_lines_before=1)
-    body = []
-    for statement in with_class_attribute(worker, attribute):
-        if isinstance(statement, cst.FunctionDef) and statement.name.value == "__init__":
-            statement = append_to(statement, attach)
-        body.append(statement)
-    return body
-
-
-def attach_and_hook_entry(
-    patch: CstPatch,
-    module: cst.Module,
-    worker: cst.ClassDef,
-    function_name: str,
-    hook_entry: Callable[[cst.FunctionDef], cst.FunctionDef],
-) -> cst.ClassDef:
-    """The worker with dynspec attached in ``__init__`` and its decode entry point edited by ``hook_entry``."""
-    body = []
-    for statement in attach_in_init(patch, module, worker, function_name):
-        if isinstance(statement, cst.FunctionDef) and statement.name.value == ENTRY:
-            statement = hook_entry(statement)
-        body.append(statement)
-    return with_body(worker, body)
-
-
 class EagleWorkerV2DynspecFallback(CstPatch):
     REVISION = 2
     TARGET = "srt/speculative/eagle_worker_v2.py"
     SGLANG = ">=0.5.4,<0.5.14"
+    REQUIRES = ("speculative_dynspec_v2",)  # the hooks call attach_fallback and its fallback
     SUMMARY = "v2 EAGLEWorkerV2: verify one token per request, no draft, while the batch is large"
     UPSTREAM_NOTES = (
         (
@@ -210,11 +106,11 @@ class EagleWorkerV2DynspecFallback(CstPatch):
         f"{WORKER}.{ENTRY}: if/else, one branch calling .draft(...)": Anchor(_has_decode_branch),
         f"{WORKER}.verify": method(WORKER, "verify"),
         f"{DRAFT_WORKER}.__init__": method(DRAFT_WORKER, "__init__"),
-        f"{DRAFT_WORKER}.draft(self, batch)": takes_batch(DRAFT_WORKER, "draft"),
+        f"{DRAFT_WORKER}.draft(self, batch)": method_taking_an_argument(DRAFT_WORKER, "draft"),
         f"{DRAFT_WORKER}._draft_extend_for_decode": method(DRAFT_WORKER, "_draft_extend_for_decode"),
         "import EagleVerifyInput": imports_name("EagleVerifyInput"),
     }
-    APPLIED = has_class_attribute(WORKER, STATE)
+    APPLIED = class_attribute(WORKER, STATE)
 
     def transform(self, module: cst.Module) -> cst.Module:
         def edit_worker(worker: cst.ClassDef) -> cst.ClassDef:

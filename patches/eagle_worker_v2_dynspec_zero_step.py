@@ -29,17 +29,19 @@ from __future__ import annotations
 
 import libcst as cst
 
-from patcher.anchors import Anchor, dotted_name, is_assignment_to, method, method_statement, replace_class
-from patcher.patch import CstPatch
-from patches.eagle_worker_v2_dynspec_fallback import (
-    ENTRY,
-    STATE,
-    WORKER,
-    attach_and_hook_entry,
+from patcher.anchors import (
+    Anchor,
     calls,
-    has_class_attribute,
+    class_attribute,
+    dotted_name,
+    is_assignment_to,
+    method,
     method_of,
+    method_statement,
+    replace_class,
 )
+from patcher.patch import CstPatch
+from patches._eagle_worker_v2 import ENTRY, STATE, WORKER, attach_and_hook_entry
 
 
 def _entry_consults_the_controller(module: cst.Module) -> bool:
@@ -103,6 +105,7 @@ class EagleWorkerV2DynspecZeroStep(CstPatch):
     REVISION = 2
     TARGET = "srt/speculative/eagle_worker_v2.py"
     SGLANG = ">=0.5.14"
+    REQUIRES = ("speculative_dynspec_v2",)  # the hooks call attach_zero_step_policy and its policy
     SUMMARY = "v2 EAGLEWorkerV2: SGLang's zero-step state, switched by batch size with hysteresis"
     UPSTREAM_NOTES = (
         (
@@ -125,7 +128,7 @@ class EagleWorkerV2DynspecZeroStep(CstPatch):
         f"{WORKER}.build_adaptive_runtime_state": method(WORKER, "build_adaptive_runtime_state"),
         f"{WORKER}.apply_runtime_state": method(WORKER, "apply_runtime_state"),
     }
-    APPLIED = has_class_attribute(WORKER, STATE)
+    APPLIED = class_attribute(WORKER, STATE)
 
     def transform(self, module: cst.Module) -> cst.Module:
         def hook(entry: cst.FunctionDef) -> cst.FunctionDef:

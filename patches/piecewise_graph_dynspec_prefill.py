@@ -26,11 +26,11 @@ from patcher.anchors import (
     body_of,
     dotted_name,
     find_class,
-    find_method,
     imports_name,
     insert_after,
     insert_before,
     is_assignment_to,
+    method_of,
     method_statement,
     module_function,
     replace_class,
@@ -38,6 +38,7 @@ from patcher.anchors import (
     with_body,
 )
 from patcher.patch import CstPatch
+from patches._flags import FLAG_PATCHES
 
 RUNNER = "PiecewiseCudaGraphRunner"
 MODE = "self.capture_hidden_mode"
@@ -84,8 +85,7 @@ def _if_body(statement: cst.If) -> list[cst.BaseStatement]:
 
 def _can_run_compares_the_mode(module: cst.Module) -> bool:
     """``can_run`` refuses a batch whose ``capture_hidden_mode`` is not the runner's."""
-    classdef = find_class(module, RUNNER)
-    can_run = find_method(classdef, "can_run") if classdef else None
+    can_run = method_of(module, RUNNER, "can_run")
     if can_run is None:
         return False
 
@@ -106,6 +106,7 @@ class PiecewiseGraphDynspecPrefill(CstPatch):
     REVISION = 3
     TARGET = "srt/model_executor/piecewise_cuda_graph_runner.py"
     SGLANG = ">=0.5.11,<=0.5.13"
+    REQUIRES = (*FLAG_PATCHES, "speculative_dynspec_v2")  # reads the flag, calls dynspec_v2.on_off_setting
     SUMMARY = "the target's prefill replays its piecewise graphs (DYNSPEC_PREFILL_GRAPH=0: off)"
     ANCHORS = {
         f"{RUNNER}.__init__ declares FULL for --enable-return-hidden-states": method_statement(

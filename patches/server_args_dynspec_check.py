@@ -23,6 +23,7 @@ from patcher.anchors import (
     with_body,
 )
 from patcher.patch import CstPatch
+from patches._flags import FLAG_PATCHES
 
 CHECK = "_dynspec_check_server_args"
 
@@ -34,11 +35,13 @@ def _dynspec_check_server_args(args):
     check_server_args(args)
 '''
 
+
 class ServerArgsDynspecCheck(CstPatch):
     REVISION = 5
     TARGET = "srt/server_args.py"
     SGLANG = ">=0.4.10.post2"
     SUMMARY = "validate the dynspec flags at startup (ServerArgs.check_server_args)"
+    REQUIRES = (*FLAG_PATCHES, "speculative_dynspec_settings")  # reads the flags; calls dynspec_settings
     ANCHORS = {"ServerArgs.check_server_args": method("ServerArgs", "check_server_args")}
     APPLIED = module_function(CHECK)
 

@@ -9,8 +9,7 @@ import libcst as cst
 
 from patcher.anchors import class_field
 from patcher.patch import CstPatch
-from patches._flags import FLAGS, NEIGHBOUR
-from patches.server_args_dynspec_flags import annotated_neighbour, insert_annotated_fields
+from patches._flags import FLAGS, NEIGHBOUR, annotated_neighbour, insert_annotated_fields
 
 
 class SpecFieldsDynspecFlags(CstPatch):

@@ -10,7 +10,7 @@ import pytest
 
 from patcher import anchors
 from patcher.engine import Status, apply_text, first_changed_line
-from patcher.errors import AnchorNotFound, BadTarget
+from patcher.errors import AnchorNotFound, BadTarget, ExitCode, Refused
 from patcher.patch import CstPatch, NewFilePatch
 from patcher.registry import Recipe
 from patcher.session import Session
@@ -127,6 +127,25 @@ def tree(tmp_path):
 
 def recipe(*patches) -> Recipe:
     return Recipe("test", "", ">=1.0", tuple(patches))
+
+
+def test_a_recipe_supports_the_releases_of_its_range_and_refuses_others_unless_forced(tree) -> None:
+    series = recipe(AddColour)
+    assert series.supports("1.2") and series.supports("2.0rc1")
+    assert not series.supports("0.9") and not series.supports("not a version")  # controls
+    assert series.refuse_unsupported("1.2", force=False) is None
+    message = "SGLang 0.9 is not a release recipe 'test' supports (>=1.0)"
+    with pytest.raises(Refused) as refused:
+        series.refuse_unsupported("0.9", force=False)
+    assert str(refused.value) == f"{message}; --force tries anyway" and refused.value.exit_code == ExitCode.REFUSED
+    assert series.refuse_unsupported("0.9", force=True) == f"{message}; going ahead because of --force"
+    before = snapshot(tree)
+    (tree / "version.py").write_text('__version__ = "0.9"\n')  # the Session asks the recipe
+    with pytest.raises(Refused, match="--force tries anyway"):
+        Session.open(str(tree), series)
+    assert f"{message}; going ahead because of --force" in Session.open(str(tree), series, force=True).notes
+    (tree / "version.py").write_text('__version__ = "1.2"\n')
+    assert snapshot(tree) == before
 
 
 def test_new_file_is_created_and_revert_deletes_it(tree) -> None:

@@ -305,11 +305,34 @@ def test_failures_are_one_line_with_their_exit_code(
     assert snapshot(tree) == before
 
 
-def test_not_an_sglang_tree_says_what_local_says(server: Server, tmp_path: Path) -> None:
-    done = server.remote("apply", "good", "--sglang", str(tmp_path))
-    local = dynspec("apply", "--sglang", str(tmp_path))
-    assert done.returncode == local.returncode == ExitCode.USAGE
-    assert one_line_error(done.stderr) == one_line_error(local.stderr).replace("error: ", "error: good: ", 1)
+def test_not_an_sglang_tree_says_what_local_says(server: Server, release_tree, tmp_path: Path) -> None:
+    fifo = release_tree(VERSION, where=tmp_path / "fifo")
+    (fifo / "srt" / "server_args.py").unlink()
+    os.mkfifo(fifo / "srt" / "server_args.py")
+    for path, why in [(tmp_path, "expected python/sglang/srt"), (fifo, "srt/server_args.py is not a regular file")]:
+        done = server.remote("apply", "good", "--sglang", str(path))
+        local = dynspec("apply", "--sglang", str(path))
+        assert done.returncode == local.returncode == ExitCode.USAGE
+        assert one_line_error(done.stderr) == one_line_error(local.stderr).replace("error: ", "error: good: ", 1)
+        assert why in one_line_error(done.stderr)
+
+
+def test_the_servers_version_sources_read_as_local_ones(server: Server, tree: Path) -> None:
+    """The applier reads the versions on the server with the local rules: a disagreeing dist-info
+    is the same note, and without version files the dist-info is the version."""
+    other = tree.parent / "sglang-0.5.22.dist-info"
+    other.mkdir()
+    (other / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.22\n")
+    remote_status = server.remote("status", "good", "--sglang", str(tree))
+    local_status = dynspec("status", "--sglang", str(tree))
+    assert remote_status.returncode == local_status.returncode == 0, remote_status.stderr
+    note = "version sources disagree: _version.py says 0.5.23, sglang-0.5.22.dist-info says 0.5.22"
+    assert note in local_status.stderr and note in remote_status.stderr
+    (tree / "_version.py").unlink()
+    (tree / "version.py").unlink()
+    remote_json = json.loads(server.remote("status", "good", "--json", "--sglang", str(tree)).stdout)
+    local_json = json.loads(dynspec("status", "--json", "--sglang", str(tree)).stdout)
+    assert remote_json["sglang_version"] == local_json["sglang_version"] == "0.5.22"
 
 
 def test_sglang_auto_is_what_the_servers_python_imports(server: Server, tree: Path, tmp_path: Path) -> None:
@@ -325,6 +348,28 @@ def test_sglang_auto_is_what_the_servers_python_imports(server: Server, tree: Pa
         one_line_error(bare.stderr)
         == "dynspec: error: good: --sglang auto: no 'sglang' package is importable by this Python"
     )
+
+
+def test_a_release_outside_the_recipe_is_refused_alike_local_remote_and_bundle(
+    server: Server, tree: Path, tmp_path: Path
+) -> None:
+    """``Recipe.refuse_unsupported``: one line and exit 4 from all three; --force goes ahead with a note."""
+    (tree / "_version.py").write_text("__version__ = version = '0.5.99'\n")
+    before = snapshot(tree)
+    local = dynspec("diff", "--sglang", str(tree))
+    remote_diff = server.remote("diff", "good", "--sglang", str(tree))
+    bundled = dynspec("bundle", "--from", str(tree), "-o", str(tmp_path / "plan.pyz"))
+    assert local.returncode == remote_diff.returncode == bundled.returncode == ExitCode.REFUSED
+    line = (
+        f"dynspec: error: SGLang 0.5.99 is not a release recipe 'default' supports ({load_recipe('default').sglang}); "
+        "--force tries anyway"
+    )
+    assert one_line_error(local.stderr) == one_line_error(bundled.stderr) == line
+    assert one_line_error(remote_diff.stderr) == line.replace("error: ", "error: good: ", 1)
+    forced = server.remote("diff", "good", "--force", "--sglang", str(tree))
+    assert forced.returncode == 0 and forced.stdout.startswith("diff --git"), forced.stderr
+    assert "supports" in forced.stderr and "going ahead because of --force" in forced.stderr
+    assert snapshot(tree) == before and not (tmp_path / "plan.pyz").exists()
 
 
 def test_refusals_on_the_server_write_nothing(server: Server, tree: Path) -> None:
@@ -635,15 +680,45 @@ def test_shipped_code_is_python_3_9_and_stdlib_only() -> None:
                 modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""]
                 for module in modules:
                     top = module.split(".")[0]
-                    assert top in sys.stdlib_module_names or top in ("dynspec_txn", "dynspec_applier", "patcher"), (
-                        name,
-                        module,
-                    )
-    applier = ast.parse(remote.shipped_sources()["dynspec_applier"])
-    patcher_imports = [
-        n for n in ast.walk(applier) if isinstance(n, ast.ImportFrom) and (n.module or "").startswith("patcher")
-    ]
-    assert all(n.module == "patcher" and [a.name for a in n.names] == ["txn"] for n in patcher_imports)
+                    assert top in sys.stdlib_module_names or top in (*remote.SHIPPED, "patcher"), (name, module)
+    # Each shipped module imports from patcher only modules shipped before it (the order they load in).
+    loaded: list[str] = []
+    for name, module in remote.SHIPPED.items():
+        for node in ast.walk(ast.parse(remote.shipped_sources()[name])):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("patcher"):
+                assert node.module == "patcher" and {a.name for a in node.names} <= set(loaded), ast.unparse(node)
+        loaded.append(module.__name__.removeprefix("patcher."))
+
+
+BARE = ("-I", "-S")  # no site-packages (so no dynspec, libcst or click), nothing from the working directory
+
+
+def test_the_shipped_set_runs_on_a_bare_interpreter(plan_pyz: Path, tree: Path, tmp_path: Path) -> None:
+    """What `dynspec remote` pipes to a server and what `dynspec bundle` zips imports and finds a real
+    tree on a Python with nothing but its standard library: this one and, where there is one, 3.9."""
+    shipped = tmp_path / "shipped"
+    shipped.mkdir()
+    for name, source in remote.shipped_sources().items():
+        (shipped / f"{name}.py").write_text(source)
+    code = (
+        "import sys; sys.path.insert(0, sys.argv[1]); import dynspec_applier; "
+        "assert not {'patcher', 'libcst', 'click'} & {m.split('.')[0] for m in sys.modules}; "
+        "print(dynspec_applier.locate(sys.argv[2])[1])"
+    )
+    program = remote.program()
+    for python in [p for p in (sys.executable, PY39) if p]:
+        imported = subprocess.run([python, *BARE, "-c", code, shipped, tree.parent], capture_output=True, text=True)
+        assert imported.returncode == 0 and imported.stdout == f"{tree}\n", (python, imported.stderr)
+        # the program behind BOOTSTRAP loads the set and serves; a closed pipe ends the conversation
+        piped = subprocess.run(
+            [python, *BARE, "-c", remote.BOOTSTRAP], input=b"%d\n%s" % (len(program), program), capture_output=True
+        )
+        assert piped.returncode == 0 and piped.stderr == b"", (python, piped.stderr)
+        zipped = subprocess.run([python, *BARE, plan_pyz, "status", "--json", "--sglang", tree], capture_output=True)
+        assert zipped.returncode == 0 and json.loads(zipped.stdout)["package_dir"] == str(tree), (python, zipped.stderr)
+    (shipped / "dynspec_treefacts.py").unlink()  # control: the set is all there is; without a module, no import
+    missing = subprocess.run([sys.executable, *BARE, "-c", code, shipped, tree.parent], capture_output=True, text=True)
+    assert missing.returncode == 1 and "No module named 'dynspec_treefacts'" in missing.stderr
 
 
 def test_classify_too_old_python() -> None:

@@ -3,7 +3,8 @@
 Importing SGLang would pull in torch and CUDA; all that is needed is its package directory
 (``importlib.util.find_spec`` run by the server's interpreter, with the server's environment, so
 it finds the same SGLang the servers will import), its version and whether dynspec's flags are
-in its ``ServerArgs``.
+in its ``ServerArgs``. Where the package is and which version it states are ``patcher.treefacts``'
+rules, the same as for `dynspec apply`.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from patcher import treefacts
 from patcher.proof.errors import ProofUsageError
 
 FLAG_FIELD = "speculative_disable_batch_size"
@@ -31,7 +33,6 @@ FIND_SPEC = (
     "s = importlib.util.find_spec('sglang')\n"
     "print(json.dumps(list(s.submodule_search_locations or []) if s else None))\n"
 )
-VERSION = re.compile(r"""^__version__\s*=\s*(?:\w+\s*=\s*)*['"]([^'"]+)['"]""", re.M)
 
 
 @dataclass(frozen=True)
@@ -47,14 +48,6 @@ class SGLang:
         return (self.package / "srt" / WORKERS[path]).is_file()
 
 
-def package_in(path: Path) -> Path | None:
-    """The SGLang package directory given a package dir, a site dir, or a source checkout."""
-    for candidate in (path, path / "sglang", path / "python" / "sglang"):
-        if (candidate / "srt" / "server_args.py").is_file():
-            return candidate
-    return None
-
-
 def find_spec_dir(python: str, env: Mapping[str, str]) -> Path | None:
     try:
         done = subprocess.run(
@@ -65,25 +58,10 @@ def find_spec_dir(python: str, env: Mapping[str, str]) -> Path | None:
     if done.returncode != 0:
         raise ProofUsageError(f"{python} failed to look for sglang: {done.stderr.strip()[-500:]}")
     locations = json.loads(done.stdout.strip().splitlines()[-1])
-    for location in locations or []:
-        if package_in(Path(location)) == Path(location):
-            return Path(location)
-    return None
-
-
-def read_version(package: Path) -> str:
-    for name in ("_version.py", "version.py"):
-        try:
-            m = VERSION.search((package / name).read_text())
-        except OSError:
-            continue
-        if m:
-            return m.group(1)
-    for meta in sorted(package.parent.glob("sglang-*.dist-info/METADATA")):
-        for line in meta.read_text(errors="replace").splitlines():
-            if line.startswith("Version:"):
-                return line.split(":", 1)[1].strip()
-    return "unknown"
+    try:
+        return Path(treefacts.package_among(locations or []))
+    except (treefacts.NotATree, treefacts.NothingImportable):
+        return None
 
 
 def _server_args_texts(package: Path) -> list[str]:
@@ -141,17 +119,18 @@ def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
                 "set PYTHONPATH or pass --sglang PATH"
             )
     else:
-        found = package_in(Path(sglang).resolve())
-        if found is None:
-            raise ProofUsageError(f"--sglang {sglang}: no sglang/srt/server_args.py there")
-        package = found
+        try:
+            package = Path(treefacts.locate_path(sglang).package_dir)
+        except treefacts.NotATree:
+            raise ProofUsageError(f"--sglang {sglang}: no sglang/srt/server_args.py there") from None
         pythonpath = str(package.parent)
         old = env.get("PYTHONPATH")
         seen = find_spec_dir(python, {**env, "PYTHONPATH": f"{pythonpath}{os.pathsep}{old}" if old else pythonpath})
         if seen is None or seen.resolve() != package.resolve():
             raise ProofUsageError(f"--sglang {sglang}: {python} would import sglang from {seen}, not {package}")
+    version = treefacts.read_version(str(package)) or "unknown"
     return SGLang(
-        package, read_version(package), dynspec_applied(package), pythonpath, adaptive_supported(package),
+        package, version, dynspec_applied(package), pythonpath, adaptive_supported(package),
         deterministic_supported(package),
     )  # fmt: skip
 

@@ -5,19 +5,22 @@ import sys
 
 import pytest
 
-from patcher.proof.detect import adaptive_supported, dynspec_applied, locate, package_in, read_version
+from patcher.proof.detect import adaptive_supported, dynspec_applied, locate
 from patcher.proof.errors import ProofUsageError
 
 
 def test_the_package_is_found_from_a_site_dir_a_package_dir_or_a_checkout(site, tmp_path):
     root = site()
     pkg = root / "sglang"
-    assert package_in(root) == pkg and package_in(pkg) == pkg
     checkout = tmp_path / "checkout"
     (checkout / "python").mkdir(parents=True)
     os.symlink(pkg, checkout / "python" / "sglang")
-    assert package_in(checkout) == checkout / "python" / "sglang"
-    assert package_in(tmp_path) is None
+    found = {spec: locate(str(spec), sys.executable, dict(os.environ)) for spec in (root, pkg, checkout)}
+    assert [(f.package, f.pythonpath) for f in found.values()] == [
+        (pkg, str(root)),
+        (pkg, str(root)),
+        (checkout / "python" / "sglang", str(checkout / "python")),
+    ]
 
 
 def test_auto_finds_what_the_server_python_imports(site):
@@ -50,13 +53,17 @@ def test_a_path_that_is_not_sglang_is_a_usage_error(tmp_path):
 
 def test_version_comes_from_version_files_or_dist_info(site, tmp_path):
     pkg = site(version="0.5.12") / "sglang"
-    assert read_version(pkg) == "0.5.12"
+
+    def version() -> str:
+        return locate(str(pkg), sys.executable, dict(os.environ)).version
+
+    assert version() == "0.5.12"
     (pkg / "_version.py").unlink()
-    assert read_version(pkg) == "unknown"
+    assert version() == "unknown"
     meta = pkg.parent / "sglang-0.5.13.dist-info"
     meta.mkdir()
     (meta / "METADATA").write_text("Metadata-Version: 2.1\nName: sglang\nVersion: 0.5.13\n")
-    assert read_version(pkg) == "0.5.13"
+    assert version() == "0.5.13"
 
 
 def test_dynspec_is_seen_in_the_split_server_args_of_0_5_20(site):

@@ -1,0 +1,192 @@
+"""Where the SGLang package is, how it is laid out, and which release it says it is: from files only.
+
+Standard library only, Python >= 3.9: `dynspec remote` and `dynspec bundle` ship this module to
+servers (as ``dynspec_treefacts``, next to ``dynspec_txn``), and `dynspec proof` reads the SGLang
+under test with it. Nothing here imports or runs code from the tree: versions are read as text.
+
+``--sglang`` names a directory in one of the ``LAYOUTS`` (a checkout root, its ``python/`` dir or a
+site dir, the package dir itself) or is ``auto``: the ``sglang`` this Python would import.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import os
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+if __package__ == "patcher":
+    from patcher import txn
+else:  # on a server: shipped next to this module
+    import dynspec_txn as txn  # type: ignore[import-not-found, no-redef]  # exists only there
+
+# Where the package dir sits below the directory named, shallowest first: a directory that is itself
+# the package is never taken for one nested inside it.
+LAYOUTS = (("package dir", ""), ("python/", "sglang"), ("checkout", "python/sglang"))
+EXPECTED = "expected python/sglang/srt (checkout), sglang/srt (python/) or srt/ (package dir)"
+AUTO = "auto"  # the layout of ``--sglang auto``
+SERVER_ARGS = "srt/server_args.py"  # every release has it; patched or not
+NOTHING_IMPORTABLE = "--sglang auto: no 'sglang' package is importable by this Python"
+
+VERSION_FILES = ("_version.py", "version.py")  # in the package dir; the first that states one wins
+READ_LIMIT = 1 << 20  # version files and METADATA are small; never read a huge file, never block on a FIFO
+_VERSION_ASSIGN = re.compile(r"""^__version__\s*=\s*(?:\w+\s*=\s*)*['"]([^'"]+)['"]""", re.M)
+_METADATA_VERSION = re.compile(r"^Version:\s*(\S+)", re.M)
+
+
+class NotATree(Exception):
+    """``path`` holds no SGLang package; ``why`` says what is missing."""
+
+    def __init__(self, path: str, why: str) -> None:
+        super().__init__(f"{path} is not an SGLang tree: {why}")
+        self.path, self.why = path, why
+
+
+class NothingImportable(Exception):
+    """``--sglang auto`` on a Python that has no ``sglang`` to import."""
+
+    def __init__(self) -> None:
+        super().__init__(NOTHING_IMPORTABLE)
+
+
+@dataclass(frozen=True)
+class Located:
+    root: str  # what was named, resolved (for auto: the package dir)
+    package_dir: str  # the ``sglang`` package dir: it holds srt/
+    layout: str  # a name from LAYOUTS, or AUTO
+
+
+def locate(spec: str) -> Located:
+    """Resolve ``--sglang``: a directory (see LAYOUTS) or ``auto``; raises NotATree or NothingImportable."""
+    if spec == AUTO:
+        package_dir = package_among(importable_locations())
+        return Located(package_dir, package_dir, AUTO)
+    return locate_path(spec)
+
+
+def locate_path(spec: str) -> Located:
+    """The package dir in the directory ``spec``, by LAYOUTS; ``auto`` is a directory name here."""
+    try:
+        root = str(Path(spec).expanduser().resolve())
+    except (OSError, RuntimeError) as error:  # RuntimeError: a link loop (Python < 3.13)
+        raise NotATree(spec, f"cannot resolve it ({error})") from None
+    if not os.path.exists(root):
+        raise NotATree(spec, "no such directory")
+    if not os.path.isdir(root):
+        raise NotATree(spec, "not a directory")
+    for layout, below in LAYOUTS:
+        candidate = os.path.join(root, below) if below else root
+        if os.path.isdir(os.path.join(candidate, "srt")) and os.path.exists(os.path.join(candidate, "__init__.py")):
+            check_package(candidate)
+            return Located(root, candidate, layout)
+    raise NotATree(spec, EXPECTED)
+
+
+def check_package(package_dir: str) -> None:
+    """Raise NotATree, naming the package dir, unless srt/server_args.py is a regular file."""
+    server_args = os.path.join(package_dir, SERVER_ARGS)
+    if not os.path.isfile(server_args):
+        why = "is not a regular file" if os.path.lexists(server_args) else "is missing"
+        raise NotATree(package_dir, f"srt/server_args.py {why}")
+
+
+def importable_locations() -> list[str]:
+    """Where this Python would import ``sglang`` from (found, not imported)."""
+    try:
+        found = importlib.util.find_spec("sglang")
+    except ValueError:  # an ``sglang`` already in sys.modules without a spec
+        return []
+    return list(found.submodule_search_locations or []) if found else []
+
+
+def package_among(locations: Iterable[str]) -> str:
+    """The package dir an import of ``sglang.srt`` finds among a spec's search locations (several
+    only for a namespace package): the first that holds srt/server_args.py, resolved. Raises
+    NothingImportable for none, else NotATree naming the first."""
+    first = None
+    for location in locations:
+        package_dir = os.path.realpath(location)
+        try:
+            check_package(package_dir)
+            return package_dir
+        except NotATree as error:
+            first = first or error
+    if first is None:
+        raise NothingImportable()
+    raise first
+
+
+# -- versions ----------------------------------------------------------------------------------
+
+
+def read_versions(package_dir: str) -> dict[str, str]:
+    """Every place that states the version, by its name: the version files, then sglang-*.dist-info
+    next to the package dir. Read as text, never imported."""
+    sources: dict[str, str] = {}
+    for name in VERSION_FILES:
+        found = version_in_source(txn.read_bytes(os.path.join(package_dir, name), limit=READ_LIMIT))
+        if found:
+            sources[name] = found
+    parent = os.path.dirname(package_dir)
+    try:
+        names = sorted(os.listdir(parent))
+    except OSError:
+        names = []
+    for name in names:
+        if name.startswith("sglang-") and name.endswith(".dist-info"):
+            found = version_in_metadata(txn.read_bytes(os.path.join(parent, name, "METADATA"), limit=READ_LIMIT))
+            if found:
+                sources[name] = found
+    return sources
+
+
+def read_version(package_dir: str) -> str | None:
+    """The version the package states, by ``pick_version``'s order; None if none does."""
+    return pick_version(read_versions(package_dir))
+
+
+def pick_version(sources: dict[str, str]) -> str | None:
+    """The package's own files win over dist-info (``git describe`` is the caller's last resort)."""
+    for name in VERSION_FILES:
+        if name in sources:
+            return sources[name]
+    return next((value for name, value in sources.items() if name.endswith(".dist-info")), None)
+
+
+def version_in_source(data: bytes | None) -> str | None:
+    """``__version__`` of a version file: ``__version__ = [version = ]'x'``, else any module-level
+    assignment of a string to it (the AST is parsed, never executed)."""
+    try:
+        text = "" if data is None else data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    match = _VERSION_ASSIGN.search(text)
+    if match:
+        return match.group(1)
+    try:
+        body = ast.parse(text).body
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    for node in body:
+        if isinstance(node, ast.Assign):
+            targets = node.targets
+        elif isinstance(node, ast.AnnAssign):
+            targets = [node.target]
+        else:
+            continue
+        named = any(isinstance(t, ast.Name) and t.id == "__version__" for t in targets)
+        if named and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str):
+            return node.value.value
+    return None
+
+
+def version_in_metadata(data: bytes | None) -> str | None:
+    """The ``Version:`` header of a dist-info METADATA (headers end at the first blank line)."""
+    if data is None:
+        return None
+    headers = data.decode("utf-8", errors="replace").replace("\r\n", "\n").split("\n\n", 1)[0]
+    match = _METADATA_VERSION.search(headers)
+    return match.group(1) if match else None
