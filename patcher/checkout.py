@@ -1,7 +1,7 @@
 """The only module that imports GitPython: SGLang's own clones for `dynspec matrix --git`.
 
 What a checkout says about a tree being patched (its top, ``git describe``) is asked by
-``remote_applier.git_facts`` instead, with every program git could run from that tree's config off.
+``treefacts.git_facts`` instead, with every program git could run from that tree's config off.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import git
 
-from patcher.remote_applier import SAFE_GIT_CONFIG
+from patcher.treefacts import SAFE_GIT_CONFIG
 
 
 def _safe(repo: git.Repo) -> git.Repo:

@@ -272,7 +272,7 @@ def _register_commands() -> None:
         return
     main.add_command(matrix)
     try:
-        from patcher.remote_cli import bundle, remote
+        from patcher.remote.command import bundle, remote
     except ImportError:  # pragma: no cover - a GPU server with only click: remote is run from here, not there
         return
     main.add_command(remote)

@@ -11,8 +11,9 @@ from typing import Any
 from patcher import engine, progress, txn
 from patcher.errors import AnchorNotFound, DamagedState, Interrupted, Refused
 from patcher.registry import Recipe, load_recipe
-from patcher.remote_applier import damaged_way_out, git_facts, git_head_file
 from patcher.tree import SGLangTree, choose_version, locate
+from patcher.treefacts import git_facts, git_head_file
+from patcher.txn import damaged_way_out
 
 
 @dataclass

@@ -1,8 +1,10 @@
-"""Where the SGLang package is, how it is laid out, and which release it says it is: from files only.
+"""Where the SGLang package is, how it is laid out, which release it says it is, and what its git
+checkout says about it.
 
 Standard library only, Python >= 3.9: `dynspec remote` and `dynspec bundle` ship this module to
 servers (as ``dynspec_treefacts``, next to ``dynspec_txn``), and `dynspec proof` reads the SGLang
-under test with it. Nothing here imports or runs code from the tree: versions are read as text.
+under test with it. Nothing here imports or runs code from the tree: versions are read as text, and
+git runs with every program the tree's config could name switched off (``SAFE_GIT_CONFIG``).
 
 ``--sglang`` names a directory in one of the ``LAYOUTS`` (a checkout root, its ``python/`` dir or a
 site dir, the package dir itself) or is ``auto``: the ``sglang`` this Python would import.
@@ -14,6 +16,7 @@ import ast
 import importlib.util
 import os
 import re
+import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -190,3 +193,85 @@ def version_in_metadata(data: bytes | None) -> str | None:
     headers = data.decode("utf-8", errors="replace").replace("\r\n", "\n").split("\n\n", 1)[0]
     match = _METADATA_VERSION.search(headers)
     return match.group(1) if match else None
+
+
+# -- git: what a checkout says about the tree ----------------------------------------------------
+
+# git runs programs that a repository's own config names (core.fsmonitor on any command that reads
+# the index, hooks, pagers, diff drivers). The tree being patched is not trusted, so each of those is
+# switched off on the command line, which outranks every config file, and read-only commands are
+# kept from rewriting the index. git's own safe.directory check still refuses a repository owned by
+# someone else; then dynspec simply has no git facts.
+SAFE_GIT_CONFIG = (
+    "core.fsmonitor=false",
+    "core.hooksPath=/dev/null",
+    "core.pager=cat",
+    "core.untrackedCache=false",
+    "diff.external=",
+)
+_GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_EXTERNAL_DIFF", "GIT_CONFIG_PARAMETERS")
+
+
+def safe_git_argv(*args: str) -> list[str]:
+    argv = ["git"]
+    for setting in SAFE_GIT_CONFIG:
+        argv += ["-c", setting]
+    return [*argv, *args]
+
+
+def safe_git_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_DROPPED}
+    env.update(GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", PAGER="cat")
+    return env
+
+
+def _git(package_dir: str, *args: str) -> str | None:
+    try:
+        done = subprocess.run(
+            safe_git_argv("-C", package_dir, *args),
+            capture_output=True,
+            text=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+            env=safe_git_env(),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout.strip() if done.returncode == 0 else None
+
+
+def git_head_file(package_dir: str, rel: str) -> bytes | None:
+    """The bytes of ``rel`` (relative to the package dir) in the checkout's HEAD, None if untracked."""
+    try:
+        done = subprocess.run(
+            safe_git_argv("-C", package_dir, "cat-file", "blob", f"HEAD:./{rel}"),
+            capture_output=True,
+            timeout=20,
+            stdin=subprocess.DEVNULL,
+            env=safe_git_env(),
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return done.stdout if done.returncode == 0 else None
+
+
+def git_facts(package_dir: str) -> dict[str, str | None]:
+    """The work tree top, whether it tracks the package, and ``git describe --tags``, if any.
+
+    A local ``Session`` and the applier on a server both ask this, so a tree reads the same from both
+    sides of `dynspec remote`.
+    """
+    facts: dict[str, str | None] = {"toplevel": None, "describe": None, "tracked": None}
+    here = package_dir
+    while True:
+        if os.path.exists(os.path.join(here, ".git")):
+            break
+        parent = os.path.dirname(here)
+        if parent == here:
+            return facts  # not in a git work tree: never run git at all
+        here = parent
+    facts["toplevel"] = _git(package_dir, "rev-parse", "--show-toplevel")
+    facts["tracked"] = _git(package_dir, "ls-files", "--", "srt/server_args.py") or None
+    if facts["tracked"]:
+        facts["describe"] = _git(package_dir, "describe", "--tags")
+    return facts

@@ -62,6 +62,15 @@ class DamagedState(TxnError):
     """The state dir is not what dynspec wrote: a link, not a directory, bad JSON, a missing blob."""
 
 
+def damaged_way_out(state_dir: str, version: Optional[str]) -> str:
+    """What to do about a damaged state dir, for the end of its one-line refusal."""
+    release = version or "<its version>"
+    return (
+        f"nothing was written; to start over, restore SGLang's original files (git checkout, or "
+        f"pip install --force-reinstall --no-deps sglang=={release}) and delete {state_dir}"
+    )
+
+
 class Interrupted(KeyboardInterrupt):
     """Ctrl-C arrived during a write and was held back until it was over; ``completed`` says how
     it ended: True, every file is new; False, every file is as it was."""

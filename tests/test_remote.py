@@ -28,9 +28,10 @@ from pathlib import Path
 
 import pytest
 
-from patcher import bundle, remote, txn
+from patcher import remote, txn
 from patcher.errors import ConnectionLost, ExitCode, Refused, RemotePythonMissing
 from patcher.registry import load_recipe
+from patcher.remote import bundle
 from patches.server_args_dynspec_check import ServerArgsDynspecCheck
 from tests.conftest import ROOT, snapshot, targets
 from tests.terminal import Tmux, fixed_length_dir, needs_tmux, same_place
@@ -46,7 +47,7 @@ pytestmark = pytest.mark.skipif(
 
 # The CLI as a user runs it; remote and bundle are registered the way patcher/cli.py does.
 CLI = (
-    "import sys; from patcher.cli import main, run; from patcher.remote_cli import bundle, remote; "
+    "import sys; from patcher.cli import main, run; from patcher.remote.command import bundle, remote; "
     "main.add_command(remote); main.add_command(bundle); sys.argv[0] = 'dynspec'; run()"
 )
 

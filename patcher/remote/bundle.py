@@ -1,7 +1,7 @@
 """`dynspec bundle`: the plan for one SGLang release in a single file that needs only python3.
 
-The file is a zipapp holding what `dynspec remote` ships (``remote.SHIPPED``: patcher/txn.py,
-treefacts.py and remote_applier.py, as ``dynspec_*.py``), a ``__main__.py`` and ``plan.json``: for
+The file is a zipapp holding what `dynspec remote` ships (``client.SHIPPED``: patcher/txn.py,
+patcher/treefacts.py and applier.py, as ``dynspec_*.py``), a ``__main__.py`` and ``plan.json``: for
 every target the sha256 of the pristine file and the patched bytes, the state.json a local apply
 would write, and, per patch, what `dynspec status` says on the pristine and on the patched tree.
 On the server, ``python3 dynspec-plan.pyz apply|status|revert|diff --sglang PATH`` checks every
@@ -21,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from patcher import __version__, engine, releases, remote, treefacts, txn
+from patcher import __version__, engine, releases, treefacts, txn
 from patcher.errors import Refused, UsageError
 from patcher.registry import Recipe, load_recipe
+from patcher.remote import client
 
 PLAN_FORMAT = 1
 
@@ -79,7 +80,7 @@ def make_plan(package: Path, version: str, recipe: Recipe, force: bool = False) 
     targets = sorted(engine.targets_in_order(recipe.patches))
     patched_files = {t: files.read(t) for t in targets}
     patched_files.update(engine.writes_for(plan))
-    patched = remote.SnapshotTree(str(package), files.state_dir, patched_files, {}, state)
+    patched = client.SnapshotTree(str(package), files.state_dir, patched_files, {}, state)
     before = engine.status(files, recipe, version, None)
     after = engine.status(patched, recipe, version, state)
     return {
@@ -120,7 +121,7 @@ def archive(plan: dict[str, Any]) -> bytes:
     """The zipapp: a shebang line, then a zip with fixed timestamps (reproducible bytes)."""
     members = {
         "__main__.py": MAIN,
-        **{f"{name}.py": source for name, source in remote.shipped_sources().items()},
+        **{f"{name}.py": source for name, source in client.shipped_sources().items()},
         "plan.json": json.dumps(plan, indent=1) + "\n",
     }
     buffer = io.BytesIO()

@@ -1,7 +1,8 @@
 """`dynspec remote apply|revert|status|diff HOST...` and `dynspec bundle`: parse, run, render.
 
 Register with ``main.add_command(remote)`` and ``main.add_command(bundle)`` in patcher/cli.py.
-The engine is imported inside the commands, as in patcher/cli.py.
+The only module of ``patcher.remote`` that imports click. The engine (and ``client`` and ``bundle``,
+which import it) is imported inside the commands, as in patcher/cli.py.
 """
 
 from __future__ import annotations
@@ -98,13 +99,13 @@ def remote() -> None:
 
 
 def _run(op: str, options: dict[str, Any], **extra: Any) -> list[Any]:
-    from patcher import remote as remote_
     from patcher import render
     from patcher.registry import load_recipe
+    from patcher.remote import client
 
     render.show_progress()
 
-    ssh = remote_.Ssh(
+    ssh = client.Ssh(
         python=options["python"],
         config=options["ssh_config"],
         options=tuple(options["ssh_options"]),
@@ -112,7 +113,7 @@ def _run(op: str, options: dict[str, Any], **extra: Any) -> list[Any]:
     )
     recipe = load_recipe(options["recipe"])
     hosts = list(dict.fromkeys(options["hosts"]))
-    return remote_.run_many(
+    return client.run_many(
         op,
         hosts,
         ssh,
@@ -128,7 +129,7 @@ def _narrate(results: list[Any], verbose: bool) -> None:
     """Notes, what was written, errors and timings on stderr; a host prefix when there are several."""
     from patcher import render
     from patcher.errors import DynspecError
-    from patcher.remote import RemoteCrash
+    from patcher.remote.client import RemoteCrash
 
     several = len(results) > 1
     for r in results:
@@ -161,7 +162,7 @@ def _finish(
 ) -> None:
     from patcher import render
     from patcher.errors import ExitCode
-    from patcher.remote import exit_code
+    from patcher.remote.client import exit_code
 
     codes = [
         exit_code(r.error) if r.error is not None else int(ExitCode.CHANGES) if check_failed(r) else 0 for r in results
@@ -314,7 +315,7 @@ def status(as_json: bool, check: bool, verbose: bool, **options: Any) -> None:
 def bundle(sglang_version: str | None, source: Path | None, output: Path, recipe: str, force: bool) -> None:
     """Write one file that applies, checks and reverts the plan on a server with only python3."""
     from patcher import render
-    from patcher.bundle import build
+    from patcher.remote.bundle import build
 
     built = build(output, sglang_version, recipe, source, force)
     for target, digest in built.files.items():

@@ -1,9 +1,8 @@
 """The server side of `dynspec remote` and `dynspec bundle`: standard library only, Python >= 3.9.
 
-This module travels to servers that have nothing but python3, together with ``txn.py`` and
-``treefacts.py`` (shipped as the top-level modules ``dynspec_txn`` and ``dynspec_treefacts``; see
-``patcher.remote.shipped_sources``). It never imports or runs code from the SGLang tree. It has
-two entry points:
+This module travels to servers that have nothing but python3, together with ``patcher/txn.py`` and
+``patcher/treefacts.py`` (shipped as the top-level modules ``dynspec_txn`` and ``dynspec_treefacts``;
+see ``client.SHIPPED``). It never imports or runs code from the SGLang tree. It has two entry points:
 
 ``serve()``        `dynspec remote`: talks JSON lines with the local dynspec over the ssh pipe.
                    It finds the tree, sends the files the plan needs, and for apply/revert holds the
@@ -25,12 +24,11 @@ import base64
 import contextlib
 import json
 import os
-import subprocess
 import sys
 import time
 from typing import IO, Any
 
-if __package__ == "patcher":
+if __package__ == "patcher.remote":
     from patcher import treefacts, txn
 else:  # on a server: shipped next to this module
     import dynspec_treefacts as treefacts  # type: ignore[import-not-found, no-redef]  # exists only there
@@ -85,85 +83,6 @@ def _unb64(text: str | None) -> bytes | None:
     return None if text is None else base64.b64decode(text)
 
 
-# git runs programs that a repository's own config names (core.fsmonitor on any command that reads
-# the index, hooks, pagers, diff drivers). The tree being patched is not trusted, so each of those is
-# switched off on the command line, which outranks every config file, and read-only commands are
-# kept from rewriting the index. git's own safe.directory check still refuses a repository owned by
-# someone else; then dynspec simply has no git facts.
-SAFE_GIT_CONFIG = (
-    "core.fsmonitor=false",
-    "core.hooksPath=/dev/null",
-    "core.pager=cat",
-    "core.untrackedCache=false",
-    "diff.external=",
-)
-_GIT_ENV_DROPPED = ("GIT_DIR", "GIT_WORK_TREE", "GIT_INDEX_FILE", "GIT_EXTERNAL_DIFF", "GIT_CONFIG_PARAMETERS")
-
-
-def safe_git_argv(*args: str) -> list[str]:
-    argv = ["git"]
-    for setting in SAFE_GIT_CONFIG:
-        argv += ["-c", setting]
-    return [*argv, *args]
-
-
-def safe_git_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _GIT_ENV_DROPPED}
-    env.update(GIT_OPTIONAL_LOCKS="0", GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", PAGER="cat")
-    return env
-
-
-def _git(package_dir: str, *args: str) -> str | None:
-    try:
-        done = subprocess.run(
-            safe_git_argv("-C", package_dir, *args),
-            capture_output=True,
-            text=True,
-            timeout=20,
-            stdin=subprocess.DEVNULL,
-            env=safe_git_env(),
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout.strip() if done.returncode == 0 else None
-
-
-def git_head_file(package_dir: str, rel: str) -> bytes | None:
-    """The bytes of ``rel`` (relative to the package dir) in the checkout's HEAD, None if untracked."""
-    try:
-        done = subprocess.run(
-            safe_git_argv("-C", package_dir, "cat-file", "blob", f"HEAD:./{rel}"),
-            capture_output=True,
-            timeout=20,
-            stdin=subprocess.DEVNULL,
-            env=safe_git_env(),
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
-
-
-def git_facts(package_dir: str) -> dict[str, str | None]:
-    """The work tree top, whether it tracks the package, and ``git describe --tags``, if any.
-
-    A local ``Session`` asks this too, so a tree reads the same from both sides of `dynspec remote`.
-    """
-    facts: dict[str, str | None] = {"toplevel": None, "describe": None, "tracked": None}
-    here = package_dir
-    while True:
-        if os.path.exists(os.path.join(here, ".git")):
-            break
-        parent = os.path.dirname(here)
-        if parent == here:
-            return facts  # not in a git work tree: never run git at all
-        here = parent
-    facts["toplevel"] = _git(package_dir, "rev-parse", "--show-toplevel")
-    facts["tracked"] = _git(package_dir, "ls-files", "--", "srt/server_args.py") or None
-    if facts["tracked"]:
-        facts["describe"] = _git(package_dir, "describe", "--tags")
-    return facts
-
-
 def snapshot(root: str, package_dir: str, targets: list[str], tree: Any) -> dict[str, Any]:
     """Everything the local engine reads, as it is on this server now."""
     state = tree.load_state()
@@ -180,7 +99,7 @@ def snapshot(root: str, package_dir: str, targets: list[str], tree: Any) -> dict
         "package_dir": package_dir,
         "state_dir": tree.state_dir,
         "versions": treefacts.read_versions(package_dir),
-        "git": git_facts(package_dir),
+        "git": treefacts.git_facts(package_dir),
         "files": {rel: _b64(tree.read(rel)) for rel in wanted},
         "state": state,
         "blobs": blobs,
@@ -304,15 +223,6 @@ def serve(reader: IO[bytes] | None = None, writer: IO[bytes] | None = None) -> i
         done = isinstance(interrupt, txn.Interrupted) and interrupt.completed
         pipe.send({"error": {"kind": "interrupted", "message": _interrupted(done)}})
     return 0
-
-
-def damaged_way_out(state_dir: str, version: str | None) -> str:
-    """What to do about a damaged state dir, for the end of its one-line refusal."""
-    release = version or "<its version>"
-    return (
-        f"nothing was written; to start over, restore SGLang's original files (git checkout, or "
-        f"pip install --force-reinstall --no-deps sglang=={release}) and delete {state_dir}"
-    )
 
 
 def _interrupted(completed: bool) -> str:
@@ -578,7 +488,7 @@ def bundle_main(argv: list[str] | None = None, plan: dict[str, Any] | None = Non
         return failure.exit_code
     except txn.DamagedState as error:
         state_dir = bundle.tree.state_dir if bundle else txn.STATE_DIR
-        _say(f"dynspec: error: {error}; {damaged_way_out(state_dir, plan['sglang_version'])}")
+        _say(f"dynspec: error: {error}; {txn.damaged_way_out(state_dir, plan['sglang_version'])}")
         return EXIT_DAMAGED
     except txn.TxnError as error:
         _say(f"dynspec: error: {error}")

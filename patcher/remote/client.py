@@ -2,16 +2,16 @@
 
 One ssh connection per host and command, so ``~/.ssh/config``, agents and ProxyJump work as they do
 for ``ssh HOST``. Over it runs ``python3 -c BOOTSTRAP``, which reads the ``SHIPPED`` modules
-(``patcher/txn.py``, ``treefacts.py``, ``remote_applier.py``) from the same pipe (nothing is installed
-or left on the server). The applier sends a snapshot of the tree: its versions (read by treefacts, as
-for a local tree), every target, the state dir's record and pre-images. Here a ``SnapshotTree`` gives
+(``patcher/txn.py``, ``patcher/treefacts.py``, ``applier.py``) from the same pipe (nothing is
+installed or left on the server). The applier sends a snapshot of the tree: its versions and git
+facts (read by treefacts, as for a local tree), every target, the state dir's record and pre-images. Here a ``SnapshotTree`` gives
 that snapshot the read interface of ``txn.Tree``, so ``engine.plan`` / ``status`` /
 ``revert_writes`` / ``unified_diff`` run exactly as for a local tree.
 For apply and revert the applier holds the tree's lock from before the snapshot until the write,
 recovers an interrupted write first, then gets the writes with the sha256 every file must still
 have, and writes with ``Tree.commit``: the same state dir as a local apply.
 
-Nothing here imports click or rich; ``patcher.remote_cli`` renders the results.
+Nothing here imports click or rich; ``command`` renders the results.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import IO, Any
 
-from patcher import engine, progress, remote_applier, treefacts, txn
+from patcher import engine, progress, treefacts, txn
 from patcher.engine import targets_in_order
 from patcher.errors import (
     AnchorNotFound,
@@ -49,10 +49,10 @@ from patcher.errors import (
     UsageError,
 )
 from patcher.registry import Recipe
-from patcher.remote_applier import damaged_way_out
+from patcher.remote import applier
 from patcher.tree import choose_version
 
-MARK = remote_applier.MARK
+MARK = applier.MARK
 TOO_OLD = 86  # BOOTSTRAP's exit status on a python older than 3.9
 
 # Runs on any python, even 2.x, far enough to say that it is too old. The program it reads next is
@@ -78,7 +78,7 @@ sys.exit(sys.modules["dynspec_applier"].serve())
 """
 
 # The modules that run on servers, by their name there, each after those it imports.
-SHIPPED = {"dynspec_txn": txn, "dynspec_treefacts": treefacts, "dynspec_applier": remote_applier}
+SHIPPED = {"dynspec_txn": txn, "dynspec_treefacts": treefacts, "dynspec_applier": applier}
 
 
 def shipped_sources() -> dict[str, str]:
@@ -281,7 +281,7 @@ def remote_error(error: dict[str, Any]) -> Exception:
     if kind in ("refused", "mismatch"):
         return Refused(message)
     if kind == "damaged":
-        return DamagedState(f"{message}; {damaged_way_out(str(error.get('state_dir', txn.STATE_DIR)), None)}")
+        return DamagedState(f"{message}; {txn.damaged_way_out(str(error.get('state_dir', txn.STATE_DIR)), None)}")
     if kind == "interrupted":
         return Interrupted(message)
     return RemoteCrash(message)
@@ -369,7 +369,7 @@ def open_snapshot(
     try:
         files = SnapshotTree.from_snapshot(snap)
     except txn.DamagedState as error:
-        raise DamagedState(f"{error}; {damaged_way_out(snap['state_dir'], version)}") from None
+        raise DamagedState(f"{error}; {txn.damaged_way_out(snap['state_dir'], version)}") from None
     return RemoteTree(
         host,
         files,
@@ -436,7 +436,7 @@ def run(
         with progress.step("connecting over ssh, reading the tree"):
             conn.send(
                 {
-                    "protocol": remote_applier.PROTOCOL,
+                    "protocol": applier.PROTOCOL,
                     "sglang": sglang,
                     "targets": targets,
                     "write": op in ("apply", "revert"),
@@ -485,7 +485,7 @@ def _plan(op: str, tree: RemoteTree, result: HostResult, force: bool) -> dict[st
     files, state = tree.files, tree.files.load_state()
     if op == "status":
         if tree.journal:
-            result.notes.append(remote_applier.INTERRUPTED_NOTE)
+            result.notes.append(applier.INTERRUPTED_NOTE)
         result.report = engine.status(files, tree.recipe, tree.version, state)
         return {}
     if op == "diff":
