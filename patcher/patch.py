@@ -13,11 +13,16 @@ A patch declares, as class attributes, everything the engine checks before anyth
               ``status`` so a user can tell what the patch adds to it.
 ``REQUIRES``  ids of the patches it builds on; a recipe must list them before it where both apply.
 
+A ``NewFilePatch`` ships, unless it overrides ``content``, the module of its target's file name from
+the ``runtime/`` package beside its own module (``patches/runtime/``, package data).
+
 The id is the module name, so id and file can never disagree.
 """
 
 from __future__ import annotations
 
+from importlib import resources
+from pathlib import PurePosixPath
 from typing import ClassVar
 
 import libcst as cst
@@ -98,8 +103,11 @@ class NewFilePatch(Patch):
     """A file dynspec adds to the tree (revert deletes it)."""
 
     def content(self) -> str:
-        """The file's text, without the marker line the engine puts on top."""
-        raise NotImplementedError
+        """The file's text, without the marker line the engine puts on top: by default the module of
+        the target's name in the ``runtime/`` package beside the patch's module."""
+        package = type(self).__module__.rpartition(".")[0]
+        shipped = resources.files(package) / "runtime" / PurePosixPath(self.TARGET).name
+        return shipped.read_text(encoding="utf-8")
 
     def text(self) -> str:
         return f"{self.marker()}\n{self.content()}"

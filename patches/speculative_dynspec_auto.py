@@ -6,8 +6,6 @@ read by ``dynspec_settings``). Standard library only.
 
 from __future__ import annotations
 
-from importlib import resources
-
 from patcher.patch import NewFilePatch
 
 
@@ -16,6 +14,3 @@ class SpeculativeDynspecAuto(NewFilePatch):
     TARGET = "srt/speculative/dynspec_auto.py"
     SGLANG = ">=0.4.10.post2"
     SUMMARY = "dynspec auto module: the switch point a server finds itself (0.5.14+)"
-
-    def content(self) -> str:
-        return (resources.files("patches") / "runtime" / "dynspec_auto.py").read_text(encoding="utf-8")

@@ -9,8 +9,6 @@ whole file rather than inserted statements keeps the patched SGLang files small 
 
 from __future__ import annotations
 
-from importlib import resources
-
 from patcher.patch import NewFilePatch
 
 
@@ -21,6 +19,3 @@ class SpeculativeDynspecRuntime(NewFilePatch):
     # dynspec_v2, which it imports inside functions, requires it: the one way the two can be ordered.
     REQUIRES = ("speculative_dynspec_settings",)
     SUMMARY = "dynspec runtime module: switch controller, metrics, one-token fallback state, KV-only draft extend"
-
-    def content(self) -> str:
-        return (resources.files("patches") / "runtime" / "dynspec_runtime.py").read_text(encoding="utf-8")

@@ -6,8 +6,6 @@ library only.
 
 from __future__ import annotations
 
-from importlib import resources
-
 from patcher.patch import NewFilePatch
 
 
@@ -16,6 +14,3 @@ class SpeculativeDynspecSettings(NewFilePatch):
     TARGET = "srt/speculative/dynspec_settings.py"
     SGLANG = ">=0.4.10.post2"
     SUMMARY = "dynspec settings module: the flags' reading, the start-up check and the refusals"
-
-    def content(self) -> str:
-        return (resources.files("patches") / "runtime" / "dynspec_settings.py").read_text(encoding="utf-8")

@@ -6,8 +6,6 @@ one-token fallback of 0.5.4-0.5.13, the zero-step policy of 0.5.14+), which the 
 
 from __future__ import annotations
 
-from importlib import resources
-
 from patcher.patch import NewFilePatch
 
 
@@ -18,6 +16,3 @@ class SpeculativeDynspecV2(NewFilePatch):
     # The modules dynspec_v2 imports.
     REQUIRES = ("speculative_dynspec_settings", "speculative_dynspec_runtime", "speculative_dynspec_auto")
     SUMMARY = "dynspec v2 module: one-token fallback (0.5.4-0.5.13), zero-step policy (0.5.14+)"
-
-    def content(self) -> str:
-        return (resources.files("patches") / "runtime" / "dynspec_v2.py").read_text(encoding="utf-8")

@@ -14,7 +14,7 @@ from patcher.errors import AnchorNotFound, BadTarget, ExitCode, Refused
 from patcher.patch import CstPatch, NewFilePatch
 from patcher.registry import Recipe
 from patcher.session import Session
-from tests.conftest import snapshot
+from tests.conftest import ROOT, snapshot
 
 CONFIG = '''\
 import dataclasses
@@ -53,14 +53,9 @@ class AddColourR2(AddColour):
     FIELD = 'colour: str = "blue"\n'
 
 
-class RenameSpeed(CstPatch):
+class RenameSpeed(AddColour):
     """Breaks the insert-only rule on purpose."""
 
-    REVISION = 1
-    TARGET = "srt/config.py"
-    SGLANG = ">=1.0"
-    SUMMARY = "bad"
-    ANCHORS = {"Config.speed": anchors.class_field("Config", "speed")}
     APPLIED = anchors.class_field("Config", "velocity")
 
     def transform(self, module: cst.Module) -> cst.Module:
@@ -156,6 +151,22 @@ def test_new_file_is_created_and_revert_deletes_it(tree) -> None:
     assert report == {"AddColour": Status.APPLIED, "Helper": Status.APPLIED}
     Session.open(str(tree), recipe(AddColour, Helper)).revert()
     assert snapshot(tree) == before
+
+
+def test_a_new_file_without_content_of_its_own_ships_the_runtime_module_of_its_target_name() -> None:
+    from patches.speculative_dynspec_settings import SpeculativeDynspecSettings
+
+    shipped = (ROOT / "patches" / "runtime" / "dynspec_settings.py").read_text(encoding="utf-8")
+    assert SpeculativeDynspecSettings().text() == f"# dynspec: speculative_dynspec_settings r{SpeculativeDynspecSettings.REVISION}\n{shipped}"
+
+    class Unshipped(NewFilePatch):  # control: tests/ has no runtime/ package of such a module
+        REVISION = 1
+        TARGET = "srt/unshipped.py"
+        SGLANG = ">=1.0"
+        SUMMARY = "no runtime module"
+
+    with pytest.raises(FileNotFoundError, match="unshipped.py"):
+        Unshipped().content()
 
 
 def test_newer_revision_is_outdated_then_upgraded_in_place(tree) -> None:

@@ -97,15 +97,6 @@ def test_each_patch_on_its_own_agrees_with_the_whole_recipe(tmp_path: Path) -> N
 # -- failures, with patches written here ---------------------------------------------------------
 
 
-class MissingAnchor(CstPatch):
-    REVISION = 1
-    TARGET = "srt/server_args.py"
-    SGLANG = ">=0.5"
-    SUMMARY = "needs a field no release has"
-    ANCHORS = {"ServerArgs.dynspec_no_such_field": anchors.class_field("ServerArgs", "dynspec_no_such_field")}
-    APPLIED = anchors.module_function("_never_added")
-
-
 class MarkedFunction(CstPatch):
     """A well-behaved patch: a module-level function in a block that opens with its marker."""
 
@@ -119,6 +110,13 @@ class MarkedFunction(CstPatch):
     def transform(self, module: cst.Module) -> cst.Module:
         new = self.parse_statements(module, "def _matrix_marked():\n    return 1\n", blank_lines_before=2)
         return module.with_changes(body=[*module.body, *new])
+
+
+class MissingAnchor(MarkedFunction):
+    """Needs a field no release has."""
+
+    ANCHORS = {"ServerArgs.dynspec_no_such_field": anchors.class_field("ServerArgs", "dynspec_no_such_field")}
+    APPLIED = anchors.module_function("_never_added")
 
 
 class UnmarkedFunction(MarkedFunction):

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE, recorded_lines
+from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE, read_recording, rows_by_line
 
 MIN_RATIO = 0.99
 MIN_ALWAYS_ON = 1.1  # below this the drafts are all but rejected (dummy weights): nothing to compare
@@ -61,14 +61,12 @@ class Trace:
 def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Trace:
     """The positions of a ``DYNSPEC_RECORD_DRAFTS`` file (read as exact_kv reads it)."""
     trace = Trace()
-    for read_line in recorded_lines(lines):
+    for read_line in rows_by_line(lines, prefix):
         if read_line is None:
             trace.bad_lines += 1
             continue
-        step, rows = read_line
+        step, _, rows = read_line
         for rid, pos, _ in rows:
-            if not rid.startswith(prefix):
-                continue
             if step == SPECULATE:
                 trace.speculate.setdefault(rid, []).append(pos)
             elif step in (FALL_BACK, RESUME):
@@ -77,11 +75,7 @@ def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Trace:
 
 
 def read(path: Path) -> Trace:
-    try:
-        with path.open(encoding="utf-8", errors="replace") as f:
-            return parse(f)
-    except FileNotFoundError:
-        return Trace()
+    return read_recording(path, parse, Trace())
 
 
 def resumed_from(trace: Trace) -> dict[str, int]:

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, TypeVar
 
 from patcher.proof.client import Request
 
@@ -88,6 +88,7 @@ class Recording:
     bad_lines: int = 0
 
 
+T = TypeVar("T")
 Row = tuple[str, int, Optional[list[int]]]  # a request's rid, its position, its drafts (None: none recorded)
 
 
@@ -114,19 +115,37 @@ def recorded_lines(lines: Iterable[str]) -> Iterator[tuple[str, list[Row]] | Non
         yield step, rows
 
 
+def rows_by_line(lines: Iterable[str], prefix: str) -> Iterator[tuple[str, int, list[Row]] | None]:
+    """``recorded_lines`` as the checks read them: per line its step, its batch size (every row) and
+    the rows of the requests named with ``prefix``; None for a line that cannot be read whole."""
+    for read_line in recorded_lines(lines):
+        if read_line is None:
+            yield None
+            continue
+        step, rows = read_line
+        yield step, len(rows), [row for row in rows if row[0].startswith(prefix)]
+
+
+def read_recording(path: Path, parse: Callable[[Iterable[str]], T], nothing: T) -> T:
+    """``parse`` of the ``DYNSPEC_RECORD_DRAFTS`` file at ``path``; ``nothing`` where the server wrote none."""
+    try:
+        with path.open(encoding="utf-8", errors="replace") as f:
+            return parse(f)
+    except FileNotFoundError:
+        return nothing
+
+
 def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Recording:
     """Read a ``DYNSPEC_RECORD_DRAFTS`` file; requests not named with ``prefix`` are ignored."""
     rec = Recording()
-    for read_line in recorded_lines(lines):
+    for read_line in rows_by_line(lines, prefix):
         rec.lines += 1
         if read_line is None:
             rec.bad_lines += 1
             continue
-        step, rows = read_line
+        step, batch_size, rows = read_line
         for rid, pos, row in rows:
-            if not rid.startswith(prefix):
-                continue
-            rec.history.setdefault(rid, {})[pos] = (step, len(rows))
+            rec.history.setdefault(rid, {})[pos] = (step, batch_size)
             if step in (FALL_BACK, RESUME):
                 rec.first_off[rid] = min(pos, rec.first_off.get(rid, pos))
             elif step == SPECULATE and row is not None:
@@ -135,11 +154,7 @@ def parse(lines: Iterable[str], prefix: str = RID_PREFIX) -> Recording:
 
 
 def read(path: Path) -> Recording:
-    try:
-        with path.open(encoding="utf-8", errors="replace") as f:
-            return parse(f)
-    except FileNotFoundError:
-        return Recording()
+    return read_recording(path, parse, Recording())
 
 
 @dataclass

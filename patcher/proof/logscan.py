@@ -69,10 +69,10 @@ class LogError:
         return f"line {self.line}: {self.text}"
 
 
-@dataclass
-class Scan:
-    transitions: list[Transition] = field(default_factory=list)
-    errors: list[LogError] = field(default_factory=list)
+class SwitchCounts:
+    """How many of ``transitions`` switched speculation off and on."""
+
+    transitions: list[Transition]
 
     @property
     def off(self) -> int:
@@ -81,6 +81,12 @@ class Scan:
     @property
     def on(self) -> int:
         return sum(t.direction == "ON" for t in self.transitions)
+
+
+@dataclass
+class Scan(SwitchCounts):
+    transitions: list[Transition] = field(default_factory=list)
+    errors: list[LogError] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -161,7 +167,7 @@ def last_line(path: Path) -> str:
     return rows[-1].strip()[:160] if rows else ""
 
 
-class LogFollower:
+class LogFollower(SwitchCounts):
     """Counts switch lines as a server writes them, reading only whole new lines at each poll."""
 
     def __init__(self, path: Path, offset: int = 0) -> None:
@@ -190,11 +196,3 @@ class LogFollower:
         self._line += text.count("\n")
         self.transitions.extend(new)
         return new
-
-    @property
-    def off(self) -> int:
-        return sum(t.direction == "OFF" for t in self.transitions)
-
-    @property
-    def on(self) -> int:
-        return sum(t.direction == "ON" for t in self.transitions)

@@ -221,7 +221,32 @@ def generate(
     a ``torch.Generator`` seeded with ``seed`` (deterministic for a given batch and device). The
     samples come in prompt order, each prompt's greedy one first."""
     with torch.no_grad():
-        return _generate(target, prompts, new_tokens, batch, log, continuations, temperature, seed)
+        pad = int(target.config.get("pad_token_id") or 0)
+        device = target.device
+        store = torch.float16 if device.type == "cpu" else torch.bfloat16
+        if any(not ids for _, ids in prompts):
+            raise ModelInvalid("an empty prompt: nothing to continue")
+        items = [(i, c) for i in range(len(prompts)) for c in range(continuations)]
+        order = sorted(items, key=lambda ic: (len(prompts[ic[0]][1]), ic))  # similar lengths pad less
+        generator = torch.Generator(device=device).manual_seed(seed)
+        out: dict[tuple[int, int], Sample] = {}
+        start = time.perf_counter()
+        for b in range(0, len(order), batch):
+            chunk = order[b : b + batch]
+            rows = [prompts[i][1] for i, _ in chunk]
+            tokens, aux, labels, width = _continue(
+                target, rows, [c == 0 for _, c in chunk], new_tokens, generator, temperature, pad, store
+            )
+            for row, (i, c) in enumerate(chunk):
+                p = len(prompts[i][1])
+                lo = width - p
+                row_labels = labels[row, lo:].clone()
+                if c:
+                    row_labels[:p] = -1
+                name = prompts[i][0] if c == 0 else f"{prompts[i][0]}#{c}"
+                out[(i, c)] = Sample(name, tokens[row, lo:].clone(), p, aux[row, lo:].clone(), row_labels)
+            log(f"  generated {min(b + batch, len(order))}/{len(order)} ({time.perf_counter() - start:.0f} s)")
+        return [out[key] for key in items]
 
 
 def left_pad(rows: Sequence[Sequence[int]], pad: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -241,44 +266,6 @@ def _argmax(lm_head: Callable[[torch.Tensor], torch.Tensor], hidden: torch.Tenso
     flat = hidden.reshape(-1, hidden.shape[-1])
     out = torch.cat([lm_head(flat[i : i + rows]).float().argmax(-1) for i in range(0, flat.shape[0], rows)])
     return out.view(hidden.shape[:-1])
-
-
-def _generate(
-    target: Target,
-    prompts: Sequence[tuple[str, list[int]]],
-    new_tokens: int,
-    batch: int,
-    log: Callable[[str], None],
-    continuations: int,
-    temperature: float,
-    seed: int,
-) -> list[Sample]:
-    pad = int(target.config.get("pad_token_id") or 0)
-    device = target.device
-    store = torch.float16 if device.type == "cpu" else torch.bfloat16
-    if any(not ids for _, ids in prompts):
-        raise ModelInvalid("an empty prompt: nothing to continue")
-    items = [(i, c) for i in range(len(prompts)) for c in range(continuations)]
-    order = sorted(items, key=lambda ic: (len(prompts[ic[0]][1]), ic))  # similar lengths pad less
-    generator = torch.Generator(device=device).manual_seed(seed)
-    out: dict[tuple[int, int], Sample] = {}
-    start = time.perf_counter()
-    for b in range(0, len(order), batch):
-        chunk = order[b : b + batch]
-        rows = [prompts[i][1] for i, _ in chunk]
-        tokens, aux, labels, width = _continue(
-            target, rows, [c == 0 for _, c in chunk], new_tokens, generator, temperature, pad, store
-        )
-        for row, (i, c) in enumerate(chunk):
-            p = len(prompts[i][1])
-            lo = width - p
-            row_labels = labels[row, lo:].clone()
-            if c:
-                row_labels[:p] = -1
-            name = prompts[i][0] if c == 0 else f"{prompts[i][0]}#{c}"
-            out[(i, c)] = Sample(name, tokens[row, lo:].clone(), p, aux[row, lo:].clone(), row_labels)
-        log(f"  generated {min(b + batch, len(order))}/{len(order)} ({time.perf_counter() - start:.0f} s)")
-    return [out[key] for key in items]
 
 
 def _continue(

@@ -60,6 +60,19 @@ class Zeros:
 
 
 @dataclass
+class EagleDraftInput:
+    """0.5.12's next-draft input (v1's and v2's), as far as the fallbacks and the lean step set it."""
+
+    bonus_tokens: Any = None
+    hidden_states: Any = None
+    topk_p: Any = None
+    topk_index: Any = None
+    capture_hidden_mode: Any = None
+    new_seq_lens: Any = None  # v2's early fence: the lengths after the verify, and its event
+    verify_done: Any = None
+
+
+@dataclass
 class LogitsProcessorOutput:
     """SGLang's, as far as the draft extend reads it (its other fields have defaults)."""
 

@@ -29,11 +29,21 @@ import pytest
 from packaging.version import Version
 
 from patcher import releases
-from patches.runtime import dynspec_auto
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
 from tests.conftest import RELEASES
-from tests.patches.fake_draft import EXTEND, Extend, MHATokenToKVPool, Zeros, full_forward_kv, install_fake_torch, kv_of
+from tests.patches.fake_draft import (
+    EXTEND,
+    EagleDraftInput,
+    Extend,
+    MHATokenToKVPool,
+    Zeros,
+    full_forward_kv,
+    install_fake_torch,
+    kv_of,
+)
+from tests.patches.patched_package import install_patched_package
+from tests.patches.real_release import release_file, release_source
 from tests.patches.test_dynspec_draft_kv import (
     EXTEND_RUNNER,
     FORWARD_BATCH_INFO,
@@ -422,12 +432,7 @@ def sglang_side(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (runtime.DRAFT_KV_ENV, runtime.RECORD_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(v2.EARLY_FENCE_ENV, "0")
-    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
-        package = types.ModuleType(name)
-        package.__path__ = []
-        monkeypatch.setitem(sys.modules, name, package)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
+    install_patched_package(monkeypatch)
 
 
 class DraftWorker:
@@ -553,13 +558,11 @@ MEMBERS = [*KV_GRAPH_MEMBERS, FULL_BACKEND, COMMON, MODEL_RUNNER, BASE_WORKER, S
 
 
 def has_member(version: str, member: str) -> bool:
-    return (releases.unpacked(version, MEMBERS) / "sglang" / member).exists()
+    return release_file(version, MEMBERS, member).exists()
 
 
 def source_of(version: str, member: str) -> str:
-    path = releases.unpacked(version, MEMBERS) / "sglang" / member
-    assert path.exists(), f"{version} has no {member}"
-    return path.read_text()
+    return release_source(version, MEMBERS, member)
 
 
 def class_named(source: str, name: str) -> ast.ClassDef:
@@ -1639,17 +1642,6 @@ def test_a_checked_twin_batches_and_says_which_graphs_round_alike(monkeypatch: p
 
 
 # -- v1 (0.5.12): the draft extend after the verify fed directly ------------------------------------
-
-
-@dataclass
-class EagleDraftInput:
-    """0.5.12's next-draft input, as far as the fallback fills it."""
-
-    bonus_tokens: Any = None
-    hidden_states: Any = None
-    topk_p: Any = None
-    topk_index: Any = None
-    capture_hidden_mode: Any = None
 
 
 class EagleDraftExtendInput:

@@ -23,7 +23,7 @@ import re
 import sys
 import types
 import zipfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,7 +34,6 @@ from packaging.version import Version
 from patcher import releases
 from patcher.proof import exactkv
 from patcher.proof import run as proof_run
-from patches.runtime import dynspec_auto
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
 from tests.conftest import RELEASES
@@ -64,6 +63,7 @@ from tests.patches.fake_draft import (
     install_fake_torch,
     kv_of,
 )
+from tests.patches.patched_package import install_patched_package
 
 KV, GRAPH, FULL, SKIP = runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_FULL, runtime.DRAFT_KV_SKIP
 DIRECT = runtime.DRAFT_KV_DIRECT
@@ -76,14 +76,15 @@ def sglang_side(monkeypatch: pytest.MonkeyPatch) -> None:
     for name in (runtime.DRAFT_KV_ENV, runtime.RECORD_ENV, runtime.ATTENTION_ENV):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv(v2.EARLY_FENCE_ENV, "0")  # no CUDA event to record
-    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
-        package = types.ModuleType(name)
-        package.__path__ = []
-        monkeypatch.setitem(sys.modules, name, package)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
+    install_patched_package(monkeypatch)
     monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
     install_fake_torch(monkeypatch)
+
+
+def stack_under(monkeypatch: pytest.MonkeyPatch, setting: str) -> DraftStack:
+    """A draft stack on a server started with ``DYNSPEC_DRAFT_KV=setting`` (read when dynspec attaches)."""
+    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
+    return draft_stack()
 
 
 def draft_kv_for(stack: DraftStack, mode: str = KV, log: bool = True) -> runtime.DraftKV:
@@ -380,8 +381,7 @@ def test_the_draft_pool_is_read_when_a_window_needs_it_not_at_start_up(
     mode: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """0.5.14+ allocate the draft KV pool after the worker (and so the fallback) is built."""
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, mode)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, mode)
     pool, stack.runner.token_to_kv_pool = stack.runner.token_to_kv_pool, None
     draft_kv = runtime.DraftKV.build(stack.runner)
     assert draft_kv.mode == mode and runtime.kv_only_unsupported(stack.model) is None
@@ -481,15 +481,18 @@ def test_a_pool_that_cannot_be_watched_gets_the_full_extend(caplog: pytest.LogCa
     ]
 
 
-def test_64_windows_without_a_draft_forward_turn_kv_into_full(caplog: pytest.LogCaptureFixture) -> None:
-    """A path that never calls the stand-in (a graph this module does not know) saves nothing: say so."""
+# kv-graph without a graph (the capture failed) is eager: its windows count, unlike replayed ones (below);
+# skip, which never sees a draft forward either, gives up too.
+@pytest.mark.parametrize("mode", [KV, GRAPH, SKIP])
+def test_64_windows_without_a_draft_forward_turn_kv_into_full(mode: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A path that never calls the stand-in (a graph this module does not know) saves nothing: say so, once."""
     stack = draft_stack()
-    draft_kv = draft_kv_for(stack)
+    draft_kv = draft_kv_for(stack, mode)
     with caplog.at_level(logging.WARNING, logger=runtime.__name__):
         for _ in range(63):
             with draft_kv.kv_only(stack.worker):
                 pass
-        assert draft_kv.mode == KV
+        assert draft_kv.mode == mode
         with draft_kv.kv_only(stack.worker):
             pass
         assert draft_kv.mode == FULL
@@ -497,7 +500,7 @@ def test_64_windows_without_a_draft_forward_turn_kv_into_full(caplog: pytest.Log
             with draft_kv.kv_only(stack.worker):
                 pass
     assert warnings_in(caplog) == [
-        "dynspec: DYNSPEC_DRAFT_KV=kv cannot work here (the draft model's forward was not called in 64 fallback "
+        f"dynspec: DYNSPEC_DRAFT_KV={mode} cannot work here (the draft model's forward was not called in 64 fallback "
         "iterations); running the full draft extend"
     ]
 
@@ -521,18 +524,6 @@ def test_a_rank_that_does_not_log_gives_up_silently(caplog: pytest.LogCaptureFix
     with caplog.at_level(logging.INFO, logger=runtime.__name__), draft_kv.kv_only(stack.worker):
         stack.extend()
     assert draft_kv.mode == FULL and caplog.records == []
-
-
-def test_skip_that_never_sees_a_draft_forward_gives_up_too(caplog: pytest.LogCaptureFixture) -> None:
-    stack = draft_stack()
-    draft_kv = draft_kv_for(stack, SKIP)
-    with caplog.at_level(logging.WARNING, logger=runtime.__name__):
-        for _ in range(64):
-            with draft_kv.kv_only(stack.worker):
-                pass
-    assert draft_kv.mode == FULL and warnings_in(caplog)[0].startswith(
-        "dynspec: DYNSPEC_DRAFT_KV=skip cannot work here"
-    )
 
 
 @pytest.mark.parametrize("backend", ["triton", "lazy"])
@@ -828,7 +819,8 @@ def test_giving_kv_graph_up_later_drops_the_graph(caplog: pytest.LogCaptureFixtu
 
 
 def test_replayed_windows_do_not_count_towards_the_64_window_verdict(caplog: pytest.LogCaptureFixture) -> None:
-    """A replayed KV-only graph never calls the stand-in; that is no sign of a path that bypasses it."""
+    """A replayed KV-only graph never calls the stand-in; that is no sign of a path that bypasses it
+    (the control: eager kv-graph windows count, ``test_64_windows_without_a_draft_forward_turn_kv_into_full``)."""
     stack = draft_stack()
     draft_kv = captured(stack)
     with caplog.at_level(logging.WARNING, logger=runtime.__name__):
@@ -838,24 +830,6 @@ def test_replayed_windows_do_not_count_towards_the_64_window_verdict(caplog: pyt
                     stack.extend()
     assert draft_kv.mode == GRAPH and draft_kv.graph is not None and not draft_kv._called
     assert draft_kv._windows == 0 and warnings_in(caplog) == []
-
-
-def test_eager_kv_graph_windows_count_towards_the_verdict(caplog: pytest.LogCaptureFixture) -> None:
-    """The control: kv-graph without a graph (the capture failed) is eager, and its windows count."""
-    stack = draft_stack()
-    draft_kv = draft_kv_for(stack, GRAPH)
-    with caplog.at_level(logging.WARNING, logger=runtime.__name__):
-        for _ in range(63):
-            with draft_kv.kv_only(stack.worker):
-                pass
-        assert draft_kv.mode == GRAPH
-        with draft_kv.kv_only(stack.worker):
-            pass
-    assert draft_kv.mode == FULL
-    assert warnings_in(caplog) == [
-        "dynspec: DYNSPEC_DRAFT_KV=kv-graph cannot work here (the draft model's forward was not called in 64 "
-        "fallback iterations); running the full draft extend"
-    ]
 
 
 # -- placeholder rows: per request for v1's DRAFT_EXTEND, per token otherwise ------------------------
@@ -993,6 +967,27 @@ def v1_batch(size: int) -> SimpleNamespace:
     )
 
 
+def what_each_size_ran(stack: DraftStack, decode_branch: Callable[[Any], Any], batch_of: Callable[[int], Any]) -> list[str]:
+    """Drive a batch of each of ``SIZES`` through ``decode_branch``; what each draft extend ran."""
+    ran = []
+    for size in SIZES:
+        stack.clear()
+        decode_branch(batch_of(size))
+        ran.append(what_ran(stack.log))
+    return ran
+
+
+def v1_decode_loop(fallback: runtime.DynspecFallback, worker: Any, stack: DraftStack) -> list[str]:
+    """``SIZES`` through v1's decode branch of ``forward_batch_generation`` as the hook sees it."""
+
+    def decode_branch(batch: Any) -> Any:
+        if fallback.should_fall_back(batch):
+            return fallback.fall_back(worker, batch, decode_branch)
+        return stack.extend()
+
+    return what_each_size_ran(stack, decode_branch, v1_batch)
+
+
 def test_v1_runs_the_fall_back_iterations_draft_extend_under_kv_only_and_the_resume_in_full() -> None:
     stack = draft_stack()
     worker = stack.worker
@@ -1000,25 +995,14 @@ def test_v1_runs_the_fall_back_iterations_draft_extend_under_kv_only_and_the_res
     recorder = StepRecorder()
     controller = runtime.SwitchController(4, min_steps=1, log=False)
     fallback = runtime.DynspecFallback(controller, TargetStub(), draft_kv_for(stack), recorder)  # type: ignore[arg-type]
-
-    def decode_branch(batch: Any) -> Any:  # forward_batch_generation's decode branch, as the hook sees it
-        if fallback.should_fall_back(batch):
-            return fallback.fall_back(worker, batch, decode_branch)
-        return stack.extend()
-
-    ran = []
-    for size in SIZES:
-        stack.clear()
-        decode_branch(v1_batch(size))
-        ran.append(what_ran(stack.log))
-    assert ran == EXPECTED
+    assert v1_decode_loop(fallback, worker, stack) == EXPECTED
     assert recorder.steps == [s for s in STEPS if s != runtime.SPECULATE]
     assert stack.pool.kv == full_forward_kv()  # every iteration wrote the same K/V
     assert "forward" not in vars(stack.model) and worker.cuda_graph_runner_for_draft_extend is not None
 
 
 def v2_decode_loop(fallback: v2.V2Fallback, worker: Any, stack: DraftStack) -> list[str]:
-    """Drive ``SIZES`` through 0.5.4 - 0.5.13's decode branch as the hook sees it; what each extend ran."""
+    """``SIZES`` through 0.5.4 - 0.5.13's decode branch as the hook sees it."""
 
     def decode_branch(batch: Any) -> Any:
         if fallback.should_fall_back(batch):
@@ -1026,12 +1010,7 @@ def v2_decode_loop(fallback: v2.V2Fallback, worker: Any, stack: DraftStack) -> l
         stack.extend()
         return SimpleNamespace(next_token_ids=None, speculative_num_draft_tokens=worker.speculative_num_draft_tokens)
 
-    ran = []
-    for size in SIZES:
-        stack.clear()
-        decode_branch(v2_tests.decode_batch(size))
-        ran.append(what_ran(stack.log))
-    return ran
+    return what_each_size_ran(stack, decode_branch, v2_tests.decode_batch)
 
 
 def test_v2_runs_the_fall_back_iterations_draft_extend_under_kv_only_and_the_resume_in_full() -> None:
@@ -1056,8 +1035,7 @@ def zero_step_worker(stack: DraftStack, **flags: Any) -> v2_tests.FakeAdaptiveWo
 def test_the_zero_step_policy_runs_the_draft_extend_under_kv_only_only_at_fall_back_with_zero_steps(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, KV)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, KV)
     worker = zero_step_worker(stack)
     policy = v2.attach_zero_step_policy(worker)
     assert policy is not None and "_draft_extend_for_decode" in vars(stack.worker)
@@ -1076,8 +1054,7 @@ def test_the_zero_step_policy_runs_the_draft_extend_under_kv_only_only_at_fall_b
 def test_at_fall_back_without_a_zero_step_state_the_draft_extend_stays_full(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, KV)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, KV)
     worker = zero_step_worker(stack)
     policy = v2.attach_zero_step_policy(worker)  # init_states never runs: no zero-step state
     assert policy is not None
@@ -1092,8 +1069,7 @@ def test_at_fall_back_without_a_zero_step_state_the_draft_extend_stays_full(
 def test_the_zero_step_policy_watches_the_draft_extend_unless_in_full_mode(
     monkeypatch: pytest.MonkeyPatch, setting: str, mode: str
 ) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, setting)
     policy = v2.attach_zero_step_policy(zero_step_worker(stack))
     assert policy is not None and policy.draft_kv.mode == mode
     assert ("_draft_extend_for_decode" in vars(stack.worker)) == (mode != FULL)
@@ -1142,8 +1118,7 @@ def v1_worker(stack: DraftStack, runner_class: type = EAGLEDraftExtendCudaGraphR
 def test_v1_attach_captures_a_kv_only_twin_of_the_stock_draft_extend_graph(
     runner_class: type, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, GRAPH)
     worker = v1_worker(stack, runner_class)
     stock = worker.cuda_graph_runner_for_draft_extend
     with caplog.at_level(logging.INFO, logger=runtime.__name__):
@@ -1162,8 +1137,7 @@ def test_v1_attach_captures_a_kv_only_twin_of_the_stock_draft_extend_graph(
 
 @pytest.mark.parametrize("setting", ["", "auto", FULL, KV, SKIP])
 def test_v1_attach_captures_nothing_outside_kv_graph(setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, setting)
     fallback = runtime.attach_dynspec(v1_worker(stack))
     assert fallback is not None and fallback.draft_kv.graph is None and stack.log == []
 
@@ -1172,8 +1146,7 @@ def test_v1_attach_without_a_stock_draft_extend_graph_is_eager(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """CUDA graphs disabled (or a backend without a draft-extend graph): nothing to make a twin of."""
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, GRAPH)
     worker = v1_worker(stack)
     worker.cuda_graph_runner_for_draft_extend = None
     with caplog.at_level(logging.INFO, logger=runtime.__name__):
@@ -1185,8 +1158,7 @@ def test_v1_attach_without_a_stock_draft_extend_graph_is_eager(
 def test_v1_with_kv_graph_replays_the_twin_at_fall_back_and_the_stock_graph_otherwise(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, GRAPH)
     worker = v1_worker(stack)
     stock = worker.cuda_graph_runner_for_draft_extend
     attached = runtime.attach_dynspec(worker)
@@ -1195,18 +1167,7 @@ def test_v1_with_kv_graph_replays_the_twin_at_fall_back_and_the_stock_graph_othe
     recorder = StepRecorder()
     controller = runtime.SwitchController(4, min_steps=1, log=False)
     fallback = runtime.DynspecFallback(controller, TargetStub(), attached.draft_kv, recorder)  # type: ignore[arg-type]
-
-    def decode_branch(batch: Any) -> Any:
-        if fallback.should_fall_back(batch):
-            return fallback.fall_back(worker, batch, decode_branch)
-        return stack.extend()
-
-    ran = []
-    for size in SIZES:
-        stack.clear()
-        decode_branch(v1_batch(size))
-        ran.append(what_ran(stack.log))
-    assert ran == EXPECTED
+    assert v1_decode_loop(fallback, worker, stack) == EXPECTED
     replayed = [seen["cuda_graph_runner_for_draft_extend"] for seen in stack.worker.seen_inside]
     assert replayed == [stock, twin, twin, stock, stock, twin]
     assert outside_capture(stack.pool) == full_forward_kv()
@@ -1233,8 +1194,7 @@ def test_v2_fallback_attach_captures_a_kv_only_twin_of_the_draft_workers_graph(
     setting: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """0.5.4 - 0.5.13: the twin as on v1, of the draft worker's runner; kv-direct (the default) is kv-graph here."""
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, setting)
     worker = v2_worker(stack)
     stock = worker.draft_worker.cuda_graph_runner_for_draft_extend
     with caplog.at_level(logging.INFO):
@@ -1253,8 +1213,7 @@ def test_v2_fallback_attach_captures_a_kv_only_twin_of_the_draft_workers_graph(
 
 @pytest.mark.parametrize("setting", ["", "auto", KV, FULL, SKIP])  # auto: kv, as on 0.5.4 - 0.5.9 (no input buffers)
 def test_v2_fallback_attach_captures_nothing_outside_the_graph_modes(setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, setting)
     fallback = v2.attach_fallback(v2_worker(stack))
     assert fallback is not None and fallback.draft_kv.graph is None and stack.log == []
     assert fallback.draft_kv.mode == (KV if setting in ("", "auto") else setting)
@@ -1264,8 +1223,7 @@ def test_v2_fallback_replays_the_twin_at_fall_back_the_stock_graph_when_speculat
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """The resume's full extend stays eager (_SavedSteps: the stock graph holds four tokens per request)."""
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, GRAPH)
     worker = v2_worker(stack)
     stock = worker.draft_worker.cuda_graph_runner_for_draft_extend
     attached = v2.attach_fallback(worker)
@@ -1305,18 +1263,21 @@ class OverridingWorker(v2_tests.FakeAdaptiveWorker):
         )
         self.overrides: list[tuple[Any, ...]] = []
 
-    def own(self) -> tuple[Any, ...]:
-        """What ``_override_worker_state`` backs up."""
+    def own_places(self) -> list[tuple[Any, str]]:
+        """(owner, attribute) of what ``_override_worker_state`` backs up."""
         dw: Any = self.draft_worker
-        return (
-            self.speculative_num_steps,
-            self.speculative_num_draft_tokens,
-            dw.speculative_num_steps,
-            dw.speculative_num_draft_tokens,
-            dw.draft_extend_attn_backend,
-            dw.draft_runner.attn_backend,
-            dw.cuda_graph_runner_for_draft_extend,
-        )
+        return [
+            (self, "speculative_num_steps"),
+            (self, "speculative_num_draft_tokens"),
+            (dw, "speculative_num_steps"),
+            (dw, "speculative_num_draft_tokens"),
+            (dw, "draft_extend_attn_backend"),
+            (dw.draft_runner, "attn_backend"),
+            (dw, "cuda_graph_runner_for_draft_extend"),
+        ]
+
+    def own(self) -> tuple[Any, ...]:
+        return tuple(getattr(owner, name) for owner, name in self.own_places())
 
     @contextlib.contextmanager
     def _override_worker_state(
@@ -1330,15 +1291,8 @@ class OverridingWorker(v2_tests.FakeAdaptiveWorker):
         try:
             yield
         finally:
-            (
-                self.speculative_num_steps,
-                self.speculative_num_draft_tokens,
-                dw.speculative_num_steps,
-                dw.speculative_num_draft_tokens,
-                dw.draft_extend_attn_backend,
-                dw.draft_runner.attn_backend,
-                dw.cuda_graph_runner_for_draft_extend,
-            ) = backup
+            for (owner, name), value in zip(self.own_places(), backup):
+                setattr(owner, name, value)
             self.overrides.append(("exit",))
 
     def build_adaptive_runtime_state(
@@ -1415,8 +1369,7 @@ def test_graph_like_puts_the_workers_own_back_when_the_build_fails() -> None:
 def test_the_zero_step_policy_captures_the_kv_only_twin_of_the_zero_step_states_graph(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, GRAPH)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, GRAPH)
     worker = OverridingWorker(stack)
     own = worker.own()
     policy = v2.attach_zero_step_policy(worker)
@@ -1455,8 +1408,7 @@ def test_the_zero_step_policy_captures_the_kv_only_twin_of_the_zero_step_states_
 
 @pytest.mark.parametrize("mode", [KV, FULL])
 def test_the_zero_step_policy_captures_nothing_outside_kv_graph(mode: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(runtime.DRAFT_KV_ENV, mode)
-    stack = draft_stack()
+    stack = stack_under(monkeypatch, mode)
     worker = OverridingWorker(stack)
     policy = v2.attach_zero_step_policy(worker)
     assert policy is not None

@@ -40,8 +40,13 @@ SUPPORTED = {
 }
 
 
+def supported_server_args(**overrides: Any) -> SimpleNamespace:
+    """``server_args`` that dynspec supports (no refusal), but for ``overrides``."""
+    return SimpleNamespace(**{**SUPPORTED, **overrides})
+
+
 def reason(**overrides: Any) -> str | None:
-    return unsupported_reason(getter_of(SimpleNamespace(**{**SUPPORTED, **overrides})))
+    return unsupported_reason(getter_of(supported_server_args(**overrides)))
 
 
 def test_supported_settings_have_no_refusal() -> None:

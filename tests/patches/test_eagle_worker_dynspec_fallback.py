@@ -8,44 +8,20 @@ import pytest
 
 from patcher.engine import apply_text
 from patcher.errors import AnchorNotFound
-from patcher.releases import unpacked
 from patches.eagle_worker_dynspec_fallback import WORKER
 from patches.eagle_worker_dynspec_fallback import EagleWorkerDynspecFallback as Patch
 from tests.conftest import RELEASES, releases_of
-from tests.patches.real_release import patched_release
+from tests.patches.real_release import classes, is_guarded, methods, patched_release, target_source
 
 V1_RELEASES = releases_of(Patch)
-
-
-def worker_source(version: str) -> str:
-    tree = unpacked(version, [Patch.TARGET])
-    return (tree / "sglang" / Patch.TARGET).read_text()
-
-
-def eagle_worker(source: str) -> ast.ClassDef:
-    return next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "EAGLEWorker")
-
-
-def methods(worker: ast.ClassDef) -> dict[str, ast.FunctionDef]:
-    return {n.name: n for n in worker.body if isinstance(n, ast.FunctionDef)}
-
-
-def is_guarded(statement: ast.stmt) -> bool:
-    """``if self._dynspec is not None and ...: return ...``: a no-op while the flag is unset."""
-    return (
-        isinstance(statement, ast.If)
-        and ast.unparse(statement.test).startswith("self._dynspec is not None and ")
-        and isinstance(statement.body[0], ast.Return)
-        and not statement.orelse
-    )
 
 
 @pytest.mark.releases
 @pytest.mark.parametrize("version", V1_RELEASES)
 def test_real_release(version: str) -> None:
-    after = patched_release(Patch, worker_source(version), version, markers=4)
+    after = patched_release(Patch, target_source(Patch, version), version, markers=4)
 
-    worker = eagle_worker(after)
+    worker = classes(after)["EAGLEWorker"]
     found = methods(worker)
     entry = found.get("forward_batch_speculative_generation") or found["forward_batch_generation"]
     assert ast.unparse(worker.body[worker.body.index(found["__init__"]) - 1]) == "_dynspec = None"

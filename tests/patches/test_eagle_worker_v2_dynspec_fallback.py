@@ -9,37 +9,12 @@ import pytest
 
 from patcher.engine import apply_text
 from patcher.errors import AnchorNotFound
-from patcher.releases import unpacked
 from patches.eagle_worker_v2_dynspec_fallback import EagleWorkerV2DynspecFallback as Patch
 from patches.eagle_worker_v2_dynspec_fallback import forwarding_arguments
 from tests.conftest import RELEASES, releases_of
-from tests.patches.real_release import patched_release
+from tests.patches.real_release import classes, inserted_lines, is_guarded, methods, patched_release, target_source
 
 OWN_FALLBACK_RELEASES = releases_of(Patch)
-
-
-def worker_source(version: str) -> str:
-    tree = unpacked(version, [Patch.TARGET])
-    return (tree / "sglang" / Patch.TARGET).read_text()
-
-
-def classes(source: str) -> dict[str, ast.ClassDef]:
-    return {n.name: n for n in ast.parse(source).body if isinstance(n, ast.ClassDef)}
-
-
-def methods(classdef: ast.ClassDef) -> dict[str, ast.FunctionDef]:
-    return {n.name: n for n in classdef.body if isinstance(n, ast.FunctionDef)}
-
-
-def is_guarded(statement: ast.stmt) -> bool:
-    """``if self._dynspec is not None and ...: [on_publish = ...] return ...``: a no-op while the flag is unset."""
-    return (
-        isinstance(statement, ast.If)
-        and ast.unparse(statement.test).startswith("self._dynspec is not None and ")
-        and isinstance(statement.body[-1], ast.Return)
-        and all(ast.unparse(s).startswith("on_publish = self._dynspec.publish_early(") for s in statement.body[:-1])
-        and not statement.orelse
-    )
 
 
 def drafting_branch(entry: ast.FunctionDef) -> list[ast.stmt]:
@@ -56,7 +31,7 @@ def drafting_branch(entry: ast.FunctionDef) -> list[ast.stmt]:
 @pytest.mark.releases
 @pytest.mark.parametrize("version", OWN_FALLBACK_RELEASES)
 def test_real_release(version: str) -> None:
-    after = patched_release(Patch, worker_source(version), version, markers=5)
+    after = patched_release(Patch, target_source(Patch, version), version, markers=5)
 
     found = classes(after)
     worker, draft_worker = found["EAGLEWorkerV2"], found["EagleDraftWorker"]
@@ -99,12 +74,9 @@ def test_real_release(version: str) -> None:
 @pytest.mark.parametrize("version", OWN_FALLBACK_RELEASES)
 def test_everything_inserted_is_inert_without_the_flag(version: str) -> None:
     """Besides the attach call (None without the flag) every inserted statement is a guarded hook."""
-    before = worker_source(version)
-    after = apply_text([Patch], before, version, Patch.TARGET)
-    inserted = [line.strip() for line in after.splitlines() if line not in set(before.splitlines())]
     unguarded = [
         line
-        for line in inserted
+        for line in inserted_lines(Patch, version)
         if line
         and not line.startswith(("# dynspec: ", "if self._dynspec is not None and ", "return self._dynspec."))
         and line != "on_publish = self._dynspec.publish_early(batch, on_publish)"  # inside the guarded if
@@ -121,7 +93,7 @@ def test_everything_inserted_is_inert_without_the_flag(version: str) -> None:
 def test_the_range_is_the_releases_with_a_v2_worker_and_no_zero_step_mode() -> None:
     v2 = RELEASES[RELEASES.index("0.5.4") :]  # the first release with EAGLEWorkerV2
     for version in v2:  # the range follows the releases' code, not a list
-        assert Patch.applies_to(version) == ("_build_trivial_verify_input" not in worker_source(version)), version
+        assert Patch.applies_to(version) == ("_build_trivial_verify_input" not in target_source(Patch, version)), version
     assert OWN_FALLBACK_RELEASES[-1] == "0.5.13" and not Patch.applies_to("0.5.3")
 
 

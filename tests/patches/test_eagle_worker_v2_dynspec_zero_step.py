@@ -8,33 +8,23 @@ import pytest
 
 from patcher.engine import apply_text
 from patcher.errors import AnchorNotFound
-from patcher.releases import unpacked
 from patches.eagle_worker_v2_dynspec_fallback import EagleWorkerV2DynspecFallback
 from patches.eagle_worker_v2_dynspec_zero_step import EagleWorkerV2DynspecZeroStep as Patch
 from tests.conftest import RELEASES, releases_of
-from tests.patches.real_release import patched_release
+from tests.patches.real_release import classes, inserted_lines, methods, patched_release, target_source
 
 ZERO_STEP_RELEASES = releases_of(Patch)
 MARKER = Patch.marker()
 
 
-def worker_source(version: str) -> str:
-    tree = unpacked(version, [Patch.TARGET])
-    return (tree / "sglang" / Patch.TARGET).read_text()
-
-
-def worker_class(source: str) -> ast.ClassDef:
-    return next(n for n in ast.parse(source).body if isinstance(n, ast.ClassDef) and n.name == "EAGLEWorkerV2")
-
-
 @pytest.mark.releases
 @pytest.mark.parametrize("version", ZERO_STEP_RELEASES)
 def test_real_release(version: str) -> None:
-    after = patched_release(Patch, worker_source(version), version, markers=3)
+    after = patched_release(Patch, target_source(Patch, version), version, markers=3)
 
-    worker = worker_class(after)
+    worker = classes(after)["EAGLEWorkerV2"]
     assert ast.unparse(worker.body[0]) == "_dynspec = None"
-    init = next(n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name == "__init__")
+    init = methods(worker)["__init__"]
     assert [ast.unparse(s) for s in init.body[-2:]] == [
         "from sglang.srt.speculative.dynspec_v2 import attach_zero_step_policy",
         "self._dynspec = attach_zero_step_policy(self)",
@@ -54,16 +44,14 @@ def test_real_release(version: str) -> None:
         f"{indent}if self._dynspec is not None:",
         f"{indent}    on_publish = self._dynspec.publish_early(batch, on_publish)",
     ]
-    entry = next(n for n in worker.body if isinstance(n, ast.FunctionDef) and n.name == "forward_batch_generation")
+    entry = methods(worker)["forward_batch_generation"]
     assert entry.lineno < verify < entry.end_lineno  # type: ignore[operator]
 
 
 @pytest.mark.releases
 @pytest.mark.parametrize("version", ZERO_STEP_RELEASES)
 def test_nothing_else_changes(version: str) -> None:
-    before = worker_source(version)
-    after = apply_text([Patch], before, version, Patch.TARGET)
-    inserted = [line.strip() for line in after.splitlines() if line not in set(before.splitlines())]
+    inserted = inserted_lines(Patch, version)
     assert [line for line in inserted if line and not line.startswith("# dynspec: ")] == [
         "_dynspec = None  # a dynspec_v2 object while --speculative-disable-batch-size is set",
         "from sglang.srt.speculative.dynspec_v2 import attach_zero_step_policy",
@@ -85,7 +73,7 @@ def test_the_two_v2_patches_split_the_v2_releases_between_them() -> None:
 def test_a_release_without_the_zero_step_mode_is_drift() -> None:
     """0.5.13 has adaptive states but no trivial verify: the policy would have nothing to switch to."""
     with pytest.raises(AnchorNotFound, match="_build_trivial_verify_input"):
-        apply_text([Patch], worker_source("0.5.13"), "0.5.14", Patch.TARGET)
+        apply_text([Patch], target_source(Patch, "0.5.13"), "0.5.14", Patch.TARGET)
 
 
 
@@ -98,7 +86,7 @@ def test_what_status_says_upstream_offers_matches_the_release(version: str) -> N
     for patch in (EagleWorkerDynspecFallback, EagleWorkerV2DynspecFallback, Patch):
         if not patch.applies_to(version):
             continue  # status prints no note for a patch that is n/a
-        source = (unpacked(version, [patch.TARGET]) / "sglang" / patch.TARGET).read_text()
+        source = target_source(patch, version)
         adaptive = "adaptive_controller" in source or "AdaptiveController" in source
         zero_step = "_build_trivial_verify_input" in source
         note = patch.upstream_note(version)

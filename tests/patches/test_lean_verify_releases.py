@@ -38,6 +38,7 @@ from packaging.version import Version
 from patcher import releases
 from patches.runtime import dynspec_v2 as v2
 from tests.conftest import RELEASES
+from tests.patches.real_release import release_file, release_source
 
 LEAN = [v for v in RELEASES if Version(v) >= Version("0.5.14")]  # LeanVerify applies from 0.5.14
 
@@ -62,13 +63,11 @@ WATERMARK = "watermark_state"
 
 
 def has_member(version: str, member: str) -> bool:
-    return (releases.unpacked(version, MEMBERS) / "sglang" / member).exists()
+    return release_file(version, MEMBERS, member).exists()
 
 
 def source_of(version: str, member: str) -> str:
-    path = releases.unpacked(version, MEMBERS) / "sglang" / member
-    assert path.exists(), f"{version} has no {member}"
-    return path.read_text()
+    return release_source(version, MEMBERS, member)
 
 
 def module_name(member: str) -> str:
@@ -120,6 +119,15 @@ def greedy_branch(sample: ast.FunctionDef) -> tuple[int, ast.If] | None:
         if isinstance(node, ast.If) and "sampling_info.is_all_greedy" in ast.unparse(node.test):
             return i, node
     return None
+
+
+def sample_and_greedy_branch(source: str) -> tuple[ast.FunctionDef, tuple[int, ast.If]] | str:
+    """``eagle_sample`` and its greedy branch, or which of the two the source lacks."""
+    sample = sample_def(source)
+    if sample is None:
+        return "no module-level eagle_sample"
+    branch = greedy_branch(sample)
+    return "no greedy branch" if branch is None else (sample, branch)
 
 
 def mask_parameter(sample: ast.FunctionDef) -> str | None:
@@ -268,12 +276,10 @@ def penalty_problems(source: str) -> list[str]:
     """Every top-level ``if`` before the greedy branch that changes the logits is gated by what the stand-in
     refuses: ``sampling_info.<penalty> is not None`` with the penalty in ``LeanVerify.PENALTIES``, the mask
     argument, or ``watermark_state``. An unknown gate, or a penalty LeanVerify does not check, is a problem."""
-    sample = sample_def(source)
-    if sample is None:
-        return ["no module-level eagle_sample"]
-    branch = greedy_branch(sample)
-    if branch is None:
-        return ["no greedy branch"]
+    found = sample_and_greedy_branch(source)
+    if isinstance(found, str):
+        return [found]
+    sample, branch = found
     mask = mask_parameter(sample)
     problems = []
     for node in sample.body[: branch[0]]:
@@ -328,12 +334,10 @@ def parameter_problems(source: str) -> list[str]:
 def ignored_kwarg_problems(source: str) -> list[str]:
     """The arguments ``LeanVerify.IGNORED_KWARGS`` lets through are read only where a greedy one-node
     batch with no watermark never goes: the branches after the greedy one, or under ``watermark_state``."""
-    sample = sample_def(source)
-    if sample is None:
-        return ["no module-level eagle_sample"]
-    branch = greedy_branch(sample)
-    if branch is None:
-        return ["no greedy branch"]
+    found = sample_and_greedy_branch(source)
+    if isinstance(found, str):
+        return [found]
+    sample, branch = found
     allowed: set[int] = set()  # ids of the Name nodes in places the stand-in's batches never reach
     for later in branch[1].orelse:  # the branches after the greedy one (sparse sampling, sampling)
         allowed |= {id(n) for n in ast.walk(later)}

@@ -15,12 +15,11 @@ import pytest
 
 from patcher.engine import apply_text
 from patcher.errors import AnchorNotFound
-from patcher.releases import unpacked
 from patches.piecewise_graph_dynspec_prefill import DECLARE, ENV
 from patches.piecewise_graph_dynspec_prefill import PiecewiseGraphDynspecPrefill as Patch
 from patches.runtime import dynspec_v2
 from tests.conftest import releases_of
-from tests.patches.real_release import patched_release
+from tests.patches.real_release import patched_release, target_source
 
 RELEASES = releases_of(Patch)
 MARKER = Patch.marker()
@@ -30,10 +29,6 @@ class CaptureHiddenMode(enum.IntEnum):  # sglang's, by name: NULL, LAST, FULL
     NULL = 0
     LAST = 1
     FULL = 2
-
-
-def runner_source(version: str) -> str:
-    return (unpacked(version, [Patch.TARGET]) / "sglang" / Patch.TARGET).read_text()
 
 
 def inserted_function(source: str) -> Callable[[Any, CaptureHiddenMode], CaptureHiddenMode]:
@@ -55,7 +50,7 @@ def model_runner(threshold: int | None = 32, draft: bool = False, eagle: bool = 
 @pytest.mark.releases
 @pytest.mark.parametrize("version", RELEASES)
 def test_real_release(version: str) -> None:
-    after = patched_release(Patch, runner_source(version), version, markers=2)
+    after = patched_release(Patch, target_source(Patch, version), version, markers=2)
     lines = after.splitlines()
     call = next(i for i, line in enumerate(lines) if f"= {DECLARE}(" in line)
     assert lines[call].strip() == f"self.capture_hidden_mode = {DECLARE}(model_runner, self.capture_hidden_mode)"
@@ -83,7 +78,7 @@ def test_the_v2_runtime_is_installed_wherever_this_patch_applies() -> None:
 def test_the_decision_is_full_for_a_dynspec_eagle_target_unless_switched_off(
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    declare = inserted_function(apply_text([Patch], runner_source("0.5.12"), "0.5.12", Patch.TARGET))
+    declare = inserted_function(apply_text([Patch], target_source(Patch, "0.5.12"), "0.5.12", Patch.TARGET))
     null, full = CaptureHiddenMode.NULL, CaptureHiddenMode.FULL
     monkeypatch.delenv(ENV, raising=False)
     caplog.set_level(logging.INFO)
@@ -103,7 +98,7 @@ def test_the_decision_is_full_for_a_dynspec_eagle_target_unless_switched_off(
 
 @pytest.mark.usefixtures("installed_runtime")
 def test_a_bad_switch_value_refuses_to_start_and_a_stock_server_never_reads_it(monkeypatch: pytest.MonkeyPatch) -> None:
-    declare = inserted_function(apply_text([Patch], runner_source("0.5.12"), "0.5.12", Patch.TARGET))
+    declare = inserted_function(apply_text([Patch], target_source(Patch, "0.5.12"), "0.5.12", Patch.TARGET))
     monkeypatch.setenv(ENV, "yes")
     with pytest.raises(ValueError, match=f"{ENV} must be 0 or 1, not 'yes'"):
         declare(model_runner(), CaptureHiddenMode.NULL)
@@ -113,7 +108,7 @@ def test_a_bad_switch_value_refuses_to_start_and_a_stock_server_never_reads_it(m
 def test_a_runner_whose_can_run_does_not_compare_the_mode_is_refused() -> None:
     """0.5.10's runner replays any mode (its server turns the graphs off for speculation instead):
     declaring FULL there would not be what makes a prefill replay them."""
-    old = runner_source("0.5.10")
+    old = target_source(Patch, "0.5.10")
     with pytest.raises(AnchorNotFound, match="can_run compares"):
         apply_text([Patch], old, "0.5.12", Patch.TARGET)
     assert not Patch.applies_to("0.5.10") and not Patch.applies_to("0.5.14") and Patch.applies_to("0.5.12")

@@ -29,18 +29,16 @@ from patches.runtime import dynspec_runtime as runtime
 from patches.speculative_dynspec_runtime import SpeculativeDynspecRuntime
 from tests.conftest import RELEASES
 from tests.patches.fake_draft import draft_stack
+from tests.patches.patched_package import install_patched_package
+from tests.patches.test_dynspec_settings import supported_server_args
 from tests.patches.test_eagle_worker_dynspec_fallback import V1_RELEASES
+from tests.patches.test_eagle_worker_v2_dynspec_fallback import OWN_FALLBACK_RELEASES
 
 
 @pytest.fixture(autouse=True)
-def shipped_auto_module(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``sglang.srt.speculative.dynspec_auto``, which ``attach_dynspec`` imports, as a patched tree has it."""
-    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
-        if name not in sys.modules:
-            package = types.ModuleType(name)
-            package.__path__ = []
-            monkeypatch.setitem(sys.modules, name, package)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
+def patched_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``attach_dynspec`` imports ``sglang.srt.speculative.dynspec_auto``: a patched tree's package."""
+    install_patched_package(monkeypatch)
 
 SwitchController = runtime.SwitchController
 
@@ -233,21 +231,6 @@ def test_metrics_without_prometheus_client_are_a_no_op(monkeypatch: pytest.Monke
     assert decisions(controller, [1, 9]) == "S-"
 
 
-def server_args(**overrides: Any) -> SimpleNamespace:
-    """A v1 worker's ``server_args`` the fallback supports (the refusals: test_dynspec_settings.py)."""
-    values = {
-        "speculative_algorithm": "EAGLE3",
-        "speculative_eagle_topk": 1,
-        "enable_dp_attention": False,
-        "pp_size": 1,
-        "enable_two_batch_overlap": False,
-        "enable_pdmux": False,
-        "enable_multi_layer_eagle": False,
-        "speculative_adaptive": False,
-    }
-    return SimpleNamespace(**{**values, **overrides})
-
-
 def test_capture_sizes_keep_only_batches_above_the_switch_on_size() -> None:
     assert runtime.fallback_capture_sizes([1, 2, 4, 8, 16, 32, 40, 48, 40], 32) == [40, 48]
     assert runtime.fallback_capture_sizes([1, 8], 32) == []
@@ -395,7 +378,7 @@ def test_idle_batches_always_take_the_normal_path() -> None:
 
 
 def worker_with(**flags: Any) -> SimpleNamespace:
-    args = server_args(model_path="m", served_model_name="m", **flags)
+    args = supported_server_args(model_path="m", served_model_name="m", **flags)
     return SimpleNamespace(
         server_args=args,
         tp_rank=0,
@@ -461,9 +444,16 @@ def verify_input_fields(version: str) -> list[tuple[str, bool]]:
     raise AssertionError(f"no EagleVerifyInput in SGLang {version}")
 
 
+# The releases of each fallback that builds the trivial tree, with the lengths it passes: v1's, v2's own.
+TRIVIAL_TREE_CALLERS = [
+    *(pytest.param(version, 10, "cpu", id=f"v1-{version}") for version in V1_RELEASES),
+    *(pytest.param(version, None, None, id=f"v2-{version}") for version in OWN_FALLBACK_RELEASES),
+]
+
+
 @pytest.mark.releases
-@pytest.mark.parametrize("version", V1_RELEASES)
-def test_trivial_verify_input_fits_the_releases_eagle_verify_input(version: str) -> None:
+@pytest.mark.parametrize(("version", "seq_lens_sum", "seq_lens_cpu"), TRIVIAL_TREE_CALLERS)
+def test_trivial_verify_input_fits_the_releases_eagle_verify_input(version: str, seq_lens_sum: int | None, seq_lens_cpu: str | None) -> None:
     fields = verify_input_fields(version)
     verify_input = dataclasses.make_dataclass("EagleVerifyInput", [(n, Any, dataclasses.field(default=None)) if d else (n, Any) for n, d in fields])
     kwargs = runtime.trivial_tree_fields(
@@ -474,8 +464,8 @@ def test_trivial_verify_input_fits_the_releases_eagle_verify_input(version: str)
         root_index="index",
         no_child="none",
         capture_hidden_mode="FULL",
-        seq_lens_sum=10,
-        seq_lens_cpu="cpu",
+        seq_lens_sum=seq_lens_sum,
+        seq_lens_cpu=seq_lens_cpu,
     )
     built = verify_input(**kwargs)  # every required field is given, no unknown one
     assert (built.spec_steps, built.topk, built.draft_token_num) == (0, 1, 1)

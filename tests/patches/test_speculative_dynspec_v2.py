@@ -29,6 +29,7 @@ from patches.runtime import dynspec_v2 as v2
 from patches.runtime.dynspec_settings import Settings
 from patches.speculative_dynspec_v2 import SpeculativeDynspecV2
 from tests.patches.fake_draft import DraftWorker, draft_stack
+from tests.patches.patched_package import install_patched_package
 from tests.patches.test_eagle_worker_v2_dynspec_fallback import OWN_FALLBACK_RELEASES
 from tests.patches.test_eagle_worker_v2_dynspec_zero_step import ZERO_STEP_RELEASES
 
@@ -38,12 +39,7 @@ WORKER_FILE = "srt/speculative/eagle_worker_v2.py"
 @pytest.fixture(autouse=True)
 def sglang_package(monkeypatch: pytest.MonkeyPatch) -> None:
     """``sglang.srt.speculative`` holding the real ``dynspec_runtime``, as in a patched tree."""
-    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
-        package = types.ModuleType(name)
-        package.__path__ = []
-        monkeypatch.setitem(sys.modules, name, package)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
+    install_patched_package(monkeypatch)
 
 
 def source_of(version: str, member: str) -> str:
@@ -377,37 +373,6 @@ def test_mask_length() -> None:
     assert v2.mask_length(4, 100, 4096) == 104
     assert v2.mask_length(4, None, 4096) == 4 * 4097
     assert v2.mask_length(4, None, None) is None
-
-
-def verify_input_fields(version: str) -> list[tuple[str, bool]]:
-    source = source_of(version, "srt/speculative/eagle_info.py")
-    return [
-        (s.target.id, s.value is not None)
-        for s in class_node(source, "EagleVerifyInput").body
-        if isinstance(s, ast.AnnAssign) and isinstance(s.target, ast.Name)
-    ]
-
-
-@pytest.mark.releases
-@pytest.mark.parametrize("version", OWN_FALLBACK_RELEASES)
-def test_the_trivial_tree_fits_the_releases_eagle_verify_input(version: str) -> None:
-    fields = verify_input_fields(version)
-    verify_input = dataclasses.make_dataclass(
-        "EagleVerifyInput", [(n, Any, dataclasses.field(default=None)) if d else (n, Any) for n, d in fields]
-    )
-    kwargs = runtime.trivial_tree_fields(
-        runtime.tree_field_prefix(verify_input),
-        draft_token="bonus",
-        custom_mask="mask",
-        positions="positions",
-        root_index="index",
-        no_child="none",
-        capture_hidden_mode="FULL",
-        seq_lens_sum=None,
-        seq_lens_cpu=None,
-    )
-    built = verify_input(**kwargs)  # every required field is given, no unknown one
-    assert (built.spec_steps, built.topk, built.draft_token_num) == (0, 1, 1)
 
 
 @pytest.mark.releases

@@ -38,9 +38,10 @@ from typing import Any
 import pytest
 
 from patcher.releases import unpacked
-from patches.runtime import dynspec_auto
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
+from tests.patches.fake_draft import EagleDraftInput
+from tests.patches.patched_package import install_patched_package
 from tests.patches.test_lean_verify_releases import inplace_write_problems, scanned_sources
 
 VERSION = "0.5.12"
@@ -372,27 +373,10 @@ def timeline(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     spec_utils = types.ModuleType("sglang.srt.speculative.spec_utils")
     spec_utils.SIMULATE_ACC_LEN = -1  # type: ignore[attr-defined]
     monkeypatch.setitem(sys.modules, spec_utils.__name__, spec_utils)
-    for name in ("sglang", "sglang.srt", "sglang.srt.speculative"):
-        package = types.ModuleType(name)
-        package.__path__ = []
-        monkeypatch.setitem(sys.modules, name, package)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_runtime", runtime)
-    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_auto", dynspec_auto)
+    install_patched_package(monkeypatch)
     for name in (v2.LEAN_STEP_ENV, v2.LEAN_PREFILL_ENV, v2.EARLY_FENCE_ENV, runtime.RECORD_ENV):
         monkeypatch.delenv(name, raising=False)
     return events
-
-
-@dataclasses.dataclass
-class EagleDraftInput:
-    """0.5.12's, as far as the step and the stand-ins set it."""
-
-    bonus_tokens: Any = None
-    new_seq_lens: Any = None
-    verify_done: Any = None
-    topk_p: Any = None
-    topk_index: Any = None
-    hidden_states: Any = None
 
 
 @dataclasses.dataclass

@@ -16,7 +16,7 @@ from patcher.proof.client import Client
 from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE
 from patcher.proof.run import NEVER_OFF_NAME, run_proof
 
-from .test_exactkv import exact_kv_options
+from .test_exactkv import exact_kv_options, passed_proof
 
 A = f"{RID_PREFIX}0-long-1"
 
@@ -131,12 +131,9 @@ def acceptance_options(root: Path, out: Path, faults: str = "", accept: str = "3
 
 def test_acceptance_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = run_proof(acceptance_options(site(), out), lambda m: None)
-    acc = result["acceptance"]
-    assert result["passed"] and acc["passed"], reports.summary(result)
+    result, acc, servers = passed_proof(acceptance_options(site(), out), "acceptance")
     assert acc["always_on"] == 3.0 and acc["dynspec_resumed"] == 3.0 and acc["full_resumed"] == 3.0
     assert acc["skip_resumed"] < 0.99 * 3.0 and acc["requests"] >= 4  # how many went off and back is timing
-    servers = {s["name"]: s for s in result["servers"]}
     assert list(servers) == ["dynspec", "dynspec-full", "dynspec-skip", NEVER_OFF_NAME]
     never = servers[NEVER_OFF_NAME]["argv"]
     assert never[never.index("--speculative-disable-batch-size") + 1] == str(launch.MAX_RUNNING_REQUESTS - 1)

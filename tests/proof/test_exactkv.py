@@ -277,12 +277,17 @@ def exact_kv_options(root: Path, out: Path, faults: str = "", **kw: object) -> A
     return opts
 
 
+def passed_proof(opts: ProofOptions, check: str) -> tuple[dict[str, Any], dict[str, Any], dict[str, dict[str, Any]]]:
+    """The proof's result, ``check``'s entry and the servers by name, once the proof and the check passed."""
+    result = run_proof(opts, lambda m: None)
+    entry = result[check]
+    assert result["passed"] and entry["passed"], reports.summary(result)
+    return result, entry, {s["name"]: s for s in result["servers"]}
+
+
 def test_exact_kv_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> None:
     out = tmp_path / "out"
-    result = run_proof(exact_kv_options(site(), out), lambda m: None)
-    kv = result["exact_kv"]
-    assert result["passed"] and kv["passed"], reports.summary(result)
-    servers = {s["name"]: s for s in result["servers"]}
+    result, kv, servers = passed_proof(exact_kv_options(site(), out), "exact_kv")
     assert list(servers) == ["dynspec", "dynspec-full", "dynspec-skip"]
     # the server proved runs the KV-only extend from its graph (KV_ONLY_MODE): the caller did not say otherwise
     for name, setting in (("dynspec", "kv-direct"), ("dynspec-full", "full"), ("dynspec-skip", "skip")):
@@ -411,10 +416,7 @@ def test_exact_kv_proves_the_eager_kv_only_extend_when_the_caller_asks(site: Any
     out = tmp_path / "out"
     opts = exact_kv_options(site(), out)
     opts.env = {**opts.env, DRAFT_KV_ENV: "kv"}
-    result = run_proof(opts, lambda m: None)
-    kv = result["exact_kv"]
-    assert result["passed"] and kv["passed"], reports.summary(result)
-    servers = {s["name"]: s for s in result["servers"]}
+    _, kv, servers = passed_proof(opts, "exact_kv")
     assert [servers[n]["env"].get(DRAFT_KV_ENV) for n in ("dynspec", "dynspec-full", "dynspec-skip")] == [
         "kv",
         "full",

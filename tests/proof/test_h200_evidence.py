@@ -37,6 +37,14 @@ def members(archive: Path, *names: str) -> dict[str, str]:
         return out
 
 
+def report_of(evidence: Path, env: dict[str, str], revisions: dict[str, int]) -> dict:
+    """A run's report, once it names the dynspec environment and the revisions the run is said to have had."""
+    report = json.loads((evidence / "report.json").read_text())
+    assert report["dynspec_env"] == env
+    assert {k: report["dynspec_revisions"][k] for k in revisions} == revisions
+    return report
+
+
 def recordings() -> dict[str, exactkv.Recording]:
     files = members(
         KV / "logs.tar.gz", "drafts-dynspec.jsonl", "drafts-dynspec-full.jsonl", "drafts-dynspec-skip.jsonl"
@@ -425,9 +433,7 @@ def test_session_11_v1s_direct_write_changed_exactly_the_proposals_the_control_c
     """v1 (0.5.12): 3 of 1038 proposals differ from the full extend's, at the positions where the
     no-write control differs too, and nowhere else: on v1 this load's control has almost no teeth."""
     recs, files = kv_proof_recordings(S11_KV_V1)
-    report = json.loads((S11_KV_V1 / "report.json").read_text())
-    assert report["path"] == "v1" and report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}
-    assert {k: report["dynspec_revisions"][k] for k in S11_REVISIONS} == S11_REVISIONS
+    report = v1_kv_direct_report(S11_KV_V1, S11_REVISIONS)
     assert report["equivalence"]["passed"] and report["crossings"]["passed"] and report["crossings"]["count"] >= 100
     entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
     assert not entry["passed"] and not report["exact_kv"]["passed"]
@@ -445,9 +451,7 @@ def test_session_11_v1s_direct_write_changed_exactly_the_proposals_the_control_c
 
 
 def test_session_11_the_own_fallbacks_throughput_and_mixed_load_on_0_5_12() -> None:
-    report = json.loads((S11_TPUT_12 / "report.json").read_text())
-    assert report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}
-    assert {k: report["dynspec_revisions"][k] for k in S11_REVISIONS} == S11_REVISIONS
+    report = report_of(S11_TPUT_12, {"DYNSPEC_DRAFT_KV": "kv-direct"}, S11_REVISIONS)
     tput = report["throughput"]
     medians = {k: [sorted(s)[1] for s in tput["samples"][k]] for k in ("base", "always_on", "dynspec")}
     assert medians == {k: tput[k] for k in medians}
@@ -491,10 +495,7 @@ S12_REVISIONS = {"speculative_dynspec_runtime": 12, "speculative_dynspec_v2": 18
 
 
 def session_12_report(evidence: Path) -> dict:
-    report = json.loads((evidence / "report.json").read_text())
-    assert report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}
-    assert {k: report["dynspec_revisions"][k] for k in S12_REVISIONS} == S12_REVISIONS
-    return report
+    return report_of(evidence, {"DYNSPEC_DRAFT_KV": "kv-direct"}, S12_REVISIONS)
 
 
 def test_session_12_v1s_stock_graph_write_differs_only_where_the_timelines_parted() -> None:
@@ -582,9 +583,7 @@ def test_session_13_v1s_stock_graph_write_is_bit_exact(tmp_path: Path) -> None:
     while the same rows packed into another graph differ in 4302 of 5396. Proposals differ at 36 of
     1794 positions, every one after the request's timeline parted (none where histories agree, of
     252 such positions), so the check passes on the bits."""
-    report = json.loads((S13_BITS_V1 / "report.json").read_text())
-    assert report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}
-    assert {k: report["dynspec_revisions"][k] for k in S13_REVISIONS} == S13_REVISIONS
+    report = report_of(S13_BITS_V1, {"DYNSPEC_DRAFT_KV": "kv-direct"}, S13_REVISIONS)
     assert report["path"] == "v1" and report["crossings"]["passed"] and report["crossings"]["count"] >= 100
     files = members(S13_BITS_V1 / "logs.tar.gz", "bits-dynspec-full.jsonl")
     (tmp_path / "bits.jsonl").write_text(files["bits-dynspec-full.jsonl"])
@@ -640,9 +639,8 @@ S13_LEAN_REVISIONS = {"speculative_dynspec_runtime": 14, "speculative_dynspec_v2
 
 def v1_kv_direct_report(evidence: Path, revisions: dict[str, int]) -> dict:
     """A v1 run's report with DYNSPEC_DRAFT_KV=kv-direct, once it names ``revisions``."""
-    report = json.loads((evidence / "report.json").read_text())
-    assert report["path"] == "v1" and report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}
-    assert {k: report["dynspec_revisions"][k] for k in revisions} == revisions
+    report = report_of(evidence, {"DYNSPEC_DRAFT_KV": "kv-direct"}, revisions)
+    assert report["path"] == "v1"
     return report
 
 
@@ -862,9 +860,8 @@ def test_session_14_the_kv_only_prefill_keeps_the_draft_kv_exact() -> None:
     requests were admitted while speculation was off, their prefill writing only the draft KV; every
     one of 1876 proposals after a fallback span equals the full extend's (the control differs at 58),
     output digests agree, 100 crossings with 3251 requests answered. Its speed was not measured."""
-    report = json.loads((S14_PREFILL_KV / "report.json").read_text())
-    assert report["path"] == "v2" and report["dynspec_env"] == {"DYNSPEC_PREFILL_KV": "1"}
-    assert {k: report["dynspec_revisions"][k] for k in S14_REVISIONS} == S14_REVISIONS
+    report = report_of(S14_PREFILL_KV, {"DYNSPEC_PREFILL_KV": "1"}, S14_REVISIONS)
+    assert report["path"] == "v2"
     assert report["crossings"]["passed"] and report["crossings"]["count"] == 100
     recs, files = kv_proof_recordings(S14_PREFILL_KV)
     assert "DYNSPEC_PREFILL_KV=1: while off, a prefill's draft extend writes only the draft KV" in files["dynspec.log"]
@@ -887,14 +884,6 @@ S15_V1 = PROOF / "0.5.12-v1-s15-r16-proof-bits"
 S15_V1_STOPPED = PROOF / "0.5.12-v1-s15-r16-ready-check-stopped"
 S15_REVISIONS = {"speculative_dynspec_runtime": 16, "speculative_dynspec_v2": 21}
 PREFILL_KV = {"DYNSPEC_PREFILL_KV": "1"}
-
-
-def report_of(evidence: Path, env: dict[str, str], revisions: dict[str, int]) -> dict:
-    """A run's report, once it names the dynspec environment and the revisions the run is said to have had."""
-    report = json.loads((evidence / "report.json").read_text())
-    assert report["dynspec_env"] == env
-    assert {k: report["dynspec_revisions"][k] for k in revisions} == revisions
-    return report
 
 
 def s15_report(evidence: Path, env: dict[str, str]) -> dict:
@@ -1037,10 +1026,7 @@ S16_REVISIONS = {"speculative_dynspec_runtime": 16, "speculative_dynspec_v2": 23
 
 
 def s16_report(evidence: Path) -> dict:
-    report = json.loads((evidence / "report.json").read_text())
-    assert report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct"}  # r22's KV-only prefill with no setting
-    assert {k: report["dynspec_revisions"][k] for k in S16_REVISIONS} == S16_REVISIONS
-    return report
+    return report_of(evidence, {"DYNSPEC_DRAFT_KV": "kv-direct"}, S16_REVISIONS)  # r22's KV-only prefill with no setting
 
 
 def test_session_16_r23s_defaults_keep_outputs_and_the_draft_kv_exact_on_v2() -> None:
@@ -1231,10 +1217,7 @@ def test_session_17_the_profile_puts_the_own_fallbacks_extra_step_time_in_gpu_wo
 
 
 def s17_report(evidence: Path) -> dict:
-    report = json.loads((evidence / "report.json").read_text())
-    assert report["dynspec_env"] == {"DYNSPEC_DRAFT_KV": "kv-direct", "DYNSPEC_KV_STREAM": "1"}
-    assert {k: report["dynspec_revisions"][k] for k in S17_REVISIONS} == S17_REVISIONS
-    return report
+    return report_of(evidence, {"DYNSPEC_DRAFT_KV": "kv-direct", "DYNSPEC_KV_STREAM": "1"}, S17_REVISIONS)
 
 
 def test_session_17_the_write_on_its_own_stream_and_the_lean_sample_keep_outputs_and_the_draft_kv_exact() -> None:

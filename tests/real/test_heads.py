@@ -117,19 +117,29 @@ def test_each_step_predicts_the_token_after_its_input() -> None:
         assert int(want[0, 12 - 2 - k]) == -1  # past the end: not trained
 
 
+def tiny_training(prompt_tokens: int, new_tokens: int) -> tuple[Any, list[Any], Any]:
+    """The tiny target, its greedy continuations of 12 seeded random prompts, and a recipe that trains
+    a head on them in seconds (the caller has skipped without torch and transformers)."""
+    import torch
+
+    from patcher.real import eagle3
+    from tests.real.test_generate import tiny_target
+
+    target = tiny_target()
+    g = torch.Generator().manual_seed(1)
+    prompts = [(f"t/{i}", torch.randint(3, 300, (prompt_tokens,), generator=g).tolist()) for i in range(12)]
+    samples = eagle3.generate(target, prompts, new_tokens, 6, lambda m: None)
+    return target, samples, eagle3.Recipe(draft_vocab=64, intermediate=48, epochs=8, batch_tokens=200, lr=3e-3)
+
+
 def test_training_is_deterministic_and_learns_a_tiny_target(tmp_path: Path) -> None:
     """A tiny random llama target whose 'continuations' are its own greedy tokens: two runs of the
     recipe give the same head; it beats an untrained head; the saved head passes check_head."""
     torch = pytest.importorskip("torch", reason="the [real] extra")
     pytest.importorskip("transformers", reason="the [real] extra")
     from patcher.real import eagle3
-    from tests.real.test_generate import tiny_target
 
-    target = tiny_target()
-    g = torch.Generator().manual_seed(1)
-    prompts = [(f"t/{i}", torch.randint(3, 300, (12,), generator=g).tolist()) for i in range(12)]
-    samples = eagle3.generate(target, prompts, 24, 6, lambda m: None)
-    recipe = eagle3.Recipe(draft_vocab=64, intermediate=48, epochs=8, batch_tokens=200, lr=3e-3)
+    target, samples, recipe = tiny_training(prompt_tokens=12, new_tokens=24)
     head, head_cfg, _ = eagle3.train(target, samples, recipe, lambda m: None)
     again, _, _ = eagle3.train(target, samples, recipe, lambda m: None)
     for (name, a), b in zip(head.state_dict().items(), again.state_dict().values()):
@@ -236,13 +246,9 @@ def test_a_stale_span_costs_a_trained_head_its_context() -> None:
     torch = pytest.importorskip("torch", reason="the [real] extra")
     pytest.importorskip("transformers", reason="the [real] extra")
     from patcher.real import eagle3
-    from tests.real.test_generate import tiny_target
 
-    target = tiny_target()
-    g = torch.Generator().manual_seed(1)
-    prompts = [(f"t/{i}", torch.randint(3, 300, (8,), generator=g).tolist()) for i in range(12)]
-    samples = eagle3.generate(target, prompts, 40, 6, lambda m: None)
-    head, _, _ = eagle3.train(target, samples, eagle3.Recipe(draft_vocab=64, intermediate=48, epochs=8, batch_tokens=200, lr=3e-3), lambda m: None)
+    target, samples, recipe = tiny_training(prompt_tokens=8, new_tokens=40)
+    head, _, _ = eagle3.train(target, samples, recipe, lambda m: None)
     cost = eagle3.stale_kv_cost(head, target, samples, spans=(16, 60))
     assert list(cost) == ["16"]  # a span that leaves too little after it is not measured
     row = cost["16"]
