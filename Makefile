@@ -26,6 +26,7 @@ run: setup   # FULL_DIFF=1: the whole diff, not its stat and first hunk
 
 test: setup
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 	$(BIN)/python -m pytest -q
 

@@ -66,8 +66,12 @@ def main() -> None:
         shutil.rmtree(scratch_cache)
     timed_apply("0.5.12", warm_cache)
     warm = [timed_apply("0.5.12", warm_cache) for _ in range(5)]
-    print(f"dynspec apply, SGLang 0.5.12, cold dynspec caches: median {statistics.median(cold):.2f} s (min {min(cold):.2f})")
-    print(f"dynspec apply, SGLang 0.5.12, warm dynspec caches: median {statistics.median(warm):.2f} s (min {min(warm):.2f})")
+    print(
+        f"dynspec apply, SGLang 0.5.12, cold dynspec caches: median {statistics.median(cold):.2f} s (min {min(cold):.2f})"
+    )
+    print(
+        f"dynspec apply, SGLang 0.5.12, warm dynspec caches: median {statistics.median(warm):.2f} s (min {min(warm):.2f})"
+    )
 
     workers = os.cpu_count() or 2
     for label in ("cold dynspec caches", "warm dynspec caches"):

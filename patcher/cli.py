@@ -110,10 +110,19 @@ def _flush_notes(session: Any) -> None:
 @tree_options
 @click.option("--dry-run", is_flag=True, help="Print the diff instead of writing (same as `dynspec diff`).")
 @click.option("--check", is_flag=True, help="With --dry-run: exit 1 if changes are pending.")
-@click.option("--force", is_flag=True, help="Allow an unsupported version; rebuild hand-edited targets from the original.")
+@click.option(
+    "--force", is_flag=True, help="Allow an unsupported version; rebuild hand-edited targets from the original."
+)
 @diff_options
 def apply(
-    sglang: str, recipe: str, sglang_version: str | None, dry_run: bool, check: bool, force: bool, color: str, no_pager: bool
+    sglang: str,
+    recipe: str,
+    sglang_version: str | None,
+    dry_run: bool,
+    check: bool,
+    force: bool,
+    color: str,
+    no_pager: bool,
 ) -> None:
     """Patch the tree (idempotent; upgrades older revisions in place)."""
     from patcher import render
@@ -145,7 +154,9 @@ def _print_diff(session: Any, check: bool, force: bool, color: str, pager: bool)
 @main.command()
 @tree_options
 @click.option("--check", is_flag=True, help="Exit 1 if changes are pending.")
-@click.option("--force", is_flag=True, help="Allow an unsupported version; diff hand-edited targets against the original.")
+@click.option(
+    "--force", is_flag=True, help="Allow an unsupported version; diff hand-edited targets against the original."
+)
 @diff_options
 def diff(
     sglang: str, recipe: str, sglang_version: str | None, check: bool, force: bool, color: str, no_pager: bool
@@ -216,7 +227,9 @@ def status(sglang: str, recipe: str, sglang_version: str | None, as_json: bool, 
         )
     else:
         rows = [[s.patch.id, f"r{s.patch.REVISION}", render.state(s.status.value), s.detail] for s in report]
-        render.table(f"SGLang {session.version} at {session.tree.package_dir}", ["patch", "rev", "state", "detail"], rows)
+        render.table(
+            f"SGLang {session.version} at {session.tree.package_dir}", ["patch", "rev", "state", "detail"], rows
+        )
     wanted = {Status.APPLIED}
     if check and any(s.status not in wanted | {Status.NOT_APPLICABLE, Status.UPSTREAM} for s in report):
         sys.exit(int(ExitCode.CHANGES))
@@ -239,7 +252,12 @@ def list_(as_json: bool) -> None:
                     for p in patches.values()
                 ],
                 "recipes": [
-                    {"name": r.name, "sglang": r.sglang, "description": r.description, "patches": [p.id for p in r.patches]}
+                    {
+                        "name": r.name,
+                        "sglang": r.sglang,
+                        "description": r.description,
+                        "patches": [p.id for p in r.patches],
+                    }
                     for r in recipes
                 ],
             }
@@ -290,5 +308,7 @@ def run() -> None:
         raise
     except Exception:  # noqa: BLE001 - the last line of defence
         traceback.print_exc()
-        sys.stderr.write("dynspec: internal error: this is a bug in dynspec, please report it with the traceback above\n")
+        sys.stderr.write(
+            "dynspec: internal error: this is a bug in dynspec, please report it with the traceback above\n"
+        )
         sys.exit(int(ExitCode.INTERNAL))

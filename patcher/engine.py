@@ -181,7 +181,12 @@ def patch_file(
 
 
 def check_result(
-    patches: Sequence[type[Patch]], target: str, before: str | None, after: str, version: str, module: cst.Module | None = None
+    patches: Sequence[type[Patch]],
+    target: str,
+    before: str | None,
+    after: str,
+    version: str,
+    module: cst.Module | None = None,
 ) -> None:
     """The post-conditions every patched file must meet before it may be written.
 
@@ -325,7 +330,9 @@ def checked_patch_file(
 def _result_key(patches: Sequence[type[Patch]], target: str, pristine: str | None, version: str) -> str:
     ids = [(p.id, p.REVISION, _module_digest(p.__module__)) for p in patches]
     text = "" if pristine is None else pristine
-    return hashlib.sha256(repr((_code_fingerprint(), ids, target, version, pristine is None, text)).encode()).hexdigest()
+    return hashlib.sha256(
+        repr((_code_fingerprint(), ids, target, version, pristine is None, text)).encode()
+    ).hexdigest()
 
 
 @functools.cache
@@ -369,7 +376,13 @@ def new_state(tree_state: dict[str, Any] | None, recipe: Recipe, plan_: Plan) ->
         for s in f.steps
         if s.outcome is not Outcome.NOT_APPLICABLE and f.new != f.pristine
     }
-    return {"dynspec": __version__, "sglang_version": plan_.version, "recipe": recipe.name, "patches": patches, "files": files}
+    return {
+        "dynspec": __version__,
+        "sglang_version": plan_.version,
+        "recipe": recipe.name,
+        "patches": patches,
+        "files": files,
+    }
 
 
 def _encode(text: str | None) -> bytes | None:
@@ -439,7 +452,9 @@ def status(tree: txn.Tree, recipe: Recipe, version: str, state: dict[str, Any] |
     return report
 
 
-def _status_of(patch: type[Patch], target: str, disk: str | None, version: str, recorded: dict[str, Any], drifted: bool) -> PatchStatus:
+def _status_of(
+    patch: type[Patch], target: str, disk: str | None, version: str, recorded: dict[str, Any], drifted: bool
+) -> PatchStatus:
     found = _state_of(patch, target, disk, version, recorded, drifted)
     note = patch.upstream_note(version) if found.status is not Status.NOT_APPLICABLE else None
     if note:
@@ -447,7 +462,9 @@ def _status_of(patch: type[Patch], target: str, disk: str | None, version: str, 
     return found
 
 
-def _state_of(patch: type[Patch], target: str, disk: str | None, version: str, recorded: dict[str, Any], drifted: bool) -> PatchStatus:
+def _state_of(
+    patch: type[Patch], target: str, disk: str | None, version: str, recorded: dict[str, Any], drifted: bool
+) -> PatchStatus:
     if not patch.applies_to(version):
         return PatchStatus(patch, Status.NOT_APPLICABLE, f"for SGLang {patch.SGLANG}")
     if patch.provided_upstream(version):

@@ -56,7 +56,20 @@ def pypi_wheel(package: str, version: str, pattern: str, pip_options: Iterable[s
     wheels = cache_dir() / "wheels"
     wheels.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=wheels) as scratch:
-        command = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-q", *pip_options, "-d", scratch, f"{package}=={version}"]
+        command = [
+            sys.executable,
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-q",
+            *pip_options,
+            "-d",
+            scratch,
+            f"{package}=={version}",
+        ]
         done = subprocess.run(command, capture_output=True, text=True)
         got = sorted(Path(scratch).glob(pattern))
         if done.returncode != 0 or not got:

@@ -562,7 +562,9 @@ class Tree:
                     state = self._load_state_at(fd)
                 if state is None:
                     if message is None:
-                        message = "an earlier dynspec run was interrupted before it wrote any file; its state dir was removed"
+                        message = (
+                            "an earlier dynspec run was interrupted before it wrote any file; its state dir was removed"
+                        )
                     self._remove_state_dir()
                 else:
                     self._drop_unused_blobs(fd, state)
@@ -735,9 +737,7 @@ def _exists_at(dfd: int, name: str) -> bool:
         return False
 
 
-def _write_at(
-    dfd: int, name: str, data: bytes, owner: Optional[Tuple[int, int]], mode: int = 0o644
-) -> None:
+def _write_at(dfd: int, name: str, data: bytes, owner: Optional[Tuple[int, int]], mode: int = 0o644) -> None:
     """Write ``name`` in the directory ``dfd`` by an O_EXCL temp file renamed over it."""
     while True:
         temp = f"{name}{TEMP_INFIX}{secrets.token_hex(8)}"

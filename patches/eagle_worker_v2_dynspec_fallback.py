@@ -114,14 +114,18 @@ class EagleWorkerV2DynspecFallback(CstPatch):
 
     def transform(self, module: cst.Module) -> cst.Module:
         def edit_worker(worker: cst.ClassDef) -> cst.ClassDef:
-            return attach_and_hook_entry(self, module, worker, "attach_fallback", lambda f: self._decode_hook(module, f))
+            return attach_and_hook_entry(
+                self, module, worker, "attach_fallback", lambda f: self._decode_hook(module, f)
+            )
 
         def edit_draft_worker(draft_worker: cst.ClassDef) -> cst.ClassDef:
             body = []
             for statement in with_class_attribute(draft_worker, self.parse_statements(module, CLASS_ATTRIBUTE)):
                 if isinstance(statement, cst.FunctionDef) and statement.name.value == "draft":
                     batch = statement.params.params[1].name.value
-                    statement = prepend_to(statement, self.parse_statements(module, DRAFT_HOOK.format(state=STATE, batch=batch)))
+                    statement = prepend_to(
+                        statement, self.parse_statements(module, DRAFT_HOOK.format(state=STATE, batch=batch))
+                    )
                 body.append(statement)
             return with_body(draft_worker, body)
 

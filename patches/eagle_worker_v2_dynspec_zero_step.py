@@ -47,7 +47,11 @@ from patches._eagle_worker_v2 import ENTRY, STATE, WORKER, attach_and_hook_entry
 def _entry_consults_the_controller(module: cst.Module) -> bool:
     """Each decode iteration calls ``activate_step_by_batch`` and, at 0 steps, the trivial verify."""
     function = method_of(module, WORKER, ENTRY)
-    return function is not None and calls(function, "activate_step_by_batch") and calls(function, "_build_trivial_verify_input")
+    return (
+        function is not None
+        and calls(function, "activate_step_by_batch")
+        and calls(function, "_build_trivial_verify_input")
+    )
 
 
 PUBLISH_HOOK = """\

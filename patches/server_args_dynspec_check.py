@@ -66,5 +66,3 @@ class ServerArgsDynspecCheck(CstPatch):
             else:
                 body.append(statement)
         return module.with_changes(body=body)
-
-

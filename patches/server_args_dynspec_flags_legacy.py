@@ -45,7 +45,9 @@ class ServerArgsDynspecFlagsLegacy(CstPatch):
         calls = self.parse_statements(module, add_argument_calls())
 
         def add_flags(method: cst.FunctionDef) -> cst.FunctionDef:
-            return with_body(method, insert_after(body_of(method), lambda s: is_call_with_first_arg(s, NEIGHBOUR_OPTION), calls))
+            return with_body(
+                method, insert_after(body_of(method), lambda s: is_call_with_first_arg(s, NEIGHBOUR_OPTION), calls)
+            )
 
         def edit(classdef: cst.ClassDef) -> cst.ClassDef:
             classdef = with_body(classdef, insert_after(body_of(classdef), lambda s: is_field(s, NEIGHBOUR), fields))

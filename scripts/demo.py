@@ -31,7 +31,9 @@ def step(line: str) -> None:
 
 def dynspec(*args: str, capture: bool = False) -> str:
     step(f"\n$ dynspec {' '.join(args)}")
-    done = subprocess.run([sys.executable, "-m", "patcher", *args], stdout=subprocess.PIPE if capture else None, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "patcher", *args], stdout=subprocess.PIPE if capture else None, text=True
+    )
     if done.returncode != 0:
         sys.exit(f"dynspec {args[0]} exited with {done.returncode}")
     return done.stdout if capture else ""
@@ -66,7 +68,9 @@ def stat_lines(files: list[tuple[str, int, int]], bar: int = 40) -> list[str]:
         plus, minus = round(added * scale) or (added > 0), round(removed * scale) or (removed > 0)
         lines.append(f" {path.ljust(width)} | {str(added + removed).rjust(digits)} {'+' * plus}{'-' * minus}")
     added, removed = sum(a for _, a, _ in files), sum(r for _, _, r in files)
-    total = f" {len(files)} file{'s' if len(files) != 1 else ''} changed, {added} insertion{'s' if added != 1 else ''}(+)"
+    total = (
+        f" {len(files)} file{'s' if len(files) != 1 else ''} changed, {added} insertion{'s' if added != 1 else ''}(+)"
+    )
     if removed:
         total += f", {removed} deletion{'s' if removed != 1 else ''}(-)"
     return [*lines, total]

@@ -48,7 +48,9 @@ def snapshot(root: Path) -> dict[str, str]:
     }
 
 
-def run_dynspec(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+def run_dynspec(
+    *args: str, cwd: Path | None = None, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
     """The real console entry point in a subprocess: exit codes and streams as a user sees them."""
     return subprocess.run(
         [sys.executable, "-m", "patcher", *args],

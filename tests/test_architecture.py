@@ -102,7 +102,9 @@ def dynspec_modules() -> list[Path]:
 
 
 def test_every_import_of_dynspec_code_runs_down_the_house() -> None:
-    wrong = [w for p in dynspec_modules() for w in wrong_imports(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8"))]
+    wrong = [
+        w for p in dynspec_modules() for w in wrong_imports(str(p.relative_to(ROOT)), p.read_text(encoding="utf-8"))
+    ]
     assert wrong == []
 
 
@@ -124,9 +126,9 @@ def test_a_wrong_import_is_named() -> None:
     assert wrong_imports("patcher/registry.py", "from patches import speculative_dynspec_v2\n") == [
         "patcher/registry.py (engine) imports patches.speculative_dynspec_v2 (series)"
     ]
-    assert wrong_imports("patches/speculative_dynspec_v2.py", "def f():\n    from patcher.session import Session\n") == [
-        "patches/speculative_dynspec_v2.py (series) imports patcher.session (engine)"
-    ]
+    assert wrong_imports(
+        "patches/speculative_dynspec_v2.py", "def f():\n    from patcher.session import Session\n"
+    ) == ["patches/speculative_dynspec_v2.py (series) imports patcher.session (engine)"]
     assert wrong_imports("patches/runtime/dynspec_v2.py", "from ..registry import x\nfrom patcher import engine\n") == [
         "patches/runtime/dynspec_v2.py (runtime) imports patcher.engine (engine)"
     ]

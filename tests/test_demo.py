@@ -31,8 +31,13 @@ def make_run(*args: str) -> subprocess.CompletedProcess[str]:
 
 def numstat(diff: str, cwd: Path) -> list[tuple[str, int, int]]:
     """git's own count of the lines each file gains and loses."""
-    done = subprocess.run(["git", "apply", "--numstat", "-"], input=diff, cwd=cwd, capture_output=True, text=True, check=True)
-    return [(path, int(added), int(removed)) for added, removed, path in (line.split("\t") for line in done.stdout.splitlines())]
+    done = subprocess.run(
+        ["git", "apply", "--numstat", "-"], input=diff, cwd=cwd, capture_output=True, text=True, check=True
+    )
+    return [
+        (path, int(added), int(removed))
+        for added, removed, path in (line.split("\t") for line in done.stdout.splitlines())
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -69,10 +74,7 @@ def test_make_run_full_diff_prints_all_of_it(full_diff: str) -> None:
 
 def test_diff_stat_counts_as_git_does_when_a_line_looks_like_a_header(tmp_path: Path) -> None:
     # An added line whose text starts with "++ " reads "+++ " in the diff; a removed "-- " reads "--- ".
-    diff = (
-        "diff --git a/x.txt b/x.txt\n--- a/x.txt\n+++ b/x.txt\n@@ -1,2 +1,2 @@\n"
-        "--- old\n+++ new\n keep\n"
-    )
+    diff = "diff --git a/x.txt b/x.txt\n--- a/x.txt\n+++ b/x.txt\n@@ -1,2 +1,2 @@\n--- old\n+++ new\n keep\n"
     (tmp_path / "x.txt").write_text("-- old\nkeep\n")
     files, hunks = demo_module().diff_stat(diff)
     assert files == numstat(diff, tmp_path) == [("x.txt", 1, 1)] and hunks == 1

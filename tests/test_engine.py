@@ -16,7 +16,7 @@ from patcher.registry import Recipe
 from patcher.session import Session
 from tests.conftest import ROOT, snapshot
 
-CONFIG = '''\
+CONFIG = """\
 import dataclasses
 
 
@@ -28,7 +28,7 @@ class Config:
 
     def check(self):
         assert self.speed > 0
-'''
+"""
 
 
 class AddColour(CstPatch):
@@ -43,7 +43,11 @@ class AddColour(CstPatch):
     def transform(self, module: cst.Module) -> cst.Module:
         new = self.parse_statements(module, self.FIELD)
         return anchors.replace_class(
-            module, "Config", lambda c: anchors.with_body(c, anchors.insert_after(anchors.body_of(c), lambda s: anchors.is_field(s, "speed"), new))
+            module,
+            "Config",
+            lambda c: anchors.with_body(
+                c, anchors.insert_after(anchors.body_of(c), lambda s: anchors.is_field(s, "speed"), new)
+            ),
         )
 
 
@@ -157,7 +161,10 @@ def test_a_new_file_without_content_of_its_own_ships_the_runtime_module_of_its_t
     from patches.speculative_dynspec_settings import SpeculativeDynspecSettings
 
     shipped = (ROOT / "patches" / "runtime" / "dynspec_settings.py").read_text(encoding="utf-8")
-    assert SpeculativeDynspecSettings().text() == f"# dynspec: speculative_dynspec_settings r{SpeculativeDynspecSettings.REVISION}\n{shipped}"
+    assert (
+        SpeculativeDynspecSettings().text()
+        == f"# dynspec: speculative_dynspec_settings r{SpeculativeDynspecSettings.REVISION}\n{shipped}"
+    )
 
     class Unshipped(NewFilePatch):  # control: tests/ has no runtime/ package of such a module
         REVISION = 1
@@ -191,11 +198,16 @@ def test_status_spots_code_without_a_record(tree) -> None:
 
 class AddColourNoted(AddColour):
     id = "AddColour"
-    UPSTREAM_NOTES = ((">=1.2,<2", "upstream has a palette; dynspec adds the colour"), (">=2", "upstream 2 has colours"))
+    UPSTREAM_NOTES = (
+        (">=1.2,<2", "upstream has a palette; dynspec adds the colour"),
+        (">=2", "upstream 2 has colours"),
+    )
 
 
 def test_status_says_what_upstream_offers_next_to_the_patch(tree) -> None:
-    assert AddColourNoted.upstream_note("1.1") is None and AddColourNoted.upstream_note("2.0") == "upstream 2 has colours"
+    assert (
+        AddColourNoted.upstream_note("1.1") is None and AddColourNoted.upstream_note("2.0") == "upstream 2 has colours"
+    )
     [before] = Session.open(str(tree), recipe(AddColourNoted)).status()
     assert (before.status, before.detail) == (Status.NOT_APPLIED, "upstream has a palette; dynspec adds the colour")
     Session.open(str(tree), recipe(AddColourNoted)).apply()

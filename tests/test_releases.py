@@ -65,7 +65,9 @@ def test_git_checkout_is_clean_after_revert(version: str, release_tree, tmp_path
     modified = {d.a_path for d in repo.index.diff(None)}
     created = set(repo.untracked_files)
     assert modified | created == {f"python/sglang/{f.target}" for f in plan.pending}
-    assert created == {f"python/sglang/{f.target}" for f in plan.pending if f.disk is None}, "the state dir ignores itself"
+    assert created == {f"python/sglang/{f.target}" for f in plan.pending if f.disk is None}, (
+        "the state dir ignores itself"
+    )
 
     Session.open(str(checkout)).revert()
     assert not repo.is_dirty(untracked_files=True)

@@ -794,7 +794,17 @@ def test_the_servers_git_config_never_runs(server: Server, release_tree, tmp_pat
     checkout = tmp_path / "sglang"
     release_tree(VERSION, where=checkout / "python")
     armed_repo(checkout, marker)
-    git(checkout, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "filter.trap.clean=cat", "add", "-A")
+    git(
+        checkout,
+        "-c",
+        "core.fsmonitor=false",
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "filter.trap.clean=cat",
+        "add",
+        "-A",
+    )
     git(checkout, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "commit", "-q", "-m", "sglang")
     assert server.ssh("good", f"git -C {checkout} ls-files >/dev/null").returncode == 0
     assert marker.exists(), "the trap is armed: plain git on the server runs core.fsmonitor"
@@ -834,7 +844,9 @@ def test_a_bundle_refuses_a_target_linking_out(tree: Path, tmp_path: Path) -> No
     target.rename(outside)
     target.symlink_to(outside)
     kept = outside.read_bytes()
-    done = subprocess.run([sys.executable, str(plan_pyz), "apply", "--sglang", str(tree)], capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, str(plan_pyz), "apply", "--sglang", str(tree)], capture_output=True, text=True
+    )
     assert done.returncode == 4, done.stderr
     assert "is a link to" in one_line_error(done.stderr)
     assert outside.read_bytes() == kept

@@ -218,7 +218,9 @@ def check_screen(name: str, screen: str) -> None:
     path = SCREENS / f"{name}.txt"
     if os.environ.get("DYNSPEC_UPDATE_SCREENS"):
         path.write_text(screen)
-    assert screen == path.read_text(), f"{path} differs from the screen (DYNSPEC_UPDATE_SCREENS=1 re-records):\n{screen}"
+    assert screen == path.read_text(), (
+        f"{path} differs from the screen (DYNSPEC_UPDATE_SCREENS=1 re-records):\n{screen}"
+    )
 
 
 @pytest.fixture

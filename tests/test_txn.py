@@ -23,7 +23,10 @@ def tree(tmp_path: Path) -> txn.Tree:
 
 def recorded(*files: tuple[str, bytes | None, bytes | None]) -> dict:
     """A state as the engine records it: per file the pre and post sha256."""
-    return {"patches": {"x": 1}, "files": {rel: {"pre": txn.sha256(pre), "post": txn.sha256(post)} for rel, pre, post in files}}
+    return {
+        "patches": {"x": 1},
+        "files": {rel: {"pre": txn.sha256(pre), "post": txn.sha256(post)} for rel, pre, post in files},
+    }
 
 
 def test_commit_writes_files_state_and_pre_images(tree: txn.Tree) -> None:
@@ -64,7 +67,11 @@ def test_paths_outside_the_tree_are_refused(tree: txn.Tree, tmp_path: Path) -> N
 
 
 def test_lock_refuses_a_second_holder(tree: txn.Tree) -> None:
-    with tree.locked(), pytest.raises(txn.TxnError, match="another dynspec is working on"), txn.Tree(tree.root).locked():
+    with (
+        tree.locked(),
+        pytest.raises(txn.TxnError, match="another dynspec is working on"),
+        txn.Tree(tree.root).locked(),
+    ):
         pass
     with tree.locked():  # released after the first holder left
         pass
@@ -106,7 +113,10 @@ def test_interrupted_after_state_was_written_counts_as_done(tree: txn.Tree) -> N
     tree.commit({"srt/a.py": b"a = 2\n"}, recorded(("srt/a.py", b"a = 1\n", b"a = 2\n")))
     state = tree.load_state()
     assert state is not None
-    journal = {"txid": state["txid"], "files": {"srt/a.py": {"pre": txn.sha256(b"a = 1\n"), "post": txn.sha256(b"a = 2\n")}}}
+    journal = {
+        "txid": state["txid"],
+        "files": {"srt/a.py": {"pre": txn.sha256(b"a = 1\n"), "post": txn.sha256(b"a = 2\n")}},
+    }
     Path(tree.state_dir, "journal.json").write_text(__import__("json").dumps(journal))
     assert "complete" in (tree.recover() or "")
     assert Path(tree.root, "srt/a.py").read_bytes() == b"a = 2\n"

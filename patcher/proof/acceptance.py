@@ -154,14 +154,18 @@ def ratio(of: Mapping[str, Window], over: Mapping[str, Window], draws: int = DRA
     return Ratio(round(value(rids), 4), round(spread[int(0.025 * draws)], 4), round(spread[int(0.975 * draws) - 1], 4))
 
 
-def judge(traces: Mapping[str, Trace], min_verifies: int, problems: list[str], min_ratio: float = MIN_RATIO) -> dict[str, Any]:
+def judge(
+    traces: Mapping[str, Trace], min_verifies: int, problems: list[str], min_ratio: float = MIN_RATIO
+) -> dict[str, Any]:
     """The report entry; ``traces`` are keyed ``kv`` (the server under test), ``full``, ``skip``, ``never_off``."""
     starts = resumed_from(traces["kv"]) if "kv" in traces else {}
     requests = {name: per_request(trace, starts) for name, trace in traces.items()}
     windows = {name: total(found) for name, found in requests.items()}
     lengths = {name: w.length for name, w in windows.items()}
     always, resumed, skip, full = (lengths.get(k) for k in (NEVER_OFF, "kv", "skip", "full"))
-    resumed_over = {ref: ratio(requests["kv"], requests[ref]) for ref in ("full", NEVER_OFF) if "kv" in requests and ref in requests}
+    resumed_over = {
+        ref: ratio(requests["kv"], requests[ref]) for ref in ("full", NEVER_OFF) if "kv" in requests and ref in requests
+    }
     control = ratio(requests["skip"], requests["full"]) if "skip" in requests and "full" in requests else None
     if not starts:
         problems.append("no recorded request speculated again after a fallback span")

@@ -234,7 +234,9 @@ def run_batches(client: Client, requests: Sequence[Request]) -> LevelResult:
     return LevelResult(len(requests), requests[0].new_tokens if requests else 0, seconds, replies)
 
 
-def _timed(calls: Sequence[tuple[float, Callable[[], list[Reply]]]], workers: int, name: str) -> tuple[list[Reply], float]:
+def _timed(
+    calls: Sequence[tuple[float, Callable[[], list[Reply]]]], workers: int, name: str
+) -> tuple[list[Reply], float]:
     """Run ``calls`` (each ``delay`` s after the start at the earliest) on ``workers`` threads, in
     order as threads free up; their replies sorted by prompt, and the seconds from start to the
     last. An interrupt does not wait for the calls in flight."""
@@ -269,7 +271,9 @@ def _timed(calls: Sequence[tuple[float, Callable[[], list[Reply]]]], workers: in
     return replies, seconds
 
 
-def measure_level(client: Client, indices: Sequence[int], new_tokens: int, *, warmup: bool, repeats: int) -> LevelResult:
+def measure_level(
+    client: Client, indices: Sequence[int], new_tokens: int, *, warmup: bool, repeats: int
+) -> LevelResult:
     """The level's median run of ``repeats`` timed ones, after an untimed warm-up run if asked.
 
     The warm-up pays for what the first batch of a new size costs once (Triton compiles, first

@@ -362,9 +362,7 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     show_default=True,
     help="mixed_load: the concurrency of each phase, in order.",
 )
-@click.option(
-    "--mixed-new-tokens", type=click.IntRange(1), default=DEFAULTS.mixed_new_tokens, show_default=True
-)
+@click.option("--mixed-new-tokens", type=click.IntRange(1), default=DEFAULTS.mixed_new_tokens, show_default=True)
 @click.option(
     "--mixed-repeats",
     type=click.IntRange(1),

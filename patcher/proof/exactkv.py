@@ -291,7 +291,10 @@ def judge(
         problems.append(f"bits: {describe_bits(bits_entry)}")
     # Only where enough proposals were compared like for like, and none of those differs.
     explained = (
-        bits_entry is not None and bits_entry["passed"] and kv.with_same_history == 0 and kv.steps_same_history >= min_steps
+        bits_entry is not None
+        and bits_entry["passed"]
+        and kv.with_same_history == 0
+        and kv.steps_same_history >= min_steps
     )
     if kv.differs and not explained:
         first = kv.mismatches[0]

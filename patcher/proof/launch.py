@@ -113,7 +113,11 @@ def without_dummy(flags: Sequence[str]) -> list[str]:
         if skip:
             skip = False
             continue
-        if flag in ("--load-format", "--speculative-draft-load-format") and i + 1 < len(flags) and flags[i + 1] == "dummy":
+        if (
+            flag in ("--load-format", "--speculative-draft-load-format")
+            and i + 1 < len(flags)
+            and flags[i + 1] == "dummy"
+        ):
             skip = True
             continue
         out.append(flag)

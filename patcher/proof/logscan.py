@@ -20,7 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 # The thresholds in parentheses are optional: the runtime's first revisions did not log them.
-TRANSITION = re.compile(r"dynspec: speculation (OFF|ON) at batch size (\d+)(?: \(off above (\d+), on at or below (\d+)\))?")
+TRANSITION = re.compile(
+    r"dynspec: speculation (OFF|ON) at batch size (\d+)(?: \(off above (\d+), on at or below (\d+)\))?"
+)
 TRACEBACK = "Traceback (most recent call last)"
 ERROR_PATTERNS = (
     re.compile(r"\b\w*Error\b"),  # RuntimeError, AssertionError, "Error:", ...
@@ -48,7 +50,9 @@ class Transition:
     @classmethod
     def of(cls, m: re.Match[str], line: int) -> Transition:
         off, on = m.group(3), m.group(4)
-        return cls(m.group(1), int(m.group(2)), line, None if off is None else int(off), None if on is None else int(on))
+        return cls(
+            m.group(1), int(m.group(2)), line, None if off is None else int(off), None if on is None else int(on)
+        )
 
     def against_its_thresholds(self) -> str | None:
         """What is wrong with a switch its own thresholds do not allow (OFF at a batch size at or

@@ -69,10 +69,14 @@ def measure(client: Client, schedule: Schedule, repeats: int, warmup: bool) -> l
     return measure_together({"": client}, schedule, repeats, warmup)[""]
 
 
-def measure_together(clients: Mapping[str, Client], schedule: Schedule, repeats: int, warmup: bool) -> dict[str, list[Run]]:
+def measure_together(
+    clients: Mapping[str, Client], schedule: Schedule, repeats: int, warmup: bool
+) -> dict[str, list[Run]]:
     """``measure`` on several servers that are up at once, taking turns (``take_turns``: every pass
     goes to each server in turn, the order rotated each pass)."""
-    return take_turns({name: partial(run_once, client, schedule) for name, client in clients.items()}, warmup=warmup, repeats=repeats)
+    return take_turns(
+        {name: partial(run_once, client, schedule) for name, client in clients.items()}, warmup=warmup, repeats=repeats
+    )
 
 
 def complete_passes(name: str, passes: Sequence[Run], phases: int, problems: list[str]) -> list[Run]:
@@ -125,11 +129,15 @@ def judge(
     by_phase = round(phase_sums["dynspec"] / oracle, 4) if "dynspec" in phase_sums and oracle else None
     if dyn is not None and ratio is not None and not missing:
         if ratio > max_ratio:
-            problems.append(f"dynspec took {dyn:.2f} s, {ratio:.3f}x the oracle's {oracle:.2f} s (at most {max_ratio:g}x)")
+            problems.append(
+                f"dynspec took {dyn:.2f} s, {ratio:.3f}x the oracle's {oracle:.2f} s (at most {max_ratio:g}x)"
+            )
         slower = [m for m in ("base", "always_on") if dyn >= total_s[m]]
         if slower:
             problems.append(
-                "dynspec is not faster than " + " and ".join(f"{m} ({total_s[m]:.2f} s)" for m in slower) + f": {dyn:.2f} s"
+                "dynspec is not faster than "
+                + " and ".join(f"{m} ({total_s[m]:.2f} s)" for m in slower)
+                + f": {dyn:.2f} s"
             )
     return {
         "passed": not problems,
@@ -180,7 +188,12 @@ def judge_auto(
         measured = {size: s for size, s in fixed.items() if s is not None}
         missing = [k for k, v in (("auto", auto), ("always-on", always_on), ("base", base)) if v is None]
         missing += [f"N={size}" for size, s in fixed.items() if s is None]
-        entry: dict[str, Any] = {"auto_s": auto, "base_s": base, "always_on_s": always_on, "fixed_s": {str(k): v for k, v in fixed.items()}}
+        entry: dict[str, Any] = {
+            "auto_s": auto,
+            "base_s": base,
+            "always_on_s": always_on,
+            "fixed_s": {str(k): v for k, v in fixed.items()},
+        }
         if measured:
             best_n = min(measured, key=lambda size: (measured[size], size))
             entry.update(best_fixed_n=best_n, best_fixed_s=measured[best_n])
@@ -195,7 +208,9 @@ def judge_auto(
                     f"(N={entry['best_fixed_n']}, {entry['best_fixed_s']:.2f} s; at most {max_ratio:g}x)"
                 )
             if auto > base and auto > always_on:
-                problems.append(f"acceptance {label}: auto ({auto:.2f} s) is slower than base ({base:.2f}) and always-on ({always_on:.2f})")
+                problems.append(
+                    f"acceptance {label}: auto ({auto:.2f} s) is slower than base ({base:.2f}) and always-on ({always_on:.2f})"
+                )
         by_acceptance[label] = entry
     return {
         "passed": not problems,

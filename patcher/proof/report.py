@@ -140,7 +140,11 @@ def summary(report: Report) -> str:
                 cells.append(f"{d + mark:<18}")
             lines.append(f"{row['C']:>5}  " + "  ".join(cells) + f"  {row.get('dynspec_state', '')}")
         if "base_repeat" in eq:
-            again = "gave the same tokens" if eq.get("base_repeatable") else "gave other tokens: nothing can be held to base's"
+            again = (
+                "gave the same tokens"
+                if eq.get("base_repeatable")
+                else "gave other tokens: nothing can be held to base's"
+            )
             lines.append(f"    base, asked again: {again} ({', '.join(d or '-' for d in eq['base_repeat'])})")
         if "deterministic" in report:
             lines.append(f"    deterministic inference: {'on' if report['deterministic'] else 'off'}")
@@ -171,11 +175,15 @@ def summary(report: Report) -> str:
                 f"{_fmt(dyn[i]):>9}  {_fmt(ratio[i], 2):>6}"
             )
             line += f"  {_fmt(upstream[i]):>9}  {_fmt(over_up[i], 2):>6}" if upstream else ""
-            lines.append(line + (f"  {_fmt(no_overlap[i]):>9}  {_fmt(ratio_no_overlap[i], 2):>6}" if no_overlap else ""))
+            lines.append(
+                line + (f"  {_fmt(no_overlap[i]):>9}  {_fmt(ratio_no_overlap[i], 2):>6}" if no_overlap else "")
+            )
         accepted = tp.get("accept_length") or {}
         if sim is None and accepted:
             lines.append("")
-            lines.append("acceptance length, accepted + 1 per verify (completion tokens / verifies of each level's requests):")
+            lines.append(
+                "acceptance length, accepted + 1 per verify (completion tokens / verifies of each level's requests):"
+            )
             for mode in ("always_on", "dynspec"):
                 if any(v is not None for v in accepted.get(mode) or []):
                     pairs = ", ".join(f"C={c} {_fmt(v, 2)}" for c, v in zip(tp["levels"], accepted[mode]))
@@ -191,7 +199,9 @@ def summary(report: Report) -> str:
             lines += [f"    {line}" for line in per_run]
         outside = describe_outside(tp.get("outside_steady_ms") or {})
         if outside:
-            lines.append("per timed run, the time beyond its tokens at its own steady speed (admission, first and last steps):")
+            lines.append(
+                "per timed run, the time beyond its tokens at its own steady speed (admission, first and last steps):"
+            )
             lines += [f"    {line}" for line in outside]
 
     ml = report.get("mixed_load")
@@ -230,8 +240,12 @@ def summary(report: Report) -> str:
     auto = report.get("auto_threshold")
     if auto and auto.get("by_acceptance"):
         lines.append("")
-        lines.append(f"auto threshold: mixed-load total s, median of {auto.get('repeats')}; fixed N in {auto.get('sweep')}")
-        lines.append(f"{'accept':>6}  {'auto':>7}  {'best N':>6}  {'its s':>7}  {'auto/N':>6}  {'base':>7}  {'always-on':>9}")
+        lines.append(
+            f"auto threshold: mixed-load total s, median of {auto.get('repeats')}; fixed N in {auto.get('sweep')}"
+        )
+        lines.append(
+            f"{'accept':>6}  {'auto':>7}  {'best N':>6}  {'its s':>7}  {'auto/N':>6}  {'base':>7}  {'always-on':>9}"
+        )
         for a, e in auto["by_acceptance"].items():
             lines.append(
                 f"{a:>6}  {_fmt(e.get('auto_s'), 2):>7}  {e.get('best_fixed_n', '-')!s:>6}  {_fmt(e.get('best_fixed_s'), 2):>7}  "

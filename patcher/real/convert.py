@@ -199,7 +199,9 @@ def tokenizer_files(model: Gguf, vocab: int) -> dict[str, Any]:
     types = [int(t) for t in model.field("tokenizer.ggml.token_type")]
     merges = [str(m) for m in model.field("tokenizer.ggml.merges")]
     if len(tokens) != vocab or len(types) != vocab:
-        raise ModelInvalid(f"{model.path}: {len(tokens)} tokens and {len(types)} token types for a vocabulary of {vocab}")
+        raise ModelInvalid(
+            f"{model.path}: {len(tokens)} tokens and {len(types)} token types for a vocabulary of {vocab}"
+        )
     bos = int(model.field("tokenizer.ggml.bos_token_id"))
     eos = int(model.field("tokenizer.ggml.eos_token_id"))
     unk = int(model.field("tokenizer.ggml.unknown_token_id", eos))
@@ -255,7 +257,9 @@ def tokenizer_files(model: Gguf, vocab: int) -> dict[str, Any]:
         "additional_special_tokens": [tokens[i] for i in special if i not in (bos, eos, unk, pad)],
         **({"chat_template": template} if template else {}),
     }
-    special_map = {k: config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token", "additional_special_tokens")}
+    special_map = {
+        k: config[k] for k in ("bos_token", "eos_token", "unk_token", "pad_token", "additional_special_tokens")
+    }
     return {"tokenizer.json": tokenizer, "tokenizer_config.json": config, "special_tokens_map.json": special_map}
 
 
@@ -283,7 +287,9 @@ def convert(gguf_path: Path, out: Path) -> Converted:
     expected |= {f"blk.{i}.{k}.weight" for i in range(shape.layers) for k in BLOCK_NAMES}
     unknown = sorted(set(model.tensors) - expected)
     if unknown:
-        raise ModelInvalid(f"{gguf_path}: unexpected tensor(s) {', '.join(unknown[:3])} for a {shape.layers}-layer llama")
+        raise ModelInvalid(
+            f"{gguf_path}: unexpected tensor(s) {', '.join(unknown[:3])} for a {shape.layers}-layer llama"
+        )
     tensors: dict[str, tuple[npt.NDArray[Any], str]] = {}
     tensors["model.embed_tokens.weight"] = (model.array("token_embd.weight", (shape.vocab, shape.hidden)), "BF16")
     tensors["model.norm.weight"] = (model.array("output_norm.weight", (shape.hidden,)), "BF16")
@@ -302,7 +308,12 @@ def convert(gguf_path: Path, out: Path) -> Converted:
     eos = int(model.field("tokenizer.ggml.eos_token_id"))
     pad = int(model.field("tokenizer.ggml.padding_token_id", eos))
     files["config.json"] = hf_config(shape, tied, bos, eos, pad)
-    files["generation_config.json"] = {"bos_token_id": bos, "eos_token_id": eos, "pad_token_id": pad, "do_sample": False}
+    files["generation_config.json"] = {
+        "bos_token_id": bos,
+        "eos_token_id": eos,
+        "pad_token_id": pad,
+        "do_sample": False,
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out.name}-", dir=out.parent))
     staging.chmod(0o755)  # mkdtemp's 0700 would hide the checkpoint from other users' servers

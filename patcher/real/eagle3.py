@@ -67,7 +67,9 @@ class Recipe:
     lr: float = 2e-3
     batch_tokens: int = 1024  # sequences per optimizer step are packed up to this many positions
     step_weight: float = 0.8  # loss weight of unrolled step k: step_weight ** k
-    max_prompts: int = 320  # 0: every training prompt (594); else N of them, alternating sets (2 CPU cores: ~15 min to generate)
+    max_prompts: int = (
+        320  # 0: every training prompt (594); else N of them, alternating sets (2 CPU cores: ~15 min to generate)
+    )
     threads: int = 2
     gen_batch: int = 32  # sequences generated at once
     device: str = "cpu"  # cpu: the target in float32; cuda: in bfloat16, as SGLang serves it
@@ -127,7 +129,9 @@ def check_recipe(recipe: Recipe, cuda_available: bool | None = None) -> None:
     if not (0.0 <= recipe.temperature <= 2.0):
         raise UsageError(f"--temperature {recipe.temperature}: between 0 and 2")
     if recipe.continuations > 1 and recipe.temperature == 0:
-        raise UsageError(f"--continuations {recipe.continuations} needs --temperature > 0: sampled at 0 they repeat the greedy one")
+        raise UsageError(
+            f"--continuations {recipe.continuations} needs --temperature > 0: sampled at 0 they repeat the greedy one"
+        )
     if recipe.device == "cuda":
         if cuda_available is None:
             cuda_available = torch.cuda.is_available()
@@ -298,10 +302,14 @@ def _continue(
     keep_greedy = torch.tensor(list(greedy), dtype=torch.bool, device=device)
     positions = (mask.cumsum(-1) - 1).masked_fill(mask == 0, 1)  # as transformers' generate
     cache = _cache_kwargs(decoder, model.config)  # grows in place
-    out = decoder(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, output_hidden_states=True, **cache)
+    out = decoder(
+        input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, output_hidden_states=True, **cache
+    )
     held = next(iter(cache.values())).get_seq_length()
     if held != width:  # a decoder that took the cache under another name would decode without context
-        raise RuntimeError(f"the KV cache holds {held} positions after a prefill of {width}: not the cache the decoder used")
+        raise RuntimeError(
+            f"the KV cache holds {held} positions after a prefill of {width}: not the cache the decoder used"
+        )
     at = 0
     for t in range(new_tokens):
         n = out.last_hidden_state.shape[1]
@@ -474,7 +482,9 @@ class Eagle3Head(nn.Module):
         aux = len(config["eagle_config"]["eagle_aux_hidden_state_layer_ids"])
         draft_vocab = int(config["draft_vocab_size"])
         self.fc = nn.Linear(aux * hidden, hidden, bias=False)
-        self.midlayer = MidLayer(hidden, int(config["intermediate_size"]), self.heads, self.kv_heads, self.head_dim, eps)
+        self.midlayer = MidLayer(
+            hidden, int(config["intermediate_size"]), self.heads, self.kv_heads, self.head_dim, eps
+        )
         self.norm = RMSNorm(hidden, eps)
         self.lm_head = nn.Linear(hidden, draft_vocab, bias=False)
         self.register_buffer("d2t", torch.zeros(draft_vocab, dtype=torch.long))
@@ -707,7 +717,11 @@ def train(
         }
         history.append(row)
         log(f"  epoch {row['epoch']}: loss {row['loss']} accuracy {row['accuracy']} ({row['seconds']} s)")
-    return head, config, {"epochs": history, "batches": len(batches), "positions": sum(int(s.tokens.shape[0]) for s in samples)}
+    return (
+        head,
+        config,
+        {"epochs": history, "batches": len(batches), "positions": sum(int(s.tokens.shape[0]) for s in samples)},
+    )
 
 
 def start_from_target(head: Eagle3Head, target: Target, hot: torch.Tensor) -> None:
@@ -896,7 +910,9 @@ def load_chat(path: Path) -> tuple[list[int], list[int]] | None:
         raise ModelInvalid(f"{path}: its chat ids are not a prefix and a suffix ({error!r})") from error
 
 
-def self_prompts(target: Target, chat: tuple[list[int], list[int]], recipe: Recipe, log: Callable[[str], None]) -> list[Tokenized]:
+def self_prompts(
+    target: Target, chat: tuple[list[int], list[int]], recipe: Recipe, log: Callable[[str], None]
+) -> list[Tokenized]:
     """``recipe.self_prompts`` queries the target writes itself after the chat template's prefix
     (sampled at temperature 1.0 with the recipe's seed + 1), each cut at its first EOS, shorter ones
     than ``MIN_QUERY`` and repeats dropped, wrapped as ``prefix + query + suffix``."""
@@ -904,7 +920,14 @@ def self_prompts(target: Target, chat: tuple[list[int], list[int]], recipe: Reci
     eos = target.config.get("eos_token_id")
     stops = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
     drawn = generate(
-        target, [("self", prefix)], recipe.self_prompt_tokens, recipe.gen_batch, log, recipe.self_prompts + 1, 1.0, recipe.seed + 1
+        target,
+        [("self", prefix)],
+        recipe.self_prompt_tokens,
+        recipe.gen_batch,
+        log,
+        recipe.self_prompts + 1,
+        1.0,
+        recipe.seed + 1,
     )[1:]  # the first is the greedy one
     seen: set[tuple[int, ...]] = set()
     out: list[Tokenized] = []
@@ -959,7 +982,14 @@ def cached_samples(
     what: list[Any] = [weights, [[p.id, p.text if p.text is not None else p.ids] for p in chosen], new_tokens]
     what.append({"eos": recipe.eos})  # until session 15 EOS was suppressed: those continuations are not reused
     if continuations > 1:
-        what.append({"continuations": continuations, "temperature": recipe.temperature, "seed": recipe.seed, "batch": recipe.gen_batch})
+        what.append(
+            {
+                "continuations": continuations,
+                "temperature": recipe.temperature,
+                "seed": recipe.seed,
+                "batch": recipe.gen_batch,
+            }
+        )
     key = hashlib.sha256(json.dumps(what).encode()).hexdigest()[:16]
     path = cache_dir() / "real" / "samples" / f"{key}.pt"
     if path.is_file():
@@ -968,7 +998,9 @@ def cached_samples(
         return [Sample(r["id"], r["tokens"], int(r["prompt_len"]), r["aux"], r["labels"]) for r in cached]
     samples = generate(target, rows, new_tokens, recipe.gen_batch, log, continuations, recipe.temperature, recipe.seed)
     path.parent.mkdir(parents=True, exist_ok=True)
-    kept = [{"id": s.id, "tokens": s.tokens, "prompt_len": s.prompt_len, "aux": s.aux, "labels": s.labels} for s in samples]
+    kept = [
+        {"id": s.id, "tokens": s.tokens, "prompt_len": s.prompt_len, "aux": s.aux, "labels": s.labels} for s in samples
+    ]
     torch.save(kept, path.with_suffix(".tmp"))
     path.with_suffix(".tmp").replace(path)
     return samples
@@ -1005,7 +1037,11 @@ def training_prompts(
 
 
 def build(
-    target_dir: Path, out: Path, recipe: Recipe, log: Callable[[str], None], prompt_files: tuple[Path, Path] | None = None
+    target_dir: Path,
+    out: Path,
+    recipe: Recipe,
+    log: Callable[[str], None],
+    prompt_files: tuple[Path, Path] | None = None,
 ) -> Build:
     """Prompts -> continuations -> head -> acceptance on held-out prompts; writes the head to ``out``.
 
@@ -1019,12 +1055,16 @@ def build(
         os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS; before its first use
         torch.backends.cuda.matmul.allow_tf32 = True  # the head trains in float32 on TF32 tensor cores
         torch.backends.cudnn.allow_tf32 = True
-        torch.use_deterministic_algorithms(True, warn_only=True)  # an op without a deterministic kernel warns, not stops
+        torch.use_deterministic_algorithms(
+            True, warn_only=True
+        )  # an op without a deterministic kernel warns, not stops
     else:
         torch.use_deterministic_algorithms(True)
     train_prompts, eval_prompts, held_count, chat = training_prompts(target_dir, recipe, prompt_files)
     if recipe.self_prompts and chat is None:
-        raise UsageError("--self-prompts needs the chat template's ids: make the training prompts again with `dynspec real prompts --split train`")
+        raise UsageError(
+            "--self-prompts needs the chat template's ids: make the training prompts again with `dynspec real prompts --split train`"
+        )
     target = load_target(target_dir, recipe.device)
     check_draft_vocab(recipe, int(target.config["vocab_size"]))
     timings["load"] = time.perf_counter() - clock
@@ -1034,7 +1074,9 @@ def build(
         timings["self_prompts"] = time.perf_counter() - clock - sum(timings.values())
     log(f"{len(train_prompts)} training prompts x {recipe.continuations} continuations of {recipe.new_tokens} tokens, "
         f"{len(eval_prompts)} held out of {held_count}; on {recipe.device}")  # fmt: skip
-    train_samples = cached_samples(target, target_dir, train_prompts, recipe.new_tokens, recipe, log, recipe.continuations)
+    train_samples = cached_samples(
+        target, target_dir, train_prompts, recipe.new_tokens, recipe, log, recipe.continuations
+    )
     timings["generate_train"] = time.perf_counter() - clock - sum(timings.values())
     eval_samples = cached_samples(target, target_dir, eval_prompts, recipe.eval_new_tokens, recipe, log)
     timings["generate_eval"] = time.perf_counter() - clock - sum(timings.values())

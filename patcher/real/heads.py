@@ -46,7 +46,9 @@ def check_head(head_dir: Path, target_config: dict[str, Any]) -> dict[str, Any]:
         if name not in header:
             raise ModelInvalid(f"{head_dir / 'model.safetensors'}: no {name}")
         if header[name]["shape"] != shape:
-            raise ModelInvalid(f"{head_dir / 'model.safetensors'}: {name} has shape {header[name]['shape']}, expected {shape}")
+            raise ModelInvalid(
+                f"{head_dir / 'model.safetensors'}: {name} has shape {header[name]['shape']}, expected {shape}"
+            )
     extra = sorted(set(header) - set(want))
     if extra:
         raise ModelInvalid(f"{head_dir / 'model.safetensors'}: unexpected tensor(s) {', '.join(extra[:3])}")

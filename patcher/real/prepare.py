@@ -46,7 +46,10 @@ def write_prompts(target: Path, out: Path, split: str = "held_out") -> int:
 def chat_ids(tok: Any) -> dict[str, list[int]]:
     """The token ids of the chat template before and after a user turn, checked to tokenize a whole
     chat prompt as its parts do (else a query spliced between them would not read as one)."""
-    ids = {part: tok.encode(text, add_special_tokens=False).ids for part, text in (("prefix", prompts.CHAT_PREFIX), ("suffix", prompts.CHAT_SUFFIX))}
+    ids = {
+        part: tok.encode(text, add_special_tokens=False).ids
+        for part, text in (("prefix", prompts.CHAT_PREFIX), ("suffix", prompts.CHAT_SUFFIX))
+    }
     user = "Write a short note."
     whole = tok.encode(prompts.chat(user), add_special_tokens=False).ids
     if whole != ids["prefix"] + tok.encode(user, add_special_tokens=False).ids + ids["suffix"]:

@@ -51,7 +51,9 @@ def _stored(array: npt.NDArray[Any], dtype: str) -> npt.NDArray[Any]:
     return np.ascontiguousarray(array, dtype=np.dtype(DTYPES[dtype][0]))
 
 
-def write(path: Path, tensors: Mapping[str, tuple[npt.NDArray[Any], str]], metadata: Mapping[str, str] | None = None) -> None:
+def write(
+    path: Path, tensors: Mapping[str, tuple[npt.NDArray[Any], str]], metadata: Mapping[str, str] | None = None
+) -> None:
     """Write ``{name: (array, safetensors dtype)}``; names in sorted order, as the reference writer does."""
     header: dict[str, Any] = {"__metadata__": {"format": "pt", **(metadata or {})}}
     blobs = []
@@ -103,7 +105,9 @@ def read_header(path: Path) -> tuple[dict[str, Any], int]:
         except (KeyError, TypeError, ValueError) as error:
             raise ModelInvalid(f"{path}: damaged header entry for {name} ({error!r})") from error
         if hi - lo != need or lo < 0 or start + hi > size:
-            raise ModelInvalid(f"{path}: {name} needs {need} bytes at [{lo}, {hi}) of a {size - start}-byte data section")
+            raise ModelInvalid(
+                f"{path}: {name} needs {need} bytes at [{lo}, {hi}) of a {size - start}-byte data section"
+            )
         end = max(end, hi)
     if start + end != size:
         raise ModelInvalid(f"{path}: {size - start - end} bytes after the last tensor (damaged or truncated)")

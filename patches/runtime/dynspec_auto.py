@@ -41,7 +41,32 @@ from typing import Callable, Deque, Dict, List, Optional, Protocol, Sequence, Tu
 logger = logging.getLogger(__name__)
 
 # Batch-size buckets: CUDA graphs pad a batch to the next captured size, so nearby sizes cost alike.
-BUCKETS: Tuple[int, ...] = (1, 2, 4, 8, 12, 16, 24, 32, 40, 48, 56, 64, 80, 96, 112, 128, 160, 192, 256, 384, 512, 768, 1024)
+BUCKETS: Tuple[int, ...] = (
+    1,
+    2,
+    4,
+    8,
+    12,
+    16,
+    24,
+    32,
+    40,
+    48,
+    56,
+    64,
+    80,
+    96,
+    112,
+    128,
+    160,
+    192,
+    256,
+    384,
+    512,
+    768,
+    1024,
+)
+
 
 def bucket_of(batch_size: int) -> int:
     """The smallest bucket that holds ``batch_size`` (the largest bucket beyond it)."""
@@ -134,7 +159,9 @@ class AutoThreshold:
         if not steady:
             self._previous.clear()
             return
-        if len(self._previous) == 2 and all(size == batch_size and spec == speculates for size, spec, _ in self._previous):
+        if len(self._previous) == 2 and all(
+            size == batch_size and spec == speculates for size, spec, _ in self._previous
+        ):
             then = self._previous[-1][2]
             if started > then:
                 key = (speculates, bucket_of(batch_size))
@@ -277,7 +304,9 @@ class AutoDriver:
             self._next_period()
         self._left -= 1
         step = self.controller.step(batch_size)
-        self.auto.iteration(batch_size, step == self.controller.SPECULATE, started, steady=step != self.controller.RESUME)
+        self.auto.iteration(
+            batch_size, step == self.controller.SPECULATE, started, steady=step != self.controller.RESUME
+        )
         return step
 
     def _next_period(self) -> None:

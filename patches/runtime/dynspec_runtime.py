@@ -155,7 +155,11 @@ class DynspecMetrics:
     # auto's latest decision (dynspec_auto.AutoDriver), created at its first: a fixed N exports none
     GAUGES = (
         ("disable_above", "sglang:dynspec_disable_above", "auto: speculation is off above this batch size."),
-        ("enable_at_or_below", "sglang:dynspec_enable_at_or_below", "auto: speculation is back on at or below this batch size."),
+        (
+            "enable_at_or_below",
+            "sglang:dynspec_enable_at_or_below",
+            "auto: speculation is back on at or below this batch size.",
+        ),
         ("acceptance", "sglang:dynspec_acceptance", "auto: its estimate of accepted drafts + 1 per verify."),
     )
     _counters: Optional[Dict[str, Any]] = None  # one set per process: prometheus refuses duplicate names
@@ -193,7 +197,8 @@ class DynspecMetrics:
             else:
                 # "mostrecent", as SGLang's own gauges: one value across its processes, none kept for dead ones
                 cls._gauges = {
-                    key: Gauge(name, doc, labelnames=["model_name"], multiprocess_mode="mostrecent") for key, name, doc in cls.GAUGES
+                    key: Gauge(name, doc, labelnames=["model_name"], multiprocess_mode="mostrecent")
+                    for key, name, doc in cls.GAUGES
                 }
         return cls._gauges
 
@@ -212,9 +217,7 @@ class DynspecMetrics:
                 logger.warning("dynspec: prometheus_client is not installed; dynspec metrics are off")
                 cls._counters = {}
             else:
-                cls._counters = {
-                    key: Counter(name, doc, labelnames=["model_name"]) for key, name, doc in cls.NAMES
-                }
+                cls._counters = {key: Counter(name, doc, labelnames=["model_name"]) for key, name, doc in cls.NAMES}
         return cls._counters
 
 
@@ -240,7 +243,11 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
     reason = unsupported_reason(getter_of(args))
     if reason is not None:
         raise ValueError(reason)
-    disable_above, enable_at_or_below, min_steps = settings.disable_above, settings.enable_at_or_below, settings.min_steps
+    disable_above, enable_at_or_below, min_steps = (
+        settings.disable_above,
+        settings.enable_at_or_below,
+        settings.min_steps,
+    )
     rank0 = getattr(worker, "tp_rank", 0) == 0
 
     tic = time.perf_counter()
@@ -277,7 +284,9 @@ def capture_twin_of_stock_graph(draft_kv: "DraftKV", owner: Any) -> None:
     stock_graph = getattr(owner, _WORKER_GRAPH, None)
     if stock_graph is None:
         return
-    backend = getattr(stock_graph, "draft_extend_attn_backend", None) or getattr(owner, "draft_extend_attn_backend", None)
+    backend = getattr(stock_graph, "draft_extend_attn_backend", None) or getattr(
+        owner, "draft_extend_attn_backend", None
+    )
     draft_kv.capture_graph(lambda: type(stock_graph)(owner), backend)
 
 
@@ -576,7 +585,9 @@ DRAFT_KV_ENV = "DYNSPEC_DRAFT_KV"
 DRAFT_KV_FULL = "full"  # the stock draft extend every iteration
 DRAFT_KV_ONLY = "kv"  # write the draft KV, skip the rest of the draft step (eager)
 DRAFT_KV_GRAPH = "kv-graph"  # the same, replayed from a CUDA graph where the release's runner allows it
-DRAFT_KV_DIRECT = "kv-direct"  # kv-graph; v2 0.5.10+ and v1 0.5.12 feed the graph straight from the verify (dynspec_v2.DirectKVWrite)
+DRAFT_KV_DIRECT = (
+    "kv-direct"  # kv-graph; v2 0.5.10+ and v1 0.5.12 feed the graph straight from the verify (dynspec_v2.DirectKVWrite)
+)
 DRAFT_KV_SKIP = "skip"  # no draft KV written while off (the extend's host side still runs): a negative control
 DRAFT_KV_SETTINGS = ("auto", DRAFT_KV_FULL, DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT, DRAFT_KV_SKIP)
 _KV_ONLY_MODES = (DRAFT_KV_ONLY, DRAFT_KV_GRAPH, DRAFT_KV_DIRECT)  # the stand-in stops the forward at the KV write
@@ -649,7 +660,9 @@ class DraftKV:
         self._windows_called = 0
 
     @classmethod
-    def build(cls, draft_runner: Any, *, log: bool = True, auto: Union[str, Callable[[], str]] = DRAFT_KV_DEFAULT) -> "DraftKV":
+    def build(
+        cls, draft_runner: Any, *, log: bool = True, auto: Union[str, Callable[[], str]] = DRAFT_KV_DEFAULT
+    ) -> "DraftKV":
         """The mode from ``DYNSPEC_DRAFT_KV`` and the draft model; a bad setting raises ValueError.
         ``auto`` is the mode exact_kv has proven on the caller's path, or what works it out (asked
         only when the setting is ``auto``)."""
@@ -697,14 +710,20 @@ class DraftKV:
         if self.mode not in _GRAPH_MODES:
             return
         tic = time.perf_counter()
-        keep_buffers = shadowed(backend, "init_cuda_graph_state", _already_done) if backend is not None else contextlib.nullcontext()
+        keep_buffers = (
+            shadowed(backend, "init_cuda_graph_state", _already_done)
+            if backend is not None
+            else contextlib.nullcontext()
+        )
         try:
             with self._stand_in(), keep_buffers:
                 graph = build()
         except Exception as error:  # noqa: BLE001 - serve eagerly rather than not at all
             self.graph = None
             if self.log:
-                logger.warning(f"dynspec: no KV-only draft-extend CUDA graph ({error!r}); the KV-only extend runs eagerly")
+                logger.warning(
+                    f"dynspec: no KV-only draft-extend CUDA graph ({error!r}); the KV-only extend runs eagerly"
+                )
             return
         if self.mode not in _GRAPH_MODES:  # given up while capturing (_give_up): that graph ran the full forward
             return
@@ -801,7 +820,9 @@ class DraftKV:
     def _give_up(self, why: str) -> None:
         if self.saves_work:
             if self.log:
-                logger.warning(f"dynspec: {DRAFT_KV_ENV}={self.mode} cannot work here ({why}); running the full draft extend")
+                logger.warning(
+                    f"dynspec: {DRAFT_KV_ENV}={self.mode} cannot work here ({why}); running the full draft extend"
+                )
             self.mode = DRAFT_KV_FULL
             self.graph = None
             self.direct = None
@@ -882,7 +903,11 @@ class DraftRecorder:
         if not rows:
             return
         positions = batch.seq_lens.tolist()
-        record: Dict[str, Any] = {"step": step, "rid": [rids[i] for i in rows], "pos": [int(positions[i]) for i in rows]}
+        record: Dict[str, Any] = {
+            "step": step,
+            "rid": [rids[i] for i in rows],
+            "pos": [int(positions[i]) for i in rows],
+        }
         if verify_input is not None:
             drafts = verify_input.draft_token.reshape(len(positions), -1)[:, 1:].tolist()
             record["draft"] = [drafts[i] for i in rows]
@@ -963,11 +988,15 @@ class DynspecFallback:
         next_input_cls = v1_next_draft_input_class(worker)
         if next_input_cls is None:
             if log:
-                logger.info("dynspec: this EAGLEWorker's draft extend takes no EagleDraftExtendInput; kv-direct is kv-graph")
+                logger.info(
+                    "dynspec: this EAGLEWorker's draft extend takes no EagleDraftExtendInput; kv-direct is kv-graph"
+                )
             return
         from sglang.srt.speculative.dynspec_v2 import KVBitCheck, StockGraphDirectWrite, feed_directly
 
-        if not feed_directly(self.draft_kv, lambda twin: StockGraphDirectWrite.build(twin, worker, self.draft_kv, log), log):
+        if not feed_directly(
+            self.draft_kv, lambda twin: StockGraphDirectWrite.build(twin, worker, self.draft_kv, log), log
+        ):
             return
         self.bit_check = KVBitCheck.from_env(self.draft_kv.graph, log)
         # With the bit check too: its lean iterations compare the lean rows' direct write with the full
@@ -1085,7 +1114,13 @@ class LeanFallbackStep:
     """
 
     def __init__(
-        self, worker_module: Any, extend_input_cls: Any, next_input_cls: Any, simulated_token: Optional[int], log: bool, ahead: bool = True
+        self,
+        worker_module: Any,
+        extend_input_cls: Any,
+        next_input_cls: Any,
+        simulated_token: Optional[int],
+        log: bool,
+        ahead: bool = True,
     ) -> None:
         self.module = worker_module  # the release's eagle_worker module: its classes and contexts
         self.extend_input_cls = extend_input_cls
@@ -1113,7 +1148,9 @@ class LeanFallbackStep:
         if why_not is None:
             import importlib
 
-            simulated, why_not = LeanVerify.simulated_token_of(importlib.import_module("sglang.srt.speculative.spec_utils"))
+            simulated, why_not = LeanVerify.simulated_token_of(
+                importlib.import_module("sglang.srt.speculative.spec_utils")
+            )
         if why_not:
             if log:
                 logger.info(f"dynspec: a fallback iteration runs the stock one-node verify ({why_not})")
@@ -1257,7 +1294,9 @@ class LeanFallbackStep:
             logits_output=types.SimpleNamespace(hidden_states=hidden),
             next_draft_input=types.SimpleNamespace(),
         )
-        if not writer.write(types.SimpleNamespace(forward_mode=mode, seq_lens=positions, out_cache_loc=slots), verified):
+        if not writer.write(
+            types.SimpleNamespace(forward_mode=mode, seq_lens=positions, out_cache_loc=slots), verified
+        ):
             return None
         stand_in = verified.next_draft_input
         return self.next_input_cls(
@@ -1269,7 +1308,13 @@ class LeanFallbackStep:
         )
 
     def next_draft_input(
-        self, worker: Any, batch: Any, rows: Tuple[Any, ...], keep: Any, fallback: "DynspecFallback", declined: bool = False
+        self,
+        worker: Any,
+        batch: Any,
+        rows: Tuple[Any, ...],
+        keep: Any,
+        fallback: "DynspecFallback",
+        declined: bool = False,
     ) -> Any:
         """Write the rows' draft KV and return the next iteration's ``EagleDraftInput``: the direct
         write's stand-ins, or, where the direct write cannot take the rows, what the stock extend
@@ -1282,7 +1327,9 @@ class LeanFallbackStep:
             # have made, on the same slots; the full extend's draft KV and next input stay.
             batch.spec_info = self.extend_input(batch, rows, keep)
             full_extend = fallback.stock_extend
-            writes = checked_writes(writer, int(slots.shape[0]), lambda: self.written(writer, batch.forward_mode, rows) is not None)
+            writes = checked_writes(
+                writer, int(slots.shape[0]), lambda: self.written(writer, batch.forward_mode, rows) is not None
+            )
             return fallback.bit_check.compare(slots, writes, lambda: full_extend(batch))
         if writer is not None and not (declined and keep is None):
             next_input = self.written(writer, batch.forward_mode, rows)
@@ -1418,7 +1465,9 @@ def v1_next_draft_input_class(worker: Any) -> Any:
 def direct_writes(writer: Any, worker: Any, batch: Any, next_input_cls: Any) -> List[Tuple[str, Callable[[], bool]]]:
     """``KVBitCheck``'s writes of one v1 fallback iteration through the stock verify (see ``checked_writes``)."""
     rows = int(batch.spec_info.input_ids.shape[0])
-    return checked_writes(writer, rows, lambda: extend_after_decode_directly(writer, worker, batch, next_input_cls) is not None)
+    return checked_writes(
+        writer, rows, lambda: extend_after_decode_directly(writer, worker, batch, next_input_cls) is not None
+    )
 
 
 def checked_writes(writer: Any, rows: int, direct: Callable[[], bool]) -> List[Tuple[str, Callable[[], bool]]]:
@@ -1452,13 +1501,19 @@ def extend_after_decode_directly(writer: Any, worker: Any, batch: Any, next_inpu
     rows = int(extend_input.input_ids.shape[0])
     hidden = extend_input.hidden_states
     accepted = extend_input.num_accept_tokens_cpu
-    if not writer.fits(rows, hidden, rows, batch.out_cache_loc.shape[0]) or len(accepted) != rows or sum(accepted) != rows:
+    if (
+        not writer.fits(rows, hidden, rows, batch.out_cache_loc.shape[0])
+        or len(accepted) != rows
+        or sum(accepted) != rows
+    ):
         return None  # (sum: one accepted token per request, as a one-node tree gives)
     saved = (batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices, batch.return_logprob)
     extend_input.num_tokens_per_req = worker.speculative_num_steps + 1
     extend_input.num_tokens_for_logprob_per_req = 1
     extend_input.prepare_extend_after_decode(batch, speculative_num_steps=worker.speculative_num_steps)
-    rows_in = types.SimpleNamespace(forward_mode=batch.forward_mode, seq_lens=extend_input.positions, out_cache_loc=batch.out_cache_loc)
+    rows_in = types.SimpleNamespace(
+        forward_mode=batch.forward_mode, seq_lens=extend_input.positions, out_cache_loc=batch.out_cache_loc
+    )
     verified = types.SimpleNamespace(
         next_token_ids=batch.input_ids,
         logits_output=types.SimpleNamespace(hidden_states=hidden),

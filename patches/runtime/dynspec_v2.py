@@ -180,7 +180,9 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     tic = time.perf_counter()
     controller = _switch_controller(worker, settings, rank0)
     # a default worked out (and said) only for auto: a mode the user set needs neither
-    draft_kv = DraftKV.build(worker.draft_worker.draft_runner, log=rank0, auto=lambda: own_fallback_draft_kv_default(worker, rank0))
+    draft_kv = DraftKV.build(
+        worker.draft_worker.draft_runner, log=rank0, auto=lambda: own_fallback_draft_kv_default(worker, rank0)
+    )
     target = SingleTokenTarget.build(worker.target_worker.model_runner, controller.enable_at_or_below)
     # The stock runner is captured for the speculative width; the fallback's full extend (RESUME) runs
     # eagerly (_SavedSteps), but the KV-only twin computes row by row, so one token per request fits it.
@@ -192,7 +194,9 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     fallback.feed_twin_directly(worker, log=rank0)
     fallback.write_beside(worker, log=rank0)
     fallback.lean = FallbackLeanSample.install(log=rank0)
-    fallback.prefill_kv_only(worker.draft_worker, log=rank0, disaggregation=read_setting(worker, "disaggregation_mode", "null"))
+    fallback.prefill_kv_only(
+        worker.draft_worker, log=rank0, disaggregation=read_setting(worker, "disaggregation_mode", "null")
+    )
     fallback.lean_step = V2LeanStep.build(worker, fallback, log=rank0)
     worker.draft_worker._dynspec = fallback
     if fallback.recorder is not None:
@@ -229,7 +233,9 @@ def own_fallback_draft_kv_default(worker: Any, log: bool) -> str:
     if why_not is None:
         return str(DRAFT_KV_DEFAULT_OWN_FALLBACK)
     if log:
-        logger.info(f"dynspec: {why_not}; by default the fallback writes the draft KV eagerly ({DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED})")
+        logger.info(
+            f"dynspec: {why_not}; by default the fallback writes the draft KV eagerly ({DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED})"
+        )
     return str(DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED)
 
 
@@ -310,8 +316,14 @@ class V2Fallback:
         fence = early_fence(batch) if batch is not None and self._early_fence else None
         kv_only = self._step == self.controller.FALL_BACK
         # Decided before anything is swapped: nothing that may raise runs outside the try below.
-        lean = self.lean_step if kv_only and batch is not None and self.lean_step is not None and self.lean_step.takes(batch) else None
-        draft_kv_only = self.draft_kv.kv_only(worker.draft_worker) if kv_only and lean is None else contextlib.nullcontext()
+        lean = (
+            self.lean_step
+            if kv_only and batch is not None and self.lean_step is not None and self.lean_step.takes(batch)
+            else None
+        )
+        draft_kv_only = (
+            self.draft_kv.kv_only(worker.draft_worker) if kv_only and lean is None else contextlib.nullcontext()
+        )
         saved = _SavedSteps(worker, worker.draft_worker)
         previous = self.target.swap_in()
         try:
@@ -335,7 +347,9 @@ class V2Fallback:
     def feed_twin_directly(self, worker: Any, log: bool) -> None:
         """``kv-direct`` on 0.5.10 - 0.5.13: a fallback iteration's draft extend becomes a
         ``FallbackDirectWrite`` of the twin, where the twin allows it (else it stays kv-graph, said once)."""
-        if not feed_directly(self.draft_kv, lambda twin: FallbackDirectWrite.build(twin, worker, self.draft_kv, log), log):
+        if not feed_directly(
+            self.draft_kv, lambda twin: FallbackDirectWrite.build(twin, worker, self.draft_kv, log), log
+        ):
             return
         draft_worker = worker.draft_worker
         stock = draft_worker._draft_extend_for_decode
@@ -382,15 +396,21 @@ class V2Fallback:
             # A PD prefill server never decodes, so never resumes: it would hand the decode server
             # the placeholder top-k and hidden states of every request after its first large wave.
             if log:
-                logger.info(f"dynspec: the KV-only prefill ({PREFILL_KV_ENV}) is not used with PD disaggregation ({disaggregation})")
+                logger.info(
+                    f"dynspec: the KV-only prefill ({PREFILL_KV_ENV}) is not used with PD disaggregation ({disaggregation})"
+                )
             return
         stock = getattr(draft_worker, "_draft_extend_for_prefill", None)
         if stock is None:  # every release 0.5.4 - 0.5.13 has it (pinned in the tests); a patched tree may not
             if log:
-                logger.info("dynspec: this draft worker has no _draft_extend_for_prefill; prefills write the full draft state")
+                logger.info(
+                    "dynspec: this draft worker has no _draft_extend_for_prefill; prefills write the full draft state"
+                )
             return
         draft_kv = self.draft_kv
-        lean = LeanKVPrefill.build(draft_worker, stock, log)  # on 0.5.12 unless DYNSPEC_LEAN_PREFILL / _STEP=0, else None
+        lean = LeanKVPrefill.build(
+            draft_worker, stock, log
+        )  # on 0.5.12 unless DYNSPEC_LEAN_PREFILL / _STEP=0, else None
         kv_only_extend = stock if lean is None else lean.extend
 
         def draft_extend_for_prefill(batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -405,7 +425,9 @@ class V2Fallback:
 
         draft_worker._draft_extend_for_prefill = draft_extend_for_prefill
         if log:
-            logger.info(f"dynspec: while off, a prefill's draft extend writes only the draft KV ({PREFILL_KV_ENV}=0 turns it off)")
+            logger.info(
+                f"dynspec: while off, a prefill's draft extend writes only the draft KV ({PREFILL_KV_ENV}=0 turns it off)"
+            )
 
     def publish_early(self, batch: Any, on_publish: Any) -> Any:
         """0.5.13: called by the hook before ``fall_back``; returns the callback the re-run gets.
@@ -592,7 +614,9 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
     policy.lean_verify = LeanVerify.install(worker, log=rank0)
     lean_prefill_enabled()  # read here too: a bad value refuses to start on every release
     if rank0 and any(os.environ.get(env, "").strip() for env in (LEAN_STEP_ENV, LEAN_PREFILL_ENV)):
-        logger.info(f"dynspec: {LEAN_STEP_ENV} and {LEAN_PREFILL_ENV} apply to 0.5.12's own fallback only; here the zero-step verify is the lean one")
+        logger.info(
+            f"dynspec: {LEAN_STEP_ENV} and {LEAN_PREFILL_ENV} apply to 0.5.12's own fallback only; here the zero-step verify is the lean one"
+        )
     return policy
 
 
@@ -714,7 +738,9 @@ class ZeroStepPolicy:
 
             group = get_tp_group()
             share = lambda ours: group.broadcast_object(ours, src=0)  # noqa: E731
-        driver = AutoDriver(self.controller, AutoThreshold(floor, ceiling), rank0=_tp_rank(self.worker) == 0, share=share, log=self.log)
+        driver = AutoDriver(
+            self.controller, AutoThreshold(floor, ceiling), rank0=_tp_rank(self.worker) == 0, share=share, log=self.log
+        )
         stock = self.worker.forward_batch_generation
 
         def forward_batch_generation(batch: Any, *args: Any, **kwargs: Any) -> Any:
@@ -741,7 +767,9 @@ class ZeroStepPolicy:
             if why_not is not None:  # serve with one iteration per replay rather than not at all
                 direct.batch_steps = 1
                 if self.log:
-                    logger.info(f"dynspec: {KV_BATCH_ENV} is not used with {why_not}; every fallback iteration writes its own rows")
+                    logger.info(
+                        f"dynspec: {KV_BATCH_ENV} is not used with {why_not}; every fallback iteration writes its own rows"
+                    )
         # After the rounding check, whose replays must finish at start-up; before the flush hook,
         # which then wraps the join.
         if self._kv_stream:
@@ -800,7 +828,9 @@ class ZeroStepPolicy:
             return
         self.worker.apply_runtime_state(state)
 
-    def on_verify_complete(self, num_correct_drafts_per_req: Any = None, *args: Any, batch_size: int = 0, **kwargs: Any) -> None:
+    def on_verify_complete(
+        self, num_correct_drafts_per_req: Any = None, *args: Any, batch_size: int = 0, **kwargs: Any
+    ) -> None:
         """The scheduler's copy of a verify's accepted drafts per request, one iteration late:
         ``auto``'s acceptance, from the iterations that speculated; ignored with a fixed N."""
         if self.driver is None or not self._unverified or num_correct_drafts_per_req is None:
@@ -940,7 +970,12 @@ class LeanVerify:
     WHAT = "the lean zero-step verify"  # in the log lines
     SIMULATED_TOKEN = 100  # what SIMULATE_ACC_LEN's "fixed" mode writes as every accepted token
 
-    def __init__(self, stock_sample: Callable[..., Tuple[Any, Any, Any]], sanitize: Optional[Callable[..., Any]], simulated_token: Optional[int]) -> None:
+    def __init__(
+        self,
+        stock_sample: Callable[..., Tuple[Any, Any, Any]],
+        sanitize: Optional[Callable[..., Any]],
+        simulated_token: Optional[int],
+    ) -> None:
         self.stock_sample = stock_sample
         self.sanitize = sanitize  # the release's sanitize_nan_logits where the stock sample calls it first
         self.simulated_token = simulated_token  # fill predict with it (SIMULATE_ACC_LEN, fixed mode), or None
@@ -1009,7 +1044,9 @@ class LeanVerify:
         if fillers:  # 0.5.16+; before, the verify launches the Triton kernel itself
             lean.stock_fill = getattr(fillers[0], cls.FILL_BONUS)
             fill = lean.stock_fill
-            lean.shadows += [(m, cls.FILL_BONUS, lean.fill_bonus, fill) for m in fillers if getattr(m, cls.FILL_BONUS) is fill]
+            lean.shadows += [
+                (m, cls.FILL_BONUS, lean.fill_bonus, fill) for m in fillers if getattr(m, cls.FILL_BONUS) is fill
+            ]
         return lean, ""
 
     @classmethod
@@ -1044,7 +1081,9 @@ class LeanVerify:
 
     IDLE = "an idle batch"
 
-    def refusal(self, verify_input: Any, batch: Any, logits: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Optional[str]:
+    def refusal(
+        self, verify_input: Any, batch: Any, logits: Any, args: Tuple[Any, ...], kwargs: Dict[str, Any]
+    ) -> Optional[str]:
         """Why this batch's one-node verify may not have the known outcome; None if it has (host checks only)."""
         if batch.forward_mode.is_idle():
             return self.IDLE
@@ -1063,7 +1102,9 @@ class LeanVerify:
             return f"logits of shape {tuple(logits.shape)} for {batch.seq_lens.shape[0]} requests"
         return None
 
-    def sample(self, verify_input: Any, batch: Any, logits_output: Any, *args: Any, **kwargs: Any) -> Tuple[Any, Any, Any]:
+    def sample(
+        self, verify_input: Any, batch: Any, logits_output: Any, *args: Any, **kwargs: Any
+    ) -> Tuple[Any, Any, Any]:
         """``eagle_sample`` of a one-node tree: (predict, accept_lens, accept_index)."""
         logits = logits_output.next_token_logits
         why = self.refusal(verify_input, batch, logits, args, kwargs)
@@ -1096,7 +1137,16 @@ class LeanVerify:
             self._indices = torch.arange(size, dtype=torch.int32, device=predict.device)
         return predict, self._ones[:rows], self._indices[:rows].view(rows, 1)
 
-    def fill_bonus(self, accept_tokens: Any, accept_lens: Any, bonus_tokens: Any, accept_stride: int, batch_size: int, *args: Any, **kwargs: Any) -> None:
+    def fill_bonus(
+        self,
+        accept_tokens: Any,
+        accept_lens: Any,
+        bonus_tokens: Any,
+        accept_stride: int,
+        batch_size: int,
+        *args: Any,
+        **kwargs: Any,
+    ) -> None:
         """``fill_bonus_tokens_func`` where each request accepted one token: that token."""
         if accept_stride != 1 or args or kwargs or bonus_tokens.shape[0] != batch_size:
             assert self.stock_fill is not None
@@ -1139,7 +1189,9 @@ class FallbackLeanSample(LeanVerify):
         lean = cls(cls.stock_sample_of, None, simulated)
         lean.log = log
         if log:
-            logger.info(f"dynspec: the one-node verify samples greedy batches without the tree kernels ({LEAN_VERIFY_ENV}=0 turns it off)")
+            logger.info(
+                f"dynspec: the one-node verify samples greedy batches without the tree kernels ({LEAN_VERIFY_ENV}=0 turns it off)"
+            )
         return lean
 
     @staticmethod
@@ -1279,10 +1331,14 @@ class V2LeanStep:
         if why_not is None:
             import importlib
 
-            simulated, why_not = LeanVerify.simulated_token_of(importlib.import_module("sglang.srt.speculative.spec_utils"))
+            simulated, why_not = LeanVerify.simulated_token_of(
+                importlib.import_module("sglang.srt.speculative.spec_utils")
+            )
         if why_not:
             if log:
-                logger.info(f"dynspec: the lean fallback step does not apply, a fallback iteration runs the stock decode branch ({why_not})")
+                logger.info(
+                    f"dynspec: the lean fallback step does not apply, a fallback iteration runs the stock decode branch ({why_not})"
+                )
             return None
         if log:
             logger.info(
@@ -1298,7 +1354,9 @@ class V2LeanStep:
 
         if not isinstance(fallback.draft_kv.direct, FallbackDirectWrite):
             return "kv-direct does not write this server's draft KV"
-        classes = [getattr(module, name, None) for name in ("EagleVerifyInput", "EagleDraftInput", "GenerationBatchResult")]
+        classes = [
+            getattr(module, name, None) for name in ("EagleVerifyInput", "EagleDraftInput", "GenerationBatchResult")
+        ]
         if any(c is None for c in classes):
             return "the worker's module lacks EagleVerifyInput, EagleDraftInput or GenerationBatchResult"
         verify_input_cls, draft_input_cls, result_cls = classes
@@ -1350,7 +1408,9 @@ class V2LeanStep:
         batch.seq_lens.record_stream(device.current_stream())
         verify_input.num_tokens_per_req = 1
         batch.spec_info = verify_input
-        forward_batch, can_run_cuda_graph = verify_input.prepare_for_v2_verify(worker.req_to_token_pool, batch, worker.target_worker)
+        forward_batch, can_run_cuda_graph = verify_input.prepare_for_v2_verify(
+            worker.req_to_token_pool, batch, worker.target_worker
+        )
         output = worker.target_worker.forward_batch_generation(
             model_worker_batch=None, forward_batch=forward_batch, is_verify=True, skip_attn_backend_init=True
         )
@@ -1372,7 +1432,9 @@ class V2LeanStep:
             next_token_ids=predict,
             can_run_cuda_graph=can_run_cuda_graph,
             speculative_num_draft_tokens=worker.speculative_num_draft_tokens,  # 1 here (_SavedSteps)
-            next_draft_input=module.EagleDraftInput(bonus_tokens=predict, new_seq_lens=new_seq_lens, verify_done=verify_done),
+            next_draft_input=module.EagleDraftInput(
+                bonus_tokens=predict, new_seq_lens=new_seq_lens, verify_done=verify_done
+            ),
             accept_lens=self.ones(int(predict.shape[0]), predict.device),
             routed_experts_output=output.routed_experts_output,
             indexer_topk_output=output.indexer_topk_output,
@@ -1383,7 +1445,10 @@ class V2LeanStep:
             from sglang.srt.speculative.dynspec_runtime import draft_extend_contexts
 
             extend = fallback.stock_extend or worker.draft_worker._draft_extend_for_decode
-            with draft_extend_contexts(worker.draft_worker, "draft_runner", self.module), fallback.draft_kv.kv_only(worker.draft_worker):
+            with (
+                draft_extend_contexts(worker.draft_worker, "draft_runner", self.module),
+                fallback.draft_kv.kv_only(worker.draft_worker),
+            ):
                 extend(batch, result)
         self.taken += 1
         if self.taken == 1 and self.log:  # once: the evidence that it runs, in the server's log
@@ -1433,7 +1498,9 @@ class LeanKVPrefill:
     def __init__(self, draft_worker: Any, stock: Callable[..., Any], module: Any, log: bool) -> None:
         self.draft_worker = draft_worker
         self.stock = stock  # the release's body, for a wave the one-pass shift is not known to fit
-        self.module = module  # the release's eagle_worker_v2: EagleDraftInput, ForwardBatch, fast_topk, maybe_detect_nan
+        self.module = (
+            module  # the release's eagle_worker_v2: EagleDraftInput, ForwardBatch, fast_topk, maybe_detect_nan
+        )
         self.log = log
         self.taken = 0
 
@@ -1453,13 +1520,19 @@ class LeanKVPrefill:
         elif getattr(runner, "use_ngram_embedding", False) or getattr(runner, "model_is_mrope", False):
             why_not = "a draft whose forward batch reads more than the ids (n-gram embedding, multimodal rope)"
         elif method_fingerprint(type(draft_worker), "_draft_extend_for_prefill") != cls.PREFILL_FINGERPRINT:
-            why_not = "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors"
+            why_not = (
+                "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors"
+            )
         if why_not is not None:
             if log:
-                logger.info(f"dynspec: the lean KV-only prefill does not apply, a KV-only prefill runs the stock body ({why_not})")
+                logger.info(
+                    f"dynspec: the lean KV-only prefill does not apply, a KV-only prefill runs the stock body ({why_not})"
+                )
             return None
         if log:
-            logger.info(f"dynspec: a KV-only prefill shifts its prompts in one pass ({LEAN_PREFILL_ENV}, as {LEAN_STEP_ENV} unless set)")
+            logger.info(
+                f"dynspec: a KV-only prefill shifts its prompts in one pass ({LEAN_PREFILL_ENV}, as {LEAN_STEP_ENV} unless set)"
+            )
         return cls(draft_worker, stock, module, log)
 
     def extend(self, batch: Any, target_hidden_states: Any, next_token_ids: Any, mm_input_embeds: Any = None) -> Any:
@@ -1467,7 +1540,9 @@ class LeanKVPrefill:
         its KV write): the same draft input, forward batch and KV; the placeholder's top-k made directly."""
         import torch
 
-        if min(batch.extend_seq_lens, default=0) < 1:  # never in 0.5.12; the stock body would fail loudly, the shift not
+        if (
+            min(batch.extend_seq_lens, default=0) < 1
+        ):  # never in 0.5.12; the stock body would fail loudly, the shift not
             return self.stock(batch, target_hidden_states, next_token_ids, mm_input_embeds)
         module, runner = self.module, self.draft_worker.draft_runner
         next_draft_input = module.EagleDraftInput(
@@ -1494,7 +1569,9 @@ class LeanKVPrefill:
             next_draft_input.topk_p = torch.ones((rows, 1), dtype=torch.float32, device=logits.device)
             next_draft_input.topk_index = torch.zeros((rows, 1), dtype=torch.int64, device=logits.device)
         else:  # real logits (the stand-in gave up mid-forward): the stock body's top-k
-            next_draft_input.topk_p, next_draft_input.topk_index = module.fast_topk(torch.softmax(logits, dim=-1), self.draft_worker.topk, dim=-1)
+            next_draft_input.topk_p, next_draft_input.topk_index = module.fast_topk(
+                torch.softmax(logits, dim=-1), self.draft_worker.topk, dim=-1
+            )
         next_draft_input.hidden_states = logits_output.hidden_states
         self.taken += 1
         if self.taken == 1 and self.log:
@@ -1522,7 +1599,9 @@ def write_beside(worker: Any, direct: "DirectKVWrite", log: bool) -> bool:
         why_not = "SGLANG_ENABLE_OVERLAP_PLAN_STREAM"
     if why_not is not None:
         if log:
-            logger.info(f"dynspec: {KV_STREAM_ENV} is not used with {why_not}; the draft KV is written in the worker's stream")
+            logger.info(
+                f"dynspec: {KV_STREAM_ENV} is not used with {why_not}; the draft KV is written in the worker's stream"
+            )
         return False
     import torch
 
@@ -1670,9 +1749,13 @@ class KVBitCheck:
             return None
         probe = RoundingProbe.of(twin) if twin is not None else None
         if probe is None:
-            raise ValueError(f"{KV_BITS_ENV}: no KV-only graph fed directly, or a draft KV pool whose bits it cannot read")
+            raise ValueError(
+                f"{KV_BITS_ENV}: no KV-only graph fed directly, or a draft KV pool whose bits it cannot read"
+            )
         if rank0:
-            logger.warning(f"dynspec: {KV_BITS_ENV}: every fallback iteration writes the draft KV directly, then runs the full extend and compares their bits (a check, not for serving)")
+            logger.warning(
+                f"dynspec: {KV_BITS_ENV}: every fallback iteration writes the draft KV directly, then runs the full extend and compares their bits (a check, not for serving)"
+            )
         return cls(probe, path if rank0 else None)
 
     def compare(self, slots: Any, writes: List[Tuple[str, Callable[[], bool]]], full_extend: Callable[[], Any]) -> Any:
@@ -1688,7 +1771,10 @@ class KVBitCheck:
         result = full_extend()
         if kept and self.path is not None:
             full = self.probe.rows(slots)
-            entry = {"rows": int(slots.shape[0]), **{name: RoundingProbe.rows_differing(kv, full) for name, kv in kept.items()}}
+            entry = {
+                "rows": int(slots.shape[0]),
+                **{name: RoundingProbe.rows_differing(kv, full) for name, kv in kept.items()},
+            }
             with open(self.path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(entry, separators=(",", ":")) + "\n")
         return result
@@ -1783,7 +1869,9 @@ class DirectKVWrite:
             return "an all-to-all MoE backend runs hooks around the replay"
         runner = getattr(twin, "model_runner", None)
         # the runner's flag up to 0.5.13, its model config's from 0.5.14
-        if getattr(runner, "model_is_mrope", False) or getattr(getattr(runner, "model_config", None), "model_is_mrope", False):
+        if getattr(runner, "model_is_mrope", False) or getattr(
+            getattr(runner, "model_config", None), "model_is_mrope", False
+        ):
             return "the draft takes multimodal rope positions (mrope_positions), which the direct write does not fill"
         pool = type(getattr(runner, "token_to_kv_pool", None)).__name__
         if pool not in cls.POOLS:
@@ -1825,7 +1913,9 @@ class DirectKVWrite:
             limit = self.same_rounding_rows(rows)
             if members is None or limit < 2 * rows:
                 steps = 1  # who the rows belong to is unknown, or two iterations would not round alike
-            if self.pending and (steps == 1 or members is None or self.pending + rows > limit or not self._same(members)):
+            if self.pending and (
+                steps == 1 or members is None or self.pending + rows > limit or not self._same(members)
+            ):
                 self.flush()
             self.members = members or []
         at = self.pending  # 0 unless rows wait in staging (steps > 1)
@@ -1934,7 +2024,8 @@ class DirectKVWrite:
             else:
                 runs.append((number, size, size))
         return " | ".join(
-            f"{first if first == last else f'{first}-{last}'}:{number if number >= 0 else 'by-row'}" for number, first, last in runs
+            f"{first if first == last else f'{first}-{last}'}:{number if number >= 0 else 'by-row'}"
+            for number, first, last in runs
         )
 
     def flush(self) -> None:
@@ -2022,7 +2113,9 @@ class ZeroStepDirectWrite(DirectKVWrite):
     # The draft runner's read-done mailbox: named so in 0.5.18+, and before that.
     READ_DONE_EVENTS = ("shared_read_done_event", "war_fastpath_read_done_event")
 
-    def __init__(self, twin: Any, worker: Any, read_done: Optional[str], log: bool = True, batch_steps: int = 1) -> None:
+    def __init__(
+        self, twin: Any, worker: Any, read_done: Optional[str], log: bool = True, batch_steps: int = 1
+    ) -> None:
         super().__init__(twin, log, batch_steps)
         self.worker = worker  # its _stub_skipped_draft_extend stands in for the extend's outputs
         self.backend = twin.backend  # its replay(key, batch) replays that key's graph, batch unread
@@ -2160,7 +2253,9 @@ class FallbackDirectWrite(DirectKVWrite):
         self._stand_ins: Optional[Tuple[Any, Any, Any]] = None  # topk_p, topk_index, hidden_states: capacity rows
 
     @classmethod
-    def build(cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True) -> Tuple[Optional["FallbackDirectWrite"], str]:
+    def build(
+        cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True
+    ) -> Tuple[Optional["FallbackDirectWrite"], str]:
         why_not = cls.unfit(twin, worker)
         if why_not is not None:
             return None, why_not
@@ -2186,7 +2281,11 @@ class FallbackDirectWrite(DirectKVWrite):
             )
         topk_p, topk_index, hidden_states = self._stand_ins
         stand_in = batch_result.next_draft_input
-        stand_in.topk_p, stand_in.topk_index, stand_in.hidden_states = topk_p[:rows], topk_index[:rows], hidden_states[:rows]
+        stand_in.topk_p, stand_in.topk_index, stand_in.hidden_states = (
+            topk_p[:rows],
+            topk_index[:rows],
+            hidden_states[:rows],
+        )
 
 
 class StockGraphDirectWrite(FallbackDirectWrite):
@@ -2214,18 +2313,28 @@ class StockGraphDirectWrite(FallbackDirectWrite):
     def __init__(self, twin: Any, hidden: Tuple[int, Any], log: bool = True) -> None:
         super().__init__(twin, hidden, log)
         self.replay_index: List[int] = [self.stock_index(n) for n in range(self.sizes[-1] + 1)]
-        self.unpadded = bool(getattr(twin, "disable_padding", False))  # the stock extend runs a count without a graph eagerly
+        self.unpadded = bool(
+            getattr(twin, "disable_padding", False)
+        )  # the stock extend runs a count without a graph eagerly
         self.packed = False  # KVBitCheck's control: replay the graph that packs the rows instead
 
     @classmethod
-    def build(cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True) -> Tuple[Optional["FallbackDirectWrite"], str]:
+    def build(
+        cls, twin: Any, worker: Any, draft_kv: Any, log: bool = True
+    ) -> Tuple[Optional["FallbackDirectWrite"], str]:
         direct, why_not = super().build(twin, worker, draft_kv, log)
         if not isinstance(direct, StockGraphDirectWrite):
             return direct, why_not
         stock = getattr(worker, "cuda_graph_runner_for_draft_extend", None)
         same = ("capture_bs", "disable_padding")
-        if any(getattr(stock, name, None) != getattr(twin, name, None) for name in same) or cls.width_of(stock) != direct.width:
-            return None, f"the KV-only graphs differ from the stock draft-extend graphs in their sizes or width ({type(stock).__name__})"
+        if (
+            any(getattr(stock, name, None) != getattr(twin, name, None) for name in same)
+            or cls.width_of(stock) != direct.width
+        ):
+            return (
+                None,
+                f"the KV-only graphs differ from the stock draft-extend graphs in their sizes or width ({type(stock).__name__})",
+            )
         direct.round_as_stock(worker)
         return direct, why_not
 
@@ -2238,14 +2347,18 @@ class StockGraphDirectWrite(FallbackDirectWrite):
         the graph to replay (``stock_alike``). At start-up only: the probe writes free slots."""
         tp = _tensor_parallel(worker)
         # Without the check's numbers every batch replays the stock graph itself, which is exact.
-        why_not = self.check_rounding_unless("tensor parallelism (every rank must replay the same graph)" if tp else None)
+        why_not = self.check_rounding_unless(
+            "tensor parallelism (every rank must replay the same graph)" if tp else None
+        )
         self.replay_index = [self.stock_alike(n) for n in range(self.sizes[-1] + 1)]
         if self.log:
             if why_not is None:
                 how = f"checked at start-up, by requests of {self.width} rows: {self.rounding_groups()}"
             else:
                 how = f"the stock graph itself: no start-up check with {why_not}"
-            logger.info(f"dynspec: kv-direct replays, for n requests, the smallest KV-only graph that rounds as the stock extend's graph for n ({how})")
+            logger.info(
+                f"dynspec: kv-direct replays, for n requests, the smallest KV-only graph that rounds as the stock extend's graph for n ({how})"
+            )
 
     def stock_alike(self, requests: int) -> int:
         """The smallest graph, from the one that packs the rows up to the stock one, that

@@ -121,7 +121,9 @@ def swap_lines(data: bytes, words: list[str], rng: random.Random) -> bytes:
 
 def syntax_error(data: bytes, words: list[str], rng: random.Random) -> bytes:
     lines = _lines(data)
-    broken = rng.choice([b"def (:\n", b")\n", b"class\n", b"    return )\n", b"if x\n", b"@\n", b"lambda:\n", b"x = = 1\n"])
+    broken = rng.choice(
+        [b"def (:\n", b")\n", b"class\n", b"    return )\n", b"if x\n", b"@\n", b"lambda:\n", b"x = = 1\n"]
+    )
     lines.insert(rng.randrange(len(lines) + 1), broken)
     return b"".join(lines)
 
@@ -224,10 +226,36 @@ def code_on_import(data: bytes, words: list[str], rng: random.Random) -> bytes:
 
 BYTE_MUTATIONS: dict[str, Callable[[bytes, list[str], random.Random], bytes]] = {
     f.__name__: f
-    for f in (rename_one, rename_all, homoglyph, delete_anchor_line, delete_lines, duplicate_lines, swap_lines,
-              syntax_error, indent_one_line, tabs, second_class, truncate, flip_bytes, latin1, utf16, bom, crlf,
-              cr_only, nul_byte, invalid_utf8, no_final_newline, empty, deep_expression, deep_parentheses, long_or_chain,
-              adjacent_strings, huge, code_on_import)  # fmt: skip
+    for f in (
+        rename_one,
+        rename_all,
+        homoglyph,
+        delete_anchor_line,
+        delete_lines,
+        duplicate_lines,
+        swap_lines,
+        syntax_error,
+        indent_one_line,
+        tabs,
+        second_class,
+        truncate,
+        flip_bytes,
+        latin1,
+        utf16,
+        bom,
+        crlf,
+        cr_only,
+        nul_byte,
+        invalid_utf8,
+        no_final_newline,
+        empty,
+        deep_expression,
+        deep_parentheses,
+        long_or_chain,
+        adjacent_strings,
+        huge,
+        code_on_import,
+    )  # fmt: skip
 }
 
 
@@ -289,8 +317,18 @@ def parent_links_out(path: Path, outside: Path) -> None:
 
 PATH_MUTATIONS: dict[str, Callable[[Path, Path], None]] = {
     f.__name__: f
-    for f in (missing, directory, fifo, unix_socket, link_out, hard_link_out, link_inside, dangling_link, link_loop,
-              parent_links_out)  # fmt: skip
+    for f in (
+        missing,
+        directory,
+        fifo,
+        unix_socket,
+        link_out,
+        hard_link_out,
+        link_inside,
+        dangling_link,
+        link_loop,
+        parent_links_out,
+    )  # fmt: skip
 }
 
 
@@ -335,7 +373,9 @@ def problems_of(variant: Variant, scratch: Path) -> tuple[list[str], list[int]]:
     path = package / variant.target
     rng = random.Random(variant.name)
     if variant.mutation in BYTE_MUTATIONS:
-        path.write_bytes(BYTE_MUTATIONS[variant.mutation](path.read_bytes(), _anchor_words(variant.version, variant.target), rng))
+        path.write_bytes(
+            BYTE_MUTATIONS[variant.mutation](path.read_bytes(), _anchor_words(variant.version, variant.target), rng)
+        )
     else:
         PATH_MUTATIONS[variant.mutation](path, outside)
     start, outside_start = picture(package), picture(outside)

@@ -28,7 +28,7 @@ def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
 def armed_repo(root: Path, marker: Path) -> None:
     """Make ``root`` a git repository whose config runs a marker-leaving script wherever it can."""
     script = root.parent / "trap.sh"
-    script.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {marker}\n")
+    script.write_text(f'#!/bin/sh\necho "$0 $*" >> {marker}\n')
     script.chmod(0o755)
     hooks = root.parent / "hooks"
     hooks.mkdir()
@@ -52,7 +52,17 @@ def package(request: pytest.FixtureRequest, release_tree, tmp_path: Path) -> tup
         root = tmp_path / "sglang"
         release_tree(VERSION, where=root / "python")
         armed_repo(root, marker)
-        git(root, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "filter.trap.clean=cat", "add", "-A")
+        git(
+            root,
+            "-c",
+            "core.fsmonitor=false",
+            "-c",
+            "core.hooksPath=/dev/null",
+            "-c",
+            "filter.trap.clean=cat",
+            "add",
+            "-A",
+        )
         git(root, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "commit", "-q", "-m", "sglang")
         git(root, "tag", f"v{VERSION}")
         return root, root, marker
@@ -60,7 +70,17 @@ def package(request: pytest.FixtureRequest, release_tree, tmp_path: Path) -> tup
     package = release_tree(VERSION, where=root / "venv" / "site-packages")
     armed_repo(root, marker)
     (root / "README").write_text("a project with a virtualenv inside\n")
-    git(root, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "filter.trap.clean=cat", "add", "README")
+    git(
+        root,
+        "-c",
+        "core.fsmonitor=false",
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "filter.trap.clean=cat",
+        "add",
+        "README",
+    )
     return package, root, marker
 
 

@@ -78,7 +78,10 @@ def link_state_dir_out(t: Tree) -> None:
 def link_state_dir_out_with_a_stale_journal(t: Tree) -> None:
     t.apply()
     shutil.move(t.package / ".dynspec", t.outside / "state")
-    journal = {"txid": "0" * 32, "files": {SERVER_ARGS: {"pre": "1" * 64, "post": txn.sha256((t.package / SERVER_ARGS).read_bytes())}}}
+    journal = {
+        "txid": "0" * 32,
+        "files": {SERVER_ARGS: {"pre": "1" * 64, "post": txn.sha256((t.package / SERVER_ARGS).read_bytes())}},
+    }
     (t.outside / "state" / "journal.json").write_text(json.dumps(journal))
     (t.package / ".dynspec").symlink_to(t.outside / "state")
 
@@ -135,7 +138,12 @@ def journal(change: Callable[[dict], object]) -> Callable[[Tree], None]:
     def setup(t: Tree) -> None:
         t.apply()
         digest = txn.sha256((t.package / SERVER_ARGS).read_bytes())
-        record = {"format": 1, "txid": "f" * 32, "revert": False, "files": {SERVER_ARGS: {"pre": digest, "post": digest}}}
+        record = {
+            "format": 1,
+            "txid": "f" * 32,
+            "revert": False,
+            "files": {SERVER_ARGS: {"pre": digest, "post": digest}},
+        }
         (t.package / ".dynspec" / "journal.json").write_text(json.dumps(change(record)))
 
     return setup
@@ -207,40 +215,98 @@ CASES = {
     # -- state.json damaged or forged
     "state.json truncated": Case(raw_state('{"format": 1, "files": {'), every(10), "not valid JSON"),
     "state.json deeply nested": Case(raw_state("[" * 100000 + "]" * 100000), every(10), "nested too deeply"),
-    "state.json without txid": Case(edit_state(lambda s: {k: v for k, v in s.items() if k != "txid"}), every(10), "txid"),
-    "state.json files is a list": Case(edit_state(lambda s: dict(s, files=list(s["files"]))), every(10), "'files' is not an object"),
-    "state.json entry is a string": Case(edit_state(lambda s: first_entry(s) and dict(s, files={SERVER_ARGS: "x"})), every(10), "is not an object"),
+    "state.json without txid": Case(
+        edit_state(lambda s: {k: v for k, v in s.items() if k != "txid"}), every(10), "txid"
+    ),
+    "state.json files is a list": Case(
+        edit_state(lambda s: dict(s, files=list(s["files"]))), every(10), "'files' is not an object"
+    ),
+    "state.json entry is a string": Case(
+        edit_state(lambda s: first_entry(s) and dict(s, files={SERVER_ARGS: "x"})), every(10), "is not an object"
+    ),
     "state.json pre is a number": Case(edit_state(lambda s: first_entry(s, pre=7)), every(10), "'pre' is not a sha256"),
-    "state.json post missing": Case(edit_state(lambda s: dict(s, files={SERVER_ARGS: {"pre": None}})), every(10), "not pre and post"),
-    "state.json records a path out of the tree": Case(edit_state(lambda s: renamed_entry(s, "../outside/victim.py")), every(10), "not a plain path"),
-    "state.json records an absolute path": Case(edit_state(lambda s: renamed_entry(s, "/etc/passwd")), every(10), "not a plain path"),
-    "state.json records the state dir": Case(edit_state(lambda s: renamed_entry(s, ".dynspec/state.json")), every(10), "not a plain path"),
-    "state.json pre-image digest climbs out": Case(edit_state(lambda s: first_entry(s, pre="../../../outside/victim.py")), every(10), "not a sha256"),
-    "state.json entry carries a mode": Case(edit_state(lambda s: first_entry(s, mode=0o4777)), every(10), "not pre and post"),
+    "state.json post missing": Case(
+        edit_state(lambda s: dict(s, files={SERVER_ARGS: {"pre": None}})), every(10), "not pre and post"
+    ),
+    "state.json records a path out of the tree": Case(
+        edit_state(lambda s: renamed_entry(s, "../outside/victim.py")), every(10), "not a plain path"
+    ),
+    "state.json records an absolute path": Case(
+        edit_state(lambda s: renamed_entry(s, "/etc/passwd")), every(10), "not a plain path"
+    ),
+    "state.json records the state dir": Case(
+        edit_state(lambda s: renamed_entry(s, ".dynspec/state.json")), every(10), "not a plain path"
+    ),
+    "state.json pre-image digest climbs out": Case(
+        edit_state(lambda s: first_entry(s, pre="../../../outside/victim.py")), every(10), "not a sha256"
+    ),
+    "state.json entry carries a mode": Case(
+        edit_state(lambda s: first_entry(s, mode=0o4777)), every(10), "not pre and post"
+    ),
     "state.json carries an owner": Case(edit_state(lambda s: dict(s, owner=0)), every(10), "unknown keys"),
-    "state.json revision is a string": Case(edit_state(lambda s: dict(s, patches={"x": "1"})), every(10), "not a patch id and revision"),
+    "state.json revision is a string": Case(
+        edit_state(lambda s: dict(s, patches={"x": "1"})), every(10), "not a patch id and revision"
+    ),
     "state.json of a future format": Case(edit_state(lambda s: dict(s, format=2)), every(10), "format 2"),
-    "pre-image blob missing": Case(lambda t: (t.apply(), shutil.rmtree(t.package / ".dynspec" / "blobs")), every(10, but={"status": 0}), "missing or damaged"),
+    "pre-image blob missing": Case(
+        lambda t: (t.apply(), shutil.rmtree(t.package / ".dynspec" / "blobs")),
+        every(10, but={"status": 0}),
+        "missing or damaged",
+    ),
     # -- journal.json damaged or forged
     "journal not JSON": Case(journal(lambda j: "{"), every(10, but={"diff": 0}), "journal.json is damaged"),
-    "journal without txid": Case(journal(lambda j: {k: v for k, v in j.items() if k != "txid"}), every(10, but={"diff": 0}), "txid"),
-    "journal without post": Case(journal(lambda j: dict(j, files={SERVER_ARGS: {"pre": None}})), every(10, but={"diff": 0}), "not pre and post"),
-    "journal files is a list": Case(journal(lambda j: dict(j, files=[SERVER_ARGS])), every(10, but={"diff": 0}), "not an object"),
-    "journal path out of the tree": Case(journal(lambda j: dict(j, files={"../outside/victim.py": j["files"][SERVER_ARGS]})), every(10, but={"diff": 0}), "not a plain path"),
+    "journal without txid": Case(
+        journal(lambda j: {k: v for k, v in j.items() if k != "txid"}), every(10, but={"diff": 0}), "txid"
+    ),
+    "journal without post": Case(
+        journal(lambda j: dict(j, files={SERVER_ARGS: {"pre": None}})), every(10, but={"diff": 0}), "not pre and post"
+    ),
+    "journal files is a list": Case(
+        journal(lambda j: dict(j, files=[SERVER_ARGS])), every(10, but={"diff": 0}), "not an object"
+    ),
+    "journal path out of the tree": Case(
+        journal(lambda j: dict(j, files={"../outside/victim.py": j["files"][SERVER_ARGS]})),
+        every(10, but={"diff": 0}),
+        "not a plain path",
+    ),
     # -- targets that are not plain files inside the tree
-    "target is a directory": Case(replace_target(WORKER, lambda p, t: p.mkdir()), every(4, but={"revert": 0}), "eagle_worker.py is a directory"),
+    "target is a directory": Case(
+        replace_target(WORKER, lambda p, t: p.mkdir()), every(4, but={"revert": 0}), "eagle_worker.py is a directory"
+    ),
     "target is a FIFO": Case(replace_target(WORKER, fifo), every(4, but={"revert": 0}), "eagle_worker.py is a FIFO"),
-    "target is a socket": Case(replace_target(WORKER, unix_socket), every(4, but={"revert": 0}), "eagle_worker.py is a socket"),
-    "target links out": Case(replace_target(WORKER, link_out), every(4, but={"revert": 0}), r"eagle_worker.py is a link to .*outside the SGLang tree"),
-    "server_args.py links out": Case(replace_target(SERVER_ARGS, link_out), every(4, but={"revert": 0}), r"server_args.py is a link to .*outside"),
-    "target is a link loop": Case(replace_target(WORKER, link_loop), every(4, but={"revert": 0}), "too many levels of links"),
-    "srt/speculative links out": Case(speculative_dir_links_out, every(4, but={"revert": 0}), r"srt/speculative is a link to .*outside"),
-    "server_args.py is a FIFO": Case(replace_target(SERVER_ARGS, fifo), every(2), "server_args.py is not a regular file"),
+    "target is a socket": Case(
+        replace_target(WORKER, unix_socket), every(4, but={"revert": 0}), "eagle_worker.py is a socket"
+    ),
+    "target links out": Case(
+        replace_target(WORKER, link_out),
+        every(4, but={"revert": 0}),
+        r"eagle_worker.py is a link to .*outside the SGLang tree",
+    ),
+    "server_args.py links out": Case(
+        replace_target(SERVER_ARGS, link_out), every(4, but={"revert": 0}), r"server_args.py is a link to .*outside"
+    ),
+    "target is a link loop": Case(
+        replace_target(WORKER, link_loop), every(4, but={"revert": 0}), "too many levels of links"
+    ),
+    "srt/speculative links out": Case(
+        speculative_dir_links_out, every(4, but={"revert": 0}), r"srt/speculative is a link to .*outside"
+    ),
+    "server_args.py is a FIFO": Case(
+        replace_target(SERVER_ARGS, fifo), every(2), "server_args.py is not a regular file"
+    ),
     "version.py is a FIFO": Case(replace_target("version.py", fifo), every(0), "", {"apply", "revert"}),
     # -- targets whose text dynspec cannot patch
-    "a 5000-term expression": Case(append(SERVER_ARGS, "x = " + " + ".join(["1"] * 5000) + "\n"), every(4, but={"revert": 0}), "nests expressions too deeply"),
-    "a second class ServerArgs": Case(append(SERVER_ARGS, "\n\nclass ServerArgs:\n    pass\n"), every(0), "", {"apply", "revert"}),
-    "a file that runs code when imported": Case(append(SERVER_ARGS, "\nimport os\nos.system('touch MARKER')\n"), every(0), "", {"apply", "revert"}),
+    "a 5000-term expression": Case(
+        append(SERVER_ARGS, "x = " + " + ".join(["1"] * 5000) + "\n"),
+        every(4, but={"revert": 0}),
+        "nests expressions too deeply",
+    ),
+    "a second class ServerArgs": Case(
+        append(SERVER_ARGS, "\n\nclass ServerArgs:\n    pass\n"), every(0), "", {"apply", "revert"}
+    ),
+    "a file that runs code when imported": Case(
+        append(SERVER_ARGS, "\nimport os\nos.system('touch MARKER')\n"), every(0), "", {"apply", "revert"}
+    ),
 }
 
 
@@ -256,7 +322,9 @@ def test_refused_in_one_line_or_done_right_and_nothing_outside(tree: Tree, name:
         if done.code not in (0, 1):
             assert re.search(case.message, done.lines[-1]), f"{name}: {command}: {done.err}"
         if command not in case.results:
-            assert picture(tree.package) == before, f"{name}: {command} changed {difference(before, picture(tree.package))}"
+            assert picture(tree.package) == before, (
+                f"{name}: {command} changed {difference(before, picture(tree.package))}"
+            )
         assert picture(tree.outside) == outside, f"{name}: {command} changed a file outside the tree"
     assert not Path("MARKER").exists() and not (tree.package / "MARKER").exists(), "dynspec ran code from the tree"
     assert picture(tree.package) == start, "apply then revert gives back every byte, mode, owner and link"
@@ -338,7 +406,9 @@ def test_leftovers_of_an_interrupted_first_write_are_removed(tree: Tree) -> None
 def test_another_release_given_names_the_detected_one(tree: Tree) -> None:
     done = forked(cli("apply", "--sglang", str(tree.package), "--sglang-version", "0.5.23"))
     assert done.code == 3
-    assert done.lines[-1].endswith("the tree says it is SGLang 0.5.12; --sglang-version 0.5.23 overrides that"), done.err
+    assert done.lines[-1].endswith("the tree says it is SGLang 0.5.12; --sglang-version 0.5.23 overrides that"), (
+        done.err
+    )
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root can hand a tree to another owner")
@@ -357,7 +427,11 @@ def committed_checkout(release_tree, where: Path) -> Path:
     import subprocess
 
     release_tree(VERSION, where=where / "python")
-    for args in (["init", "-q"], ["add", "-A"], ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "sglang"]):
+    for args in (
+        ["init", "-q"],
+        ["add", "-A"],
+        ["-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-q", "-m", "sglang"],
+    ):
         subprocess.run(["git", "-C", str(where), *args], check=True, capture_output=True)
     return where
 
@@ -381,7 +455,9 @@ def test_revert_from_git_is_the_way_out_of_a_damaged_state_dir(release_tree, tmp
     done = forked(cli("revert", "--from-git", "--sglang", str(checkout)))
     assert done.code == 0, done.err
     assert "restored python/sglang/srt/server_args.py from git" in done.err
-    status = subprocess.run(["git", "-C", str(checkout), "status", "--porcelain", "--ignored"], capture_output=True, text=True)
+    status = subprocess.run(
+        ["git", "-C", str(checkout), "status", "--porcelain", "--ignored"], capture_output=True, text=True
+    )
     assert status.stdout == "", "every target as committed, dynspec's own files and the state dir gone"
     assert list(outside.iterdir()) == []
 

@@ -56,7 +56,9 @@ class Zeros:
     of: Any = field(default=None, compare=False, repr=False)
 
     def __getitem__(self, rows: slice) -> Zeros:
-        return Zeros((len(range(*rows.indices(self.shape[0]))), *self.shape[1:]), self.dtype, self.device, self.of or self)
+        return Zeros(
+            (len(range(*rows.indices(self.shape[0]))), *self.shape[1:]), self.dtype, self.device, self.of or self
+        )
 
 
 @dataclass

@@ -23,7 +23,9 @@ from patches.runtime.dynspec_auto import AutoDriver, AutoThreshold, Thresholds, 
 from patches.runtime.dynspec_settings import AUTO, parse_threshold
 
 RECORDED = Path(__file__).parents[2] / "docs/proof/0.5.17-v2-s26-r22-tput/logs.tar.gz"
-DECODE = re.compile(r"Decode batch, #running-req: (\d+), .*?(?:accept len: ([\d.]+), .*?)?gen throughput \(token/s\): ([\d.]+)")
+DECODE = re.compile(
+    r"Decode batch, #running-req: (\d+), .*?(?:accept len: ([\d.]+), .*?)?gen throughput \(token/s\): ([\d.]+)"
+)
 MIXED = (1, 4, 16, 64, 128, 64, 16, 4, 1)  # the proof's mixed_load phases: 2 x C requests of 128 tokens each
 SWEEP = (8, 16, 32, 48, 64, 96)
 
@@ -269,7 +271,12 @@ def test_the_decision_names_its_estimates() -> None:
     t = AutoThreshold(1, 127)
     assert "no acceptance yet" in t.decide().describe()
     t.verified([2] * 4)
-    for size, speculative, ms, n in ((16, True, 10.0, 3), (16, False, 5.0, 3), (64, True, 20.0, 5), (64, False, 5.8, 5)):
+    for size, speculative, ms, n in (
+        (16, True, 10.0, 3),
+        (16, False, 5.0, 3),
+        (64, True, 20.0, 5),
+        (64, False, 5.8, 5),
+    ):
         for i in range(n):  # the batch ran at 64 lately: no probe
             t.iteration(size, speculative, i * ms / 1000)
         t.interrupted()

@@ -64,6 +64,7 @@ def worker_stream_unless_asked(monkeypatch: pytest.MonkeyPatch) -> None:
     r33 on every release) needs ``streams``, which sets 1, or a test that sets or clears the variable."""
     monkeypatch.setenv(v2.KV_STREAM_ENV, "0")
 
+
 HIDDEN_WIDTH = 24  # the target's hidden states per row (EAGLE-3: three layers')
 
 
@@ -129,7 +130,10 @@ class Graph:
         for row in range(self.size * self.width):
             token, position, hidden = b.input_ids.store[row], b.positions.store[row], b.hidden_states.store[row]
             k, v = kv_of(token or 0, position or 0, hidden or 0)
-            twin.pool.kv[(0, b.out_cache_loc.store[row])] = (k + off + (1 if late is not None and row >= late else 0), v)
+            twin.pool.kv[(0, b.out_cache_loc.store[row])] = (
+                k + off + (1 if late is not None and row >= late else 0),
+                v,
+            )
 
 
 class FullCudaGraphBackend:
@@ -176,7 +180,9 @@ def input_buffers(rows: int) -> SimpleNamespace:
 class EAGLEDraftExtendCudaGraphRunner:
     """0.5.14+'s, as the direct write reads it."""
 
-    def __init__(self, pool: Any, log: list[str], mailbox: str = "war_fastpath_read_done_event", width: int = 1) -> None:
+    def __init__(
+        self, pool: Any, log: list[str], mailbox: str = "war_fastpath_read_done_event", width: int = 1
+    ) -> None:
         self.pool, self.log = pool, log
         self.model_runner = SimpleNamespace(token_to_kv_pool=pool, **{mailbox: None})
         self.device_module = SimpleNamespace(Event=Event)
@@ -554,7 +560,18 @@ SPEC_FIELDS = "srt/arg_groups/fields/spec.py"  # 0.5.20+: the speculative settin
 EAGLE_INFO_V2 = "srt/speculative/eagle_info_v2.py"  # the own fallback's extend preparation (0.5.10 - 0.5.13)
 EAGLE_INFO = "srt/speculative/eagle_info.py"  # v1's verify and extend inputs
 SPEC_UTILS = "srt/speculative/spec_utils.py"  # v1 0.5.12's positions and bonus-token kernel
-MEMBERS = [*KV_GRAPH_MEMBERS, FULL_BACKEND, COMMON, MODEL_RUNNER, BASE_WORKER, SERVER_ARGS, SPEC_FIELDS, EAGLE_INFO_V2, EAGLE_INFO, SPEC_UTILS]
+MEMBERS = [
+    *KV_GRAPH_MEMBERS,
+    FULL_BACKEND,
+    COMMON,
+    MODEL_RUNNER,
+    BASE_WORKER,
+    SERVER_ARGS,
+    SPEC_FIELDS,
+    EAGLE_INFO_V2,
+    EAGLE_INFO,
+    SPEC_UTILS,
+]
 
 
 def has_member(version: str, member: str) -> bool:
@@ -714,7 +731,9 @@ def fallback_batch_of(extend: Extend = EXTEND) -> tuple[Any, Any]:
 def fake_torch(monkeypatch: pytest.MonkeyPatch) -> None:
     torch = install_fake_torch(monkeypatch)
     monkeypatch.setattr(torch, "int64", "torch.int64", raising=False)
-    monkeypatch.setattr(torch, "ones", lambda shape, dtype=None, device=None: Ones(tuple(shape), dtype, device), raising=False)
+    monkeypatch.setattr(
+        torch, "ones", lambda shape, dtype=None, device=None: Ones(tuple(shape), dtype, device), raising=False
+    )
 
 
 @dataclass
@@ -725,7 +744,9 @@ class Ones:
     of: Any = dataclass_field(default=None, compare=False, repr=False)  # what a slice was cut from
 
     def __getitem__(self, rows: slice) -> Ones:
-        return Ones((len(range(*rows.indices(self.shape[0]))), *self.shape[1:]), self.dtype, self.device, self.of or self)
+        return Ones(
+            (len(range(*rows.indices(self.shape[0]))), *self.shape[1:]), self.dtype, self.device, self.of or self
+        )
 
 
 def fallback_stack(**twin_options: Any) -> tuple[FallbackTwin, MHATokenToKVPool, v2.FallbackDirectWrite]:
@@ -831,6 +852,7 @@ def test_the_own_fallbacks_auto_is_kv_direct_where_the_stock_runner_can_be_fed_a
     """Asked of the stock draft-extend runner before any twin is captured (the twin is another
     instance of its class): 0.5.11 - 0.5.13 with Triton feed it; 0.5.4 - 0.5.9 (inputs as
     attributes, not ``buffers``), another backend or no graph at all keep the eager kv."""
+
     def worker_with(case: str | None) -> Any:
         worker = SimpleNamespace(server_args=SimpleNamespace())
         worker.draft_worker = SimpleNamespace(cuda_graph_runner_for_draft_extend=FallbackTwin(MHATokenToKVPool([]), []))
@@ -890,7 +912,12 @@ def test_the_own_fallback_writes_directly_only_in_a_fall_back_iteration() -> Non
     fallback, twin, worker = fallback_with(runtime.DRAFT_KV_DIRECT)
     assert isinstance(fallback.draft_kv.direct, v2.FallbackDirectWrite)
     ran = []
-    for step, inside in ((runtime.SPECULATE, False), (runtime.FALL_BACK, True), (runtime.RESUME, True), (runtime.FALL_BACK, True)):
+    for step, inside in (
+        (runtime.SPECULATE, False),
+        (runtime.FALL_BACK, True),
+        (runtime.RESUME, True),
+        (runtime.FALL_BACK, True),
+    ):
         twin.log.clear()
         fallback._step, fallback.in_fallback = step, inside
         worker.draft_worker._draft_extend_for_decode(*fallback_batch_of())
@@ -1198,7 +1225,9 @@ A, B, C, D = (SimpleNamespace(rid=name) for name in "ABCD")  # requests, told ap
 def step_of(reqs: list[Any], step: int, slots: list[int] | None = None) -> tuple[Any, Any]:
     """Iteration ``step`` of a zero-step span: each request's next token at position 40 + step."""
     n = len(reqs)
-    extend = Extend([10 + step] * n, [40 + step + i * 100 for i in range(n)], slots or [900 + 10 * step + i for i in range(n)])
+    extend = Extend(
+        [10 + step] * n, [40 + step + i * 100 for i in range(n)], slots or [900 + 10 * step + i for i in range(n)]
+    )
     batch, output = batch_of(extend)
     batch.reqs = list(reqs)
     batch.forward_mode = Decode()
@@ -1238,7 +1267,9 @@ class Probe:
         return kv == other
 
 
-def batched(steps: int, rounds_off: dict[int, int] | None = None) -> tuple[ZeroStepTwin, MHATokenToKVPool, v2.ZeroStepDirectWrite]:
+def batched(
+    steps: int, rounds_off: dict[int, int] | None = None
+) -> tuple[ZeroStepTwin, MHATokenToKVPool, v2.ZeroStepDirectWrite]:
     """A writer of ``steps`` iterations per replay into a twin four rows per request wide, as
     0.5.17's, after the start-up check; ``rounds_off``: graph sizes whose K/V round differently."""
     twin, pool, direct = stack(width=4)
@@ -1320,8 +1351,12 @@ def test_the_check_replays_every_graph_on_probe_rows_in_slots_from_1_and_numbers
     twin.rounds_off = {4: 2, 8: 2}
     assert direct.check_rounding(Probe(pool)) == [0, 1, 1]
     assert twin.log == ["replay 2", "replay 4", "replay 8"] and direct.rounding_groups() == "2:0 | 4-8:1"
-    assert set(without_padding(pool)) == {(0, slot) for slot in range(1, 33)}  # the largest graph's 32 rows, blocks of 8
-    assert direct.same_rounding_rows(5) == 8 and direct.same_rounding_rows(9) == 32 and direct.same_rounding_rows(33) == 0
+    assert set(without_padding(pool)) == {
+        (0, slot) for slot in range(1, 33)
+    }  # the largest graph's 32 rows, blocks of 8
+    assert (
+        direct.same_rounding_rows(5) == 8 and direct.same_rounding_rows(9) == 32 and direct.same_rounding_rows(33) == 0
+    )
 
 
 def test_an_iteration_as_large_as_the_largest_alike_graph_writes_at_once() -> None:
@@ -1515,7 +1550,11 @@ def stub_problems(source: str) -> list[str]:
         problems.append("does not set the fields on next_draft_input")
     sets = {}
     for n in ast.walk(stub):
-        if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Attribute) and ast.unparse(n.targets[0].value) == "next_draft_input":
+        if (
+            isinstance(n, ast.Assign)
+            and isinstance(n.targets[0], ast.Attribute)
+            and ast.unparse(n.targets[0].value) == "next_draft_input"
+        ):
             sets[n.targets[0].attr] = ast.unparse(n.value)
     if set(sets) != STUB_FIELDS:
         problems.append(f"sets {sorted(sets)}")
@@ -1553,7 +1592,13 @@ def test_nothing_writes_the_stubs_in_place(version: str) -> None:
     writes = {
         name: hits
         for name, source in sources.items()
-        if (hits := [h for h in inplace_write_problems(source, STUB_FIELDS) if not h.split(": ", 1)[1].startswith(NOT_THE_STUBS)])
+        if (
+            hits := [
+                h
+                for h in inplace_write_problems(source, STUB_FIELDS)
+                if not h.split(": ", 1)[1].startswith(NOT_THE_STUBS)
+            ]
+        )
     }
     assert writes == {}, f"{version}: in-place writes to a stub field: {writes}"
 
@@ -1623,7 +1668,9 @@ def test_a_decode_with_an_extend_in_the_batch_writes_the_staged_rows_first(monke
 
 
 @pytest.mark.usefixtures("sglang_side")
-def test_a_checked_twin_batches_and_says_which_graphs_round_alike(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_checked_twin_batches_and_says_which_graphs_round_alike(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """Control for the test above: a single-GPU worker whose pool the check can read."""
     monkeypatch.setenv(v2.KV_BATCH_ENV, "4")
     monkeypatch.setattr(v2.RoundingProbe, "of", staticmethod(lambda twin: Probe(twin.pool)))
@@ -1664,7 +1711,11 @@ class EagleDraftExtendInput:
     def prepare_extend_after_decode(self, batch: Any, speculative_num_steps: int) -> None:
         batch.input_ids = self.input_ids
         batch.extend_lens = self.num_accept_tokens_cpu
-        batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices = self.seq_lens, self.seq_lens_cpu, self.req_pool_indices
+        batch.seq_lens, batch.seq_lens_cpu, batch.req_pool_indices = (
+            self.seq_lens,
+            self.seq_lens_cpu,
+            self.req_pool_indices,
+        )
         batch.return_logprob = batch.return_hidden_states = False
         self.positions = Tensor([length - 1 for length in self.seq_lens.values])
         self.bonus_tokens = Tensor(list(self.input_ids.values))
@@ -1698,7 +1749,9 @@ class V1Worker:
 V1Worker.__module__ = V1_MODULE.__name__
 
 
-def test_v1s_auto_is_kv_direct_where_the_twin_is_fed_directly_and_full_elsewhere(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_v1s_auto_is_kv_direct_where_the_twin_is_fed_directly_and_full_elsewhere(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setitem(sys.modules, V1_MODULE.__name__, V1_MODULE)
     assert runtime.v1_draft_kv_default(V1Worker([])) == runtime.DRAFT_KV_DIRECT
     monkeypatch.delattr(V1_MODULE, "EagleDraftExtendInput")  # before 0.5.12: the extend takes the draft input
@@ -1728,7 +1781,9 @@ def v1_side(monkeypatch: pytest.MonkeyPatch, sglang_side: None, fake_torch: None
     monkeypatch.setitem(sys.modules, forward_batch_info.__name__, forward_batch_info)
 
 
-def v1_fallback_with(mode: str = runtime.DRAFT_KV_DIRECT, **stock_options: Any) -> tuple[runtime.DynspecFallback, FallbackTwin, V1Worker]:
+def v1_fallback_with(
+    mode: str = runtime.DRAFT_KV_DIRECT, **stock_options: Any
+) -> tuple[runtime.DynspecFallback, FallbackTwin, V1Worker]:
     twin = FallbackTwin(MHATokenToKVPool([]), [])
     for name, value in stock_options.items():  # the twin is built as the stock graph was
         setattr(twin, name, value)
@@ -1764,12 +1819,21 @@ def test_v1_fallback_writes_the_accepted_tokens_kv_directly_and_hands_on_the_bon
 
 
 @pytest.mark.usefixtures("v1_side")
-def test_v1_writing_at_the_post_verify_lengths_would_put_the_kv_one_position_late(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_v1_writing_at_the_post_verify_lengths_would_put_the_kv_one_position_late(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Negative control for the test above: the kernel's positions, not the batch's new lengths."""
     fallback, twin, worker = v1_fallback_with()
     batch = v1_batch_of()
-    monkeypatch.setattr(EagleDraftExtendInput, "prepare_extend_after_decode", lambda self, batch, speculative_num_steps: (
-        setattr(batch, "input_ids", self.input_ids), setattr(self, "positions", self.seq_lens), setattr(self, "bonus_tokens", self.input_ids)))
+    monkeypatch.setattr(
+        EagleDraftExtendInput,
+        "prepare_extend_after_decode",
+        lambda self, batch, speculative_num_steps: (
+            setattr(batch, "input_ids", self.input_ids),
+            setattr(self, "positions", self.seq_lens),
+            setattr(self, "bonus_tokens", self.input_ids),
+        ),
+    )
     worker.forward_draft_extend_after_decode(batch)
     assert without_padding(twin.pool) != full_forward_kv(EXTEND)
 
@@ -1810,7 +1874,9 @@ def test_v1_feeds_the_twin_directly_only_under_kv_direct(mode: str) -> None:
 
 
 @pytest.mark.usefixtures("v1_side")
-def test_v1_before_0_5_12_kv_direct_is_kv_graph_and_says_so(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_v1_before_0_5_12_kv_direct_is_kv_graph_and_says_so(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     monkeypatch.delattr(V1_MODULE, "EagleDraftExtendInput")
     twin = FallbackTwin(MHATokenToKVPool([]), [])
     draft_kv = fallback_draft_kv()
@@ -1843,7 +1909,9 @@ ROUNDING_SIZES = [1, 2, 4, 8, 16, 32]
     ],
     ids=["checked", "by-row", "unchecked"],
 )
-def test_v1_replays_the_smallest_graph_that_rounds_as_the_stock_extends(rounding: list[int] | None, expected: dict[int, int]) -> None:
+def test_v1_replays_the_smallest_graph_that_rounds_as_the_stock_extends(
+    rounding: list[int] | None, expected: dict[int, int]
+) -> None:
     direct = stock_graph_write(ROUNDING_SIZES, rounding)
     assert {n: direct.stock_alike(n) for n in expected} == expected
     for n in range(1, ROUNDING_SIZES[-1] + 1):
@@ -1870,8 +1938,14 @@ def test_v1_packing_the_rows_would_replay_a_graph_that_rounds_apart_from_the_sto
         ("checked", "checked at start-up, by requests of 4 rows: 2-4:0 | 8:1"),
         ("tp", "the stock graph itself: no start-up check with tensor parallelism"),
         ("no-probe", "the stock graph itself: no start-up check with a draft KV pool without per-layer k_buffer"),
-        ("check-failed", "the stock graph itself: no start-up check with a start-up rounding check that failed (RuntimeError('out of memory'))"),
-        ("small-pool", "the stock graph itself: no start-up check with a draft KV pool of 32 slots (the start-up check writes slots 1 to 32)"),
+        (
+            "check-failed",
+            "the stock graph itself: no start-up check with a start-up rounding check that failed (RuntimeError('out of memory'))",
+        ),
+        (
+            "small-pool",
+            "the stock graph itself: no start-up check with a draft KV pool of 32 slots (the start-up check writes slots 1 to 32)",
+        ),
     ],
 )
 def test_v1_start_up_picks_the_graphs_and_says_how(
@@ -1881,7 +1955,9 @@ def test_v1_start_up_picks_the_graphs_and_says_how(
     worker = Worker()
     worker.server_args = SimpleNamespace(tp_size=2 if case == "tp" else 1)
     worker.cuda_graph_runner_for_draft_extend = stock_graph()  # type: ignore[attr-defined]
-    probe = None if case == "no-probe" else Probe(twin.pool, slots=32 if case == "small-pool" else 33)  # 8 x 4 rows from slot 1
+    probe = (
+        None if case == "no-probe" else Probe(twin.pool, slots=32 if case == "small-pool" else 33)
+    )  # 8 x 4 rows from slot 1
     monkeypatch.setattr(v2.RoundingProbe, "of", classmethod(lambda cls, twin: probe))
 
     def check(self: v2.DirectKVWrite, probe: Any) -> list[int]:
@@ -1925,7 +2001,9 @@ def test_v1_a_twin_that_does_not_stand_for_the_stock_graph_is_not_fed_directly(s
 def test_v1_without_cuda_graph_padding_a_count_with_no_graph_goes_to_the_stock_extend() -> None:
     """With --disable-cuda-graph-padding the stock extend runs a count it has no graph for eagerly."""
     fallback, twin, worker = v1_fallback_with(disable_padding=True)
-    assert worker.forward_draft_extend_after_decode(v1_batch_of()) == "stock" and twin.log == ["stock extend"]  # 3 requests
+    assert worker.forward_draft_extend_after_decode(v1_batch_of()) == "stock" and twin.log == [
+        "stock extend"
+    ]  # 3 requests
     twin.log.clear()  # the control: 4 requests have a graph of their own
     assert worker.forward_draft_extend_after_decode(v1_batch_of(FOUR)) != "stock" and twin.log == ["replay 4"]
 
@@ -1939,7 +2017,12 @@ def test_v1_a_batch_beyond_the_largest_graph_goes_to_the_stock_extend() -> None:
     assert worker.forward_draft_extend_after_decode(batch) == "stock" and twin.log == ["stock extend"]
     n = max(SIZES)  # the control: 8 requests replay the stock graph for 8
     twin.log.clear()
-    assert worker.forward_draft_extend_after_decode(v1_batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(100, 100 + n))))) != "stock"
+    assert (
+        worker.forward_draft_extend_after_decode(
+            v1_batch_of(Extend(list(range(1, n + 1)), list(range(n)), list(range(100, 100 + n))))
+        )
+        != "stock"
+    )
     assert twin.log == ["replay 8"]
 
 
@@ -1960,21 +2043,43 @@ def test_v1_extend_after_decode_is_what_the_direct_path_mirrors(version: str) ->
     for field in ("seq_lens", "seq_lens_cpu", "req_pool_indices", "return_logprob"):
         assert f"batch.{field} = {field}_backup" in extend, field
     assert "draft_extend_input.num_tokens_per_req = self.speculative_num_steps + 1" in extend
-    assert "draft_extend_input.prepare_extend_after_decode(batch, speculative_num_steps=self.speculative_num_steps)" in extend
+    assert (
+        "draft_extend_input.prepare_extend_after_decode(batch, speculative_num_steps=self.speculative_num_steps)"
+        in extend
+    )
     built = re.search(r"next_draft_input = EagleDraftInput\((.*?)\)\n", extend, re.S)
     assert built is not None
-    assert re.findall(r"(\w+)=", built.group(1)) == ["bonus_tokens", "hidden_states", "topk_p", "topk_index", "capture_hidden_mode"]
+    assert re.findall(r"(\w+)=", built.group(1)) == [
+        "bonus_tokens",
+        "hidden_states",
+        "topk_p",
+        "topk_index",
+        "capture_hidden_mode",
+    ]
     assert "bonus_tokens=draft_extend_input.bonus_tokens" in built.group(1)
     info = source_of(version, EAGLE_INFO)
     prepare = ast.unparse(method_def(class_named(info, "EagleDraftExtendInput"), "prepare_extend_after_decode"))
-    assert all(line in prepare for line in ("batch.input_ids = self.input_ids", "batch.seq_lens = self.seq_lens", "batch.return_hidden_states = False"))
+    assert all(
+        line in prepare
+        for line in (
+            "batch.input_ids = self.input_ids",
+            "batch.seq_lens = self.seq_lens",
+            "batch.return_hidden_states = False",
+        )
+    )
     kernel = source_of(version, SPEC_UTILS)
     assert "tl.store(positions_ptr + offsets, seq_length - accept_len + offsets, mask)" in kernel
-    assert "accept_len_cumsum += accept_len - 1" in kernel and "bonus_token = tl.load(accept_tokens + accept_len_cumsum)" in kernel
+    assert (
+        "accept_len_cumsum += accept_len - 1" in kernel
+        and "bonus_token = tl.load(accept_tokens + accept_len_cumsum)" in kernel
+    )
     assert ".add_(" not in prepare and ".copy_(" not in prepare  # it assigns; the saved fields stay as they were
     assert "CaptureHiddenMode.NULL if self.speculative_algorithm.is_standalone() else CaptureHiddenMode.LAST" in extend
     verify = ast.unparse(method_def(class_named(info, "EagleVerifyInput"), "verify"))
-    assert "batch.spec_info.hidden_states[accept_index]" in verify and "batch.spec_info.hidden_states[unfinished_accept_index]" in verify
+    assert (
+        "batch.spec_info.hidden_states[accept_index]" in verify
+        and "batch.spec_info.hidden_states[unfinished_accept_index]" in verify
+    )
     assert "num_accept_tokens_list = num_accept_tokens_cpu.tolist()" in verify  # a list: sum() and len() read it
     assert "batch.out_cache_loc = batch.out_cache_loc[accept_index]" in verify
     assert "input_ids=accept_tokens" in verify and "input_ids=predict[unfinished_accept_index]" in verify
@@ -2000,7 +2105,9 @@ def test_v1_stock_extend_replays_the_graph_for_its_request_count(version: str) -
     assert "buffers.input_ids[:num_tokens].copy_(forward_batch.input_ids)" in replay
     assert "buffers.hidden_states[:num_tokens].copy_(forward_batch.spec_info.hidden_states)" in replay
     assert "self.num_tokens_per_bs = self.speculative_num_steps + 1" in ast.unparse(method_def(runner, "__init__"))
-    extend = ast.unparse(method_def(class_named(source_of(version, V1_WORKER), "EAGLEWorker"), "forward_draft_extend_after_decode"))
+    extend = ast.unparse(
+        method_def(class_named(source_of(version, V1_WORKER), "EAGLEWorker"), "forward_draft_extend_after_decode")
+    )
     assert "self.cuda_graph_runner_for_draft_extend.can_run(forward_batch)" in extend
     fall_back = inspect.getsource(runtime.DynspecFallback.fall_back)
     assert "cuda_graph_runner_for_draft_extend" not in fall_back and "_SavedSteps" not in fall_back
@@ -2072,7 +2179,9 @@ def test_a_check_that_fails_leaves_one_iteration_per_replay_and_the_server_up(
     assert "DYNSPEC_KV_BATCH is not used with a start-up rounding check that failed (RuntimeError(" in caplog.text
 
 
-@pytest.mark.parametrize(("attribute", "value"), [("k_scale_buffer", "scales"), ("kv_cache_layout", "hnd"), ("k_buffer", None)])
+@pytest.mark.parametrize(
+    ("attribute", "value"), [("k_scale_buffer", "scales"), ("kv_cache_layout", "hnd"), ("k_buffer", None)]
+)
 def test_the_probe_refuses_a_pool_whose_bits_it_would_not_read_whole(attribute: str, value: Any) -> None:
     pool = SimpleNamespace(k_buffer=["layer 0 K"], v_buffer=["layer 0 V"])
     twin = SimpleNamespace(model_runner=SimpleNamespace(token_to_kv_pool=pool))
@@ -2082,7 +2191,9 @@ def test_the_probe_refuses_a_pool_whose_bits_it_would_not_read_whole(attribute: 
 
 
 @pytest.mark.usefixtures("v1_side")
-def test_v1_a_write_refused_after_the_preparation_leaves_the_stock_extend_a_restored_batch(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_v1_a_write_refused_after_the_preparation_leaves_the_stock_extend_a_restored_batch(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     seen: dict[str, Any] = {}
 
     def stock(batch: Any) -> str:
@@ -2094,7 +2205,11 @@ def test_v1_a_write_refused_after_the_preparation_leaves_the_stock_extend_a_rest
     assert fallback.draft_kv.direct is not None
     monkeypatch.setattr(fallback.draft_kv.direct, "write", lambda batch, result: False)
     assert worker.forward_draft_extend_after_decode(v1_batch_of()) == "stock"
-    assert seen == {"seq_lens": "the batch's lengths", "return_logprob": True, "pool_indices": "the batch's pool indices"}
+    assert seen == {
+        "seq_lens": "the batch's lengths",
+        "return_logprob": True,
+        "pool_indices": "the batch's pool indices",
+    }
 
 
 def test_the_tree_field_names_are_cached_per_class_and_no_worker_is_kept() -> None:
@@ -2258,4 +2373,6 @@ def test_the_worker_keeps_its_plan_stream_where_write_beside_looks_for_it(versio
     home = worker_source if call.group(1) == "_get_plan_stream" else source_of(version, SPEC_UTILS)
     getter = next(n for n in ast.walk(ast.parse(home)) if isinstance(n, ast.FunctionDef) and n.name == call.group(1))
     body = ast.unparse(getter)
-    assert "if envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM.get():" in body and "return (None, contextlib.nullcontext())" in body, version
+    assert (
+        "if envs.SGLANG_ENABLE_OVERLAP_PLAN_STREAM.get():" in body and "return (None, contextlib.nullcontext())" in body
+    ), version

@@ -393,7 +393,15 @@ def test_the_draft_pool_is_read_when_a_window_needs_it_not_at_start_up(
 
 @pytest.mark.parametrize(
     ("setting", "mode"),
-    [("", DIRECT), ("auto", DIRECT), (" AUTO ", DIRECT), (" KV ", KV), ("Kv-Graph", GRAPH), ("full", FULL), ("Skip", SKIP)],
+    [
+        ("", DIRECT),
+        ("auto", DIRECT),
+        (" AUTO ", DIRECT),
+        (" KV ", KV),
+        ("Kv-Graph", GRAPH),
+        ("full", FULL),
+        ("Skip", SKIP),
+    ],
 )
 def test_the_setting_is_read_case_and_space_insensitively(
     monkeypatch: pytest.MonkeyPatch, setting: str, mode: str
@@ -412,7 +420,8 @@ def test_full_and_skip_need_nothing_of_the_draft(monkeypatch: pytest.MonkeyPatch
 def test_a_bad_setting_is_refused_by_name(monkeypatch: pytest.MonkeyPatch, setting: str) -> None:
     monkeypatch.setenv(runtime.DRAFT_KV_ENV, setting)
     with pytest.raises(
-        ValueError, match=re.escape(f"DYNSPEC_DRAFT_KV must be one of auto, full, kv, kv-graph, kv-direct, skip, not {setting!r}")
+        ValueError,
+        match=re.escape(f"DYNSPEC_DRAFT_KV must be one of auto, full, kv, kv-graph, kv-direct, skip, not {setting!r}"),
     ):
         runtime.DraftKV.build(draft_stack().runner)
 
@@ -967,7 +976,9 @@ def v1_batch(size: int) -> SimpleNamespace:
     )
 
 
-def what_each_size_ran(stack: DraftStack, decode_branch: Callable[[Any], Any], batch_of: Callable[[int], Any]) -> list[str]:
+def what_each_size_ran(
+    stack: DraftStack, decode_branch: Callable[[Any], Any], batch_of: Callable[[int], Any]
+) -> list[str]:
     """Drive a batch of each of ``SIZES`` through ``decode_branch``; what each draft extend ran."""
     ran = []
     for size in SIZES:
@@ -1212,7 +1223,9 @@ def test_v2_fallback_attach_captures_a_kv_only_twin_of_the_draft_workers_graph(
 
 
 @pytest.mark.parametrize("setting", ["", "auto", KV, FULL, SKIP])  # auto: kv, as on 0.5.4 - 0.5.9 (no input buffers)
-def test_v2_fallback_attach_captures_nothing_outside_the_graph_modes(setting: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_v2_fallback_attach_captures_nothing_outside_the_graph_modes(
+    setting: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     stack = stack_under(monkeypatch, setting)
     fallback = v2.attach_fallback(v2_worker(stack))
     assert fallback is not None and fallback.draft_kv.graph is None and stack.log == []
@@ -1567,7 +1580,10 @@ def test_the_runtime_and_the_proof_harness_use_the_same_names() -> None:
     assert set(proof_run.DRAFT_KV_VARIANTS) == {FULL, SKIP} and set(proof_run.DRAFT_KV_VARIANTS) < set(
         runtime.DRAFT_KV_SETTINGS
     )
-    assert set(proof_run.KV_ONLY_MODES) == {KV, GRAPH, runtime.DRAFT_KV_DIRECT} and proof_run.KV_ONLY_MODE == runtime.DRAFT_KV_DEFAULT
+    assert (
+        set(proof_run.KV_ONLY_MODES) == {KV, GRAPH, runtime.DRAFT_KV_DIRECT}
+        and proof_run.KV_ONLY_MODE == runtime.DRAFT_KV_DEFAULT
+    )
     assert set(proof_run.KV_ONLY_MODES) < set(runtime.DRAFT_KV_SETTINGS)
     assert exactkv.Load(1, 1, 1, 1, 1, 1).waves()[0][0].rid.startswith(runtime.RECORD_RID_PREFIX)
 
@@ -1990,10 +2006,14 @@ def prefill_batch() -> SimpleNamespace:
     """Two whole prompts (``reqs``: what ``admitted_to_decode`` counts)."""
     mode = SimpleNamespace(name="EXTEND", is_idle=lambda: False, is_draft_extend=lambda include_v2=False: False)
     reqs = [SimpleNamespace(origin_input_ids=[0] * n, output_ids=[], fill_ids=[0] * n) for n in (3, 2)]
-    return SimpleNamespace(forward_mode=mode, batch_size=2, prompt=PROMPTS, seq_lens=SimpleNamespace(shape=(2,)), reqs=reqs)
+    return SimpleNamespace(
+        forward_mode=mode, batch_size=2, prompt=PROMPTS, seq_lens=SimpleNamespace(shape=(2,)), reqs=reqs
+    )
 
 
-def prefill_fallback(monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str = KV) -> tuple[DraftStack, v2.V2Fallback]:
+def prefill_fallback(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str = KV
+) -> tuple[DraftStack, v2.V2Fallback]:
     if setting is None:
         monkeypatch.delenv(v2.PREFILL_KV_ENV, raising=False)
     else:
@@ -2005,7 +2025,9 @@ def prefill_fallback(monkeypatch: pytest.MonkeyPatch, setting: str | None, mode:
     return stack, fallback
 
 
-def test_while_off_a_prefill_writes_the_draft_kv_of_a_full_prefill_and_nothing_after_it(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_while_off_a_prefill_writes_the_draft_kv_of_a_full_prefill_and_nothing_after_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     stack, fallback = prefill_fallback(monkeypatch, "1")
     fallback.controller.step(9)  # off
     out = stack.worker._draft_extend_for_prefill(prefill_batch())
@@ -2022,7 +2044,9 @@ def test_while_off_a_prefill_writes_the_draft_kv_of_a_full_prefill_and_nothing_a
     [("1", KV, False), (None, KV, False), ("0", KV, True), ("1", FULL, True), ("1", SKIP, True)],
     ids=["speculating", "speculating-by-default", "off-by-setting", "full-extend-mode", "skip-control"],
 )
-def test_a_prefill_runs_the_full_draft_extend_otherwise(monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str, off: bool) -> None:
+def test_a_prefill_runs_the_full_draft_extend_otherwise(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, mode: str, off: bool
+) -> None:
     """The controls: while speculating, with the setting 0, in the full-extend mode, or in the skip
     control (which would leave the prompts without draft KV), the prefill runs to the lm_head."""
     stack, fallback = prefill_fallback(monkeypatch, setting, mode)
@@ -2070,7 +2094,9 @@ def test_only_requests_that_will_decode_count_at_admission(reqs: list[Any] | Non
     assert v2.admitted_to_decode(batch) == admitted
 
 
-def test_a_wave_of_one_whole_prompt_and_a_chunk_does_not_switch_at_a_threshold_of_one(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_wave_of_one_whole_prompt_and_a_chunk_does_not_switch_at_a_threshold_of_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     stack, fallback = prefill_fallback(monkeypatch, "1")
     fallback.controller = runtime.SwitchController(1, min_steps=1, log=False)
     batch = prefill_batch()
@@ -2159,11 +2185,15 @@ def test_the_draft_worker_has_the_prefill_extend_the_kv_only_prefill_wraps(versi
     assert "_draft_extend_for_prefill_missing" not in methods  # negative control: the set is read
 
 
-def test_a_draft_worker_without_the_prefill_extend_keeps_its_prefills(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+def test_a_draft_worker_without_the_prefill_extend_keeps_its_prefills(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
     """A tree whose draft worker lacks the method starts, says so once, and wraps nothing."""
     monkeypatch.delenv(v2.PREFILL_KV_ENV, raising=False)
     stack = draft_stack(graph=False)
-    fallback = v2.V2Fallback(runtime.SwitchController(8, min_steps=1, log=False), SimpleNamespace(), draft_kv_for(stack, KV, log=False))
+    fallback = v2.V2Fallback(
+        runtime.SwitchController(8, min_steps=1, log=False), SimpleNamespace(), draft_kv_for(stack, KV, log=False)
+    )
     worker = SimpleNamespace()
     with caplog.at_level(logging.INFO):
         fallback.prefill_kv_only(worker, log=True)

@@ -107,7 +107,9 @@ def iteration(requests: list[Any], step: int) -> tuple[Any, Any]:
 def pool_bytes(twin: Twin) -> Any:
     """Every slot's K/V bytes but slot 0's, the reserved slot padding rows write."""
     pool = twin.model_runner.token_to_kv_pool
-    return torch.cat([pool.k_buffer[0][1:].view(torch.uint8).flatten(), pool.v_buffer[0][1:].view(torch.uint8).flatten()])
+    return torch.cat(
+        [pool.k_buffer[0][1:].view(torch.uint8).flatten(), pool.v_buffer[0][1:].view(torch.uint8).flatten()]
+    )
 
 
 def test_graphs_of_one_kernel_round_alike_and_the_check_says_so() -> None:
@@ -119,11 +121,15 @@ def test_graphs_that_round_apart_by_size_or_by_row_are_told_apart() -> None:
     write = writer(Twin(apart=(12, 16), late_rows=(8,)))
     assert write.rounding == [0, 0, 0, -4, 1, 1]
     assert write.rounding_groups() == "1-4:0 | 8:by-row | 12-16:1"
-    assert write.same_rounding_rows(5) == 16 and write.same_rounding_rows(20) == 0 and write.same_rounding_rows(45) == 64
+    assert (
+        write.same_rounding_rows(5) == 16 and write.same_rounding_rows(20) == 0 and write.same_rounding_rows(45) == 64
+    )
 
 
 @pytest.mark.parametrize(("apart", "late_rows"), [((), ()), ((12, 16), ()), ((), (8, 12, 16))])
-def test_batched_writes_leave_the_bits_one_iteration_per_replay_leaves(apart: tuple[int, ...], late_rows: tuple[int, ...]) -> None:
+def test_batched_writes_leave_the_bits_one_iteration_per_replay_leaves(
+    apart: tuple[int, ...], late_rows: tuple[int, ...]
+) -> None:
     requests = [object() for _ in range(5)]
     single, batched = Twin(apart, late_rows), Twin(apart, late_rows)
     one, eight = writer(single), writer(batched, steps=8)
@@ -219,12 +225,18 @@ def test_v1s_start_up_check_does_not_write_past_a_small_pool() -> None:
     buffers), and every batch replays the stock graph itself."""
     twin = V1Twin(apart=(8, 12, 16))
     pool = twin.model_runner.token_to_kv_pool
-    pool.k_buffer, pool.v_buffer = [pool.k_buffer[0][:64]], [pool.v_buffer[0][:64]]  # slots 0 - 63; the probe needs 1 - 64
+    pool.k_buffer, pool.v_buffer = (
+        [pool.k_buffer[0][:64]],
+        [pool.v_buffer[0][:64]],
+    )  # slots 0 - 63; the probe needs 1 - 64
     write = v2.StockGraphDirectWrite(twin, (HIDDEN, torch.bfloat16), log=False)
     write.round_as_stock(SimpleNamespace(server_args=SimpleNamespace(tp_size=1)))
     assert write.rounding is None and twin.replays == []
     assert [SIZES[write.replay_index[n]] for n in (3, 6, 10)] == [4, 8, 12]
-    pool.k_buffer, pool.v_buffer = [torch.zeros(65, HEADS, DIM, dtype=torch.bfloat16)], [torch.zeros(65, HEADS, DIM, dtype=torch.bfloat16)]
+    pool.k_buffer, pool.v_buffer = (
+        [torch.zeros(65, HEADS, DIM, dtype=torch.bfloat16)],
+        [torch.zeros(65, HEADS, DIM, dtype=torch.bfloat16)],
+    )
     write.round_as_stock(SimpleNamespace(server_args=SimpleNamespace(tp_size=1)))  # the control: 65 slots hold 1 - 64
     assert write.rounding == [0, 0, 0, 1, 1, 1] and [SIZES[write.replay_index[n]] for n in (3, 6, 10)] == [1, 8, 8]
 
@@ -422,10 +434,14 @@ class Target:
         logits[torch.arange(n), torch.tensor(self.tokens)] = 1.0
         hidden = torch.randn(n, HIDDEN, generator=torch.Generator().manual_seed(7)).to(torch.bfloat16)
         self.outputs.append(hidden)
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden), can_run_cuda_graph=True)
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(next_token_logits=logits, hidden_states=hidden), can_run_cuda_graph=True
+        )
 
 
-def lean_world(monkeypatch: pytest.MonkeyPatch, reqs: list[Req], tokens: list[int], writer: Any) -> tuple[Any, Any, Any, Any]:
+def lean_world(
+    monkeypatch: pytest.MonkeyPatch, reqs: list[Req], tokens: list[int], writer: Any
+) -> tuple[Any, Any, Any, Any]:
     """(lean step, worker, batch, fallback) of a fake 0.5.12 v1 server at a fallback iteration."""
     import types
 
@@ -444,7 +460,10 @@ def lean_world(monkeypatch: pytest.MonkeyPatch, reqs: list[Req], tokens: list[in
         forward_mode=ForwardMode(ForwardMode.DECODE),
         spec_info=SimpleNamespace(bonus_tokens=torch.arange(n, dtype=torch.int32)),
         sampling_info=SimpleNamespace(
-            is_all_greedy=True, penalizer_orchestrator=SimpleNamespace(is_required=False), logit_bias=None, has_custom_logit_processor=False
+            is_all_greedy=True,
+            penalizer_orchestrator=SimpleNamespace(is_required=False),
+            logit_bias=None,
+            has_custom_logit_processor=False,
         ),
         has_grammar=False,
         return_logprob=False,
@@ -467,10 +486,14 @@ def lean_world(monkeypatch: pytest.MonkeyPatch, reqs: list[Req], tokens: list[in
 def slot_bytes(twin: Twin, slots: list[int]) -> Any:
     """The K/V bytes of these slots."""
     pool, at = twin.model_runner.token_to_kv_pool, torch.tensor(slots)
-    return torch.cat([pool.k_buffer[0][at].view(torch.uint8).flatten(), pool.v_buffer[0][at].view(torch.uint8).flatten()])
+    return torch.cat(
+        [pool.k_buffer[0][at].view(torch.uint8).flatten(), pool.v_buffer[0][at].view(torch.uint8).flatten()]
+    )
 
 
-def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfinished_requests(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfinished_requests(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """Five requests, the second and fourth finish in this step: the verify hands the extend the
     other three (tokens, pre-step positions, their slots, their hidden rows), whose stock graph is
     4. The lean step wrote all five ahead of its wait (graph 8, which rounds apart) and writes the
@@ -485,13 +508,19 @@ def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfin
     result = step.step(worker, batch, fallback)
 
     keep = torch.tensor([0, 2, 4])
-    hidden = worker.target_worker.forward_batch_generation(worker.target_worker.seen[0], True).logits_output.hidden_states
+    hidden = worker.target_worker.forward_batch_generation(
+        worker.target_worker.seen[0], True
+    ).logits_output.hidden_states
     reference = SimpleNamespace(seq_lens=torch.arange(40, 45)[keep], out_cache_loc=torch.arange(300, 305)[keep])
-    stock_rows = SimpleNamespace(next_token_ids=torch.tensor(tokens)[keep], logits_output=SimpleNamespace(hidden_states=hidden[keep]))
+    stock_rows = SimpleNamespace(
+        next_token_ids=torch.tensor(tokens)[keep], logits_output=SimpleNamespace(hidden_states=hidden[keep])
+    )
     stock_extend_bytes(stock, reference, stock_rows)
     others = [slot for slot in range(1, SLOTS) if slot not in (301, 303)]
     assert torch.equal(slot_bytes(direct, others), slot_bytes(stock, others))  # the kept rows', nothing else
-    assert slot_bytes(direct, [301, 303]).any() and not slot_bytes(stock, [301, 303]).any()  # the finished rows: written ahead
+    assert (
+        slot_bytes(direct, [301, 303]).any() and not slot_bytes(stock, [301, 303]).any()
+    )  # the finished rows: written ahead
     assert direct.replays == [8, 1]  # all five ahead of the wait, then the three in graph 1, which rounds as graph 4
 
     assert [r.output_ids for r in reqs] == [[t] for t in tokens]
@@ -506,17 +535,27 @@ def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfin
     assert result.next_token_ids.tolist() == tokens and result.num_correct_drafts == 0
     assert result.num_correct_drafts_per_req_cpu == [0] * 5 and result.can_run_cuda_graph
     # The verify's preparation ran: the bonus tokens went in at the pre-step lengths.
-    (positions, slots), = batch.req_to_token_writes
+    ((positions, slots),) = batch.req_to_token_writes
     assert positions.tolist() == list(range(40, 45)) and slots.tolist() == list(range(300, 305))
     assert worker.target_worker.seen[0].input_ids.tolist() == [0, 1, 2, 3, 4]
     # Negative control: the write ahead alone (every request's row, finished ones too) replays graph 8,
     # whose bits for the three are not the stock extend's: the second write is what makes them so.
     everyone = V1Twin(apart=(8, 12, 16))
     v1_writer(everyone).write(
-        SimpleNamespace(forward_mode=ForwardMode(ForwardMode.DECODE), seq_lens=torch.arange(40, 45), out_cache_loc=torch.arange(300, 305)),
-        SimpleNamespace(next_token_ids=torch.tensor(tokens), logits_output=SimpleNamespace(hidden_states=hidden), next_draft_input=SimpleNamespace()),
+        SimpleNamespace(
+            forward_mode=ForwardMode(ForwardMode.DECODE),
+            seq_lens=torch.arange(40, 45),
+            out_cache_loc=torch.arange(300, 305),
+        ),
+        SimpleNamespace(
+            next_token_ids=torch.tensor(tokens),
+            logits_output=SimpleNamespace(hidden_states=hidden),
+            next_draft_input=SimpleNamespace(),
+        ),
     )
-    assert everyone.replays == [8] and not torch.equal(slot_bytes(everyone, [300, 302, 304]), slot_bytes(stock, [300, 302, 304]))
+    assert everyone.replays == [8] and not torch.equal(
+        slot_bytes(everyone, [300, 302, 304]), slot_bytes(stock, [300, 302, 304])
+    )
 
 
 def replays_at_the_wait(step: Any, twin: V1Twin) -> list[list[int]]:
@@ -532,7 +571,9 @@ def replays_at_the_wait(step: Any, twin: V1Twin) -> list[list[int]]:
     return seen
 
 
-def test_a_step_in_which_no_request_finishes_writes_once_and_before_its_wait(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+def test_a_step_in_which_no_request_finishes_writes_once_and_before_its_wait(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
     """Six requests, none finishes: one replay (graph 8, the stock one's rounding), queued before the
     step waits for its tokens, with the stock extend's bits; the next draft input is that write's.
     The control: with the bit check on, the write comes after the wait, as before."""
@@ -569,7 +610,9 @@ def test_a_step_in_which_no_request_finishes_writes_once_and_before_its_wait(mon
     assert at_wait == [[]] and after.replays == [8] and torch.equal(pool_bytes(after), pool_bytes(stock))
 
 
-def timeline_world(monkeypatch: pytest.MonkeyPatch, reqs: list[Req], tokens: list[int], twin: V1Twin) -> tuple[Any, ...]:
+def timeline_world(
+    monkeypatch: pytest.MonkeyPatch, reqs: list[Req], tokens: list[int], twin: V1Twin
+) -> tuple[Any, ...]:
     """``lean_world`` with the draft's TP context and the worker module's MoE context recorded, with
     each replay, the wait, the bookkeeping, the idle draft input and the stock extend."""
     step, worker, batch, fallback = lean_world(monkeypatch, reqs, tokens, v1_writer(twin))
@@ -642,7 +685,12 @@ def test_the_bookkeeping_that_needs_no_token_is_done_before_the_wait(monkeypatch
     wait = step.to_host.wait
 
     def waiting() -> list[int]:
-        seen.append(tuple((r.kv_committed_len, r.kv_allocated_len, r.spec_verify_ct, list(r.histogram), list(r.output_ids)) for r in reqs))
+        seen.append(
+            tuple(
+                (r.kv_committed_len, r.kv_allocated_len, r.spec_verify_ct, list(r.histogram), list(r.output_ids))
+                for r in reqs
+            )
+        )
         return wait()
 
     step.to_host.wait = waiting
@@ -666,9 +714,12 @@ def stock_bits_of_the_kept(worker: Any, tokens: list[int], kept: list[int], twin
     keep = torch.tensor(kept)
     stock_extend_bytes(
         twin,
-        SimpleNamespace(seq_lens=torch.arange(40, 40 + len(tokens))[keep], out_cache_loc=torch.arange(300, 300 + len(tokens))[keep]),
         SimpleNamespace(
-            next_token_ids=torch.tensor(tokens)[keep], logits_output=SimpleNamespace(hidden_states=worker.target_worker.outputs[-1][keep])
+            seq_lens=torch.arange(40, 40 + len(tokens))[keep], out_cache_loc=torch.arange(300, 300 + len(tokens))[keep]
+        ),
+        SimpleNamespace(
+            next_token_ids=torch.tensor(tokens)[keep],
+            logits_output=SimpleNamespace(hidden_states=worker.target_worker.outputs[-1][keep]),
         ),
     )
     return twin
@@ -693,7 +744,11 @@ def test_rows_written_ahead_in_a_graph_that_rounds_by_row_are_written_again(monk
     assert torch.equal(slot_bytes(direct, slots), slot_bytes(stock, slots))
     ahead_only = V1Twin(late_rows=(8, 12, 16))
     v1_writer(ahead_only).write(
-        SimpleNamespace(forward_mode=ForwardMode(ForwardMode.DECODE), seq_lens=torch.arange(40, 52), out_cache_loc=torch.arange(300, 312)),
+        SimpleNamespace(
+            forward_mode=ForwardMode(ForwardMode.DECODE),
+            seq_lens=torch.arange(40, 52),
+            out_cache_loc=torch.arange(300, 312),
+        ),
         SimpleNamespace(
             next_token_ids=torch.tensor(tokens),
             logits_output=SimpleNamespace(hidden_states=worker.target_worker.outputs[-1]),
@@ -703,7 +758,9 @@ def test_rows_written_ahead_in_a_graph_that_rounds_by_row_are_written_again(monk
     assert not torch.equal(slot_bytes(ahead_only, [308]), slot_bytes(stock, [308]))
 
 
-def test_with_the_write_after_the_sync_a_step_in_which_some_finish_writes_the_kept_rows_once(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_with_the_write_after_the_sync_a_step_in_which_some_finish_writes_the_kept_rows_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     """DYNSPEC_WRITE_AHEAD=0, two of five finish: one replay after the wait (graph 1, as graph 4),
     the stock extend's bits, and the finished requests' slots untouched, as before r22."""
     reqs = [Req(max_new=1 if i in (1, 3) else 8) for i in range(5)]
@@ -718,7 +775,9 @@ def test_with_the_write_after_the_sync_a_step_in_which_some_finish_writes_the_ke
     stock_extend_bytes(
         stock,
         SimpleNamespace(seq_lens=torch.arange(40, 45)[keep], out_cache_loc=torch.arange(300, 305)[keep]),
-        SimpleNamespace(next_token_ids=torch.tensor([11, 13, 15]), logits_output=SimpleNamespace(hidden_states=hidden[keep])),
+        SimpleNamespace(
+            next_token_ids=torch.tensor([11, 13, 15]), logits_output=SimpleNamespace(hidden_states=hidden[keep])
+        ),
     )
     assert torch.equal(pool_bytes(direct), pool_bytes(stock))  # the finished requests' slots untouched too
 
@@ -741,14 +800,18 @@ def test_without_graph_padding_each_write_takes_only_counts_with_a_graph(
     step, worker, batch, fallback = lean_world(monkeypatch, reqs, [10 + i for i in range(requests)], v1_writer(twin))
     seen: list[int] = []
     fallback.draft_kv.kv_only = lambda w: contextlib.nullcontext()
-    worker.forward_draft_extend_after_decode = lambda b: seen.append(int(b.spec_info.input_ids.shape[0])) or "the stock extend's"
+    worker.forward_draft_extend_after_decode = lambda b: (
+        seen.append(int(b.spec_info.input_ids.shape[0])) or "the stock extend's"
+    )
     step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
     step.step(worker, batch, fallback)
     assert twin.replays == replays and seen == extended
 
 
 @pytest.mark.parametrize(
-    ("finishing", "direct_rows", "stock_rows"), [(0, [], [17]), (1, [16], []), (17, [], [])], ids=["none-finish", "one-finishes", "all-finish"]
+    ("finishing", "direct_rows", "stock_rows"),
+    [(0, [], [17]), (1, [16], []), (17, [], [])],
+    ids=["none-finish", "one-finishes", "all-finish"],
 )
 def test_a_batch_the_write_ahead_does_not_take_is_written_after_the_wait(
     monkeypatch: pytest.MonkeyPatch, finishing: int, direct_rows: list[int], stock_rows: list[int]
@@ -770,7 +833,9 @@ def test_a_batch_the_write_ahead_does_not_take_is_written_after_the_wait(
     write.write = counted  # type: ignore[method-assign]
     extended: list[int] = []
     fallback.draft_kv.kv_only = lambda w: contextlib.nullcontext()
-    worker.forward_draft_extend_after_decode = lambda b: extended.append(int(b.spec_info.input_ids.shape[0])) or "the stock extend's"
+    worker.forward_draft_extend_after_decode = lambda b: (
+        extended.append(int(b.spec_info.input_ids.shape[0])) or "the stock extend's"
+    )
     step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
     step.step(worker, batch, fallback)
     assert asked == [17, *direct_rows] and extended == stock_rows
@@ -797,7 +862,9 @@ def test_simulated_acceptance_fills_the_tokens_as_the_stock_verify_does(monkeypa
         (lambda b: setattr(b, "forward_mode", ForwardMode(ForwardMode.IDLE)), "not a decode batch"),
     ],
 )
-def test_batches_the_lean_step_cannot_mirror_go_to_the_stock_path(monkeypatch: pytest.MonkeyPatch, change: Any, why: str) -> None:
+def test_batches_the_lean_step_cannot_mirror_go_to_the_stock_path(
+    monkeypatch: pytest.MonkeyPatch, change: Any, why: str
+) -> None:
     step, _, batch, _ = lean_world(monkeypatch, [Req(8)], [5], None)
     assert step.refusal(batch) is None  # the control: the unchanged batch is taken
     change(batch)
@@ -826,7 +893,7 @@ def test_rows_the_direct_write_cannot_take_go_to_the_stock_extend_kv_only(monkey
     worker.forward_draft_extend_after_decode = extend
     step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
     step.step(worker, batch, fallback)
-    (extend_input, open_then), = seen
+    ((extend_input, open_then),) = seen
     assert open_then == ["open"] and windows == ["open", "closed"]
     assert batch.spec_info == "the stock extend's next input"
     assert extend_input.input_ids.tolist() == [6] and extend_input.num_accept_tokens_cpu == [1]
@@ -841,7 +908,10 @@ def stock_extend_of(twin: V1Twin, off_by: int = 0) -> Any:
 
     def extend(batch: Any) -> str:
         extend_input = batch.spec_info
-        result = SimpleNamespace(next_token_ids=extend_input.input_ids, logits_output=SimpleNamespace(hidden_states=extend_input.hidden_states))
+        result = SimpleNamespace(
+            next_token_ids=extend_input.input_ids,
+            logits_output=SimpleNamespace(hidden_states=extend_input.hidden_states),
+        )
         rows = SimpleNamespace(seq_lens=extend_input.seq_lens - 1 + off_by, out_cache_loc=batch.out_cache_loc)
         stock_extend_bytes(twin, rows, result)
         return "the full extend's next input"
@@ -867,11 +937,15 @@ def test_the_bit_check_on_the_lean_server_compares_its_rows_with_the_full_extend
     assert [json.loads(line) for line in path.read_text().splitlines()] == [{"rows": 3, "direct": differing}]
 
 
-def test_the_bit_check_on_the_lean_server_has_its_packed_control(monkeypatch: pytest.MonkeyPatch, tmp_path: Any) -> None:
+def test_the_bit_check_on_the_lean_server_has_its_packed_control(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
     """Six requests: the stock graph 8 rounds apart from graph 2, which packs six rows; the direct
     write replays graph 8 and leaves the full extend's bits, the packed control does not."""
     twin = V1Twin(apart=(8, 12, 16))
-    step, worker, batch, fallback = lean_world(monkeypatch, [Req(8) for _ in range(6)], [11, 12, 13, 14, 15, 16], v1_writer(twin))
+    step, worker, batch, fallback = lean_world(
+        monkeypatch, [Req(8) for _ in range(6)], [11, 12, 13, 14, 15, 16], v1_writer(twin)
+    )
     fallback.bit_check, path = bit_check(twin, tmp_path)
     fallback.stock_extend = stock_extend_of(twin)
     step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
@@ -881,7 +955,9 @@ def test_the_bit_check_on_the_lean_server_has_its_packed_control(monkeypatch: py
     # replays may reuse the target graph's output memory. The control: without the check, no copy.
     output = worker.target_worker.outputs[-1]
     assert result.logits_output.hidden_states is not output and torch.equal(result.logits_output.hidden_states, output)
-    step, worker, batch, fallback = lean_world(monkeypatch, [Req(8) for _ in range(6)], [11, 12, 13, 14, 15, 16], v1_writer(V1Twin()))
+    step, worker, batch, fallback = lean_world(
+        monkeypatch, [Req(8) for _ in range(6)], [11, 12, 13, 14, 15, 16], v1_writer(V1Twin())
+    )
     assert step.step(worker, batch, fallback).logits_output.hidden_states is worker.target_worker.outputs[-1]
 
 
@@ -906,7 +982,9 @@ def test_the_own_fallbacks_stand_ins_are_views_of_one_set_with_the_stock_values(
     for name in ("topk_p", "topk_index", "hidden_states"):
         pointers = {getattr(stand_in, name).data_ptr() for stand_in in made}
         assert len(pointers) == 1, name  # one allocation each, not one a step
-        assert getattr(made[0], name).untyped_storage().size() // getattr(made[0], name).element_size() >= write.capacity
+        assert (
+            getattr(made[0], name).untyped_storage().size() // getattr(made[0], name).element_size() >= write.capacity
+        )
 
 
 # -- LeanKVPrefill's shift: the same ids as 0.5.12's loop ------------------------------------------
@@ -927,7 +1005,9 @@ def stock_prefill_shift() -> Any:
     code = compile(ast.Module(body=[loop], type_ignores=[]), "0.5.12 _draft_extend_for_prefill", "exec")
 
     def shift(input_ids: Any, lens: list[int], next_token_ids: Any) -> None:
-        batch = SimpleNamespace(input_ids=input_ids, extend_seq_lens=lens, forward_mode=SimpleNamespace(is_idle=lambda: False))
+        batch = SimpleNamespace(
+            input_ids=input_ids, extend_seq_lens=lens, forward_mode=SimpleNamespace(is_idle=lambda: False)
+        )
         exec(code, {"torch": torch, "batch": batch, "next_token_ids": next_token_ids})  # noqa: S102 - the release's own lines
 
     return shift
@@ -1021,7 +1101,9 @@ def device_world(monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], list[tuple
 
     monkeypatch.setattr(torch, "empty", pinned)
     monkeypatch.setattr(
-        torch, "get_device_module", lambda device: SimpleNamespace(Event=lambda: Copied(log), current_stream=current_stream)
+        torch,
+        "get_device_module",
+        lambda device: SimpleNamespace(Event=lambda: Copied(log), current_stream=current_stream),
     )
     assert rt.TokensToHost  # imported before the patches above
     return log, made
@@ -1048,7 +1130,9 @@ def test_the_tokens_are_read_once_their_copy_is_done_into_one_pinned_buffer(monk
     assert reads_after_the_copy(to_host, log, [8, 9, 10, 11])  # room for 4: the same buffer
     assert reads_after_the_copy(to_host, log, [1] * 5)  # grown to 8
     assert made == [(4, torch.int32), (8, torch.int32)]
-    assert reads_after_the_copy_of(to_host, log, torch.tensor([3, 4], dtype=torch.int64))  # another dtype: a buffer of its own
+    assert reads_after_the_copy_of(
+        to_host, log, torch.tensor([3, 4], dtype=torch.int64)
+    )  # another dtype: a buffer of its own
     assert made[-1] == (2, torch.int64)
     records = log.count("record")
     on_host = rt.TokensToHost()

@@ -85,13 +85,21 @@ def read(**values: Any) -> Settings | None:
 def test_the_flags_read_with_their_defaults() -> None:
     assert read() is None  # the flag unset: dynspec is off
     assert read(speculative_disable_batch_size="32") == Settings(32, 32, DEFAULT_MIN_STEPS)
-    assert read(speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=3) == Settings(32, 16, 3)
+    assert read(
+        speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=3
+    ) == Settings(32, 16, 3)
     auto = read(speculative_disable_batch_size="auto")
     assert auto == Settings(AUTO, 1, DEFAULT_MIN_STEPS) and auto.auto  # auto's floor: 1 unless given
-    assert read(speculative_disable_batch_size="auto", speculative_enable_batch_size=8) == Settings(AUTO, 8, DEFAULT_MIN_STEPS)
+    assert read(speculative_disable_batch_size="auto", speculative_enable_batch_size=8) == Settings(
+        AUTO, 8, DEFAULT_MIN_STEPS
+    )
     # a None the layout may hold for an unset field is the default too
-    assert read(speculative_disable_batch_size=8, speculative_switch_min_steps=None) == Settings(8, 8, DEFAULT_MIN_STEPS)
-    with pytest.raises(ValueError, match=r"^--speculative-disable-batch-size must be a positive integer or auto, got '0'$"):
+    assert read(speculative_disable_batch_size=8, speculative_switch_min_steps=None) == Settings(
+        8, 8, DEFAULT_MIN_STEPS
+    )
+    with pytest.raises(
+        ValueError, match=r"^--speculative-disable-batch-size must be a positive integer or auto, got '0'$"
+    ):
         read(speculative_disable_batch_size="0")
 
 

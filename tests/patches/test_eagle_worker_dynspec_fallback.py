@@ -66,7 +66,9 @@ class {WORKER}(TpModelWorker):
 
 def test_small_worker_is_patched_in_place() -> None:
     after = apply_text([Patch], SMALL, "0.5.12")
-    assert after == f'''\
+    assert (
+        after
+        == f'''\
 from sglang.srt.speculative.eagle_info import EagleVerifyInput
 
 
@@ -100,6 +102,7 @@ class {WORKER}(TpModelWorker):
             return self._dynspec.trivial_verify_input(self, schedule_batch, EagleVerifyInput)
         return None
 '''
+    )
 
 
 def test_old_entry_point_name_is_preferred() -> None:
@@ -116,8 +119,16 @@ def test_already_patched_worker_is_left_alone() -> None:
 @pytest.mark.parametrize(
     ("edit", "anchor"),
     [
-        (lambda s: s.replace("    def draft(self, schedule_batch):", "    def draft_tree(self, schedule_batch):"), "EAGLEWorker.draft(self, batch)"),
-        (lambda s: s.replace("        else:\n            verify_input", "        if True:\n            verify_input"), "decode branch"),
+        (
+            lambda s: s.replace("    def draft(self, schedule_batch):", "    def draft_tree(self, schedule_batch):"),
+            "EAGLEWorker.draft(self, batch)",
+        ),
+        (
+            lambda s: s.replace(
+                "        else:\n            verify_input", "        if True:\n            verify_input"
+            ),
+            "decode branch",
+        ),
         (lambda s: s.replace("forward_batch_generation", "run"), "decode branch"),
         (lambda s: s.replace("import EagleVerifyInput", "import EagleDraftInput"), "import EagleVerifyInput"),
         (lambda s: s.replace("class EAGLEWorker", "class EAGLEWorkerV2"), "EAGLEWorker.__init__"),

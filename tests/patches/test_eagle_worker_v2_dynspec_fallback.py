@@ -93,7 +93,9 @@ def test_everything_inserted_is_inert_without_the_flag(version: str) -> None:
 def test_the_range_is_the_releases_with_a_v2_worker_and_no_zero_step_mode() -> None:
     v2 = RELEASES[RELEASES.index("0.5.4") :]  # the first release with EAGLEWorkerV2
     for version in v2:  # the range follows the releases' code, not a list
-        assert Patch.applies_to(version) == ("_build_trivial_verify_input" not in target_source(Patch, version)), version
+        assert Patch.applies_to(version) == ("_build_trivial_verify_input" not in target_source(Patch, version)), (
+            version
+        )
     assert OWN_FALLBACK_RELEASES[-1] == "0.5.13" and not Patch.applies_to("0.5.3")
 
 
@@ -172,7 +174,9 @@ def test_the_decode_branch_may_be_the_if_branch() -> None:
 
 
 def test_a_decode_branch_that_does_not_draft_is_drift() -> None:
-    source = SOURCE.replace("verify_input = self.draft_worker.draft(batch)", "verify_input = self.draft_worker.propose(batch)")
+    source = SOURCE.replace(
+        "verify_input = self.draft_worker.draft(batch)", "verify_input = self.draft_worker.propose(batch)"
+    )
     with pytest.raises(AnchorNotFound, match=r"forward_batch_generation: if/else, one branch calling \.draft"):
         apply_text([Patch], source, "0.5.8")
 
@@ -199,8 +203,10 @@ def signature(code: str) -> libcst.FunctionDef:
     [
         ("def f(self, model_worker_batch): pass", "model_worker_batch"),
         ("def f(self, batch, on_publish=None): pass", "batch, on_publish=on_publish"),
-        ("def f(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None): pass",
-         "batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors"),
+        (
+            "def f(self, batch, on_publish=None, grammar_barrier=None, pp_proxy_tensors=None): pass",
+            "batch, on_publish=on_publish, grammar_barrier=grammar_barrier, pp_proxy_tensors=pp_proxy_tensors",
+        ),
         ("def f(self, batch, *args, flag=False, **kwargs): pass", "batch, *args, flag=flag, **kwargs"),
         ("def f(self, batch, /, extra): pass", "batch, extra=extra"),
     ],

@@ -30,9 +30,7 @@ def test_real_release(version: str) -> None:
         "self._dynspec = attach_zero_step_policy(self)",
     ]
     # The policy replaces the controller upstream set up, so it has to come after it.
-    sets_controller = [
-        i for i, s in enumerate(init.body) if "self.adaptive_controller" in ast.unparse(s).split("=")[0]
-    ]
+    sets_controller = [i for i, s in enumerate(init.body) if "self.adaptive_controller" in ast.unparse(s).split("=")[0]]
     assert sets_controller and max(sets_controller) < len(init.body) - 2
 
     # In the decode branch, right before the verify: the policy may publish early and keep the callback.
@@ -74,7 +72,6 @@ def test_a_release_without_the_zero_step_mode_is_drift() -> None:
     """0.5.13 has adaptive states but no trivial verify: the policy would have nothing to switch to."""
     with pytest.raises(AnchorNotFound, match="_build_trivial_verify_input"):
         apply_text([Patch], target_source(Patch, "0.5.13"), "0.5.14", Patch.TARGET)
-
 
 
 @pytest.mark.releases

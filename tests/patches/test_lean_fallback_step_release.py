@@ -53,7 +53,9 @@ def method_of(source: str, cls: str, name: str) -> ast.FunctionDef | None:
 def req_uses(node: ast.AST) -> set[str]:
     """Every ``req.<name>`` the code reads, writes or calls."""
     return {
-        ast.unparse(n) for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "req"
+        ast.unparse(n)
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "req"
     }
 
 
@@ -81,9 +83,13 @@ def bookkeeping_problems(source: str) -> list[str]:
     loop = verify_loop(source)
     if loop is None:
         return ["EagleVerifyInput.verify has no loop over batch.reqs"]
-    mirrored = req_uses(runtime_function(rt.commit_one_token.__name__)) | req_uses(runtime_function(rt.count_one_verify.__name__))
+    mirrored = req_uses(runtime_function(rt.commit_one_token.__name__)) | req_uses(
+        runtime_function(rt.count_one_verify.__name__)
+    )
     stock = req_uses(loop)
-    problems = [f"the verify does {use} per request, the lean step does not" for use in sorted(stock - mirrored - NOT_MIRRORED)]
+    problems = [
+        f"the verify does {use} per request, the lean step does not" for use in sorted(stock - mirrored - NOT_MIRRORED)
+    ]
     problems += [f"the lean step does {use}, the verify does not" for use in sorted(mirrored - stock)]
     increments = {ast.unparse(n) for n in ast.walk(loop) if isinstance(n, ast.AugAssign)}
     if "req.spec_verify_ct += 1" not in increments:
@@ -93,7 +99,11 @@ def bookkeeping_problems(source: str) -> list[str]:
 
 def self_uses(node: ast.AST) -> set[str]:
     """Every ``self.<name>`` the code reads, writes or calls."""
-    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"}
+    return {
+        n.attr
+        for n in ast.walk(node)
+        if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "self"
+    }
 
 
 def req_calls(node: ast.AST) -> set[str]:
@@ -101,7 +111,10 @@ def req_calls(node: ast.AST) -> set[str]:
     return {
         n.func.attr
         for n in ast.walk(node)
-        if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute) and isinstance(n.func.value, ast.Name) and n.func.value.id == "req"
+        if isinstance(n, ast.Call)
+        and isinstance(n.func, ast.Attribute)
+        and isinstance(n.func.value, ast.Name)
+        and n.func.value.id == "req"
     }
 
 
@@ -127,7 +140,9 @@ def early_count_problems(schedule_batch: str) -> list[str]:
             problems.append(f"Req has no {name}")
             continue
         uses = self_uses(method)
-        problems += [f"Req.{name} reads {field}, which the lean step counts before it" for field in sorted(uses & counted)]
+        problems += [
+            f"Req.{name} reads {field}, which the lean step counts before it" for field in sorted(uses & counted)
+        ]
         pending += [use for use in uses if method_of(schedule_batch, "Req", use) is not None]
     return problems
 
@@ -204,7 +219,9 @@ def test_what_the_lean_step_counts_before_its_wait_is_read_by_nothing_it_calls_a
 
 @pytest.mark.releases
 def test_the_settings_that_keep_the_write_after_the_wait_are_read_by_their_names() -> None:
-    assert setting_problems(source_of(SERVER_ARGS)) == [] and streaming_flag_problems(source_of(TOKENIZER_CONTROL)) == []
+    assert (
+        setting_problems(source_of(SERVER_ARGS)) == [] and streaming_flag_problems(source_of(TOKENIZER_CONTROL)) == []
+    )
 
 
 @pytest.mark.releases
@@ -226,11 +243,21 @@ def test_the_scheduler_truncates_the_next_draft_input() -> None:
 @pytest.mark.parametrize(
     ("checker", "member", "old", "new"),
     [
-        (bookkeeping_problems, EAGLE_INFO, "req.spec_verify_ct += 1", "req.spec_verify_ct += 1\n            req.spec_seen = True"),
+        (
+            bookkeeping_problems,
+            EAGLE_INFO,
+            "req.spec_verify_ct += 1",
+            "req.spec_verify_ct += 1\n            req.spec_seen = True",
+        ),
         (bookkeeping_problems, EAGLE_INFO, "req.spec_verify_ct += 1", "req.spec_verify_ct += 2"),
         (bookkeeping_problems, EAGLE_INFO, "            req.kv_allocated_len = req.kv_committed_len\n", ""),
         (forward_problems, EAGLE_WORKER, "model_worker_batch, is_verify=True", "model_worker_batch"),
-        (setting_problems, SERVER_ARGS, 'disaggregation_mode: Literal["null", "prefill", "decode"]', 'disaggregation: Literal["null", "prefill", "decode"]'),
+        (
+            setting_problems,
+            SERVER_ARGS,
+            'disaggregation_mode: Literal["null", "prefill", "decode"]',
+            'disaggregation: Literal["null", "prefill", "decode"]',
+        ),
         (setting_problems, SERVER_ARGS, "enable_streaming_session: bool = False", "streaming_sessions: bool = False"),
         (streaming_flag_problems, TOKENIZER_CONTROL, "if not self.server_args.enable_streaming_session:", "if False:"),
         (
@@ -273,4 +300,12 @@ def test_the_checkers_report_a_changed_release(checker: object, member: str, old
 def test_the_greedy_checker_reports_another_simulated_token() -> None:
     info, spec_utils = source_of(EAGLE_INFO), source_of(SPEC_UTILS)
     assert greedy_problems(info, spec_utils.replace("predict.fill_(100)", "predict.fill_(7)")) != []
-    assert greedy_problems(info.replace("torch.argmax(logits_output.next_token_logits", "torch.argmin(logits_output.next_token_logits"), spec_utils) != []
+    assert (
+        greedy_problems(
+            info.replace(
+                "torch.argmax(logits_output.next_token_logits", "torch.argmin(logits_output.next_token_logits"
+            ),
+            spec_utils,
+        )
+        != []
+    )

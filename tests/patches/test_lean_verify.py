@@ -177,12 +177,18 @@ class Worker:
         predict, accept_lens, accept_index = common.eagle_sample(batch.spec_info, batch, batch.logits_output, None)
         accept_tokens = predict[accept_index]
         bonus_tokens = T([None] * len(accept_lens.values), "torch.int32")
-        common.fill_bonus_tokens_func(accept_tokens, accept_lens, bonus_tokens, accept_index.shape[1], len(batch.seq_lens.values))
-        return SimpleNamespace(next_token_ids=predict, accept_lens=accept_lens, accept_index=accept_index, bonus_tokens=bonus_tokens)
+        common.fill_bonus_tokens_func(
+            accept_tokens, accept_lens, bonus_tokens, accept_index.shape[1], len(batch.seq_lens.values)
+        )
+        return SimpleNamespace(
+            next_token_ids=predict, accept_lens=accept_lens, accept_index=accept_index, bonus_tokens=bonus_tokens
+        )
 
 
 def batch_of(logits: list[list[float]], *, greedy: bool = True, idle: bool = False, **fields: Any) -> Any:
-    info = SimpleNamespace(is_all_greedy=greedy, acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None)
+    info = SimpleNamespace(
+        is_all_greedy=greedy, acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None
+    )
     for name in v2.LeanVerify.PENALTIES:
         if name in fields:
             setattr(info, name, fields.pop(name))
@@ -278,9 +284,15 @@ def test_arguments_decide_too(release: Release) -> None:
     assert lean is not None
     batch = batch_of(LOGITS)
     logits = batch.logits_output.next_token_logits
-    assert lean.refusal(batch.spec_info, batch, logits, (None,), {"uno_target_max_top_k": 8, "watermark_full_mask": True}) is None
+    assert (
+        lean.refusal(batch.spec_info, batch, logits, (None,), {"uno_target_max_top_k": 8, "watermark_full_mask": True})
+        is None
+    )
     assert lean.refusal(batch.spec_info, batch, logits, (object(),), {}) == "a grammar mask"
-    assert lean.refusal(batch.spec_info, batch, logits, (), {"watermark_state": object()}) == "the argument watermark_state"
+    assert (
+        lean.refusal(batch.spec_info, batch, logits, (), {"watermark_state": object()})
+        == "the argument watermark_state"
+    )
     assert lean.refusal(batch.spec_info, batch, logits, (), {"something_new": 1}) == "the argument something_new"
     assert lean.refusal(batch.spec_info, batch, logits, (), {"something_new": None}) is None
 
@@ -305,7 +317,10 @@ def test_0_5_14_has_only_the_fixed_mode(release: Release) -> None:
 
 @pytest.mark.parametrize(
     "method, mode, words",
-    [("multinomial", "fixed", "draws from the CPU generator"), ("match-expected", "other", "not one this dynspec knows")],
+    [
+        ("multinomial", "fixed", "draws from the CPU generator"),
+        ("match-expected", "other", "not one this dynspec knows"),
+    ],
 )
 def test_a_simulation_it_cannot_mirror_keeps_the_stock_verify(
     release: Release, caplog: pytest.LogCaptureFixture, method: str, mode: str, words: str
@@ -379,7 +394,9 @@ def test_the_bonus_stand_in_leaves_wider_trees_to_the_kernel(release: Release) -
     assert release.calls == ["stock fill"] and bonus.values == [6, 7]
 
 
-def test_rocm_with_tensor_parallelism_keeps_the_stock_verify(release: Release, caplog: pytest.LogCaptureFixture) -> None:
+def test_rocm_with_tensor_parallelism_keeps_the_stock_verify(
+    release: Release, caplog: pytest.LogCaptureFixture
+) -> None:
     """From 0.5.20 the greedy branch broadcasts rank 0's tokens on ROCm; the lean sample would not."""
     sys.modules["torch"].version = SimpleNamespace(hip="6.2")  # type: ignore[attr-defined]
     with caplog.at_level(logging.INFO, logger=v2.logger.name):
@@ -428,7 +445,9 @@ def own_verify(verify_input: Any, batch: Any) -> Any:
     predict, accept_lens, accept_index = verify_input.sample(batch, batch.logits_output, None)
     accept_tokens = predict[accept_index]
     bonus = [row[n - 1] for row, n in zip(accept_tokens.values, accept_lens.values)]
-    return SimpleNamespace(next_token_ids=predict, accept_lens=accept_lens, accept_index=accept_index, bonus_tokens=T(bonus, "torch.int32"))
+    return SimpleNamespace(
+        next_token_ids=predict, accept_lens=accept_lens, accept_index=accept_index, bonus_tokens=T(bonus, "torch.int32")
+    )
 
 
 def test_the_own_fallbacks_verify_input_samples_lean_with_the_stock_outcome(release: Release) -> None:
@@ -440,7 +459,9 @@ def test_the_own_fallbacks_verify_input_samples_lean_with_the_stock_outcome(rele
     bound = lean.bind(cls())
     assert outcome(own_verify(bound, batch_of(LOGITS))) == expected
     assert release.calls == [] and (lean.taken, lean.refused) == (1, 0)  # no stock sample, no sanitize
-    assert outcome(own_verify(cls(), batch_of(LOGITS))) == expected and release.calls == ["stock sample"]  # unbound: stock
+    assert outcome(own_verify(cls(), batch_of(LOGITS))) == expected and release.calls == [
+        "stock sample"
+    ]  # unbound: stock
 
 
 @pytest.mark.parametrize(

@@ -565,7 +565,9 @@ def inplace_write_problems(source: str, names: frozenset[str] | set[str] = OUTPU
             targets = n.targets if isinstance(n, ast.Assign) else [n.target]
             for target in targets:
                 for t in target.elts if isinstance(target, (ast.Tuple, ast.List)) else [target]:
-                    if output_named(t, names) is not None and (isinstance(t, ast.Subscript) or isinstance(n, ast.AugAssign)):
+                    if output_named(t, names) is not None and (
+                        isinstance(t, ast.Subscript) or isinstance(n, ast.AugAssign)
+                    ):
                         hit = True
         if hit:
             problems.append(f"line {getattr(n, 'lineno', '?')}: {ast.unparse(n).splitlines()[0]}")
@@ -624,7 +626,9 @@ SAMPLE_FACTS = [
 @pytest.mark.releases
 @pytest.mark.parametrize("version", LEAN)
 @pytest.mark.parametrize(("checker", "fact"), SAMPLE_FACTS, ids=[c.__name__ for c, _ in SAMPLE_FACTS])
-def test_eagle_sample_is_what_the_stand_in_assumes(version: str, checker: Callable[[str], list[str]], fact: str) -> None:
+def test_eagle_sample_is_what_the_stand_in_assumes(
+    version: str, checker: Callable[[str], list[str]], fact: str
+) -> None:
     problems = checker(source_of(version, EAGLE_UTILS))
     assert problems == [], f"{version}: {fact}: {problems}"
 

@@ -35,7 +35,8 @@ def shipped_settings_module(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.dynspec_settings", dynspec_settings)
     monkeypatch.setattr(dynspec_settings, "zero_step_mode_here", lambda: True)
 
-ANNOTATED = '''\
+
+ANNOTATED = """\
 @dataclasses.dataclass
 class ServerArgs:
     speculative_num_draft_tokens: A[
@@ -43,13 +44,15 @@ class ServerArgs:
         "The number of tokens sampled from the draft model in Speculative Decoding.",
 {ns}    ] = None
     speculative_attention_mode: A[str, "mode"] = "prefill"
-'''
+"""
 
 
 @pytest.mark.parametrize(("ns", "version"), [("", "0.5.14"), ('        NS("spec"),\n', "0.5.17")], ids=["plain", "NS"])
 def test_annotated_fields_copy_the_neighbours_namespace(ns: str, version: str) -> None:
     out = apply_text([ServerArgsDynspecFlags], ANNOTATED.format(ns=ns), version)
-    added = out.split(f"# dynspec: server_args_dynspec_flags r{ServerArgsDynspecFlags.REVISION}\n")[1].split("    speculative_attention_mode")[0]
+    added = out.split(f"# dynspec: server_args_dynspec_flags r{ServerArgsDynspecFlags.REVISION}\n")[1].split(
+        "    speculative_attention_mode"
+    )[0]
     assert added.count(": A[") == 3
     assert added.count('NS("spec")') == (3 if ns else 0)
     # a string, so that the command line may say auto (SGLang derives argparse's type from it)
@@ -61,7 +64,11 @@ def test_old_style_neighbour_is_drift_for_the_annotated_patch() -> None:
     from patcher.errors import AnchorNotFound
 
     with pytest.raises(AnchorNotFound, match=r"ServerArgs.speculative_num_draft_tokens: A\[...\]"):
-        apply_text([ServerArgsDynspecFlags], "class ServerArgs:\n    speculative_num_draft_tokens: Optional[int] = None\n", "0.5.14")
+        apply_text(
+            [ServerArgsDynspecFlags],
+            "class ServerArgs:\n    speculative_num_draft_tokens: Optional[int] = None\n",
+            "0.5.14",
+        )
 
 
 def test_spec_namespace_fields() -> None:
@@ -112,22 +119,46 @@ def test_valid_settings_pass(check: Any) -> None:
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        ({"speculative_disable_batch_size": 0}, "--speculative-disable-batch-size must be a positive integer or auto, got 0"),
-        ({"speculative_disable_batch_size": "thirty"}, "--speculative-disable-batch-size must be a positive integer or auto, got 'thirty'"),
-        ({"speculative_disable_batch_size": "32", "speculative_enable_batch_size": 40}, "(40) must not exceed --speculative-disable-batch-size (32)"),
-        ({"speculative_disable_batch_size": "auto", "speculative_enable_batch_size": 128}, "--speculative-enable-batch-size 128 (auto's floor) can never trigger"),
-        ({"speculative_disable_batch_size": "auto", "speculative_eagle_topk": 4}, "does not support --speculative-eagle-topk > 1"),
+        (
+            {"speculative_disable_batch_size": 0},
+            "--speculative-disable-batch-size must be a positive integer or auto, got 0",
+        ),
+        (
+            {"speculative_disable_batch_size": "thirty"},
+            "--speculative-disable-batch-size must be a positive integer or auto, got 'thirty'",
+        ),
+        (
+            {"speculative_disable_batch_size": "32", "speculative_enable_batch_size": 40},
+            "(40) must not exceed --speculative-disable-batch-size (32)",
+        ),
+        (
+            {"speculative_disable_batch_size": "auto", "speculative_enable_batch_size": 128},
+            "--speculative-enable-batch-size 128 (auto's floor) can never trigger",
+        ),
+        (
+            {"speculative_disable_batch_size": "auto", "speculative_eagle_topk": 4},
+            "does not support --speculative-eagle-topk > 1",
+        ),
         ({"speculative_switch_min_steps": -1}, "--speculative-switch-min-steps must be a positive integer"),
-        ({"speculative_enable_batch_size": 40}, "--speculative-enable-batch-size (40) must not exceed --speculative-disable-batch-size (32)"),
+        (
+            {"speculative_enable_batch_size": 40},
+            "--speculative-enable-batch-size (40) must not exceed --speculative-disable-batch-size (32)",
+        ),
         ({"speculative_algorithm": "NGRAM"}, "works with --speculative-algorithm EAGLE or EAGLE3, not NGRAM"),
         ({"speculative_eagle_topk": 4}, "does not support --speculative-eagle-topk > 1"),
         ({"enable_dp_attention": True}, "does not support --enable-dp-attention"),
         ({"pp_size": 2}, "does not support --pp-size > 1"),
         ({"speculative_adaptive": True}, "does not support --speculative-adaptive"),
-        ({"max_running_requests": 32}, "can never trigger: at most 32 requests run at once; lower it or raise --max-running-requests"),
+        (
+            {"max_running_requests": 32},
+            "can never trigger: at most 32 requests run at once; lower it or raise --max-running-requests",
+        ),
         ({"cuda_graph_max_bs": 24}, "raise --cuda-graph-max-bs above 32"),
         ({"cuda_graph_bs": [1, 2, 4, 8, 16]}, "largest CUDA-graph batch size (16)"),
-        ({"speculative_disable_batch_size": None, "speculative_enable_batch_size": 4}, "needs --speculative-disable-batch-size"),
+        (
+            {"speculative_disable_batch_size": None, "speculative_enable_batch_size": 4},
+            "needs --speculative-disable-batch-size",
+        ),
     ],
 )
 def test_refusals_name_the_flag_and_the_fix(check: Any, overrides: dict[str, Any], message: str) -> None:
@@ -176,7 +207,9 @@ def test_the_legacy_command_line_takes_auto_and_numbers() -> None:
     """0.5.12's patched ``add_cli_args`` calls, run on argparse: the threshold arrives as the text
     given (the check and the runtime read it), the other two as ints."""
     tree = unpacked("0.5.12", ["srt/server_args.py"])
-    patched = apply_text([ServerArgsDynspecFlagsLegacy], (tree / "sglang" / "srt" / "server_args.py").read_text(), "0.5.12")
+    patched = apply_text(
+        [ServerArgsDynspecFlagsLegacy], (tree / "sglang" / "srt" / "server_args.py").read_text(), "0.5.12"
+    )
     add_cli_args = next(
         m
         for c in ast.parse(patched).body
@@ -205,4 +238,6 @@ def test_check_is_called_first_in_check_server_args(version: str, argument: str)
     source = (tree / "sglang" / "srt" / "server_args.py").read_text()
     patched = apply_text([ServerArgsDynspecCheck], source, version)
     method = patched.split("    def check_server_args(self):\n", 1)[1]
-    assert method.startswith(f"        # dynspec: server_args_dynspec_check r{ServerArgsDynspecCheck.REVISION}\n        {CHECK}({argument})\n")
+    assert method.startswith(
+        f"        # dynspec: server_args_dynspec_check r{ServerArgsDynspecCheck.REVISION}\n        {CHECK}({argument})\n"
+    )

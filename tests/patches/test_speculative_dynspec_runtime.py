@@ -40,6 +40,7 @@ def patched_package(monkeypatch: pytest.MonkeyPatch) -> None:
     """``attach_dynspec`` imports ``sglang.srt.speculative.dynspec_auto``: a patched tree's package."""
     install_patched_package(monkeypatch)
 
+
 SwitchController = runtime.SwitchController
 
 
@@ -51,7 +52,9 @@ def no_dynspec_env(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def decisions(controller: SwitchController, sizes: list[int]) -> str:
-    return "".join({runtime.SPECULATE: "S", runtime.FALL_BACK: "-", runtime.RESUME: "r"}[controller.step(bs)] for bs in sizes)
+    return "".join(
+        {runtime.SPECULATE: "S", runtime.FALL_BACK: "-", runtime.RESUME: "r"}[controller.step(bs)] for bs in sizes
+    )
 
 
 # -- the controller ------------------------------------------------------------------------------
@@ -135,13 +138,18 @@ def test_identical_batch_sizes_give_identical_decisions(caplog: pytest.LogCaptur
     for _ in range(2):  # e.g. two tensor-parallel ranks
         caplog.clear()
         with caplog.at_level(logging.INFO, logger=runtime.__name__):
-            runs.append((decisions(SwitchController(32, 16, min_steps=3), sizes), [r.getMessage() for r in caplog.records]))
+            runs.append(
+                (decisions(SwitchController(32, 16, min_steps=3), sizes), [r.getMessage() for r in caplog.records])
+            )
     assert runs[0] == runs[1]
     assert "S" in runs[0][0] and "-" in runs[0][0] and len(runs[0][1]) > 10
 
 
 def test_enable_size_above_disable_size_is_refused() -> None:
-    with pytest.raises(ValueError, match=r"--speculative-enable-batch-size \(9\) must not exceed --speculative-disable-batch-size \(8\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"--speculative-enable-batch-size \(9\) must not exceed --speculative-disable-batch-size \(8\)",
+    ):
         SwitchController(8, 9)
 
 
@@ -243,8 +251,12 @@ def test_capture_sizes_keep_only_batches_above_the_switch_on_size() -> None:
 class FakeModelRunner:
     """The ModelRunner attributes the fallback touches, recording what builders saw."""
 
-    def __init__(self, graph_attr: str = "graph_runner", graph: Any = "live graph", new_workspace_arg: bool = True) -> None:
-        self.server_args = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4, cuda_graph_bs=[1, 8, 16, 32, 64])
+    def __init__(
+        self, graph_attr: str = "graph_runner", graph: Any = "live graph", new_workspace_arg: bool = True
+    ) -> None:
+        self.server_args = SimpleNamespace(
+            speculative_num_steps=3, speculative_num_draft_tokens=4, cuda_graph_bs=[1, 8, 16, 32, 64]
+        )
         self.attn_backend = "live backend"
         self.init_new_workspace = False
         setattr(self, graph_attr, graph)
@@ -264,7 +276,14 @@ class FakeModelRunner:
 
 
 class NewStyleRunner:  # 0.5.11+: backend and N are arguments
-    def __init__(self, model_runner: Any, *, attn_backend: Any = None, speculative_num_steps: Any = None, speculative_num_draft_tokens: Any = None) -> None:
+    def __init__(
+        self,
+        model_runner: Any,
+        *,
+        attn_backend: Any = None,
+        speculative_num_steps: Any = None,
+        speculative_num_draft_tokens: Any = None,
+    ) -> None:
         self.kwargs = (attn_backend, speculative_num_steps, speculative_num_draft_tokens)
         self.capture_bs = list(model_runner.server_args.cuda_graph_bs)
         model_runner.server_args.cuda_graph_bs.append(999)  # SGLang appends to the list in place
@@ -292,7 +311,9 @@ def test_one_token_state_is_built_with_n_1_and_everything_is_restored() -> None:
 
 
 def test_old_runners_read_the_backend_and_n_from_the_model_runner() -> None:
-    runner = FakeModelRunner(graph_attr="cuda_graph_runner", graph=OldStyleRunner.__new__(OldStyleRunner), new_workspace_arg=False)
+    runner = FakeModelRunner(
+        graph_attr="cuda_graph_runner", graph=OldStyleRunner.__new__(OldStyleRunner), new_workspace_arg=False
+    )
     target = runtime.SingleTokenTarget.build(runner, enable_at_or_below=16)
     assert target.graph_attr == "cuda_graph_runner"
     assert target.graph_runner.read == ("one-token backend", 1, [32, 64])
@@ -347,7 +368,15 @@ def test_fall_back_reenters_the_entry_point_with_the_one_token_state() -> None:
 
     def entry(b: Any) -> str:
         assert not fallback.should_fall_back(b), "the re-entered decode branch must not decide again"
-        seen.append((fallback.in_fallback, worker.speculative_num_steps, worker.speculative_num_draft_tokens, runner.attn_backend, runner.graph_runner))
+        seen.append(
+            (
+                fallback.in_fallback,
+                worker.speculative_num_steps,
+                worker.speculative_num_draft_tokens,
+                runner.attn_backend,
+                runner.graph_runner,
+            )
+        )
         return "result"
 
     assert fallback.should_fall_back(batch)
@@ -368,7 +397,12 @@ def test_fall_back_restores_the_worker_when_the_iteration_fails() -> None:
 
     with pytest.raises(RuntimeError, match="boom"):
         fallback.fall_back(worker, FakeBatch(9), entry)
-    assert (fallback.in_fallback, worker.speculative_num_steps, runner.attn_backend, runner.graph_runner) == (False, 3, "live backend", "live graph")
+    assert (fallback.in_fallback, worker.speculative_num_steps, runner.attn_backend, runner.graph_runner) == (
+        False,
+        3,
+        "live backend",
+        "live graph",
+    )
 
 
 def test_idle_batches_always_take_the_normal_path() -> None:
@@ -400,19 +434,28 @@ def test_attach_refuses_unsupported_settings() -> None:
 def test_attach_refuses_auto_and_reads_a_command_line_number() -> None:
     """v1 has no verify feed for auto: refused at start-up, naming what to give instead. A number
     arrives as the text typed (the flag is a string so that it can say auto) and is read as one."""
-    with pytest.raises(ValueError, match=r"^--speculative-disable-batch-size auto needs SGLang 0.5.14 or later .*give a number$"):
+    with pytest.raises(
+        ValueError, match=r"^--speculative-disable-batch-size auto needs SGLang 0.5.14 or later .*give a number$"
+    ):
         runtime.attach_dynspec(worker_with(speculative_disable_batch_size="auto"))
     fallback = runtime.attach_dynspec(worker_with(speculative_disable_batch_size="32"))
     assert fallback is not None and fallback.controller.disable_above == 32 == fallback.controller.enable_at_or_below
 
 
 def test_attach_builds_the_controller_from_the_flags(caplog: pytest.LogCaptureFixture) -> None:
-    worker = worker_with(speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=4)
+    worker = worker_with(
+        speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=4
+    )
     with caplog.at_level(logging.INFO, logger=runtime.__name__):
         fallback = runtime.attach_dynspec(worker)
     assert fallback is not None
     controller = fallback.controller
-    assert (controller.disable_above, controller.enable_at_or_below, controller.min_steps, controller.log) == (32, 16, 4, True)
+    assert (controller.disable_above, controller.enable_at_or_below, controller.min_steps, controller.log) == (
+        32,
+        16,
+        4,
+        True,
+    )
     assert controller.metrics is None
     assert fallback.target.capture_bs == [32, 64]
     assert "dynspec: fallback ready" in caplog.text
@@ -453,9 +496,13 @@ TRIVIAL_TREE_CALLERS = [
 
 @pytest.mark.releases
 @pytest.mark.parametrize(("version", "seq_lens_sum", "seq_lens_cpu"), TRIVIAL_TREE_CALLERS)
-def test_trivial_verify_input_fits_the_releases_eagle_verify_input(version: str, seq_lens_sum: int | None, seq_lens_cpu: str | None) -> None:
+def test_trivial_verify_input_fits_the_releases_eagle_verify_input(
+    version: str, seq_lens_sum: int | None, seq_lens_cpu: str | None
+) -> None:
     fields = verify_input_fields(version)
-    verify_input = dataclasses.make_dataclass("EagleVerifyInput", [(n, Any, dataclasses.field(default=None)) if d else (n, Any) for n, d in fields])
+    verify_input = dataclasses.make_dataclass(
+        "EagleVerifyInput", [(n, Any, dataclasses.field(default=None)) if d else (n, Any) for n, d in fields]
+    )
     kwargs = runtime.trivial_tree_fields(
         runtime.tree_field_prefix(verify_input),
         draft_token="bonus",
@@ -532,20 +579,45 @@ class LegacyBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: Any) -> None:
         fb = forward_batch
-        self.calls.append(("eager", fb.forward_mode, fb.seq_lens.values, fb.seq_lens_sum, fb.seq_lens_cpu, fb.spec_info))
+        self.calls.append(
+            ("eager", fb.forward_mode, fb.seq_lens.values, fb.seq_lens_sum, fb.seq_lens_cpu, fb.spec_info)
+        )
 
-    def init_forward_metadata_capture_cuda_graph(self, bs: int, num_tokens: int, req_pool_indices: Any, seq_lens: Any, encoder_lens: Any, forward_mode: Any, spec_info: Any) -> None:
+    def init_forward_metadata_capture_cuda_graph(
+        self,
+        bs: int,
+        num_tokens: int,
+        req_pool_indices: Any,
+        seq_lens: Any,
+        encoder_lens: Any,
+        forward_mode: Any,
+        spec_info: Any,
+    ) -> None:
         self.calls.append(("capture", bs, forward_mode, seq_lens, spec_info))
 
-    def init_forward_metadata_replay_cuda_graph(self, bs: int, req_pool_indices: Any, seq_lens: Any, seq_lens_sum: int, encoder_lens: Any, forward_mode: Any, spec_info: Any, seq_lens_cpu: Any = None) -> None:
+    def init_forward_metadata_replay_cuda_graph(
+        self,
+        bs: int,
+        req_pool_indices: Any,
+        seq_lens: Any,
+        seq_lens_sum: int,
+        encoder_lens: Any,
+        forward_mode: Any,
+        spec_info: Any,
+        seq_lens_cpu: Any = None,
+    ) -> None:
         self.calls.append(("replay", bs, forward_mode, seq_lens, seq_lens_sum, seq_lens_cpu, spec_info))
 
-    def forward(self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, save_kv_cache: bool = True, **kwargs: Any) -> tuple:
+    def forward(
+        self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, save_kv_cache: bool = True, **kwargs: Any
+    ) -> tuple:
         if forward_batch.forward_mode is Mode.DECODE:
             return self.forward_decode(q, k, v, layer, forward_batch, save_kv_cache=save_kv_cache, **kwargs)
         return ("extend kernel", save_kv_cache, kwargs)
 
-    def forward_decode(self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, save_kv_cache: bool = True, **kwargs: Any) -> tuple:
+    def forward_decode(
+        self, q: Any, k: Any, v: Any, layer: Any, forward_batch: Any, save_kv_cache: bool = True, **kwargs: Any
+    ) -> tuple:
         return ("decode kernel", save_kv_cache, kwargs)
 
 
@@ -565,14 +637,28 @@ class OutGraphBackend(LegacyBackend):
         self.init_forward_metadata_in_graph(forward_batch)
 
     def init_forward_metadata_out_graph(self, forward_batch: Any, in_capture: bool = False) -> None:
-        self.calls.append(("out_graph", in_capture, forward_batch.forward_mode, forward_batch.seq_lens.values, forward_batch.spec_info))
+        self.calls.append(
+            (
+                "out_graph",
+                in_capture,
+                forward_batch.forward_mode,
+                forward_batch.seq_lens.values,
+                forward_batch.spec_info,
+            )
+        )
 
     def init_forward_metadata_in_graph(self, forward_batch: Any) -> None:
         self.calls.append(("in_graph", forward_batch.forward_mode, forward_batch.seq_lens.values))
 
 
 def verify_batch(lens: list[int], mode: Mode = Mode.TARGET_VERIFY) -> SimpleNamespace:
-    return SimpleNamespace(forward_mode=mode, seq_lens=Lens(lens), seq_lens_sum=sum(lens), seq_lens_cpu=Lens(lens), spec_info="one-node tree")
+    return SimpleNamespace(
+        forward_mode=mode,
+        seq_lens=Lens(lens),
+        seq_lens_sum=sum(lens),
+        seq_lens_cpu=Lens(lens),
+        spec_info="one-node tree",
+    )
 
 
 @pytest.fixture
@@ -605,7 +691,14 @@ def test_graph_metadata_is_built_for_decode_over_the_prefix_and_the_new_token() 
     backend.init_forward_metadata_capture_cuda_graph(4, 4, "rpi", Lens([1, 1, 1, 1]), None, Mode.TARGET_VERIFY, "tree")
     assert backend.calls[0][3].values == [2, 2, 2, 2]
     backend.init_forward_metadata_replay_cuda_graph(
-        2, "rpi", Lens([10, 20]), 30, None, forward_mode=Mode.TARGET_VERIFY, spec_info="tree", seq_lens_cpu=Lens([10, 20])
+        2,
+        "rpi",
+        Lens([10, 20]),
+        30,
+        None,
+        forward_mode=Mode.TARGET_VERIFY,
+        spec_info="tree",
+        seq_lens_cpu=Lens([10, 20]),
     )
     (_, bs, mode, captured, spec), (_, rbs, rmode, replayed, total, cpu, rspec) = backend.calls
     assert (bs, mode, spec) == (4, Mode.DECODE, None)
@@ -631,7 +724,12 @@ def test_eager_metadata_reads_a_decode_view_and_leaves_the_batch_alone() -> None
     backend.init_forward_metadata(batch)
     assert backend.calls == [("eager", Mode.DECODE, [8, 10], 18, backend.calls[0][4], None)]
     assert backend.calls[0][4].values == [8, 10]
-    assert (batch.forward_mode, batch.seq_lens.values, batch.seq_lens_sum, batch.spec_info) == (Mode.TARGET_VERIFY, [7, 9], 16, "one-node tree")
+    assert (batch.forward_mode, batch.seq_lens.values, batch.seq_lens_sum, batch.spec_info) == (
+        Mode.TARGET_VERIFY,
+        [7, 9],
+        16,
+        "one-node tree",
+    )
 
 
 def test_the_layers_run_the_decode_kernel_with_their_arguments() -> None:
@@ -673,7 +771,9 @@ def test_the_decode_view_matches_each_releases_backend_api(version: str) -> None
         capture = inspect.signature(runtime.VerifyAsDecode.init_forward_metadata_capture_cuda_graph)
         assert capture.parameters  # rebinding by name against the release's own signature:
         assert {"seq_lens", "forward_mode", "spec_info"} <= set(triton["init_forward_metadata_capture_cuda_graph"])
-        assert {"seq_lens", "seq_lens_sum", "forward_mode", "spec_info", "seq_lens_cpu"} <= set(triton["init_forward_metadata_replay_cuda_graph"])
+        assert {"seq_lens", "seq_lens_sum", "forward_mode", "spec_info", "seq_lens_cpu"} <= set(
+            triton["init_forward_metadata_replay_cuda_graph"]
+        )
     else:
         assert "init_forward_metadata_out_graph" in base and "init_forward_metadata_in_graph" in base
         assert triton["init_forward_metadata_out_graph"][:2] == ["forward_batch", "in_capture"]
@@ -708,13 +808,17 @@ def test_a_replay_reads_the_metadata_signature_once_per_method(monkeypatch: pyte
     backend = runtime.serve_verify_as_decode(TritonAttnBackend())
     seen = []
     for lens in ([10, 20], [11, 21], [12, 22]):
-        backend.init_forward_metadata_replay_cuda_graph(2, "rpi", Lens(lens), 30, None, Mode.TARGET_VERIFY, "tree", Lens(lens))
+        backend.init_forward_metadata_replay_cuda_graph(
+            2, "rpi", Lens(lens), 30, None, Mode.TARGET_VERIFY, "tree", Lens(lens)
+        )
         seen.append(list(backend.calls[-1][3].values))  # the persistent buffer: read before the next replay
     assert seen == [[11, 21], [12, 22], [13, 23]]
     assert len(read) == 1
     # The control: another backend class's method is another signature.
     other = runtime.serve_verify_as_decode(FlashInferAttnBackend())
-    other.init_forward_metadata_replay_cuda_graph(2, "rpi", Lens([1, 2]), 3, None, Mode.TARGET_VERIFY, "tree", Lens([1, 2]))
+    other.init_forward_metadata_replay_cuda_graph(
+        2, "rpi", Lens([1, 2]), 3, None, Mode.TARGET_VERIFY, "tree", Lens([1, 2])
+    )
     assert len(read) == 1  # FlashInfer inherits the same function from LegacyBackend: still one
     backend.init_forward_metadata_capture_cuda_graph(4, 4, "rpi", Lens([1, 1, 1, 1]), None, Mode.TARGET_VERIFY, "tree")
     assert len(read) == 2
@@ -723,7 +827,9 @@ def test_a_replay_reads_the_metadata_signature_once_per_method(monkeypatch: pyte
 class KeywordsBackend(LegacyBackend):
     """A replay method that takes ``**kwargs``: the zip cannot name its arguments, ``bind`` does."""
 
-    def init_forward_metadata_replay_cuda_graph(self, bs: int, seq_lens: Any, forward_mode: Any, spec_info: Any, **rest: Any) -> None:  # type: ignore[override]
+    def init_forward_metadata_replay_cuda_graph(
+        self, bs: int, seq_lens: Any, forward_mode: Any, spec_info: Any, **rest: Any
+    ) -> None:  # type: ignore[override]
         self.calls.append(("replay", bs, forward_mode, seq_lens, spec_info, rest))
 
 
@@ -733,23 +839,42 @@ def test_a_replay_names_its_arguments_without_bind_where_the_signature_allows(mo
     bind = inspect.Signature.bind
     monkeypatch.setattr(inspect.Signature, "bind", lambda self, *a, **k: bound.append(a) or bind(self, *a, **k))
     backend = runtime.serve_verify_as_decode(TritonAttnBackend())
-    backend.init_forward_metadata_replay_cuda_graph(2, "rpi", Lens([10, 20]), 30, None, forward_mode=Mode.TARGET_VERIFY, spec_info="tree", seq_lens_cpu=Lens([10, 20]))
-    (_, bs, mode, lens, total, cpu, spec), = backend.calls
+    backend.init_forward_metadata_replay_cuda_graph(
+        2,
+        "rpi",
+        Lens([10, 20]),
+        30,
+        None,
+        forward_mode=Mode.TARGET_VERIFY,
+        spec_info="tree",
+        seq_lens_cpu=Lens([10, 20]),
+    )
+    ((_, bs, mode, lens, total, cpu, spec),) = backend.calls
     assert (bs, mode, lens.values, total, cpu.values, spec) == (2, Mode.DECODE, [11, 21], 32, [11, 21], None)
     assert bound == []
     # The control: a signature the zip cannot name goes through bind, and lands the same.
     other = runtime.serve_verify_as_decode(KeywordsBackend())
     other.init_forward_metadata_replay_cuda_graph(2, Lens([10, 20]), Mode.TARGET_VERIFY, "tree", encoder_lens=None)
-    (_, bs, mode, lens, spec, rest), = other.calls
-    assert (bs, mode, lens.values, spec, rest) == (2, Mode.DECODE, [11, 21], None, {"encoder_lens": None}) and len(bound) == 1
+    ((_, bs, mode, lens, spec, rest),) = other.calls
+    assert (bs, mode, lens.values, spec, rest) == (2, Mode.DECODE, [11, 21], None, {"encoder_lens": None}) and len(
+        bound
+    ) == 1
 
 
 @pytest.mark.parametrize(
     ("args", "kwargs", "message"),
     [
-        ((2, "rpi", Lens([1]), 1, None, Mode.TARGET_VERIFY, "tree", None, "extra"), {}, "too many positional arguments"),
+        (
+            (2, "rpi", Lens([1]), 1, None, Mode.TARGET_VERIFY, "tree", None, "extra"),
+            {},
+            "too many positional arguments",
+        ),
         ((2, "rpi", Lens([1]), 1, None, Mode.TARGET_VERIFY, "tree"), {"bs": 3}, "multiple values for argument 'bs'"),
-        ((2, "rpi", Lens([1]), 1), {"forward_mode": Mode.TARGET_VERIFY, "spec_info": "tree"}, "missing a required argument: 'encoder_lens'"),
+        (
+            (2, "rpi", Lens([1]), 1),
+            {"forward_mode": Mode.TARGET_VERIFY, "spec_info": "tree"},
+            "missing a required argument: 'encoder_lens'",
+        ),
     ],
 )
 def test_a_wrong_replay_call_raises_what_it_raises_without_dynspec(args: tuple, kwargs: dict, message: str) -> None:
@@ -773,7 +898,9 @@ def lean_build_world(monkeypatch: pytest.MonkeyPatch, disaggregation: str = "nul
     monkeypatch.setitem(sys.modules, "sglang.srt.managers.schedule_batch", types.SimpleNamespace(Req=req))
     module = types.ModuleType("fake_v1_eagle_worker")
     module.EagleVerifyInput = type("EagleVerifyInput", (), {"prepare_for_verify": lambda self, b, p: None})  # type: ignore[attr-defined]
-    module.EagleDraftExtendInput = type("EagleDraftExtendInput", (), {"create_idle_input": classmethod(lambda cls: None)})  # type: ignore[attr-defined]
+    module.EagleDraftExtendInput = type(
+        "EagleDraftExtendInput", (), {"create_idle_input": classmethod(lambda cls: None)}
+    )  # type: ignore[attr-defined]
     module.GenerationBatchResult = lambda **fields: SimpleNamespace(**fields)  # type: ignore[attr-defined]
     worker_cls = type("EAGLEWorker", (), {"__module__": module.__name__})
     module.EAGLEWorker = worker_cls  # type: ignore[attr-defined]
@@ -798,7 +925,12 @@ def lean_build_world(monkeypatch: pytest.MonkeyPatch, disaggregation: str = "nul
     ],
 )
 def test_the_lean_step_writes_ahead_of_its_sync_unless_told_or_where_a_finished_slot_matters(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, setting: Any, server: dict, ahead: bool, said: str
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    setting: Any,
+    server: dict,
+    ahead: bool,
+    said: str,
 ) -> None:
     checked = server.pop("checked", False)
     worker = lean_build_world(monkeypatch, **server)
@@ -810,7 +942,9 @@ def test_the_lean_step_writes_ahead_of_its_sync_unless_told_or_where_a_finished_
     assert said in caplog.text and "runs as a plain decode step" in caplog.text
 
 
-def test_a_bad_write_ahead_setting_refuses_to_start_even_with_the_lean_step_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_bad_write_ahead_setting_refuses_to_start_even_with_the_lean_step_off(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from patches.runtime import dynspec_v2
 
     worker = lean_build_world(monkeypatch)

@@ -129,13 +129,19 @@ def test_padding_is_applied_exactly_where_the_scheduler_uses_the_workers_stride(
     result_class = dataclasses.make_dataclass("GenerationBatchResult", [(f, Any, None) for f in result_fields(version)])
     scheduler = next(
         source_of(version, m)
-        for m in ("srt/managers/scheduler_output_processor_mixin.py", "srt/managers/scheduler_components/batch_result_processor.py")
+        for m in (
+            "srt/managers/scheduler_output_processor_mixin.py",
+            "srt/managers/scheduler_components/batch_result_processor.py",
+        )
         if (unpacked(version, [m]) / "sglang" / m).exists()
     )
     worker = class_node(source_of(version, WORKER_FILE), "EAGLEWorkerV2")
     stamped = [
-        k for n in ast.walk(method_node(worker, "verify")) if isinstance(n, ast.Call) and ast.unparse(n.func) == "GenerationBatchResult"
-        for k in n.keywords if k.arg == "speculative_num_draft_tokens"
+        k
+        for n in ast.walk(method_node(worker, "verify"))
+        if isinstance(n, ast.Call) and ast.unparse(n.func) == "GenerationBatchResult"
+        for k in n.keywords
+        if k.arg == "speculative_num_draft_tokens"
     ]
     if "stride = self.draft_worker.speculative_num_draft_tokens" in scheduler:  # up to 0.5.11
         assert not stamped
@@ -206,7 +212,9 @@ class SeqLens(FakeTensor):
 
 def decode_batch(size: int, idle: bool = False, spec_info: Any = "draft input") -> SimpleNamespace:
     return SimpleNamespace(
-        seq_lens=SeqLens(list(range(100, 100 + size))), forward_mode=SimpleNamespace(is_idle=lambda: idle), spec_info=spec_info
+        seq_lens=SeqLens(list(range(100, 100 + size))),
+        forward_mode=SimpleNamespace(is_idle=lambda: idle),
+        spec_info=spec_info,
     )
 
 
@@ -275,7 +283,9 @@ def verify_result(timeline: list[str], with_verify_done: bool) -> SimpleNamespac
     draft_input = SimpleNamespace(new_seq_lens="after verify", verify_done="event after verify")
     if not with_verify_done:
         draft_input = SimpleNamespace(new_seq_lens="after verify")  # 0.5.13 publishes by callback
-    return SimpleNamespace(next_token_ids=FakeTensor([1, 2, 3]), speculative_num_draft_tokens=1, next_draft_input=draft_input)
+    return SimpleNamespace(
+        next_token_ids=FakeTensor([1, 2, 3]), speculative_num_draft_tokens=1, next_draft_input=draft_input
+    )
 
 
 def test_the_next_seq_lens_are_published_before_the_target_forward(fake_torch: list[str]) -> None:
@@ -329,7 +339,9 @@ class FakeModelRunner:
     """What ``dynspec_runtime.SingleTokenTarget.build`` reads and restores."""
 
     def __init__(self) -> None:
-        self.server_args = SimpleNamespace(speculative_num_steps=3, speculative_num_draft_tokens=4, cuda_graph_bs=[1, 8, 16, 32, 64])
+        self.server_args = SimpleNamespace(
+            speculative_num_steps=3, speculative_num_draft_tokens=4, cuda_graph_bs=[1, 8, 16, 32, 64]
+        )
         self.attn_backend = "live backend"
         self.graph_runner = None  # CUDA graphs disabled: the fallback runs eagerly
 
@@ -357,8 +369,12 @@ def test_attach_fallback_refuses_unsupported_settings() -> None:
         v2.attach_fallback(worker_with(speculative_disable_batch_size=8, speculative_eagle_topk=4))
 
 
-def test_attach_fallback_builds_the_one_token_state_and_hands_it_to_the_draft_worker(caplog: pytest.LogCaptureFixture) -> None:
-    worker = worker_with(speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=4)
+def test_attach_fallback_builds_the_one_token_state_and_hands_it_to_the_draft_worker(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    worker = worker_with(
+        speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=4
+    )
     with caplog.at_level(logging.INFO, logger=v2.__name__):
         fallback = v2.attach_fallback(worker)
     assert fallback is not None and worker.draft_worker._dynspec is fallback
@@ -386,7 +402,12 @@ def test_the_swapped_attributes_are_the_ones_the_release_reads(version: str) -> 
     assert "self.speculative_num_draft_tokens" in read_by_verify
     assert "self.speculative_num_draft_tokens" in read_by_extend
     for classdef in (worker, draft):
-        assigned = {ast.unparse(t) for n in ast.walk(method_node(classdef, "__init__")) if isinstance(n, ast.Assign) for t in n.targets}
+        assigned = {
+            ast.unparse(t)
+            for n in ast.walk(method_node(classdef, "__init__"))
+            if isinstance(n, ast.Assign)
+            for t in n.targets
+        }
         assert {"self.speculative_num_steps", "self.speculative_num_draft_tokens"} <= assigned
     verify_prep = source_of(version, "srt/speculative/eagle_info_v2.py")
     assert "target_worker.model_runner.graph_runner" in verify_prep
@@ -409,7 +430,9 @@ class FakeAdaptiveWorker:
     """An EAGLEWorkerV2 of 0.5.14+ as far as its adaptive controller sees it."""
 
     def __init__(self, **flags: Any) -> None:
-        self.server_args = SimpleNamespace(speculative_algorithm="EAGLE", speculative_eagle_topk=1, model_path="m", **flags)
+        self.server_args = SimpleNamespace(
+            speculative_algorithm="EAGLE", speculative_eagle_topk=1, model_path="m", **flags
+        )
         self.tp_rank = 0
         self.speculative_num_steps = 3
         self.speculative_num_draft_tokens = 4
@@ -419,12 +442,16 @@ class FakeAdaptiveWorker:
         self._target_worker = SimpleNamespace(model_runner=TargetRunner())
         self.draft_worker: DraftWorker = draft_stack().worker
 
-    def build_adaptive_runtime_state(self, speculative_num_steps: int, speculative_num_draft_tokens: int, cuda_graph_bs: Any = None) -> Any:
+    def build_adaptive_runtime_state(
+        self, speculative_num_steps: int, speculative_num_draft_tokens: int, cuda_graph_bs: Any = None
+    ) -> Any:
         self.built.append((speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs))
         graphs = SimpleNamespace(capture_bs=cuda_graph_bs) if cuda_graph_bs else None
         # as upstream does: a fresh target backend from the model runner
         backend = self._target_worker.model_runner._get_attention_backend(init_new_workspace=True)
-        return SimpleNamespace(speculative_num_steps=speculative_num_steps, target_graph_runner=graphs, target_attn_backend=backend)
+        return SimpleNamespace(
+            speculative_num_steps=speculative_num_steps, target_graph_runner=graphs, target_attn_backend=backend
+        )
 
     def apply_runtime_state(self, state: Any) -> None:
         self.applied.append(state.speculative_num_steps)
@@ -450,7 +477,9 @@ def test_policy_is_not_installed_without_the_flag() -> None:
     assert v2.attach_zero_step_policy(worker) is None and worker.adaptive_controller is None
 
 
-def test_policy_builds_the_zero_step_state_for_graph_sizes_above_the_switch_on_size(caplog: pytest.LogCaptureFixture) -> None:
+def test_policy_builds_the_zero_step_state_for_graph_sizes_above_the_switch_on_size(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
     worker = FakeAdaptiveWorker(speculative_disable_batch_size=32, speculative_enable_batch_size=16)
     policy = v2.attach_zero_step_policy(worker)
     assert worker.adaptive_controller is policy and policy.candidate_steps == [0, 3]
@@ -482,7 +511,9 @@ class Publications:
         self.seen.append(new_seq_lens.values)
 
 
-@pytest.mark.parametrize(("setting", "steps", "early"), [("1", 0, True), ("", 0, True), ("0", 0, False), ("1", 3, False)])
+@pytest.mark.parametrize(
+    ("setting", "steps", "early"), [("1", 0, True), ("", 0, True), ("0", 0, False), ("1", 3, False)]
+)
 def test_the_zero_step_policy_publishes_early_unless_turned_off_and_only_at_zero_steps(
     monkeypatch: pytest.MonkeyPatch, setting: str, steps: int, early: bool
 ) -> None:
@@ -528,14 +559,20 @@ def test_the_0513_fallback_publishes_early_only_when_asked(
 
 
 def test_policy_switches_with_hysteresis_and_dwell() -> None:
-    worker = FakeAdaptiveWorker(speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=2)
+    worker = FakeAdaptiveWorker(
+        speculative_disable_batch_size=32, speculative_enable_batch_size=16, speculative_switch_min_steps=2
+    )
     policy = v2.attach_zero_step_policy(worker)
     worker.init_cuda_graphs(GRAPH_SIZES)
     steps, kinds = [], []
     for batch_size in [8, 33, 20, 17, 16, 16, 40, 0, 40, 40]:
         policy.activate_step_by_batch(batch_size)
         steps.append(worker.speculative_num_steps)
-        kinds.append("." if batch_size == 0 else {runtime.SPECULATE: "S", runtime.FALL_BACK: "-", runtime.RESUME: "r"}[policy._step])
+        kinds.append(
+            "."
+            if batch_size == 0
+            else {runtime.SPECULATE: "S", runtime.FALL_BACK: "-", runtime.RESUME: "r"}[policy._step]
+        )
     # off above 32; 20 and 17 are inside the band; 16 switches back on, and that iteration (the
     # resume) still runs at zero steps with the full draft extend; 40 only after 2 iterations;
     # an idle batch (0) changes nothing and is not counted
@@ -548,7 +585,10 @@ def test_policy_switches_with_hysteresis_and_dwell() -> None:
 
 
 def test_the_own_fallback_refuses_auto() -> None:
-    with pytest.raises(ValueError, match=r"^--speculative-disable-batch-size auto needs SGLang 0.5.14 or later .*on this release, give a number$"):
+    with pytest.raises(
+        ValueError,
+        match=r"^--speculative-disable-batch-size auto needs SGLang 0.5.14 or later .*on this release, give a number$",
+    ):
         v2.attach_fallback(worker_with(speculative_disable_batch_size="auto"))
 
 
@@ -578,7 +618,9 @@ def test_auto_builds_its_driver_once_the_graph_sizes_are_known(caplog: pytest.Lo
 def test_auto_takes_the_acceptance_from_the_iterations_that_speculated() -> None:
     """The scheduler hands each verify back one iteration late: a zero-step verify's zeros are
     not acceptance, and a result out of step with the iterations starts the matching again."""
-    worker = FakeAdaptiveWorker(speculative_disable_batch_size="auto", speculative_enable_batch_size=2, speculative_switch_min_steps=1)
+    worker = FakeAdaptiveWorker(
+        speculative_disable_batch_size="auto", speculative_enable_batch_size=2, speculative_switch_min_steps=1
+    )
     policy = v2.attach_zero_step_policy(worker)
     worker.init_cuda_graphs(GRAPH_SIZES)
     auto = policy.driver.auto
@@ -635,7 +677,9 @@ def test_policy_refuses_upstream_adaptive_and_workers_without_the_zero_step_mode
     with pytest.raises(ValueError, match="does not support --speculative-adaptive"):
         v2.attach_zero_step_policy(FakeAdaptiveWorker(speculative_disable_batch_size=8, speculative_adaptive=True))
     old = SimpleNamespace(server_args=FakeAdaptiveWorker(speculative_disable_batch_size=8).server_args, tp_rank=0)
-    with pytest.raises(RuntimeError, match="lacks build_adaptive_runtime_state, apply_runtime_state, _build_trivial_verify_input"):
+    with pytest.raises(
+        RuntimeError, match="lacks build_adaptive_runtime_state, apply_runtime_state, _build_trivial_verify_input"
+    ):
         v2.attach_zero_step_policy(old)
 
 
@@ -663,9 +707,15 @@ def test_the_policy_answers_every_call_the_release_makes_on_its_controller(versi
         signature.bind(None, *range(positional), **dict.fromkeys(keywords))  # raises TypeError on a mismatch
     worker = class_node(source_of(version, WORKER_FILE), "EAGLEWorkerV2")
     build = method_node(worker, "build_adaptive_runtime_state")
-    assert [a.arg for a in build.args.args[1:4]] == ["speculative_num_steps", "speculative_num_draft_tokens", "cuda_graph_bs"]
+    assert [a.arg for a in build.args.args[1:4]] == [
+        "speculative_num_steps",
+        "speculative_num_draft_tokens",
+        "cuda_graph_bs",
+    ]
     state = class_node(source_of(version, "srt/speculative/adaptive_runtime_state.py"), "SpecRuntimeState")
-    assert {"speculative_num_steps", "target_graph_runner"} <= {s.target.id for s in state.body if isinstance(s, ast.AnnAssign)}
+    assert {"speculative_num_steps", "target_graph_runner"} <= {
+        s.target.id for s in state.body if isinstance(s, ast.AnnAssign)
+    }
 
 
 # -- the shipped file ----------------------------------------------------------------------------
@@ -687,7 +737,9 @@ def test_the_new_file_is_the_module_and_is_inert_without_the_flag(monkeypatch: p
     assert again == new and steps[0].outcome.value == "already applied"
 
 
-def test_the_lean_step_setting_is_read_and_named_on_the_zero_step_path(caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_lean_step_setting_is_read_and_named_on_the_zero_step_path(
+    caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """0.5.14+ has no own fallback to make lean: asked for, it says so; a bad value refuses to start, as elsewhere."""
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
     with caplog.at_level(logging.INFO, logger=v2.__name__):

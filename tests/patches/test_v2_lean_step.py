@@ -133,7 +133,12 @@ def build_problems(source: str) -> list[str]:
     if inputs != [set(v2.V2LeanStep.DRAFT_INPUT_FIELDS)]:
         problems.append(f"EagleDraftInput with {inputs}")
     forward = keywords_of(source, "self.target_worker.forward_batch_generation")
-    expected = {"model_worker_batch": "None", "forward_batch": "verify_forward_batch", "is_verify": "True", "skip_attn_backend_init": "True"}
+    expected = {
+        "model_worker_batch": "None",
+        "forward_batch": "verify_forward_batch",
+        "is_verify": "True",
+        "skip_attn_backend_init": "True",
+    }
     if forward != [expected]:
         problems.append(f"the target forward with {forward}")
     verify = method_of(source, "EAGLEWorkerV2", "verify")
@@ -144,7 +149,11 @@ def build_problems(source: str) -> list[str]:
     ]
     if prepare != [["self.req_to_token_pool", "batch", "self.target_worker"]]:
         problems.append(f"prepare_for_v2_verify with {prepare}")
-    steps = [ast.unparse(n) for n in ast.walk(verify) if isinstance(n, ast.Assign) and "num_tokens_per_req" in ast.unparse(n.targets[0])]
+    steps = [
+        ast.unparse(n)
+        for n in ast.walk(verify)
+        if isinstance(n, ast.Assign) and "num_tokens_per_req" in ast.unparse(n.targets[0])
+    ]
     if steps != ["verify_input.num_tokens_per_req = self.speculative_num_steps + 1"]:  # 1 in a fallback iteration
         problems.append(f"num_tokens_per_req set by {steps}")
     return problems
@@ -220,7 +229,10 @@ def test_the_decode_branch_runs_draft_verify_and_the_extend() -> None:
     [
         ("0.5.11", "this release's EagleDraftInput has no bonus_tokens"),
         ("0.5.12", None),
-        ("0.5.13", "this release's EagleDraftInput has no new_seq_lens"),  # and its target forward takes the schedule batch
+        (
+            "0.5.13",
+            "this release's EagleDraftInput has no new_seq_lens",
+        ),  # and its target forward takes the schedule batch
     ],
 )
 def test_only_0512s_shapes_are_taken(version: str, why_not: str | None) -> None:
@@ -241,7 +253,11 @@ def class_with(lines: str, directory: Path, cls: str = "EAGLEWorkerV2") -> type:
     """A class ``cls``, imported from a file, whose one method is ``lines`` (never called)."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "lean_step_worker.py"
-    path.write_text(f"from __future__ import annotations\n\n\nclass {cls}:\n" + lines + "\n    # a comment after it\n\n    def after(self):\n        pass\n")
+    path.write_text(
+        f"from __future__ import annotations\n\n\nclass {cls}:\n"
+        + lines
+        + "\n    # a comment after it\n\n    def after(self):\n        pass\n"
+    )
     spec = importlib.util.spec_from_file_location(f"lean_step_worker_{abs(hash(lines))}", path)
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -258,7 +274,10 @@ def test_the_fingerprint_is_0512s_verify_as_the_server_reads_it(tmp_path: Path) 
     lines = verify_lines(source_of(VERSION, WORKER))
     assert v2.source_fingerprint(lines) == v2.V2LeanStep.VERIFY_FINGERPRINT
     # inspect.getsource, as unfit() reads it in the server, sees the same tokens
-    assert v2.source_fingerprint(inspect.getsource(worker_class_with(lines, tmp_path).verify)) == v2.V2LeanStep.VERIFY_FINGERPRINT
+    assert (
+        v2.source_fingerprint(inspect.getsource(worker_class_with(lines, tmp_path).verify))
+        == v2.V2LeanStep.VERIFY_FINGERPRINT
+    )
 
 
 @pytest.mark.releases
@@ -293,25 +312,63 @@ def mutated(source: str, old: str, new: str) -> str:
 @pytest.mark.parametrize(
     ("checker", "old", "new"),
     [
-        (verify_call_problems, "        verify_done.record()\n", "        verify_done.record()\n        self.new_step(batch)\n"),
+        (
+            verify_call_problems,
+            "        verify_done.record()\n",
+            "        verify_done.record()\n        self.new_step(batch)\n",
+        ),
         (verify_call_problems, "batch.seq_lens.record_stream(", "batch.seq_lens.keep_for("),
-        (build_problems, "            accept_lens=accept_lens,\n", "            accept_lens=accept_lens,\n            new_field=1,\n"),
-        (build_problems, "            verify_done=verify_done,\n        )", "            verify_done=verify_done,\n            hidden_states=None,\n        )"),
+        (
+            build_problems,
+            "            accept_lens=accept_lens,\n",
+            "            accept_lens=accept_lens,\n            new_field=1,\n",
+        ),
+        (
+            build_problems,
+            "            verify_done=verify_done,\n        )",
+            "            verify_done=verify_done,\n            hidden_states=None,\n        )",
+        ),
         (build_problems, "            skip_attn_backend_init=True,\n", "            skip_attn_backend_init=False,\n"),
-        (build_problems, "verify_input.num_tokens_per_req = self.speculative_num_steps + 1", "verify_input.num_tokens_per_req = 1"),
-        (branch_problems, "            return batch_output\n\n    def on_verify", "            self.after_extend(batch_output)\n            return batch_output\n\n    def on_verify"),
+        (
+            build_problems,
+            "verify_input.num_tokens_per_req = self.speculative_num_steps + 1",
+            "verify_input.num_tokens_per_req = 1",
+        ),
+        (
+            branch_problems,
+            "            return batch_output\n\n    def on_verify",
+            "            self.after_extend(batch_output)\n            return batch_output\n\n    def on_verify",
+        ),
     ],
-    ids=["a-new-call", "record-stream-gone", "a-result-field", "a-draft-input-field", "the-forward-inits", "tokens-per-request", "a-branch-call"],
+    ids=[
+        "a-new-call",
+        "record-stream-gone",
+        "a-result-field",
+        "a-draft-input-field",
+        "the-forward-inits",
+        "tokens-per-request",
+        "a-branch-call",
+    ],
 )
 def test_each_checker_reports_its_change(checker: Any, old: str, new: str) -> None:
     assert checker(mutated(source_of(VERSION, WORKER), old, new)) != []
 
 
 def test_the_shape_check_names_what_is_missing() -> None:
-    draft, result, forward = set(v2.V2LeanStep.DRAFT_INPUT_FIELDS), set(v2.V2LeanStep.RESULT_FIELDS), list(v2.V2LeanStep.TARGET_FORWARD_PARAMETERS)
+    draft, result, forward = (
+        set(v2.V2LeanStep.DRAFT_INPUT_FIELDS),
+        set(v2.V2LeanStep.RESULT_FIELDS),
+        list(v2.V2LeanStep.TARGET_FORWARD_PARAMETERS),
+    )
     assert v2.lean_step_unfit(draft, result, forward) is None
-    assert v2.lean_step_unfit(draft - {"verify_done"}, result, forward) == "this release's EagleDraftInput has no verify_done"
-    assert v2.lean_step_unfit(draft, result - {"indexer_topk_output"}, forward) == "this release's GenerationBatchResult has no indexer_topk_output"
+    assert (
+        v2.lean_step_unfit(draft - {"verify_done"}, result, forward)
+        == "this release's EagleDraftInput has no verify_done"
+    )
+    assert (
+        v2.lean_step_unfit(draft, result - {"indexer_topk_output"}, forward)
+        == "this release's GenerationBatchResult has no indexer_topk_output"
+    )
     assert v2.lean_step_unfit(draft, result, forward[1:]) == "this release's target forward takes no model_worker_batch"
 
 
@@ -411,10 +468,22 @@ class TargetWorker:
         self.model_runner = SimpleNamespace()
 
     def forward_batch_generation(
-        self, model_worker_batch: Any, forward_batch: Any = None, pp_proxy_tensors: Any = None, is_verify: bool = False, skip_attn_backend_init: bool = False
+        self,
+        model_worker_batch: Any,
+        forward_batch: Any = None,
+        pp_proxy_tensors: Any = None,
+        is_verify: bool = False,
+        skip_attn_backend_init: bool = False,
     ) -> SimpleNamespace:
         self.events.append("target forward")
-        self.forwards.append({"model_worker_batch": model_worker_batch, "forward_batch": forward_batch, "is_verify": is_verify, "skip_attn_backend_init": skip_attn_backend_init})
+        self.forwards.append(
+            {
+                "model_worker_batch": model_worker_batch,
+                "forward_batch": forward_batch,
+                "is_verify": is_verify,
+                "skip_attn_backend_init": skip_attn_backend_init,
+            }
+        )
         output = SimpleNamespace(next_token_logits=Logits(self.logits), hidden_states="target hidden states")
         return SimpleNamespace(logits_output=output, routed_experts_output="routed", indexer_topk_output="indexer")
 
@@ -461,7 +530,9 @@ def draft_worker_and_module() -> tuple[SimpleNamespace, types.ModuleType]:
     return draft, module
 
 
-def lean_stack(events: list[str], writer: Writer, disable_above: int = 2, logits: list[list[float]] | None = None) -> tuple[Any, v2.V2Fallback, types.ModuleType]:
+def lean_stack(
+    events: list[str], writer: Writer, disable_above: int = 2, logits: list[list[float]] | None = None
+) -> tuple[Any, v2.V2Fallback, types.ModuleType]:
     draft, module = draft_worker_and_module()
     target = TargetWorker(events, logits or [[0.1, 0.9], [0.8, 0.2], [0.3, 0.7]])
     worker = SimpleNamespace(
@@ -505,7 +576,13 @@ class SwapTarget:
 
 
 def greedy_batch(size: int = 3, **sampling: Any) -> SimpleNamespace:
-    info = SimpleNamespace(is_all_greedy=True, acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None, has_custom_logit_processor=False)
+    info = SimpleNamespace(
+        is_all_greedy=True,
+        acc_additive_penalties=None,
+        acc_scaling_penalties=None,
+        logit_bias=None,
+        has_custom_logit_processor=False,
+    )
     info.__dict__.update(sampling)
     return SimpleNamespace(
         seq_lens=Tensor(list(range(100, 100 + size))),
@@ -527,7 +604,11 @@ def lean_of(fallback: v2.V2Fallback, module: types.ModuleType, simulated: int | 
 @pytest.fixture
 def trivial_inputs(monkeypatch: pytest.MonkeyPatch) -> None:
     """The one-node tree without its mask and tree-index kernels (``trivial_verify_input``'s own tests cover them)."""
-    monkeypatch.setattr(v2.V2Fallback, "trivial_verify_input", lambda self, batch, cls: cls(positions=batch.seq_lens, draft_token=batch.spec_info.bonus_tokens))
+    monkeypatch.setattr(
+        v2.V2Fallback,
+        "trivial_verify_input",
+        lambda self, batch, cls: cls(positions=batch.seq_lens, draft_token=batch.spec_info.bonus_tokens),
+    )
 
 
 @pytest.mark.usefixtures("trivial_inputs")
@@ -547,7 +628,14 @@ def test_a_lean_iteration_builds_the_verifys_result_and_writes_the_draft_kv_dire
     assert result.accept_lens.values == [1, 1, 1] and result.accept_lens.dtype == "torch.int32"
     assert (result.speculative_num_draft_tokens, result.can_run_cuda_graph) == (1, True)
     assert (result.routed_experts_output, result.indexer_topk_output) == ("routed", "indexer")
-    assert worker.target_worker.forwards == [{"model_worker_batch": None, "forward_batch": "verify forward batch", "is_verify": True, "skip_attn_backend_init": True}]
+    assert worker.target_worker.forwards == [
+        {
+            "model_worker_batch": None,
+            "forward_batch": "verify forward batch",
+            "is_verify": True,
+            "skip_attn_backend_init": True,
+        }
+    ]
     assert worker.target_worker.prepared == [("req_to_token", True, 1)]
     assert batch.seq_lens.recorded_on == ["the forward stream"]
     # the write gets the pre-verify lengths (the positions), the verify's slots and its result
@@ -559,7 +647,9 @@ def test_a_lean_iteration_builds_the_verifys_result_and_writes_the_draft_kv_dire
 
 
 @pytest.mark.usefixtures("trivial_inputs")
-def test_without_the_early_fence_the_lengths_and_event_follow_the_forward(timeline: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_early_fence_the_lengths_and_event_follow_the_forward(
+    timeline: list[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv(v2.EARLY_FENCE_ENV, "0")
     worker, fallback, module = lean_stack(timeline, Writer())
     lean_of(fallback, module)
@@ -671,7 +761,9 @@ def worker_class(tmp_path: Path) -> type:
     return worker_class_with(verify_lines(source_of(VERSION, WORKER)), tmp_path)
 
 
-def worker_for_build(cls: type, module: types.ModuleType, timeline: list[str], writer: Any) -> tuple[Any, v2.V2Fallback]:
+def worker_for_build(
+    cls: type, module: types.ModuleType, timeline: list[str], writer: Any
+) -> tuple[Any, v2.V2Fallback]:
     worker, fallback, _ = lean_stack(timeline, writer)
     cls.__module__ = module.__name__  # where build() looks the release's classes up
     built = cls()
@@ -726,7 +818,9 @@ def test_where_the_step_does_not_fit_it_says_why_once_and_stays_off(
 ) -> None:
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
     if damage == "a-changed-verify":
-        worker_class = worker_class_with(verify_lines(source_of(VERSION, WORKER)).replace("verify_done.record()", "pass"), tmp_path / "changed")
+        worker_class = worker_class_with(
+            verify_lines(source_of(VERSION, WORKER)).replace("verify_done.record()", "pass"), tmp_path / "changed"
+        )
     elif damage == "no-verify-source":
         worker_class = types.new_class("EAGLEWorkerV2", exec_body=lambda ns: ns.update(verify=exec_made_verify()))
     worker, fallback = worker_for_build(worker_class, worker_module, timeline, Writer())
@@ -742,7 +836,9 @@ def test_where_the_step_does_not_fit_it_says_why_once_and_stays_off(
 
         monkeypatch.setattr(worker_module, "EagleDraftInput", OldDraftInput)
     elif damage == "0.5.13-forward":
-        worker.target_worker.forward_batch_generation = lambda batch, forward_batch=None, is_verify=False, skip_attn_backend_init=None: None
+        worker.target_worker.forward_batch_generation = (
+            lambda batch, forward_batch=None, is_verify=False, skip_attn_backend_init=None: None
+        )
     elif damage == "plan-stream":
         worker.plan_stream = "a stream"
     elif damage == "hybrid":
@@ -773,7 +869,9 @@ def test_the_prefill_fingerprint_is_0512s_body_as_the_server_reads_it(tmp_path: 
     lines = prefill_lines()
     assert v2.source_fingerprint(lines) == v2.LeanKVPrefill.PREFILL_FINGERPRINT
     cls = class_with(lines, tmp_path, "EagleDraftWorker")
-    assert v2.source_fingerprint(inspect.getsource(cls._draft_extend_for_prefill)) == v2.LeanKVPrefill.PREFILL_FINGERPRINT
+    assert (
+        v2.source_fingerprint(inspect.getsource(cls._draft_extend_for_prefill)) == v2.LeanKVPrefill.PREFILL_FINGERPRINT
+    )
     for version in ("0.5.11", "0.5.13"):  # the control: the neighbours' bodies differ
         other = method_lines(source_of(version, WORKER), "EagleDraftWorker", "_draft_extend_for_prefill")
         assert v2.source_fingerprint(other) != v2.LeanKVPrefill.PREFILL_FINGERPRINT, version
@@ -786,12 +884,19 @@ class ForwardBatchClass:
 
     @classmethod
     def init_new(cls, batch: Any, runner: Any) -> SimpleNamespace:
-        made = SimpleNamespace(input_ids=batch.input_ids, extend_seq_lens=Tensor(batch.extend_seq_lens, "torch.int32"), spec_info=batch.spec_info, return_logprob=True)
+        made = SimpleNamespace(
+            input_ids=batch.input_ids,
+            extend_seq_lens=Tensor(batch.extend_seq_lens, "torch.int32"),
+            spec_info=batch.spec_info,
+            return_logprob=True,
+        )
         cls.made.append(made)
         return made
 
 
-def prefill_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, width: int = 1, **runner: Any) -> tuple[Any, types.ModuleType]:
+def prefill_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, width: int = 1, **runner: Any
+) -> tuple[Any, types.ModuleType]:
     cls = class_with(prefill_lines(), tmp_path, "EagleDraftWorker")
     module = types.ModuleType("fake_eagle_worker_v2_prefill")
     module.EagleDraftInput = EagleDraftInputWide  # type: ignore[attr-defined]
@@ -807,7 +912,9 @@ def prefill_worker(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, width: int =
     def forward(forward_batch: Any) -> SimpleNamespace:
         forwards.append(list(forward_batch.input_ids.values))  # what the draft reads: the ids after the shift
         logits = SimpleNamespace(shape=(2, width), device="cuda:0")
-        return SimpleNamespace(logits_output=SimpleNamespace(next_token_logits=logits, hidden_states="placeholder hidden states"))
+        return SimpleNamespace(
+            logits_output=SimpleNamespace(next_token_logits=logits, hidden_states="placeholder hidden states")
+        )
 
     worker.draft_runner = SimpleNamespace(forward=forward, forwards=forwards, **runner)
     worker.topk = 1
@@ -825,7 +932,9 @@ def STOCK_PREFILL(batch: Any, *args: Any) -> str:  # noqa: N802 - a constant-lik
 
 
 def prefill_batch() -> SimpleNamespace:
-    return SimpleNamespace(input_ids=Tensor([11, 12, 13, 21, 22]), extend_seq_lens=[3, 2], seq_lens=Tensor([3, 2]), spec_info=None)
+    return SimpleNamespace(
+        input_ids=Tensor([11, 12, 13, 21, 22]), extend_seq_lens=[3, 2], seq_lens=Tensor([3, 2]), spec_info=None
+    )
 
 
 @pytest.mark.releases
@@ -847,9 +956,18 @@ def test_the_lean_prefill_builds_the_stock_draft_input_with_the_ids_shifted(
     made = lean.extend(batch, "target hidden states", Tensor([7, 8]))
     assert shifted == [([3, 2], [7, 8])] and worker.draft_runner.forwards == [[12, 13, 7, 22, 8]]
     assert batch.spec_info is made and ForwardBatchClass.made[-1].return_logprob is False
-    assert (made.hidden_states, made.bonus_tokens.values, made.new_seq_lens is batch.seq_lens) == ("placeholder hidden states", [7, 8], True)
+    assert (made.hidden_states, made.bonus_tokens.values, made.new_seq_lens is batch.seq_lens) == (
+        "placeholder hidden states",
+        [7, 8],
+        True,
+    )
     assert (made.num_tokens_per_req, made.num_tokens_for_logprob_per_req) == (1, 1)
-    assert (made.topk_p.values, made.topk_p.dtype, made.topk_index.values, made.topk_index.dtype) == ([1, 1], "torch.float32", [0, 0], "torch.int64")
+    assert (made.topk_p.values, made.topk_p.dtype, made.topk_index.values, made.topk_index.dtype) == (
+        [1, 1],
+        "torch.float32",
+        [0, 0],
+        "torch.int64",
+    )
     assert module.checked_for_nan == ["draft_extend_for_prefill"]
 
 
@@ -870,20 +988,32 @@ def test_real_logits_get_the_stock_top_k(tmp_path: Path, monkeypatch: pytest.Mon
     ("damage", "why"),
     [
         ("", None),
-        ("a-changed-body", "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors"),
+        (
+            "a-changed-body",
+            "this EagleDraftWorker._draft_extend_for_prefill is not 0.5.12's, the one the lean prefill mirrors",
+        ),
         ("ngram", "a draft whose forward batch reads more than the ids (n-gram embedding, multimodal rope)"),
         ("no-fast-topk", "the draft worker's module lacks EagleDraftInput, ForwardBatch or fast_topk"),
     ],
 )
 def test_the_lean_prefill_is_built_only_where_it_fits_and_says_why_not(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, timeline: list[str], damage: str, why: str | None
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+    timeline: list[str],
+    damage: str,
+    why: str | None,
 ) -> None:
     worker, module = prefill_worker(tmp_path, monkeypatch, use_ngram_embedding=damage == "ngram")
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "0")
     assert v2.LeanKVPrefill.build(worker, STOCK_PREFILL, log=True) is None  # turned off: nothing said
     monkeypatch.delenv(v2.LEAN_STEP_ENV)  # unset: on
     if damage == "a-changed-body":
-        changed = class_with(prefill_lines().replace("num_tokens_per_req=1", "num_tokens_per_req=2"), tmp_path / "changed", "EagleDraftWorker")
+        changed = class_with(
+            prefill_lines().replace("num_tokens_per_req=1", "num_tokens_per_req=2"),
+            tmp_path / "changed",
+            "EagleDraftWorker",
+        )
         changed.__module__ = module.__name__
         runner = worker.draft_runner
         worker = changed()
@@ -895,9 +1025,13 @@ def test_the_lean_prefill_is_built_only_where_it_fits_and_says_why_not(
     said = [r.getMessage() for r in caplog.records]
     if why is None:
         assert isinstance(built, v2.LeanKVPrefill)
-        assert said == ["dynspec: a KV-only prefill shifts its prompts in one pass (DYNSPEC_LEAN_PREFILL, as DYNSPEC_LEAN_STEP unless set)"]
+        assert said == [
+            "dynspec: a KV-only prefill shifts its prompts in one pass (DYNSPEC_LEAN_PREFILL, as DYNSPEC_LEAN_STEP unless set)"
+        ]
     else:
-        assert built is None and said == [f"dynspec: the lean KV-only prefill does not apply, a KV-only prefill runs the stock body ({why})"]
+        assert built is None and said == [
+            f"dynspec: the lean KV-only prefill does not apply, a KV-only prefill runs the stock body ({why})"
+        ]
 
 
 @pytest.mark.releases
@@ -923,7 +1057,9 @@ def test_the_prefill_hook_runs_the_lean_body_only_inside_the_kv_only_window(
     batch = prefill_batch()
     batch.forward_mode = SimpleNamespace(is_idle=lambda: False)
     batch.reqs = []
-    assert draft._draft_extend_for_prefill(batch, "hidden", Tensor([7, 8])) == "stock draft input"  # speculating, a small wave
+    assert (
+        draft._draft_extend_for_prefill(batch, "hidden", Tensor([7, 8])) == "stock draft input"
+    )  # speculating, a small wave
     assert windows == []
     controller.step(9)  # off
     made = draft._draft_extend_for_prefill(batch, "hidden", Tensor([7, 8]))
@@ -933,10 +1069,23 @@ def test_the_prefill_hook_runs_the_lean_body_only_inside_the_kv_only_window(
 @pytest.mark.releases
 @pytest.mark.parametrize(
     ("step", "prefill", "built"),
-    [("1", None, True), ("1", "0", False), (None, "1", True), ("0", None, False), (None, None, True), (None, "0", False), ("0", "1", True)],
+    [
+        ("1", None, True),
+        ("1", "0", False),
+        (None, "1", True),
+        ("0", None, False),
+        (None, None, True),
+        (None, "0", False),
+        ("0", "1", True),
+    ],
 )
 def test_the_lean_prefill_follows_the_lean_step_unless_set(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeline: list[str], step: str | None, prefill: str | None, built: bool
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    timeline: list[str],
+    step: str | None,
+    prefill: str | None,
+    built: bool,
 ) -> None:
     for name, value in ((v2.LEAN_STEP_ENV, step), (v2.LEAN_PREFILL_ENV, prefill)):
         if value is not None:
@@ -946,7 +1095,9 @@ def test_the_lean_prefill_follows_the_lean_step_unless_set(
 
 
 @pytest.mark.releases
-def test_a_wave_with_an_empty_request_goes_to_the_stock_body(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeline: list[str]) -> None:
+def test_a_wave_with_an_empty_request_goes_to_the_stock_body(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, timeline: list[str]
+) -> None:
     """Never in 0.5.12, but the stock body would fail loudly where the one-pass shift would write the neighbour's slot."""
     monkeypatch.setenv(v2.LEAN_STEP_ENV, "1")
     monkeypatch.setattr(v2, "shift_for_the_draft", lambda *args: pytest.fail("shifted"))

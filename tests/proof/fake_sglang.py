@@ -177,7 +177,9 @@ class State:
             if self.on and self.inflight > self.disable:
                 self.on = False
                 size = self.enable if "wrongside" in self.faults else self.inflight
-                off = size if "autowrong" in self.faults and self.auto else self.disable + ("thresholdlie" in self.faults)
+                off = (
+                    size if "autowrong" in self.faults and self.auto else self.disable + ("thresholdlie" in self.faults)
+                )
                 log(f"dynspec: speculation OFF at batch size {size} (off above {off}, on at or below {self.enable})")
                 if self.found is not None:
                     self.disable, self.enable = self.found
@@ -185,7 +187,9 @@ class State:
                     log(f"dynspec auto: off above {self.disable}, on at or below {self.enable} (as timed)")
             elif not self.on and self.inflight <= self.enable:
                 self.on = True
-                log(f"dynspec: speculation ON at batch size {self.inflight} (off above {self.disable}, on at or below {self.enable})")
+                log(
+                    f"dynspec: speculation ON at batch size {self.inflight} (off above {self.disable}, on at or below {self.enable})"
+                )
 
     def records(self, rid: Any) -> bool:
         return bool(self.record_path) and isinstance(rid, str) and rid.startswith(RECORD_RID_PREFIX)
@@ -217,7 +221,11 @@ class State:
             with self.record_lock, open(self.record_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(record, separators=(",", ":")) + "\n")
             if self.bits_path and not on:
-                bits = {"rows": 1, "direct": int("bitsdrift" in self.faults), "packed": int("nobitscontrol" not in self.faults)}
+                bits = {
+                    "rows": 1,
+                    "direct": int("bitsdrift" in self.faults),
+                    "packed": int("nobitscontrol" not in self.faults),
+                }
                 with self.record_lock, open(self.bits_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(bits, separators=(",", ":")) + "\n")
 
@@ -275,7 +283,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
         def batch(self, body: dict[str, Any]) -> None:
             """Every request of the batch at once, each as its own; one failure fails the call, as in SGLang."""
             n = len(body["input_ids"])
-            params = body["sampling_params"] if isinstance(body["sampling_params"], list) else [body["sampling_params"]] * n
+            params = (
+                body["sampling_params"] if isinstance(body["sampling_params"], list) else [body["sampling_params"]] * n
+            )
             rids = body.get("rid") or [None] * n
             results: list[tuple[int, Any]] = [(0, None)] * n
 

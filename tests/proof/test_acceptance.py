@@ -59,7 +59,12 @@ def traces(resumed: list[int], always: list[int], skip: list[int]) -> dict[str, 
 def test_judge_passes_when_resumed_equals_always_on_and_the_control_drops() -> None:
     entry = judge(traces([7, 10, 13, 16], [4, 7, 10, 13, 16], [7, 8, 9, 10]), 3, [])
     assert entry["passed"], entry["problems"]
-    assert (entry["always_on"], entry["dynspec_resumed"], entry["skip_resumed"], entry["requests"]) == (3.0, 3.0, 1.0, 1)
+    assert (entry["always_on"], entry["dynspec_resumed"], entry["skip_resumed"], entry["requests"]) == (
+        3.0,
+        3.0,
+        1.0,
+        1,
+    )
     assert entry["skip_over_always_on"] == 0.3333 and entry["full_resumed"] == 3.0
 
 
@@ -82,7 +87,10 @@ def two_requests(kv: tuple[int, int], full: tuple[int, int], always: tuple[int, 
         return parse(lines(off + [(SPECULATE, 7 + step_a * i) for i in range(21)])
                      + lines(off + [(SPECULATE, 7 + step_b * i) for i in range(21)], rid=B))  # fmt: skip
 
-    never = parse(lines([(SPECULATE, 7 + always[0] * i) for i in range(21)]) + lines([(SPECULATE, 7 + always[1] * i) for i in range(21)], rid=B))
+    never = parse(
+        lines([(SPECULATE, 7 + always[0] * i) for i in range(21)])
+        + lines([(SPECULATE, 7 + always[1] * i) for i in range(21)], rid=B)
+    )
     return {"kv": resumed(*kv), "full": resumed(*full), "skip": resumed(1, 1), NEVER_OFF: never}
 
 
@@ -124,7 +132,9 @@ def test_judge_fails_with_too_few_verifies_or_no_resumed_request() -> None:
 
 
 def acceptance_options(root: Path, out: Path, faults: str = "", accept: str = "3", **kw: object) -> Any:
-    opts = dataclasses.replace(exact_kv_options(root, out, faults), checks=("acceptance",), acceptance_min_verifies=20, **kw)
+    opts = dataclasses.replace(
+        exact_kv_options(root, out, faults), checks=("acceptance",), acceptance_min_verifies=20, **kw
+    )
     opts.env = {**opts.env, "FAKE_SGLANG_ACCEPT": accept}
     return opts
 
@@ -147,7 +157,9 @@ def test_a_control_that_keeps_its_acceptance_is_reported_not_judged(site: Any, t
     is a number in the report; the verdict is the issue's, resumed against always-on."""
     acc = run_proof(acceptance_options(site(), tmp_path / "out", "nocontrol"), lambda m: None)["acceptance"]
     assert acc["passed"] and acc["skip_resumed"] == acc["always_on"] == 3.0
-    assert acc["control_drops"] is False and acc["detail"].endswith("do not see a stale draft KV (exact_kv proves the KV)")
+    assert acc["control_drops"] is False and acc["detail"].endswith(
+        "do not see a stale draft KV (exact_kv proves the KV)"
+    )
     dropped = run_proof(acceptance_options(site(), tmp_path / "out2"), lambda m: None)["acceptance"]
     assert dropped["control_drops"] is True and "no drop" not in dropped["detail"]  # the control that drops
 
@@ -155,7 +167,9 @@ def test_a_control_that_keeps_its_acceptance_is_reported_not_judged(site: Any, t
 def test_a_fallback_that_leaves_the_draft_kv_stale_fails_the_check(site: Any, tmp_path: Path) -> None:
     acc = run_proof(acceptance_options(site(), tmp_path / "out", "kvdrift"), lambda m: None)["acceptance"]
     assert not acc["passed"] and acc["dynspec_resumed"] == 1.0 and acc["full_resumed"] == 3.0
-    assert acc["problems"][0].startswith("resumed acceptance is 0.3333 x the full extend's on the same requests, below 0.99")
+    assert acc["problems"][0].startswith(
+        "resumed acceptance is 0.3333 x the full extend's on the same requests, below 0.99"
+    )
 
 
 def test_dummy_weights_accept_nothing_and_the_check_fails(site: Any, tmp_path: Path) -> None:
@@ -170,7 +184,9 @@ def real_dir(root: Path) -> Path:
         (root / sub / "config.json").write_text("{}")
     prompts = [{"id": f"p{i}", "input_ids": [1, 2 + i, 3, 4 + i]} for i in range(5)]
     (root / launch.REAL_PROMPTS).write_text(json.dumps({"prompts": prompts}))
-    (root / launch.REAL_INFO).write_text(json.dumps({"name": "tiny-real", "gguf_sha256": "ab" * 32, "head_sha256": None}))
+    (root / launch.REAL_INFO).write_text(
+        json.dumps({"name": "tiny-real", "gguf_sha256": "ab" * 32, "head_sha256": None})
+    )
     return root
 
 
@@ -194,18 +210,26 @@ def test_real_weights_run_every_server_deterministic_where_the_release_can(site:
     model = real_dir(tmp_path / "model")
     result = run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=model), lambda m: None)
     assert result["deterministic"] and all("--enable-deterministic-inference" in s["argv"] for s in result["servers"])
-    older = run_proof(acceptance_options(site(deterministic=False), tmp_path / "out2", model="real", model_dir=model), lambda m: None)
-    assert not older["deterministic"] and not any("--enable-deterministic-inference" in s["argv"] for s in older["servers"])
+    older = run_proof(
+        acceptance_options(site(deterministic=False), tmp_path / "out2", model="real", model_dir=model), lambda m: None
+    )
+    assert not older["deterministic"] and not any(
+        "--enable-deterministic-inference" in s["argv"] for s in older["servers"]
+    )
     # Negative controls: dummy weights leave it off unless asked; "on" where the release lacks it is refused.
     dummy = run_proof(acceptance_options(site(), tmp_path / "out3"), lambda m: None)
-    assert not dummy["deterministic"] and not any("--enable-deterministic-inference" in s["argv"] for s in dummy["servers"])
+    assert not dummy["deterministic"] and not any(
+        "--enable-deterministic-inference" in s["argv"] for s in dummy["servers"]
+    )
     asked = run_proof(acceptance_options(site(), tmp_path / "out4", deterministic="on"), lambda m: None)
     assert all("--enable-deterministic-inference" in s["argv"] for s in asked["servers"])
     import pytest
 
     from patcher.proof.errors import ProofUsageError
 
-    with pytest.raises(ProofUsageError, match="--deterministic on: SGLang 0.5.12 has no --enable-deterministic-inference"):
+    with pytest.raises(
+        ProofUsageError, match="--deterministic on: SGLang 0.5.12 has no --enable-deterministic-inference"
+    ):
         run_proof(acceptance_options(site(deterministic=False), tmp_path / "out5", deterministic="on"), lambda m: None)
     assert not (tmp_path / "out5").exists()
 
@@ -217,7 +241,9 @@ def test_a_model_dir_that_prepare_did_not_make_is_a_usage_error(site: Any, tmp_p
 
     (tmp_path / "empty").mkdir()
     with pytest.raises(ProofUsageError, match="not made by `dynspec real prepare`"):
-        run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=tmp_path / "empty"), lambda m: None)
+        run_proof(
+            acceptance_options(site(), tmp_path / "out", model="real", model_dir=tmp_path / "empty"), lambda m: None
+        )
     with pytest.raises(ProofUsageError, match="--model real needs --model-dir"):
         run_proof(acceptance_options(site(), tmp_path / "out2", model="real"), lambda m: None)
 
@@ -228,7 +254,9 @@ def test_reports_name_real_weights_where_they_ran_and_the_dummy_shape_elsewhere(
     opts = acceptance_options(site(), tmp_path / "out", model="real", model_dir=model, min_envelope_ratio=0.0)
     opts = dataclasses.replace(opts, checks=("throughput",), throughput_levels=(1, 8), throughput_new_tokens=8)
     result = run_proof(opts, lambda m: None)
-    assert result["throughput"]["shape"] == "real" and "throughput: tok/s (real weights, 8 new tokens" in reports.summary(result)
+    assert result["throughput"][
+        "shape"
+    ] == "real" and "throughput: tok/s (real weights, 8 new tokens" in reports.summary(result)
     dummy = run_proof(dataclasses.replace(opts, model="dummy", model_dir=None, out=tmp_path / "out2"), lambda m: None)
     assert dummy["throughput"]["shape"] == "8b" and "(8b shape, " in reports.summary(dummy)  # the control
 
@@ -238,12 +266,17 @@ def test_throughput_with_the_drafts_own_acceptance_on_real_weights(site: Any, tm
     in the report and the summary (issue 15 asks it of always-on at C = 1 and 32)."""
     model = real_dir(tmp_path / "model")
     opts = acceptance_options(site(), tmp_path / "out", model="real", model_dir=model, min_envelope_ratio=0.0)
-    opts = dataclasses.replace(opts, checks=("throughput",), throughput_levels=(1, 8), throughput_new_tokens=8, simulate_acc_len=None)
+    opts = dataclasses.replace(
+        opts, checks=("throughput",), throughput_levels=(1, 8), throughput_new_tokens=8, simulate_acc_len=None
+    )
     result = run_proof(opts, lambda m: None)
     tput = result["throughput"]
     assert tput["simulate_acc_len"] is None and all(s["name"].endswith("-own") for s in result["servers"])
     assert not any("SGLANG_SIMULATE_ACC_LEN" in s["env"] for s in result["servers"])
-    assert tput["accept_length"]["always_on"] == [1.0, 1.0] and tput["accept_length"]["base"] == [None, None]  # the fake: 1 unsimulated
+    assert tput["accept_length"]["always_on"] == [1.0, 1.0] and tput["accept_length"]["base"] == [
+        None,
+        None,
+    ]  # the fake: 1 unsimulated
     summary = reports.summary(result)
     assert "the drafts' own acceptance)" in summary and "    always-on: C=1 1.00, C=8 1.00" in summary
     # The control: simulated, as before, and no acceptance lines.
@@ -258,7 +291,9 @@ def test_the_drafts_own_acceptance_needs_real_weights(site: Any, tmp_path: Path)
     from patcher.proof.command import AcceptanceLength
     from patcher.proof.errors import ProofUsageError
 
-    opts = dataclasses.replace(acceptance_options(site(), tmp_path / "out"), checks=("throughput",), simulate_acc_len=None)
+    opts = dataclasses.replace(
+        acceptance_options(site(), tmp_path / "out"), checks=("throughput",), simulate_acc_len=None
+    )
     with pytest.raises(ProofUsageError, match="--simulate-acc-len off needs --model real"):
         run_proof(opts, lambda m: None)
     assert not (tmp_path / "out").exists()

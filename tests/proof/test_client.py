@@ -106,7 +106,9 @@ def _timed(seconds: float, error: str | None = None) -> LevelResult:
 
 
 @pytest.mark.parametrize(
-    ("durations", "median_seconds"), [([9.0, 1.0, 3.0, 2.0], 2.0), ([9.0, 1.0, 2.0], 2.0)], ids=["odd", "even: the slower middle"]
+    ("durations", "median_seconds"),
+    [([9.0, 1.0, 3.0, 2.0], 2.0), ([9.0, 1.0, 2.0], 2.0)],
+    ids=["odd", "even: the slower middle"],
 )
 def test_the_median_run_counts_and_the_warm_up_does_not(monkeypatch, durations, median_seconds):
     runs = iter(_timed(s) for s in durations)
@@ -169,7 +171,11 @@ def test_run_requests_holds_each_request_back_by_its_delay():
 
 def test_run_requests_sends_each_requests_rid(fake_server):
     port, state = fake_server()
-    requests = [Request(1, 2, rid="dynspec-record-0-long-1"), Request(2, 2), Request(3, 2, rid="dynspec-record-0-short-3")]
+    requests = [
+        Request(1, 2, rid="dynspec-record-0-long-1"),
+        Request(2, 2),
+        Request(3, 2, rid="dynspec-record-0-short-3"),
+    ]
     level = run_requests(Client("127.0.0.1", port), requests, concurrency=1)
     assert level.failures == [] and level.outputs[2] == outputs(prompt(2), 2)
     assert state.rids == ["dynspec-record-0-long-1", None, "dynspec-record-0-short-3"]  # no rid: none in the body
@@ -198,7 +204,10 @@ def test_a_failed_batch_fails_every_request_of_it(fake_server):
     replies = Client("127.0.0.1", port).generate_batch([Request(i, 2) for i in range(6)])
     assert len(replies) == 6 and all(r.status == 500 and "HTTP 500" in (r.error or "") for r in replies)
     port2, _ = fake_server(faults="short")
-    assert all(r.error == "1 tokens instead of 2 (ignore_eos is set)" for r in Client("127.0.0.1", port2).generate_batch([Request(0, 2)]))
+    assert all(
+        r.error == "1 tokens instead of 2 (ignore_eos is set)"
+        for r in Client("127.0.0.1", port2).generate_batch([Request(0, 2)])
+    )
 
 
 def test_a_batch_names_every_rid_or_none():
@@ -221,7 +230,13 @@ class BatchRecordingClient:
 
 def test_run_batches_sends_each_delay_group_as_one_call_at_its_delay():
     client = BatchRecordingClient()
-    requests = [Request(0, 2), Request(1, 2, delay=0.2), Request(2, 2), Request(3, 1, delay=0.2), Request(4, 2, delay=0.1)]
+    requests = [
+        Request(0, 2),
+        Request(1, 2, delay=0.2),
+        Request(2, 2),
+        Request(3, 1, delay=0.2),
+        Request(4, 2, delay=0.1),
+    ]
     started = time.perf_counter()
     level = run_batches(client, requests)  # type: ignore[arg-type]
     calls = sorted((round(at - started, 2), indices) for at, indices in client.calls)

@@ -62,7 +62,10 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
         (["--extra-args", "'unclosed"], "No closing quotation"),
         (["--checks", "throughput", "--upstream-adaptive"], "has no --speculative-adaptive"),
         (["--upstream-adaptive"], "--upstream-adaptive needs the throughput check"),
-        (["--checks", "mixed_load", "--mixed-phases", "1,4"], "--mixed-phases 1,4 must have a phase <= 32 and one > 32"),
+        (
+            ["--checks", "mixed_load", "--mixed-phases", "1,4"],
+            "--mixed-phases 1,4 must have a phase <= 32 and one > 32",
+        ),
         (["--mixed-phases", "1,x"], "not a comma-separated list"),
         (["--exact-kv-cycles", "0"], "0 is not in the range x>=1"),
         (["--exact-kv-tokens", "64", "64"], "--exact-kv-tokens 64 64: the long requests must outlive the short ones"),
@@ -130,7 +133,11 @@ def test_auto_brings_levels_and_a_ramp_past_its_ceiling_unless_told_otherwise(tm
 
     monkeypatch.setattr(command, "run_proof", fake_run_proof)
     out = ["--out", str(tmp_path / "o"), "--checks", "equivalence,crossings"]
-    for args in (["--threshold", "auto"], ["--threshold", "auto", "--levels", "1,200", "--ramp", "2,150"], ["--threshold", "8"]):
+    for args in (
+        ["--threshold", "auto"],
+        ["--threshold", "auto", "--levels", "1,200", "--ramp", "2,150"],
+        ["--threshold", "8"],
+    ):
         assert CliRunner().invoke(proof, [*args, *out]).exit_code == 0
     auto, told, fixed = seen
     assert (auto.threshold, auto.levels, auto.ramp_low, auto.ramp_high) == ("auto", (1, 4, 16, 48, 128), 1, 128)

@@ -49,7 +49,9 @@ BASE, OTHER, THIRD = [1, 2, 3], [1, 2, 4], [1, 5, 6]
         (BASE, OTHER, "OFF", True),
     ],
 )
-def test_a_dynspec_output_is_judged_by_its_mode_where_the_modes_differ(tokens: list[int], always_on: list[int] | None, state: str, matches: bool) -> None:
+def test_a_dynspec_output_is_judged_by_its_mode_where_the_modes_differ(
+    tokens: list[int], always_on: list[int] | None, state: str, matches: bool
+) -> None:
     assert matches_its_mode(tokens, BASE, always_on, state) is matches
 
 
@@ -58,13 +60,20 @@ def level(outputs: dict[int, list[int]]) -> LevelResult:
 
 
 def judge(
-    dynspec: dict[int, list[int]], switched_off: bool, *, real: bool = True, switch_at: int = 12, base_repeat: dict[int, list[int]] | None = None
+    dynspec: dict[int, list[int]],
+    switched_off: bool,
+    *,
+    real: bool = True,
+    switch_at: int = 12,
+    base_repeat: dict[int, list[int]] | None = None,
 ) -> dict:
     """One level of two prompts at C = 16 (above a threshold of 8, or below one of 32): prompt 1 is
     where always-on's output differs from base's. Speculation goes off at batch size ``switch_at``
     (16: at the level's first decode; 12: within it, once requests finished)."""
     threshold = 8 if switched_off else 32
-    opts = ProofOptions(out=Path("."), threshold=threshold, levels=(16,), new_tokens=3, model_dir=Path("real") if real else None)
+    opts = ProofOptions(
+        out=Path("."), threshold=threshold, levels=(16,), new_tokens=3, model_dir=Path("real") if real else None
+    )
     runs = {
         "base": [(level({0: BASE, 1: BASE}), [])],
         "always_on": [(level({0: BASE, 1: OTHER}), [])],
@@ -138,7 +147,11 @@ def test_on_real_weights_outputs_are_not_judged_the_drafts_where_timelines_match
 
     good = {"kv": recording([[1], [2], [3]]), "full": recording([[1], [2], [3]]), "skip": recording([[1], [5], [3]])}
     counted, problem = proposals_apart(good)
-    assert problem is None and counted["compared_steps_same_history"] == 3 and counted["control_mismatches_same_history"] == 1
+    assert (
+        problem is None
+        and counted["compared_steps_same_history"] == 3
+        and counted["control_mismatches_same_history"] == 1
+    )
     # Drafts apart where the timelines parted (other batch sizes) are not held against the write ...
     parted, problem = proposals_apart({**good, "kv": recording([[1], [9], [3]], batch=2)})
     assert problem is None and parted["mismatches"] == 1 and parted["compared_steps_same_history"] == 0

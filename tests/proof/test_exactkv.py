@@ -52,7 +52,13 @@ def test_parse_keeps_each_requests_first_fallback_and_its_drafts_by_position() -
     assert rec.first_off == {A: 11, B: 21}
     assert rec.drafts == {A: {10: [1, 2], 14: [5, 6]}, B: {20: [3, 4]}}
     assert rec.history == {
-        A: {10: (exactkv.SPECULATE, 2), 11: (exactkv.FALL_BACK, 2), 12: (exactkv.FALL_BACK, 1), 13: (exactkv.RESUME, 1), 14: (exactkv.SPECULATE, 1)},
+        A: {
+            10: (exactkv.SPECULATE, 2),
+            11: (exactkv.FALL_BACK, 2),
+            12: (exactkv.FALL_BACK, 1),
+            13: (exactkv.RESUME, 1),
+            14: (exactkv.SPECULATE, 1),
+        },
         B: {20: (exactkv.SPECULATE, 2), 21: (exactkv.FALL_BACK, 2)},
     }
 
@@ -162,8 +168,14 @@ def test_requests_without_a_fallback_or_without_drafts_after_it_are_not_compared
 
 def timeline(resume_at: int, batch: int = 4, last: int = 20, rid: str = A) -> list[str]:
     """``rid`` speculates at 10, falls back from 11 in a batch of ``batch``, resumes at ``resume_at``."""
-    rows = [spec([rid], [10], [[0]])] + [off([rid] + ["unrecorded"] * (batch - 1), [p] * batch) for p in range(11, resume_at)]
-    return rows + [line(exactkv.RESUME, [rid], [resume_at])] + [spec([rid], [p], [[p]]) for p in range(resume_at + 1, last)]
+    rows = [spec([rid], [10], [[0]])] + [
+        off([rid] + ["unrecorded"] * (batch - 1), [p] * batch) for p in range(11, resume_at)
+    ]
+    return (
+        rows
+        + [line(exactkv.RESUME, [rid], [resume_at])]
+        + [spec([rid], [p], [[p]]) for p in range(resume_at + 1, last)]
+    )
 
 
 @pytest.mark.parametrize(
@@ -175,7 +187,9 @@ def timeline(resume_at: int, batch: int = 4, last: int = 20, rid: str = A) -> li
         (timeline(15)[:-3] + [spec([A], [17], [[9]])], 17, True),  # what differs later does not count
     ],
 )
-def test_same_history_asks_whether_the_request_ran_every_iteration_alike(other: list[str], pos: int, same: bool) -> None:
+def test_same_history_asks_whether_the_request_ran_every_iteration_alike(
+    other: list[str], pos: int, same: bool
+) -> None:
     assert exactkv.same_history(parse(timeline(15)), parse(other), A, pos) is same
 
 
@@ -206,7 +220,13 @@ def test_judge_passes_when_kv_equals_full_and_the_control_differs() -> None:
 def test_judge_fails_on_a_mismatch_and_names_the_first() -> None:
     entry = judge({"kv": STALE, "full": EXACT, "skip": STALE}, DIGESTS, 10, [])
     assert not entry["passed"] and entry["mismatches"] == 18
-    assert entry["mismatch_examples"][0] == {"rid": A, "pos": 13, "reference": [13], "other": [14], "same_history": True}
+    assert entry["mismatch_examples"][0] == {
+        "rid": A,
+        "pos": 13,
+        "reference": [13],
+        "other": [14],
+        "same_history": True,
+    }
     assert (entry["mismatches_same_history"], entry["control_mismatches_same_history"]) == (18, 18)
     assert entry["problems"] == [
         f"18 of 18 proposals differ from the full extend's (18 where the request's timeline matched the full "
@@ -297,7 +317,9 @@ def test_exact_kv_passes_on_a_correct_dynspec(site: Any, tmp_path: Path) -> None
     assert [servers[n]["env"].get("DYNSPEC_LEAN_VERIFY") for n in servers] == [None, "0", None]
     assert KV_ONLY_WORDS in Path(servers["dynspec"]["log"]).read_text()
     assert fake_sglang.DRAFT_KV_WORDS["kv-direct"] in Path(servers["dynspec"]["log"]).read_text()
-    assert kv["kv_only_extend"] == "from a CUDA graph, replayed directly"  # the report says which KV-only extend was proven
+    assert (
+        kv["kv_only_extend"] == "from a CUDA graph, replayed directly"
+    )  # the report says which KV-only extend was proven
     # long requests of both waves and the joiners of the second went through a span and back
     assert kv["compared_requests"] >= 8 and kv["compared_steps"] >= 20 and kv["mismatches"] == 0
     assert kv["control_differs"] and kv["control_mismatches"] > 0
@@ -345,8 +367,14 @@ def test_the_fakes_start_up_words_are_the_runtimes() -> None:
             draft_kv.graph = object()  # the fake plays a server whose twin graph was captured
             draft_kv.direct = object() if mode == runtime.DRAFT_KV_DIRECT else None  # and, for kv-direct, fed directly
         assert runtime.describe_draft_kv(draft_kv) == words
-    assert fake_sglang.draft_kv_mode(None) == fake_sglang.draft_kv_mode(" Auto ") == runtime.DRAFT_KV_DEFAULT_OWN_FALLBACK
-    assert set(fake_sglang.KV_ONLY_MODES) == set(KV_ONLY_MODES) == {runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_DIRECT}
+    assert (
+        fake_sglang.draft_kv_mode(None) == fake_sglang.draft_kv_mode(" Auto ") == runtime.DRAFT_KV_DEFAULT_OWN_FALLBACK
+    )
+    assert (
+        set(fake_sglang.KV_ONLY_MODES)
+        == set(KV_ONLY_MODES)
+        == {runtime.DRAFT_KV_ONLY, runtime.DRAFT_KV_GRAPH, runtime.DRAFT_KV_DIRECT}
+    )
     assert fake_sglang.RECORD_RID_PREFIX == runtime.RECORD_RID_PREFIX
 
 
@@ -484,7 +512,9 @@ def test_exact_bits_excuse_mismatches_only_after_parted_timelines() -> None:
     parted = parse(timeline(16)[:-1] + [spec([A], [19], [[7]])] + timeline(15, rid=B))
     alike = parse(timeline(15)[:-1] + [spec([A], [19], [[7]])] + timeline(15, rid=B))
     digests = {"kv": ["d"], "full": ["d"], "skip": ["d"]}
-    stale = parse([x for rid in (A, B) for x in timeline(15, rid=rid)[:-4] + [spec([rid], [p], [[p + 1]]) for p in range(16, 20)]])
+    stale = parse(
+        [x for rid in (A, B) for x in timeline(15, rid=rid)[:-4] + [spec([rid], [p], [[p + 1]]) for p in range(16, 20)]]
+    )
     entry = judge({"kv": parted, "full": reference, "skip": stale}, digests, 4, [], EXACT_BITS)
     assert entry["passed"] and entry["mismatches"] == 1 and entry["bits"]["passed"], entry["problems"]
     assert entry["compared_steps_same_history"] == 4  # B's positions 16 - 19
@@ -505,12 +535,16 @@ def test_exact_kv_bits_on_fake_servers(site: Any, tmp_path: Path) -> None:
     kv = result["exact_kv"]
     assert kv["passed"] and kv["bits"]["passed"] and kv["bits"]["iterations"] > 0, reports.summary(result)
     full = {s["name"]: s for s in result["servers"]}["dynspec-full"]["env"]
-    assert full["DYNSPEC_DRAFT_KV"] == "kv-direct" and full["DYNSPEC_CHECK_KV_BITS"] == str(out / "bits-dynspec-full.jsonl")
+    assert full["DYNSPEC_DRAFT_KV"] == "kv-direct" and full["DYNSPEC_CHECK_KV_BITS"] == str(
+        out / "bits-dynspec-full.jsonl"
+    )
     assert full["DYNSPEC_LEAN_VERIFY"] == "0"
 
 
 @pytest.mark.parametrize("fault", ["bitsdrift", "nobitscontrol"])
-def test_exact_kv_bits_fail_on_a_write_that_differs_or_a_control_that_does_not(site: Any, tmp_path: Path, fault: str) -> None:
+def test_exact_kv_bits_fail_on_a_write_that_differs_or_a_control_that_does_not(
+    site: Any, tmp_path: Path, fault: str
+) -> None:
     kv = run_proof(exact_kv_options(site(), tmp_path / "out", fault, exact_kv_bits=True), lambda m: None)["exact_kv"]
     assert not kv["passed"] and not kv["bits"]["passed"]
     assert any(p.startswith("bits: the direct write left") for p in kv["problems"])

@@ -142,15 +142,17 @@ S6_32K = PROOF / "0.5.17-v2-s6-kv-direct-32k"
 
 
 def test_session_6_the_direct_write_drafted_what_the_full_extend_drafted() -> None:
-    files = members(
-        S6 / "logs.tar.gz", *(f"drafts-{s}.jsonl" for s in ("dynspec", "dynspec-full", "dynspec-skip"))
-    )
+    files = members(S6 / "logs.tar.gz", *(f"drafts-{s}.jsonl" for s in ("dynspec", "dynspec-full", "dynspec-skip")))
     recs = {
         name: exactkv.parse(files[f"drafts-{server}.jsonl"].splitlines())
         for name, server in (("kv", "dynspec"), ("full", "dynspec-full"), ("skip", "dynspec-skip"))
     }
     entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
-    assert entry["passed"] and (entry["compared_requests"], entry["compared_steps"], entry["mismatches"]) == (16, 1052, 0)
+    assert entry["passed"] and (entry["compared_requests"], entry["compared_steps"], entry["mismatches"]) == (
+        16,
+        1052,
+        0,
+    )
     assert (entry["control_compared_steps"], entry["control_mismatches"]) == (1052, 32)
     assert not exactkv.judge({"kv": recs["skip"], "full": recs["full"], "skip": recs["skip"]}, {}, 100, [])["passed"]
     report = json.loads((S6 / "report.json").read_text())
@@ -335,7 +337,11 @@ def test_session_9_eight_iterations_per_replay_changed_two_proposals() -> None:
 
 S10_KV = PROOF / "0.5.17-v2-s10-kv-batch4"
 S10_TPUT = PROOF / "0.5.17-v2-s10-kv-batch4-throughput"
-S10_REVISIONS = {"speculative_dynspec_runtime": 11, "speculative_dynspec_v2": 17, "eagle_worker_v2_dynspec_zero_step": 2}
+S10_REVISIONS = {
+    "speculative_dynspec_runtime": 11,
+    "speculative_dynspec_v2": 17,
+    "eagle_worker_v2_dynspec_zero_step": 2,
+}
 
 
 def startup_rounding_groups(log: str) -> str:
@@ -477,8 +483,13 @@ def test_session_11_v1s_new_rule_on_the_rounding_groups_session_10_measured() ->
     graph 48, about the packed graphs' 16 and 32."""
     logs = {"small": members(S10_KV / "logs.tar.gz", "dynspec.log")["dynspec.log"]}
     logs["8b"] = members(S10_TPUT / "logs.tar.gz", "dynspec-sim.log")["dynspec-sim.log"]
-    rules = {shape: logged_rounding(startup_rounding_groups(log), log, v2.StockGraphDirectWrite) for shape, log in logs.items()}
-    chosen = {shape: {n: rule.sizes[rule.stock_alike(n)] for n in (16, 17, 18, 64, 128)} for shape, rule in rules.items()}
+    rules = {
+        shape: logged_rounding(startup_rounding_groups(log), log, v2.StockGraphDirectWrite)
+        for shape, log in logs.items()
+    }
+    chosen = {
+        shape: {n: rule.sizes[rule.stock_alike(n)] for n in (16, 17, 18, 64, 128)} for shape, rule in rules.items()
+    }
     assert chosen == {"small": {16: 7, 17: 7, 18: 7, 64: 30, 128: 44}, "8b": {16: 16, 17: 5, 18: 5, 64: 18, 128: 48}}
     small = rules["small"]
     assert all(small.rounding[small.stock_alike(n)] == small.rounding[small.stock_index(n)] for n in range(1, 129))
@@ -529,7 +540,10 @@ def test_session_12_v1s_stock_graph_write_differs_only_where_the_timelines_parte
 
 
 def logged_tok_s(proof_txt: str, server: str) -> dict[int, float]:
-    return {int(c): float(t) for c, t in re.findall(rf"{server} C=(\d+): \d+ tokens in [\d.]+ s = ([\d.]+) tok/s", proof_txt)}
+    return {
+        int(c): float(t)
+        for c, t in re.findall(rf"{server} C=(\d+): \d+ tokens in [\d.]+ s = ([\d.]+) tok/s", proof_txt)
+    }
 
 
 def test_session_12_v1s_fallback_step_is_three_quarters_of_a_plain_one() -> None:
@@ -590,7 +604,13 @@ def test_session_13_v1s_stock_graph_write_is_bit_exact(tmp_path: Path) -> None:
     bits = exactkv.read_bits(tmp_path / "bits.jsonl")
     assert bits is not None
     assert bits.entry() == report["exact_kv"]["bits"]
-    assert (bits.iterations, bits.rows, bits.differing, bits.control_rows, bits.control_differing) == (315, 5424, 0, 5396, 4302)
+    assert (bits.iterations, bits.rows, bits.differing, bits.control_rows, bits.control_differing) == (
+        315,
+        5424,
+        0,
+        5396,
+        4302,
+    )
     recs, _ = kv_proof_recordings(S13_BITS_V1)
     entry = exactkv.judge(recs, report["exact_kv"]["digests"], 100, [], bits)
     assert entry["passed"] and report["exact_kv"]["passed"]
@@ -677,7 +697,9 @@ def test_session_13_the_lean_step_brings_v1_to_a_plain_step() -> None:
     best = [max(b, a) for b, a in zip(tput["base_no_overlap"], tput["always_on"])]
     assert [round(d / b, 4) for d, b in zip(tput["dynspec"], best)] == tput["envelope_ratio_no_overlap"]
     logs = members(S13_LEAN_TPUT / "logs.tar.gz", "base-no-overlap-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-no-overlap-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    ratios = steps.per_step(
+        {"base": logs["base-no-overlap-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128]
+    )
     assert {c: r["median"] for c, r in ratios["dynspec"].items()} == {"64": 0.959, "128": 1.087}
     assert ratios["dynspec"] == tput["per_step_no_overlap"]["dynspec"]
     assert ratio_against_itself(logs["base-no-overlap-sim.log"]) == 1.0  # negative control
@@ -711,7 +733,10 @@ def test_session_13_r15s_lean_step_per_step_in_a_short_diag() -> None:
     assert "runs as a plain decode step" in logs["dyn-sim"] and "dynspec:" not in logs["base"]
     ratios = steps.per_step(logs, "base", [64, 100])
     assert ratios == json.loads((S13_R15_DIAG / "per_step.json").read_text())
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dyn-sim"].items()} == {"64": (0.984, 10), "100": (0.948, 10)}
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dyn-sim"].items()} == {
+        "64": (0.984, 10),
+        "100": (0.948, 10),
+    }
     assert ratio_against_itself(logs["base"]) == 1.0  # negative control
 
 
@@ -725,7 +750,10 @@ def admission_windows(log: str, concurrency: int) -> list[float]:
                 windows.append(first)
             first, seen = None, True
             continue
-        m = re.search(r"Decode batch, #running-req: (\d+),.*?(?:accept len: ([\d.]+),.*?)?gen throughput \(token/s\): ([\d.]+)", line)
+        m = re.search(
+            r"Decode batch, #running-req: (\d+),.*?(?:accept len: ([\d.]+),.*?)?gen throughput \(token/s\): ([\d.]+)",
+            line,
+        )
         if m and seen and first is None:
             first = int(m[1]) * float(m[2] or 1) / float(m[3]) * 1000 if int(m[1]) == concurrency else -1.0
     if first is not None and seen:
@@ -774,7 +802,11 @@ def test_session_14_r15s_lean_step_serves_stock_tokens_across_100_crossings() ->
     entry = exactkv.judge(recs, report["exact_kv"]["digests"], 100, [])
     assert not entry["passed"] and not report["exact_kv"]["passed"]
     assert (entry["mismatches"], entry["compared_steps"], entry["mismatches_same_history"]) == (12, 1872, 0)
-    assert (entry["compared_steps_same_history"], entry["control_mismatches"], entry["control_mismatches_same_history"]) == (252, 32, 0)
+    assert (
+        entry["compared_steps_same_history"],
+        entry["control_mismatches"],
+        entry["control_mismatches_same_history"],
+    ) == (252, 32, 0)
 
 
 def test_session_14_the_lean_steps_draft_kv_is_bit_exact(tmp_path: Path) -> None:
@@ -790,7 +822,13 @@ def test_session_14_the_lean_steps_draft_kv_is_bit_exact(tmp_path: Path) -> None
     (tmp_path / "bits.jsonl").write_text(files["bits-dynspec.jsonl"])
     bits = exactkv.read_bits(tmp_path / "bits.jsonl")
     assert bits is not None and {**bits.entry(), "server": "tested"} == report["exact_kv"]["bits"]
-    assert (bits.iterations, bits.rows, bits.differing, bits.control_rows, bits.control_differing) == (1875, 101352, 0, 100484, 82318)
+    assert (bits.iterations, bits.rows, bits.differing, bits.control_rows, bits.control_differing) == (
+        1875,
+        101352,
+        0,
+        100484,
+        82318,
+    )
     recs, _ = kv_proof_recordings(S14_BITS)
     entry = exactkv.judge(recs, report["exact_kv"]["digests"], 100, [], bits)
     assert entry["passed"] and report["exact_kv"]["passed"]
@@ -831,7 +869,10 @@ def test_session_14_v1s_speculative_steps_ran_faster_on_dynspec_than_on_always_o
         rates = re.findall(rf"#running-req: {c},.*?gen throughput \(token/s\): ([\d.]+)", log)
         return statistics.median(float(r) for r in rates)
 
-    ratios = [round(median_rate(logs["dynspec-sim.log"], c) / median_rate(logs["always-on-sim.log"], c), 2) for c in (1, 4, 16)]
+    ratios = [
+        round(median_rate(logs["dynspec-sim.log"], c) / median_rate(logs["always-on-sim.log"], c), 2)
+        for c in (1, 4, 16)
+    ]
     assert ratios == [1.11, 1.09, 1.12]
     assert median_rate(logs["always-on-sim.log"], 1) / median_rate(logs["always-on-sim.log"], 1) == 1.0  # control
     # Session 13's throughput run, the same lines at 16 requests: alike (4052 vs 4001), so always-on ran slow here.
@@ -930,7 +971,10 @@ def test_session_15_the_kv_only_prefills_throughput_and_mixed_load() -> None:
     logs = members(S15_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
     assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.971, 45), "128": (0.984, 28)}
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
+        "64": (0.971, 45),
+        "128": (0.984, 28),
+    }
     assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
 
 
@@ -986,7 +1030,11 @@ def test_session_15_v1s_bits_are_exact_and_its_proposals_part_at_a_prefill() -> 
     assert bits["passed"] and (bits["iterations"], bits["rows"], bits["rows_differing"]) == (2063, 109280, 0)
     recs, files = kv_proof_recordings(S15_V1)
     entry = exactkv.judge(recs, report["exact_kv"]["digests"], 100, [])
-    assert (entry["mismatches"], entry["mismatches_same_history"], entry["compared_steps_same_history"]) == (33, 9, 1066)
+    assert (entry["mismatches"], entry["mismatches_same_history"], entry["compared_steps_same_history"]) == (
+        33,
+        9,
+        1066,
+    )
     same = exactkv.compare(recs["full"], recs["kv"]).mismatches
     same = [m for m in same if m["same_history"]]
     assert {m["rid"] for m in same} == {"dynspec-record-3-long-200055"}
@@ -1007,7 +1055,10 @@ def test_session_15_the_stopped_v1_call_read_the_negative_controls_ready_line() 
     assert not report["complete"]
     assert "STOPPING: the ready line lacks 'replayed directly'" in (S15_V1_STOPPED / "call-output.txt").read_text()
     logs = members(S15_V1_STOPPED / "logs.tar.gz", "dynspec.log", "dynspec-skip.log")
-    ready = {n: [line for line in logs[f"{n}.log"].splitlines() if "dynspec:" in line and " ready in " in line] for n in ("dynspec", "dynspec-skip")}
+    ready = {
+        n: [line for line in logs[f"{n}.log"].splitlines() if "dynspec:" in line and " ready in " in line]
+        for n in ("dynspec", "dynspec-skip")
+    }
     assert ready["dynspec"] == []  # the server under test was still capturing its graphs
     assert "negative control" in ready["dynspec-skip"][-1] and "replayed directly" not in ready["dynspec-skip"][-1]
     script = (Path(__file__).resolve().parents[2] / "scripts" / "h200-runs.sh").read_text()
@@ -1026,7 +1077,9 @@ S16_REVISIONS = {"speculative_dynspec_runtime": 16, "speculative_dynspec_v2": 23
 
 
 def s16_report(evidence: Path) -> dict:
-    return report_of(evidence, {"DYNSPEC_DRAFT_KV": "kv-direct"}, S16_REVISIONS)  # r22's KV-only prefill with no setting
+    return report_of(
+        evidence, {"DYNSPEC_DRAFT_KV": "kv-direct"}, S16_REVISIONS
+    )  # r22's KV-only prefill with no setting
 
 
 def test_session_16_r23s_defaults_keep_outputs_and_the_draft_kv_exact_on_v2() -> None:
@@ -1048,7 +1101,11 @@ def test_session_16_waves_sent_in_one_call_are_prefilled_alike_and_v1s_proposals
     _, files, counts = passed_kv_proof(S16_V1)
     assert counts == {"compared_requests": 28, "compared_steps": 1896, "control_differs": True}
     bits = report["exact_kv"]["bits"]
-    assert bits["passed"] and (bits["rows"], bits["rows_differing"], bits["control_rows_differing"]) == (109044, 0, 89870)
+    assert bits["passed"] and (bits["rows"], bits["rows_differing"], bits["control_rows_differing"]) == (
+        109044,
+        0,
+        89870,
+    )
     sizes = {name: prefill_sizes(files[f"{name}.log"]) for name in ("dynspec", "dynspec-full", "dynspec-skip")}
     assert sizes["dynspec"] == sizes["dynspec-full"] == sizes["dynspec-skip"] == [16, 16, 2, 16, 2, 16, 2, 16, 2]
     # Negative control: session 15's servers did not prefill alike.
@@ -1068,7 +1125,10 @@ def test_session_16_r23s_throughput_and_mixed_load_at_three_levels() -> None:
     logs = members(S16_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
     assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.971, 45), "128": (0.988, 33)}
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
+        "64": (0.971, 45),
+        "128": (0.988, 33),
+    }
     assert mixed["seconds"] == {k: sorted(v)[1] for k, v in mixed["samples"].items()}
     assert mixed["seconds"] == {"base": 13.287, "always_on": 11.782, "dynspec": 10.621}
     assert not mixed["passed"] and mixed["dynspec_over_oracle"] == 1.0352
@@ -1120,7 +1180,8 @@ def test_session_16_self_written_queries_lifted_the_cpu_heads_held_out_acceptanc
     run = json.loads((PROOF / "real-s16-cpu-self-prompts" / "self-320.json").read_text())
     assert run["recipe"]["self_prompts"] == 320 and base["recipe"].get("self_prompts", 0) == 0
     assert {k: v for k, v in run["recipe"].items() if k != "self_prompts"} == {
-        **base["recipe"], "self_prompt_tokens": 96
+        **base["recipe"],
+        "self_prompt_tokens": 96,
     }  # the same recipe otherwise
     assert "320 self-written queries kept of 320" in (PROOF / "real-s16-cpu-self-prompts" / "self-320.log").read_text()
     acc = run["acceptance"]
@@ -1150,10 +1211,17 @@ def test_session_16_acceptance_on_real_weights_the_control_did_not_drop() -> Non
     Its greedy outputs also differed between kv and full (no deterministic inference)."""
     acc = json.loads((S16_ACCEPT / "report.json").read_text())["acceptance"]
     assert not acc["passed"]
-    assert (acc["always_on"], acc["dynspec_resumed"], acc["full_resumed"], acc["skip_resumed"]) == (1.7129, 1.715, 1.6924, 1.7003)
+    assert (acc["always_on"], acc["dynspec_resumed"], acc["full_resumed"], acc["skip_resumed"]) == (
+        1.7129,
+        1.715,
+        1.6924,
+        1.7003,
+    )
     assert acc["skip_over_always_on"] == 0.9926 and acc["requests"] == 16
     assert acc["problems"][1].endswith("no drop, so this load cannot see a stale draft KV")  # the rule of then
-    assert acc["digests"]["kv"][1:] != acc["digests"]["full"][1:] and acc["digests"]["kv"][0] == acc["digests"]["full"][0]
+    assert (
+        acc["digests"]["kv"][1:] != acc["digests"]["full"][1:] and acc["digests"]["kv"][0] == acc["digests"]["full"][0]
+    )
     # Recomputed from the recordings with today's rule (session 18): resumed against full on the same
     # requests, against always-on within the spread of its requests; the control's drop reported.
     names = {"kv": "dynspec", "full": "dynspec-full", "skip": "dynspec-skip", "never_off": "always-on-recorded"}
@@ -1164,7 +1232,9 @@ def test_session_16_acceptance_on_real_weights_the_control_did_not_drop() -> Non
         k: acc[k] for k in ("always_on", "dynspec_resumed", "full_resumed", "skip_resumed", "requests")
     }
     assert entry["passed"] and entry["control_drops"] is False
-    assert not acceptance.judge({**traces, "kv": traces["skip"], "never_off": traces["kv"]}, 50, [], min_ratio=1.01)["passed"]  # negative control
+    assert not acceptance.judge({**traces, "kv": traces["skip"], "never_off": traces["kv"]}, 50, [], min_ratio=1.01)[
+        "passed"
+    ]  # negative control
 
 
 # -- session 17: the profile of the own fallback's step; v2 module r24 (its own stream, the lean sample) --
@@ -1181,7 +1251,10 @@ LEAN_LINE = "the lean one-node verify took its first batch"
 def gpu_rows(table: str) -> list[tuple[float, float, str]]:
     """trace_sum's "GPU work" section: (microseconds per step, launches per step, kernel name) per line."""
     section = table.split("-- GPU work", 1)[1].split("\n--", 1)[0]
-    return [(float(us), float(n), name) for us, n, name in re.findall(r"^\s+([\d.]+) us x\s+([\d.]+)\s+(.*)$", section, re.M)]
+    return [
+        (float(us), float(n), name)
+        for us, n, name in re.findall(r"^\s+([\d.]+) us x\s+([\d.]+)\s+(.*)$", section, re.M)
+    ]
 
 
 def gpu_work(table: str) -> dict[str, float]:
@@ -1233,7 +1306,10 @@ def test_session_17_the_write_on_its_own_stream_and_the_lean_sample_keep_outputs
 def test_session_17_in_one_call_the_stream_and_the_lean_sample_gain_a_point_per_step() -> None:
     """diag at 64 / 100 requests: r23's path (LEAN off, no stream) 0.980 / 0.991 of a plain step,
     r24's defaults-to-be 0.990 / 0.999; a second plain server (base-2) 1.000 / 0.999 (the drift)."""
-    logs = {p.name[: -len(".log.gz")]: gzip.decompress(p.read_bytes()).decode(errors="replace") for p in S17_DIAG.glob("*.log.gz")}
+    logs = {
+        p.name[: -len(".log.gz")]: gzip.decompress(p.read_bytes()).decode(errors="replace")
+        for p in S17_DIAG.glob("*.log.gz")
+    }
     ratios = steps.per_step(logs, "base", [64, 100])
     medians = {name: (r["64"]["median"], r["100"]["median"]) for name, r in ratios.items()}
     assert medians == {"old": (0.98, 0.991), "new": (0.99, 0.999), "base-2": (1.0, 0.999)}
@@ -1250,7 +1326,10 @@ def test_session_17_throughput_at_64_requests() -> None:
     assert tput["levels"] == [64] and tput["envelope_ratio"] == [0.9589] and not tput["passed"]
     logs = members(S17_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64])
-    assert tput["per_step"] == ratios and (ratios["dynspec"]["64"]["median"], ratios["dynspec"]["64"]["pairs"]) == (0.979, 20)
+    assert tput["per_step"] == ratios and (ratios["dynspec"]["64"]["median"], ratios["dynspec"]["64"]["pairs"]) == (
+        0.979,
+        20,
+    )
     assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
 
 
@@ -1265,7 +1344,9 @@ def test_session_17_a_draft_vocabulary_twice_as_large_gained_nothing_on_the_cpu(
     }  # the same recipe otherwise
     assert (run["recipe"]["draft_vocab"], before["recipe"]["draft_vocab"]) == (8192, 4096)
     log = (PROOF / "real-s17-cpu-draft-vocab" / "self-320-dv8192.log").read_text()
-    assert "640 prompts' continuations from /root/.cache/dynspec/real/samples/8c6ea709a52c1109.pt" in log  # the same samples
+    assert (
+        "640 prompts' continuations from /root/.cache/dynspec/real/samples/8c6ea709a52c1109.pt" in log
+    )  # the same samples
     got, had = run["acceptance"], before["acceptance"]
     assert (got["accept_length"], got["train_accept_length"]) == (1.557, 2.472)
     assert abs(got["accept_length"] - had["accept_length"]) <= 0.001  # no gain
@@ -1309,7 +1390,10 @@ def test_session_18_the_mixed_load_with_the_stream_is_within_3_percent_of_the_or
     logs = members(S18_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
     assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.981, 47), "128": (0.998, 32)}
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
+        "64": (0.981, 47),
+        "128": (0.998, 32),
+    }
     assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
     assert mixed["passed"] and mixed["dynspec_over_oracle"] == 1.0295 and mixed["max_ratio"] == 1.03
     assert mixed["seconds"] == {"base": 13.448, "always_on": 12.584, "dynspec": 11.033}
@@ -1372,7 +1456,10 @@ def test_session_18_acceptance_after_resume_equals_the_full_extends_and_the_cont
     not. kv's drafts differ from full's at 37 of 1825 positions, none of 249 where the request's
     timeline matched (the control: 16)."""
     published = s18_report(S18_ACCEPT, {})["acceptance"]
-    assert not published["passed"] and published["problems"][1] == "resumed acceptance 1.975 is below 0.99 x always-on's 2.023"
+    assert (
+        not published["passed"]
+        and published["problems"][1] == "resumed acceptance 1.975 is below 0.99 x always-on's 2.023"
+    )
     assert published["digests"]["kv"][:4] == published["digests"]["full"][:4] != published["digests"]["never_off"][:4]
     entry = acceptance.judge(accept_traces(S18_ACCEPT), 50, [])
     assert {k: entry[k] for k in ("always_on", "dynspec_resumed", "full_resumed", "skip_resumed", "requests")} == {
@@ -1387,7 +1474,9 @@ def test_session_18_acceptance_after_resume_equals_the_full_extends_and_the_cont
     assert acceptance.judge({**traces, "kv": traces["skip"]}, 50, [])["problems"] == [
         "resumed acceptance is 0.9652 x the full extend's on the same requests, below 0.99 (1.908 against 1.976 over each server's own)"
     ]
-    files = members(S18_ACCEPT / "logs.tar.gz", *(f"drafts-{n}.jsonl" for n in ("dynspec", "dynspec-full", "dynspec-skip")))
+    files = members(
+        S18_ACCEPT / "logs.tar.gz", *(f"drafts-{n}.jsonl" for n in ("dynspec", "dynspec-full", "dynspec-skip"))
+    )
     recs = {k: exactkv.parse(files[f"drafts-{ACCEPT_SERVERS[k]}.jsonl"].splitlines()) for k in ("kv", "full", "skip")}
     summary, problem = proposals_apart(recs)
     assert problem is None and summary == {
@@ -1409,7 +1498,10 @@ def test_session_18_on_the_small_real_model_the_eager_default_cost_a_fifth_of_a_
     assert tput["envelope_ratio"] == [1.0794, 0.8614] and (tput["base"][1], tput["always_on"][1]) == (10034.7, 10014.7)
     logs = members(S18_REAL_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [32])
-    assert tput["per_step"] == ratios and (ratios["dynspec"]["32"]["median"], ratios["dynspec"]["32"]["pairs"]) == (0.804, 21)
+    assert tput["per_step"] == ratios and (ratios["dynspec"]["32"]["median"], ratios["dynspec"]["32"]["pairs"]) == (
+        0.804,
+        21,
+    )
     assert "draft KV only while off (eagerly)" in logs["dynspec-sim.log"]
 
 
@@ -1434,13 +1526,18 @@ def s19_report(evidence: Path) -> dict:
     [("0.5.12", (1926, 58), 1928), ("0.5.17", (1912, 32), 1902)],
     ids=["0.5.12-v2", "0.5.17"],
 )
-def test_session_19_r32_keeps_outputs_and_the_draft_kv_exact(version: str, counts: tuple[int, int], control: int) -> None:
+def test_session_19_r32_keeps_outputs_and_the_draft_kv_exact(
+    version: str, counts: tuple[int, int], control: int
+) -> None:
     """kv-proof on the runtime of main (fresh machine for 0.5.12, 3 servers at a time): equivalence at
     C = 1, 4, 16, 48, 100 crossings and every proposal after an off period equal to the full extend's."""
     report = s19_report(S19_KV[version])
     _, files, found = passed_kv_proof(S19_KV[version])
     assert found == {"compared_requests": 28, "compared_steps": counts[0], "control_differs": True}
-    assert (report["exact_kv"]["control_mismatches"], report["exact_kv"]["control_compared_steps"]) == (counts[1], control)
+    assert (report["exact_kv"]["control_mismatches"], report["exact_kv"]["control_compared_steps"]) == (
+        counts[1],
+        control,
+    )
     assert report["exact_kv"]["kv_only_extend"] == "from a CUDA graph, replayed directly"
     assert DIRECT_READY in files["dynspec.log"] and DIRECT_READY not in files["dynspec-full.log"]  # negative control
     assert (STREAM_LINE in files["dynspec.log"]) == (version == "0.5.12")  # the stream is opt-in on 0.5.14+
@@ -1464,7 +1561,9 @@ def test_session_19_real_weights_give_base_tokens_where_dynspec_is_off(release: 
     wherever it was off and always-on's where it speculated, over 100 crossings; always-on parts from
     base in the same 31 outputs on both (its verify rounds apart from a decode step)."""
     digests = real_weights_follow_their_mode(s19_report(S19_REAL[release]))
-    assert digests == json.loads((S18_REAL / "report.json").read_text())["equivalence"]["digests"]  # the same tokens as 0.5.12 v2
+    assert (
+        digests == json.loads((S18_REAL / "report.json").read_text())["equivalence"]["digests"]
+    )  # the same tokens as 0.5.12 v2
 
 
 @pytest.mark.parametrize(
@@ -1474,7 +1573,9 @@ def test_session_19_real_weights_give_base_tokens_where_dynspec_is_off(release: 
         ("0.5.17", {"ratio": 0.9966, "ci95": [0.9898, 1.0027]}, {"ratio": 0.9761, "ci95": [0.9442, 1.0049]}, False),
     ],
 )
-def test_session_19_kv_direct_resumes_at_the_full_extends_acceptance(release: str, resumed: dict, skip: dict, control_drops: bool) -> None:
+def test_session_19_kv_direct_resumes_at_the_full_extends_acceptance(
+    release: str, resumed: dict, skip: dict, control_drops: bool
+) -> None:
     """The acceptance check with kv-direct (r32) on real weights, 28 requests resumed: 0.5.12 v2
     resumed 1.966, full 1.978, skip 1.917, always-on 2.024; 0.5.17 1.961 / 1.968 / 1.921 / 2.017.
     The paired ratio to full is above the 0.99 bar on both; on 0.5.12 its interval just misses 1
@@ -1484,11 +1585,27 @@ def test_session_19_kv_direct_resumes_at_the_full_extends_acceptance(release: st
     published = s19_report(S19_ACCEPT[release])["acceptance"]
     traces = accept_traces(S19_ACCEPT[release])
     entry = acceptance.judge(traces, 50, [])
-    keys = ("always_on", "dynspec_resumed", "full_resumed", "skip_resumed", "requests", "resumed_over_full", "skip_over_full", "control_drops")
+    keys = (
+        "always_on",
+        "dynspec_resumed",
+        "full_resumed",
+        "skip_resumed",
+        "requests",
+        "resumed_over_full",
+        "skip_over_full",
+        "control_drops",
+    )
     assert {k: entry[k] for k in keys} == {k: published[k] for k in keys}
     assert published["passed"] and entry["passed"] and entry["requests"] == 28
-    assert (entry["resumed_over_full"], entry["skip_over_full"], entry["control_drops"]) == (resumed, skip, control_drops)
-    assert published["proposals"]["mismatches_same_history"] == 0 and published["proposals"]["control_mismatches_same_history"] == 16
+    assert (entry["resumed_over_full"], entry["skip_over_full"], entry["control_drops"]) == (
+        resumed,
+        skip,
+        control_drops,
+    )
+    assert (
+        published["proposals"]["mismatches_same_history"] == 0
+        and published["proposals"]["control_mismatches_same_history"] == 16
+    )
     assert not acceptance.judge({**traces, "kv": traces["skip"]}, 50, [])["passed"]  # negative control
 
 
@@ -1527,7 +1644,9 @@ def test_session_19_on_the_small_real_model_a_direct_fallback_step_runs_at_0_86_
         tput = s19_report(S19_REAL_TPUT[release])["throughput"]
         logs = members(S19_REAL_TPUT[release] / "logs.tar.gz", "base-own.log", "dynspec-own.log")
         ratios = steps.per_step({"base": logs["base-own.log"], "dynspec": logs["dynspec-own.log"]}, "base", [32])
-        assert tput["per_step"] == ratios and (ratios["dynspec"]["32"]["median"], ratios["dynspec"]["32"]["pairs"]) == step
+        assert (
+            tput["per_step"] == ratios and (ratios["dynspec"]["32"]["median"], ratios["dynspec"]["32"]["pairs"]) == step
+        )
         assert tput["envelope_ratio"] == envelope and not tput["passed"]
         pairs = ratios["dynspec"]["32"]
         assert pairs["min"] >= 0.66 and pairs["max"] <= 0.99
@@ -1541,7 +1660,9 @@ def test_session_19_the_real_runs_served_session_18s_head() -> None:
     prepared = json.loads((PROOF / "real-s19-prepare.json").read_text())
     trained = (S18_HEAD / "model.safetensors.sha256").read_text().split()[0]
     assert prepared["head_sha256"] == trained and len(prepared["gguf_sha256"]) == 64
-    assert prepared["head_sha256"] != prepared["gguf_sha256"]  # negative control: the equality above tells two digests apart
+    assert (
+        prepared["head_sha256"] != prepared["gguf_sha256"]
+    )  # negative control: the equality above tells two digests apart
     assert all("model_sha256" not in s19_report(p) for p in S19_REAL.values())
 
 
@@ -1553,7 +1674,9 @@ S20_TPUT = {
     "0.5.12-v1": PROOF / "0.5.12-v1-s20-r32-tput",
 }
 S20_KV_13 = PROOF / "0.5.13-v2-s20-r32-proof"
-SPECULATIVE_LINE = re.compile(r"Decode batch, #running-req: (\d+), .*?accept len: ([\d.]+), .*?gen throughput \(token/s\): ([\d.]+)")
+SPECULATIVE_LINE = re.compile(
+    r"Decode batch, #running-req: (\d+), .*?accept len: ([\d.]+), .*?gen throughput \(token/s\): ([\d.]+)"
+)
 
 
 def s20_report(evidence: Path) -> dict:
@@ -1580,8 +1703,18 @@ def steady_speculative_speeds(log: str, running: int) -> list[float]:
 @pytest.mark.parametrize(
     ("release", "envelope", "per_step", "mixed"),
     [
-        ("0.5.12-v2", [1.076, 1.0933, 1.0767, 1.028, 0.9732, 0.9557], {"64": (0.983, 45), "128": (0.993, 31)}, (False, 1.0317)),
-        ("0.5.17", [0.9743, 0.962, 0.998, 0.9893, 0.9457, 0.9935], {"64": (0.978, 46), "128": (0.983, 31)}, (True, 1.0124)),
+        (
+            "0.5.12-v2",
+            [1.076, 1.0933, 1.0767, 1.028, 0.9732, 0.9557],
+            {"64": (0.983, 45), "128": (0.993, 31)},
+            (False, 1.0317),
+        ),
+        (
+            "0.5.17",
+            [0.9743, 0.962, 0.998, 0.9893, 0.9457, 0.9935],
+            {"64": (0.978, 46), "128": (0.983, 31)},
+            (True, 1.0124),
+        ),
     ],
 )
 def test_session_20_on_v2_a_fallback_step_costs_a_plain_one_and_end_to_end_misses_the_bar(
@@ -1635,14 +1768,22 @@ def test_session_20_v1s_fallback_step_is_under_0_97_of_plain_decode_without_over
     report = s20_report(S20_TPUT["0.5.12-v1"])
     tput = report["throughput"]
     assert tput["judged_against"] == "base_no_overlap" and not tput["passed"]
-    assert tput["envelope_ratio_no_overlap"] == [1.1434, 0.8943, 0.9012] and tput["envelope_ratio"] == [1.1434, 0.7107, 0.7057]
+    assert tput["envelope_ratio_no_overlap"] == [1.1434, 0.8943, 0.9012] and tput["envelope_ratio"] == [
+        1.1434,
+        0.7107,
+        0.7057,
+    ]
     logs = members(S20_TPUT["0.5.12-v1"] / "logs.tar.gz", "base-no-overlap-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"plain": logs["base-no-overlap-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "plain", [64, 128])
+    ratios = steps.per_step(
+        {"plain": logs["base-no-overlap-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "plain", [64, 128]
+    )
     assert tput["per_step_no_overlap"] == {"dynspec": ratios["dynspec"]}
     assert {c: r["median"] for c, r in ratios["dynspec"].items()} == {"64": 0.9, "128": 0.935}
     assert ratio_against_itself(logs["base-no-overlap-sim.log"]) == 1.0  # negative control
     now = report["throughput"]["per_run"]
-    then = steps.per_run(members(S13_LEAN_TPUT / "logs.tar.gz", "base-sim.log", "base-no-overlap-sim.log", "dynspec-sim.log"), [64])
+    then = steps.per_run(
+        members(S13_LEAN_TPUT / "logs.tar.gz", "base-sim.log", "base-no-overlap-sim.log", "dynspec-sim.log"), [64]
+    )
     change = {
         server: statistics.median(now[server]["64"][1:]) / statistics.median(then[f"{name}-sim.log"]["64"][1:])
         for server, name in (("base", "base"), ("base_no_overlap", "base-no-overlap"), ("dynspec", "dynspec"))
@@ -1709,8 +1850,12 @@ def test_session_21_dynspec_prefills_from_piecewise_graphs_with_outputs_and_draf
     entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
     assert entry["passed"] and {k: entry[k] for k in COUNTS} == {k: report["exact_kv"][k] for k in COUNTS}
     assert (entry["compared_requests"], entry["compared_steps"], entry["control_mismatches"]) == (16, 1128, 27)
-    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]  # negative control
-    logs = members(S21_GRAPH_KV / "logs.tar.gz", "base.log", "always-on.log", "dynspec.log", "dynspec-full.log", "dynspec-skip.log")
+    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])[
+        "passed"
+    ]  # negative control
+    logs = members(
+        S21_GRAPH_KV / "logs.tar.gz", "base.log", "always-on.log", "dynspec.log", "dynspec-full.log", "dynspec-skip.log"
+    )
     counts = {name: prefill_graphs(log) for name, log in logs.items()}
     assert counts == {
         "base.log": (7, 0),
@@ -1719,7 +1864,11 @@ def test_session_21_dynspec_prefills_from_piecewise_graphs_with_outputs_and_draf
         "dynspec-full.log": (8, 0),
         "dynspec-skip.log": (8, 0),
     }
-    assert [name for name, log in logs.items() if PREFILL_GRAPH_LINE in log] == ["dynspec.log", "dynspec-full.log", "dynspec-skip.log"]
+    assert [name for name, log in logs.items() if PREFILL_GRAPH_LINE in log] == [
+        "dynspec.log",
+        "dynspec-full.log",
+        "dynspec-skip.log",
+    ]
 
 
 def test_session_21_prefill_graphs_bring_0_5_12s_mixed_load_to_the_oracle() -> None:
@@ -1734,7 +1883,10 @@ def test_session_21_prefill_graphs_bring_0_5_12s_mixed_load_to_the_oracle() -> N
     logs = members(S21_GRAPH_TPUT / "logs.tar.gz", "base-sim.log", "always-on-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
     assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.982, 63), "128": (0.991, 40)}
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
+        "64": (0.982, 63),
+        "128": (0.991, 40),
+    }
     assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
     assert (load["passed"], load["dynspec_over_oracle"], load["repeats"]) == (True, 0.9995, 5)
     assert load["seconds"] == {k: statistics.median(v) for k, v in load["samples"].items()}
@@ -1756,17 +1908,27 @@ def test_session_21_0_5_17_passes_r_at_every_level_and_misses_the_mixed_load() -
     logs = members(S21_TPUT_17 / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
     assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.974, 63), "128": (0.988, 39)}
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
+        "64": (0.974, 63),
+        "128": (0.988, 39),
+    }
     assert (load["passed"], load["dynspec_over_oracle"]) == (False, 1.0476)
     assert (min(load["samples"]["dynspec"]), max(load["samples"]["dynspec"])) == (9.601, 10.173)
     text = (S21_TPUT_17 / "proof.txt").read_text()
-    at_128 = {name: [float(line.split("(phases ")[1].split()[4]) for line in text.splitlines() if f"{name} mixed load:" in line] for name in ("dynspec-sim", "base-sim")}
+    at_128 = {
+        name: [
+            float(line.split("(phases ")[1].split()[4]) for line in text.splitlines() if f"{name} mixed load:" in line
+        ]
+        for name in ("dynspec-sim", "base-sim")
+    }
     assert (min(at_128["dynspec-sim"]), max(at_128["dynspec-sim"])) == (2.01, 2.51)
     assert (min(at_128["base-sim"]), max(at_128["base-sim"])) == (1.97, 2.51)
     assert not s20_report(S20_TPUT["0.5.17"])["throughput"]["passed"]  # the same check failed in session 20
 
 
-ITERATION_LINE = re.compile(r"Decode batch, #running-req: (\d+), .*?(?:accept len: ([\d.]+), .*?)?gen throughput \(token/s\): ([\d.]+)")
+ITERATION_LINE = re.compile(
+    r"Decode batch, #running-req: (\d+), .*?(?:accept len: ([\d.]+), .*?)?gen throughput \(token/s\): ([\d.]+)"
+)
 
 
 def iteration_ms(log: str, running: int) -> list[float]:
@@ -1788,12 +1950,16 @@ def test_session_21_one_logged_iteration_at_a_time_the_0_5_17_fallback_costs_0_1
     report = json.loads((S21_ITER_17 / "report.json").read_text())
     assert report["complete"] is False and report["checks"] == ["mixed_load"] and report["dynspec_env"] == {}
     logs = members(S21_ITER_17 / "logs.tar.gz", "base-sim.log", "dynspec-sim.log", "always-on-sim.log")
-    median = {(name, c): statistics.median(iteration_ms(log, c)) for name, log in logs.items() for c in (1, 4, 16, 64, 128)}
+    median = {
+        (name, c): statistics.median(iteration_ms(log, c)) for name, log in logs.items() for c in (1, 4, 16, 64, 128)
+    }
     assert round(median["base-sim.log", 64], 3) == 5.594 and round(median["dynspec-sim.log", 64], 3) == 5.762
     assert round(median["base-sim.log", 128], 3) == 6.374 and round(median["dynspec-sim.log", 128], 3) == 6.476
     for c in (1, 4, 16):
         assert abs(median["dynspec-sim.log", c] / median["always-on-sim.log", c] - 1) < 0.005
-        assert median["base-sim.log", c] < 0.8 * median["dynspec-sim.log", c]  # negative control: a plain step is shorter
+        assert (
+            median["base-sim.log", c] < 0.8 * median["dynspec-sim.log", c]
+        )  # negative control: a plain step is shorter
     assert "--decode-log-interval 1" in (S21_ITER_17 / "proof.txt").read_text()
 
 
@@ -1844,14 +2010,20 @@ def test_session_22_with_the_stream_0_5_17_passes_the_mixed_load_and_misses_r_at
     logs = members(S22_STREAM_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
     assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.976, 64), "128": (0.997, 39)}
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
+        "64": (0.976, 64),
+        "128": (0.997, 39),
+    }
     assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
     before = s20_report(S21_TPUT_17)["throughput"]["per_step"]["dynspec"]
     assert ratios["dynspec"]["128"]["median"] - before["128"]["median"] > 0.005
     assert (load["passed"], load["dynspec_over_oracle"], load["repeats"]) == (True, 1.0274, 5)
     assert load["seconds"] == {k: statistics.median(v) for k, v in load["samples"].items()}
     assert load["seconds"]["dynspec"] < min(load["seconds"]["base"], load["seconds"]["always_on"])
-    assert STREAM_LINE in logs["dynspec-sim.log"] and STREAM_LINE not in members(S21_TPUT_17 / "logs.tar.gz", "dynspec-sim.log")["dynspec-sim.log"]
+    assert (
+        STREAM_LINE in logs["dynspec-sim.log"]
+        and STREAM_LINE not in members(S21_TPUT_17 / "logs.tar.gz", "dynspec-sim.log")["dynspec-sim.log"]
+    )
 
 
 def test_session_22_0_5_12_v2_with_the_prefill_graphs_by_default_keeps_outputs_and_the_draft_kv_exact() -> None:
@@ -1866,7 +2038,11 @@ def test_session_22_0_5_12_v2_with_the_prefill_graphs_by_default_keeps_outputs_a
     assert {n: prefill_graphs(log) for n, log in logs.items()} == {
         "base.log": (7, 0), "always-on.log": (0, 7), "dynspec.log": (273, 0), "dynspec-full.log": (8, 0), "dynspec-skip.log": (8, 0),
     }  # fmt: skip
-    assert [n for n, log in logs.items() if PREFILL_GRAPH_LINE in log] == ["dynspec.log", "dynspec-full.log", "dynspec-skip.log"]
+    assert [n for n, log in logs.items() if PREFILL_GRAPH_LINE in log] == [
+        "dynspec.log",
+        "dynspec-full.log",
+        "dynspec-skip.log",
+    ]
 
 
 def test_session_22_v1_prefills_from_graphs_and_crosses_but_three_cycles_leave_the_control_no_teeth() -> None:
@@ -1946,7 +2122,10 @@ def test_session_24_mixed_load_read_by_phase_as_the_oracle_is(name: str) -> None
     assert round(by_phase(mixed), 3) == phased
     assert mixed["oracle_seconds"] == pytest.approx(sum(row["oracle_s"] for row in mixed["phases"]), abs=0.002)
     # The control: the same reading with one phase a tenth of a second slower moves the third decimal.
-    slower = {**mixed, "phases": [{**mixed["phases"][0], "dynspec_s": mixed["phases"][0]["dynspec_s"] + 0.1}, *mixed["phases"][1:]]}
+    slower = {
+        **mixed,
+        "phases": [{**mixed["phases"][0], "dynspec_s": mixed["phases"][0]["dynspec_s"] + 0.1}, *mixed["phases"][1:]],
+    }
     assert round(by_phase(slower), 3) != phased
 
 
@@ -1967,7 +2146,9 @@ def test_session_24_v1s_lean_step_writing_ahead_of_its_sync_leaves_the_full_exte
     assert entry["passed"] and report["exact_kv"]["passed"] and report["exact_kv"]["load"]["cycles"] == 5
     assert {k: entry[k] for k in COUNTS} == {"compared_requests": 28, "compared_steps": 1988, "control_differs": True}
     assert (entry["control_mismatches"], entry["control_compared_steps"]) == (32, 1980)
-    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])["passed"]  # the control as the candidate
+    assert not exactkv.judge({**recs, "kv": recs["skip"]}, {n: ["same"] for n in recs}, 100, [])[
+        "passed"
+    ]  # the control as the candidate
     ran = "runs as a plain decode step (the target's argmax, one host sync, the draft KV written directly, before it)"
     assert ran in files["dynspec.log"] and ran not in files["dynspec-full.log"]
     env = {s["name"]: s["env"] for s in report["servers"]}
@@ -2043,7 +2224,10 @@ def test_session_25_with_the_lean_v2_step_r_passes_at_64_and_misses_at_128_by_on
     logs = members(S25_LEAN["tput"] / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
     assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.98, 60), "128": (0.999, 38)}
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
+        "64": (0.98, 60),
+        "128": (0.999, 38),
+    }
     assert ratio_against_itself(logs["dynspec-sim.log"]) == 1.0  # negative control
     assert tput["outside_steady_ms"]["dynspec"]["128"] == [306, 191, 711]
     assert (load["passed"], load["dynspec_over_oracle"], load["repeats"]) == (True, 1.0248, 5)
@@ -2073,7 +2257,9 @@ def test_session_25_v1s_fallback_step_is_a_plain_step_without_overlap_end_to_end
     best = [max(b, a) for b, a in zip(tput["base_no_overlap"], tput["always_on"])]
     assert [round(d / b, 4) for d, b in zip(tput["dynspec"], best)] == tput["envelope_ratio_no_overlap"]
     logs = members(S25_V1["tput"] / "logs.tar.gz", "base-no-overlap-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"plain": logs["base-no-overlap-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "plain", [64, 128])
+    ratios = steps.per_step(
+        {"plain": logs["base-no-overlap-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "plain", [64, 128]
+    )
     assert tput["per_step_no_overlap"] == {"dynspec": ratios["dynspec"]}
     assert {c: r["median"] for c, r in ratios["dynspec"].items()} == {"64": 1.008, "128": 1.063}
     assert ratio_against_itself(logs["base-no-overlap-sim.log"]) == 1.0  # negative control
@@ -2083,7 +2269,9 @@ def test_session_25_v1s_fallback_step_is_a_plain_step_without_overlap_end_to_end
 
 def phases_over_oracle(evidence: Path, above: bool) -> float:
     """dynspec's summed phase medians over the oracle's, for the phases above the threshold (32) or below it."""
-    rows = [r for r in json.loads((evidence / "report.json").read_text())["mixed_load"]["phases"] if (r["C"] > 32) == above]
+    rows = [
+        r for r in json.loads((evidence / "report.json").read_text())["mixed_load"]["phases"] if (r["C"] > 32) == above
+    ]
     return round(sum(r["dynspec_s"] for r in rows) / sum(r["oracle_s"] for r in rows), 3)
 
 
@@ -2094,7 +2282,9 @@ def test_session_25_the_lean_steps_mixed_load_differs_from_session_21s_below_the
     before = PROOF / "0.5.12-v2-s21-r32-prefill-graph-tput"
     assert (phases_over_oracle(S25_LEAN["tput"], True), phases_over_oracle(before, True)) == (1.047, 1.043)
     assert (phases_over_oracle(S25_LEAN["tput"], False), phases_over_oracle(before, False)) == (0.973, 0.951)
-    assert phases_over_oracle(S25_LEAN["tput"], True) != phases_over_oracle(S25_LEAN["tput"], False)  # the split matters
+    assert phases_over_oracle(S25_LEAN["tput"], True) != phases_over_oracle(
+        S25_LEAN["tput"], False
+    )  # the split matters
 
 
 S7_PROFILE_17 = PROOF / "0.5.17-v2-s7-profile"
@@ -2113,7 +2303,9 @@ def test_session_25_reading_session_7s_0_5_17_profile_the_extra_step_is_gpu_work
     more small kernels a step (under 5 us each) and one more launch of each of the target's two
     GEMM kernels the draft's KV-only layer shares (fc and QKV). So the gap is GPU work, which a
     stream beside the next forward cannot hide when the GPU has no gap to put it in."""
-    base, call1, call2 = ((S7_PROFILE_17 / f"{n}.txt").read_text() for n in ("base-gpu", "dyn-gpu-call1", "dyn-gpu-call2"))
+    base, call1, call2 = (
+        (S7_PROFILE_17 / f"{n}.txt").read_text() for n in ("base-gpu", "dyn-gpu-call1", "dyn-gpu-call2")
+    )
     (_, b_busy, b_idle), (_, d_busy, d_idle) = per_step_span(base), per_step_span(call2)
     assert (d_busy - b_busy, b_idle, d_idle) == (176, 350, 342)
     assert per_step_span(call1)[1] - b_busy == 85 and per_step_span(call1)[2] > 1000  # that call waited on the host
@@ -2142,7 +2334,9 @@ STREAM_SAID = "kv-direct writes the draft KV on a stream of its own"
     [(S26_17["proof"], 1828, False), (S26_13, 1856, True)],
     ids=["0.5.17", "0.5.13"],
 )
-def test_session_26_the_final_runtime_keeps_outputs_and_the_draft_kv_exact(evidence: Path, compared_steps: int, graph_prefills: bool) -> None:
+def test_session_26_the_final_runtime_keeps_outputs_and_the_draft_kv_exact(
+    evidence: Path, compared_steps: int, graph_prefills: bool
+) -> None:
     """kv-proof on r22 / r40 with nothing set (3 servers at a time): equivalence, 100 crossings and
     exact_kv pass on 0.5.17 (zero-step state) and 0.5.13 (own fallback), the no-write control
     differing at 32 steps on each; the server under test wrote the draft KV on its own stream, the
@@ -2167,17 +2361,28 @@ def test_session_26_0_5_17s_fallback_step_reads_0_98_of_plain_decode_and_r_misse
     logs = members(S26_17["tput"] / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
     ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
     assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {"64": (0.983, 61), "128": (0.992, 38)}
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
+        "64": (0.983, 61),
+        "128": (0.992, 38),
+    }
     assert ratio_against_itself(logs["dynspec-sim.log"]) == 1.0  # negative control
     # R at 64 from its two parts: 16384 tokens at each server's median steady speed, plus its median time outside it.
     outside = {s: statistics.median(tput["outside_steady_ms"][s]["64"]) / 1000 for s in ("base", "dynspec")}
     steady = {s: statistics.median(tput["per_run"][s]["64"][1:]) for s in ("base", "dynspec")}  # the warm-up first
     modelled = {s: 64 * 256 / (64 * 256 / steady[s] + outside[s]) for s in ("base", "dynspec")}
-    assert round(modelled["dynspec"] / modelled["base"], 3) == 0.969 and (outside["dynspec"], outside["base"]) == (0.185, 0.16)
+    assert round(modelled["dynspec"] / modelled["base"], 3) == 0.969 and (outside["dynspec"], outside["base"]) == (
+        0.185,
+        0.16,
+    )
     assert round(steady["dynspec"] / steady["base"], 3) == 0.982
     steady_only = 64 * 256 / (64 * 256 / steady["dynspec"] + outside["base"])  # the control: base's time outside
     assert round(steady_only / modelled["base"], 3) == 0.984
-    assert (load["passed"], load["dynspec_over_oracle"], load["dynspec_over_oracle_by_phase"], load["repeats"]) == (True, 1.008, 1.0054, 5)
+    assert (load["passed"], load["dynspec_over_oracle"], load["dynspec_over_oracle_by_phase"], load["repeats"]) == (
+        True,
+        1.008,
+        1.0054,
+        5,
+    )
     assert load["seconds"] == {k: statistics.median(v) for k, v in load["samples"].items()}
 
 
@@ -2204,10 +2409,16 @@ def test_session_26_0_5_17s_profile_the_fallback_step_is_its_two_gemms_and_small
     assert [launches[k] for k in gemms] == [33.0, 33.0] and all(n == 32.0 for _, n, k in gpu_rows(base) if k in gemms)
     # Small by the larger launch of the two: a copy kernel runs 8.8 us a launch in base, 4.8 in dynspec.
     rows = {side: {k: (us, n) for us, n, k in gpu_rows(t)} for side, t in (("base", base), ("dyn", dyn))}
-    small = [k for k in set(rows["base"]) | set(rows["dyn"]) if max(us / n for us, n in (r[k] for r in rows.values() if k in r)) < 5]
+    small = [
+        k
+        for k in set(rows["base"]) | set(rows["dyn"])
+        if max(us / n for us, n in (r[k] for r in rows.values() if k in r)) < 5
+    ]
     more = {k: [rows["dyn"].get(k, (0, 0))[i] - rows["base"].get(k, (0, 0))[i] for i in (0, 1)] for k in small}
     assert (round(sum(us for us, _ in more.values()), 1), round(sum(n for _, n in more.values()), 1)) == (58.9, 33.0)
-    assert small_kernels(dyn)[0] - small_kernels(base)[0] > 80  # negative control: by each table's own launches, the copy counts once
+    assert (
+        small_kernels(dyn)[0] - small_kernels(base)[0] > 80
+    )  # negative control: by each table's own launches, the copy counts once
     attention = "_fwd_grouped_kernel_stage1"
     logs = {n: gzip.decompress((S26_17["profile"] / f"{n}.log.gz").read_bytes()).decode() for n in ("base", "dyn")}
     at = {n: profiled_at_tokens(log) for n, log in logs.items()}

@@ -33,9 +33,7 @@ def test_a_server_sharing_the_gpu_gets_a_fixed_pool_and_its_own_nccl_port():
     assert alone[alone.index("--mem-fraction-static") + 1] == "0.5"
     assert not {"--max-total-tokens", "--nccl-port", "--sleep-on-idle"} & set(alone)
     added = ("0.85", "0.5", "--max-total-tokens", "131072", "--nccl-port", "30501", "--sleep-on-idle")
-    assert [a for a in shared if a not in added] == [
-        a for a in alone if a != "0.5"
-    ]
+    assert [a for a in shared if a not in added] == [a for a in alone if a != "0.5"]
 
 
 def test_always_on_adds_eagle3_and_v1_disables_overlap():

@@ -32,7 +32,9 @@ def test_the_thresholds_in_force_are_read_from_the_runtimes_own_switch_line():
     assert (t.direction, t.batch_size, t.line, t.off_above, t.on_at_most) == ("OFF", 64, 9, 52, 44)
     assert t.against_its_thresholds() is None
     # lines of the runtime's first revisions name none, and nothing is judged against them
-    assert [(t.off_above, t.on_at_most, t.against_its_thresholds()) for t in scan(LOG).transitions] == [(None, None, None)] * 3
+    assert [(t.off_above, t.on_at_most, t.against_its_thresholds()) for t in scan(LOG).transitions] == [
+        (None, None, None)
+    ] * 3
 
 
 def test_a_switch_its_own_thresholds_do_not_allow_is_named():

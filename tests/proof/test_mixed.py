@@ -67,8 +67,24 @@ def test_the_oracle_is_the_faster_static_server_phase_by_phase() -> None:
     assert entry["passed"] and problems == []
     assert entry["oracle_seconds"] == 3.0 and entry["dynspec_over_oracle"] == round(3.02 / 3, 4)
     assert entry["seconds"] == {"base": 7.0, "always_on": 4.0, "dynspec": 3.02}
-    low = {"C": 1, "requests": 2, "oracle_s": 1, "base_s": 3, "always_on_s": 1, "dynspec_s": 1.0, "faster_static": "always_on"}
-    high = {"C": 8, "requests": 16, "oracle_s": 1, "base_s": 1, "always_on_s": 2, "dynspec_s": 1.02, "faster_static": "base"}
+    low = {
+        "C": 1,
+        "requests": 2,
+        "oracle_s": 1,
+        "base_s": 3,
+        "always_on_s": 1,
+        "dynspec_s": 1.0,
+        "faster_static": "always_on",
+    }
+    high = {
+        "C": 8,
+        "requests": 16,
+        "oracle_s": 1,
+        "base_s": 1,
+        "always_on_s": 2,
+        "dynspec_s": 1.02,
+        "faster_static": "base",
+    }
     assert entry["phases"] == [low, high, low]  # the schedule's C=1 phases ran alike
     assert entry["detail"] == "dynspec 3.02 s, oracle 3.00 s (1.007x), base 7.00 s, always-on 4.00 s"
 
@@ -87,12 +103,16 @@ def test_the_sums_of_per_phase_medians_are_reported_beside_the_verdict() -> None
     counts one; the sum of its phase medians (6), the oracle's statistic, none. The verdict stays
     on the totals. The control: passes without a slow phase read the same both ways."""
     dynspec = passes([4, 2, 2], [2, 4, 2], [2, 2, 4])
-    entry = mixed.judge(SCHEDULE, {"base": passes([2, 3, 2]), "always_on": passes([3, 2, 3]), "dynspec": dynspec}, 1.1, [])
+    entry = mixed.judge(
+        SCHEDULE, {"base": passes([2, 3, 2]), "always_on": passes([3, 2, 3]), "dynspec": dynspec}, 1.1, []
+    )
     assert entry["oracle_seconds"] == 6.0 and entry["seconds"]["dynspec"] == 8.0
     assert entry["phase_median_sums"] == {"base": 7.0, "always_on": 8.0, "dynspec": 6.0}
     assert (entry["dynspec_over_oracle"], entry["dynspec_over_oracle_by_phase"]) == (1.3333, 1.0)
     assert not entry["passed"]  # 8 > 1.1 x 6, and not faster than always-on's 8
-    steady = mixed.judge(SCHEDULE, {"base": passes([2, 3, 2]), "always_on": passes([3, 2, 3]), "dynspec": passes([2, 2, 2])}, 1.1, [])
+    steady = mixed.judge(
+        SCHEDULE, {"base": passes([2, 3, 2]), "always_on": passes([3, 2, 3]), "dynspec": passes([2, 2, 2])}, 1.1, []
+    )
     assert steady["dynspec_over_oracle"] == steady["dynspec_over_oracle_by_phase"] == 1.0 and steady["passed"]
     text = reports.summary({"mixed_load": {**entry, "repeats": 3}})
     assert "sums of phase medians: base 7.00, always-on 8.00, dynspec 6.00 (1.000x the oracle; not the verdict)" in text
@@ -214,7 +234,9 @@ def test_a_variant_without_a_complete_pass_is_reported_as_such(site: Any, tmp_pa
 # -- servers up at once take turns (--parallel-starts covering the check, --interleave) ------------
 
 
-def test_servers_taking_turns_rotate_the_order_each_pass_and_a_failing_one_drops_out(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_servers_taking_turns_rotate_the_order_each_pass_and_a_failing_one_drops_out(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     sent: list[str] = []
 
     def fake_run_requests(client: Any, requests: Sequence[Request], concurrency: int) -> LevelResult:
@@ -328,8 +350,15 @@ def test_levels_taking_turns_warm_up_rotate_and_keep_a_failed_run_as_that_server
         name = {30001: "a", 30002: "b", 30003: "c"}[client.port]
         c = len(indices)
         sent.append((name, c))
-        failed = name == "b" and c == 2 and sum(1 for n, k in sent if n == "b" and k == 2) == 3  # b's 2nd timed run at C=2
-        return LevelResult(c, new_tokens, 0.5 + len(sent) / 100, [Reply(0, 500 if failed else 200, [1] * new_tokens, {}, 0.1, "HTTP 500" if failed else None)])
+        failed = (
+            name == "b" and c == 2 and sum(1 for n, k in sent if n == "b" and k == 2) == 3
+        )  # b's 2nd timed run at C=2
+        return LevelResult(
+            c,
+            new_tokens,
+            0.5 + len(sent) / 100,
+            [Reply(0, 500 if failed else 200, [1] * new_tokens, {}, 0.1, "HTTP 500" if failed else None)],
+        )
 
     monkeypatch.setattr(proof_run, "run_level", fake_run_level)
     proof = Proof(options(tmp_path, tmp_path / "out", settle=0.0), lambda m: None)
@@ -352,7 +381,9 @@ def test_levels_taking_turns_warm_up_rotate_and_keep_a_failed_run_as_that_server
 # -- auto_threshold: auto against a sweep of fixed thresholds -------------------------------------
 
 
-def auto_runs(auto: float, fixed: dict[int, float], base: float = 10.0, always_on: float = 9.0) -> dict[str, list[mixed.Run]]:
+def auto_runs(
+    auto: float, fixed: dict[int, float], base: float = 10.0, always_on: float = 9.0
+) -> dict[str, list[mixed.Run]]:
     """Passes of SCHEDULE at acceptance 3 whose totals are the given seconds (split evenly over its phases)."""
 
     def runs(total: float) -> list[mixed.Run]:
@@ -367,7 +398,12 @@ def test_auto_within_the_ratio_of_the_best_fixed_n_passes_and_says_which_n() -> 
     entry = mixed.judge_auto(auto_runs(8.1, {8: 8.5, 32: 8.0, 64: 8.8}), SCHEDULE, [3.0], [8, 32, 64], 1.03)
     assert entry["passed"], entry["problems"]
     row = entry["by_acceptance"]["3"]
-    assert (row["best_fixed_n"], row["best_fixed_s"], row["auto_s"], row["auto_over_best_fixed"]) == (32, 8.0, 8.1, 1.0125)
+    assert (row["best_fixed_n"], row["best_fixed_s"], row["auto_s"], row["auto_over_best_fixed"]) == (
+        32,
+        8.0,
+        8.1,
+        1.0125,
+    )
     assert row["faster_than_both"] and (row["base_s"], row["always_on_s"]) == (10.0, 9.0)
     assert row["fixed_s"] == {"8": 8.5, "32": 8.0, "64": 8.8}
     assert "acceptance 3: auto 8.10 s, best N=32 8.00 s (1.012x)" in entry["detail"]
@@ -404,7 +440,12 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
         "always-on-acc3", "dynspec-auto-acc3", "dynspec-n2-acc3", "dynspec-n6-acc3",
     ]  # fmt: skip
     servers = {s["name"]: s for s in result["servers"]}
-    assert servers["dynspec-auto-acc2"]["argv"][servers["dynspec-auto-acc2"]["argv"].index("--speculative-disable-batch-size") + 1] == "auto"
+    assert (
+        servers["dynspec-auto-acc2"]["argv"][
+            servers["dynspec-auto-acc2"]["argv"].index("--speculative-disable-batch-size") + 1
+        ]
+        == "auto"
+    )
     assert servers["dynspec-n6-acc3"]["env"]["SGLANG_SIMULATE_ACC_LEN"] == "3"
     entry = result["auto_threshold"]
     # timing on a CPU is noise: only its verdict on speed may fail, nothing may be missing or broken

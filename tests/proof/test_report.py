@@ -252,7 +252,15 @@ def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
         "always_on",
         "dynspec",
     }
-    assert report.CHECKS == ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load", "auto_threshold")
+    assert report.CHECKS == (
+        "equivalence",
+        "crossings",
+        "exact_kv",
+        "acceptance",
+        "throughput",
+        "mixed_load",
+        "auto_threshold",
+    )
     # issue 16's contract: auto_threshold.by_acceptance[a] has these keys
     auto = mixed.judge_auto(
         {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)},

@@ -176,7 +176,9 @@ def test_auto_proves_equivalence_and_crossings_where_it_moves_its_switch_point(s
     cr = result["crossings"]
     assert cr["thresholds_logged"] == [[48, 40]] and cr["against_thresholds"] == []
     assert cr["detail"].endswith("auto's thresholds (off above / on at or below): 48 / 40")
-    assert cr["count"] >= 6 and min(cr["transitions_off_batch_sizes"]) > 48 and max(cr["transitions_on_batch_sizes"]) <= 40
+    assert (
+        cr["count"] >= 6 and min(cr["transitions_off_batch_sizes"]) > 48 and max(cr["transitions_on_batch_sizes"]) <= 40
+    )
 
 
 def test_auto_fails_crossings_where_a_switch_disagrees_with_its_own_thresholds(site, tmp_path):
@@ -355,7 +357,9 @@ def test_upstream_adaptive_usage_errors_before_any_server(site, tmp_path, adapti
 
 
 def test_a_v1_run_can_add_plain_decode_on_its_own_scheduler(site, tmp_path):
-    opts = options(site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=0.0, path="v1", no_overlap_base=True)
+    opts = options(
+        site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=0.0, path="v1", no_overlap_base=True
+    )
     result = run_proof(opts, lambda m: None)
     assert result["passed"], reports.summary(result)
     servers = {s["name"]: s for s in result["servers"]}
@@ -452,7 +456,9 @@ def test_a_group_member_that_fails_to_start_stops_the_check_and_every_server(sit
     assert "=dynspec-broken-sim" not in events and "-always-on-sim" in events  # stopped, never measured
     assert "+base-sim" not in events
     assert result["passed"] is False and result["complete"] is False
-    assert result["mixed_load"]["problems"][0].startswith("dynspec-broken-sim server exited with code 1 before answering")
+    assert result["mixed_load"]["problems"][0].startswith(
+        "dynspec-broken-sim server exited with code 1 before answering"
+    )
     broken = next(s for s in result["servers"] if s["name"] == "dynspec-broken-sim")
     assert "exited with code 1" in broken["start_error"]
     assert not [p for p in server_pids(out) if alive(p)]

@@ -73,7 +73,16 @@ def hf_weights(seed: int = 0) -> dict[str, Any]:
 GGUF_NAMES = {hf: gg for gg, hf in convert.BLOCK_NAMES.items()}
 
 
-def write_gguf(path: Path, weights: dict[str, Any], *, arch: str = "llama", skip: str = "", extra: str = "", permute: bool = True, nan: str = "") -> Path:
+def write_gguf(
+    path: Path,
+    weights: dict[str, Any],
+    *,
+    arch: str = "llama",
+    skip: str = "",
+    extra: str = "",
+    permute: bool = True,
+    nan: str = "",
+) -> Path:
     """``weights`` (HF layout) as a llama.cpp-style GGUF. ``skip`` leaves a GGUF tensor out, ``extra``
     adds one, ``nan`` puts a NaN into one; ``permute=False`` writes q/k as they are (a broken converter)."""
     tokens, merges = vocabulary()
@@ -199,7 +208,9 @@ def test_the_tokenizer_round_trips_text(tiny: tuple[Path, dict[str, Any]], tmp_p
     ],
     ids=["missing-tensor", "extra-tensor", "nan", "architecture"],
 )
-def test_a_foreign_or_damaged_gguf_is_refused_naming_what_is_wrong(tmp_path: Path, damage: dict[str, Any], words: str) -> None:
+def test_a_foreign_or_damaged_gguf_is_refused_naming_what_is_wrong(
+    tmp_path: Path, damage: dict[str, Any], words: str
+) -> None:
     path = write_gguf(tmp_path / "bad.gguf", hf_weights(), **damage)
     with pytest.raises(ModelInvalid, match=None) as caught:
         convert.convert(path, tmp_path / "hf")
@@ -230,12 +241,16 @@ def test_a_missing_file_is_its_own_error(tmp_path: Path) -> None:
     assert ModelMissing.exit_code == ExitCode.MODEL_MISSING and ModelInvalid.exit_code == ExitCode.MODEL_INVALID
 
 
-def test_check_checkpoint_refuses_a_checkpoint_that_does_not_fit_its_config(tiny: tuple[Path, dict[str, Any]], tmp_path: Path) -> None:
+def test_check_checkpoint_refuses_a_checkpoint_that_does_not_fit_its_config(
+    tiny: tuple[Path, dict[str, Any]], tmp_path: Path
+) -> None:
     out = tmp_path / "hf"
     convert.convert(tiny[0], out)
     config = json.loads((out / "config.json").read_text())
     (out / "config.json").write_text(json.dumps({**config, "intermediate_size": 128}))
-    with pytest.raises(ModelInvalid, match=r"mlp\.down_proj\.weight has shape \[64, 96\], config\.json implies \[64, 128\]"):
+    with pytest.raises(
+        ModelInvalid, match=r"mlp\.down_proj\.weight has shape \[64, 96\], config\.json implies \[64, 128\]"
+    ):
         convert.check_checkpoint(out)
     (out / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": False}))
     with pytest.raises(ModelInvalid, match="missing \\['lm_head.weight'\\]"):

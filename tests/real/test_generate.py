@@ -104,7 +104,10 @@ def test_the_comparison_fails_when_padding_is_attended(
 def test_sampled_continuations_are_seeded_and_the_targets_own() -> None:
     target = tiny_target()
     prompts = tiny_prompts(4)
-    runs = [eagle3.generate(target, prompts, NEW, 5, lambda m: None, continuations=3, temperature=1.0, seed=s) for s in (15, 15, 16)]
+    runs = [
+        eagle3.generate(target, prompts, NEW, 5, lambda m: None, continuations=3, temperature=1.0, seed=s)
+        for s in (15, 15, 16)
+    ]
     first, again, other = runs
     assert [s.id for s in first] == [f"t/{i}{c}" for i in range(4) for c in ("", "#1", "#2")]
     assert all(torch.equal(a.tokens, b.tokens) and torch.equal(a.aux, b.aux) for a, b in zip(first, again))
@@ -206,8 +209,14 @@ def test_a_build_from_prompt_files_with_sampled_continuations(tmp_path: Path, mo
     config = json.loads((target_dir / "config.json").read_text())
     (target_dir / "config.json").write_text(json.dumps({**config, "rope_theta": 10000.0}))
     g = torch.Generator().manual_seed(2)
-    rows = [(f"{'code' if i % 2 else 'text'}/{i}", torch.randint(3, 300, (6 + i % 5,), generator=g).tolist()) for i in range(14)]
-    files = (prompt_file(tmp_path / "train.json", rows[:10], "train"), prompt_file(tmp_path / "held.json", rows[10:], "held_out"))
+    rows = [
+        (f"{'code' if i % 2 else 'text'}/{i}", torch.randint(3, 300, (6 + i % 5,), generator=g).tolist())
+        for i in range(14)
+    ]
+    files = (
+        prompt_file(tmp_path / "train.json", rows[:10], "train"),
+        prompt_file(tmp_path / "held.json", rows[10:], "held_out"),
+    )
     recipe = dataclasses.replace(
         eagle3.Recipe(), draft_vocab=64, intermediate=48, epochs=2, batch_tokens=128, max_prompts=0, new_tokens=10,
         eval_new_tokens=10, eval_prompts=0, gen_batch=8, continuations=2, temperature=0.9, threads=1,
@@ -216,7 +225,9 @@ def test_a_build_from_prompt_files_with_sampled_continuations(tmp_path: Path, mo
     try:
         built = eagle3.build(target_dir, tmp_path / "head", recipe, lambda m: None, files)
         cached = sorted((tmp_path / "cache" / "real" / "samples").glob("*.pt"))
-        again = eagle3.build(target_dir, tmp_path / "head2", dataclasses.replace(recipe, continuations=1), lambda m: None, files)
+        again = eagle3.build(
+            target_dir, tmp_path / "head2", dataclasses.replace(recipe, continuations=1), lambda m: None, files
+        )
     finally:
         torch.use_deterministic_algorithms(deterministic)
     assert built.acceptance["prompts"] == 4 and set(built.acceptance["by_set"]) == {"code", "text"}
@@ -229,7 +240,9 @@ def test_a_build_from_prompt_files_with_sampled_continuations(tmp_path: Path, mo
     heads.check_head(tmp_path / "head", {**config, "num_hidden_layers": 6})
 
 
-def test_the_eos_target_stops_transformers_generate_unless_told_not_to(eos_target: Any, reference: list[eagle3.Sample]) -> None:
+def test_the_eos_target_stops_transformers_generate_unless_told_not_to(
+    eos_target: Any, reference: list[eagle3.Sample]
+) -> None:
     """The negative control of the EOS test: the fixture's EOS does end a plain ``generate``."""
     eos = eos_target.config["eos_token_id"]
     sample = next(s for s in reference if eos in s.tokens[s.prompt_len : -1].tolist())

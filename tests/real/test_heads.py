@@ -15,7 +15,13 @@ np = pytest.importorskip("numpy")
 from patcher.errors import ModelInvalid, ModelMissing  # noqa: E402
 from patcher.real import heads, tensorfile  # noqa: E402
 
-TARGET = {"hidden_size": 64, "vocab_size": 300, "num_hidden_layers": 6, "num_attention_heads": 4, "num_key_value_heads": 2}
+TARGET = {
+    "hidden_size": 64,
+    "vocab_size": 300,
+    "num_hidden_layers": 6,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def head_config(**changes: Any) -> dict[str, Any]:
@@ -51,7 +57,10 @@ def write_head(path: Path, config: dict[str, Any], drop: str = "", extra: str = 
             continue
         if name == resize:
             shape = (shape[0] + 1, *shape[1:])
-        tensors[name] = (np.zeros(shape, dtype=np.bool_ if dtype == "BOOL" else np.int64 if dtype == "I64" else np.float32), dtype)
+        tensors[name] = (
+            np.zeros(shape, dtype=np.bool_ if dtype == "BOOL" else np.int64 if dtype == "I64" else np.float32),
+            dtype,
+        )
     if extra:
         tensors[extra] = (np.zeros(4, dtype=np.float32), "BF16")
     tensorfile.write(path / "model.safetensors", tensors)
@@ -78,7 +87,9 @@ def test_a_head_in_sglangs_layout_passes(tmp_path: Path) -> None:
     ],
     ids=["missing", "shape", "extra", "hidden", "vocab", "layers", "architecture", "aux-layers"],
 )
-def test_a_head_that_does_not_fit_is_refused(tmp_path: Path, config: dict[str, Any], damage: dict[str, str], words: str) -> None:
+def test_a_head_that_does_not_fit_is_refused(
+    tmp_path: Path, config: dict[str, Any], damage: dict[str, str], words: str
+) -> None:
     with pytest.raises(ModelInvalid) as caught:
         heads.check_head(write_head(tmp_path / "head", config, **damage), TARGET)
     assert words in str(caught.value)
@@ -192,7 +203,11 @@ def test_the_parallel_unroll_is_the_chain_decoded_step_by_step() -> None:
             k = attn.k_proj(x).view(1, head.kv_heads, 1, head.head_dim)
             v = attn.v_proj(x).view(1, head.kv_heads, 1, head.head_dim)
             at = torch.tensor([pos])
-            return eagle3.rope(q, at, head.theta), eagle3.rope(k, at, head.theta).repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+            return (
+                eagle3.rope(q, at, head.theta),
+                eagle3.rope(k, at, head.theta).repeat_interleave(group, 1),
+                v.repeat_interleave(group, 1),
+            )
 
         for i in range(n - eagle3.STEPS):
             keys, values = [], []
@@ -235,7 +250,9 @@ def test_the_head_starts_from_the_targets_lm_head_and_norm() -> None:
     assert torch.equal(head.lm_head.weight, target.model.get_output_embeddings().weight[hot])
     assert torch.equal(head.norm.weight, target.model.get_decoder().norm.weight)
     fresh = eagle3.Eagle3Head(config, 300)
-    assert not torch.equal(fresh.lm_head.weight, head.lm_head.weight) and not torch.equal(fresh.norm.weight, head.norm.weight)
+    assert not torch.equal(fresh.lm_head.weight, head.lm_head.weight) and not torch.equal(
+        fresh.norm.weight, head.norm.weight
+    )
     with pytest.raises(UsageError, match="--lm-head middle: one of target, random"):
         eagle3.check_recipe(eagle3.Recipe(lm_head="middle"))
 
@@ -299,6 +316,8 @@ def test_self_prompts_without_the_chat_ids_is_a_usage_error(tmp_path: Path) -> N
     train.write_text(json.dumps({"split": "train", "prompts": [{"id": "a/1", "input_ids": [5, 6]}]}))
     held.write_text(json.dumps({"split": "held_out", "prompts": [{"id": "b/1", "input_ids": [5, 7]}]}))
     with pytest.raises(UsageError, match="--self-prompts needs the chat template's ids"):
-        eagle3.build(tmp_path / "target", tmp_path / "head", eagle3.Recipe(self_prompts=4), lambda m: None, (train, held))
+        eagle3.build(
+            tmp_path / "target", tmp_path / "head", eagle3.Recipe(self_prompts=4), lambda m: None, (train, held)
+        )
     with pytest.raises(UsageError, match="--self-prompts -1: at least 0"):
         eagle3.check_recipe(eagle3.Recipe(self_prompts=-1))

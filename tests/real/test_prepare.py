@@ -23,7 +23,9 @@ from .test_heads import head_config, write_head  # noqa: E402
 def test_prepare_makes_the_dir_the_proof_reads(tmp_path: Path) -> None:
     gguf_file = write_gguf(tmp_path / "tiny.gguf", hf_weights())
     vocab = len(vocabulary()[0])
-    head = write_head(tmp_path / "head", head_config(vocab_size=vocab, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 1]}))
+    head = write_head(
+        tmp_path / "head", head_config(vocab_size=vocab, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 1]})
+    )
     prompts = tmp_path / "prompts.json"
     prompts.write_text(json.dumps({"prompts": [{"id": "a", "input_ids": [1, 5, 6]}]}))
     info = prepare.prepare(tmp_path / "model", gguf_file, head, prompts)
@@ -61,7 +63,9 @@ def test_a_dir_without_a_head_gets_one_installed(tmp_path: Path) -> None:
     with pytest.raises(ModelInvalid, match="vocab_size 49152"):
         prepare.install_head(tmp_path / "model", wrong)
     assert not (tmp_path / "model" / "draft").exists()
-    head = write_head(tmp_path / "head", head_config(vocab_size=vocab, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 1]}))
+    head = write_head(
+        tmp_path / "head", head_config(vocab_size=vocab, eagle_config={"eagle_aux_hidden_state_layer_ids": [0, 1, 1]})
+    )
     done = prepare.install_head(tmp_path / "model", head)
     assert len(done["head_sha256"]) == 64
     assert load_real(tmp_path / "model")[1] == [[1, 5, 6]]

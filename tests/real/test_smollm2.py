@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 torch = pytest.importorskip("torch", reason="running the real target needs the [real] extra (torch)")
-transformers = pytest.importorskip("transformers", reason="running the real target needs the [real] extra (transformers)")
+transformers = pytest.importorskip(
+    "transformers", reason="running the real target needs the [real] extra (transformers)"
+)
 np = pytest.importorskip("numpy")
 pytest.importorskip("gguf")
 
@@ -55,7 +57,9 @@ def test_the_tokenizer_and_weights_equal_transformers_own_gguf_reading(smollm2: 
 
     gguf_file, out = smollm2
     config = transformers.AutoConfig.from_pretrained(str(out))
-    theirs = load_gguf_checkpoint(str(gguf_file), return_tensors=True, model_to_load=transformers.LlamaForCausalLM(config))
+    theirs = load_gguf_checkpoint(
+        str(gguf_file), return_tensors=True, model_to_load=transformers.LlamaForCausalLM(config)
+    )
     mine = tensorfile.read(out / convert.WEIGHTS)
     assert set(theirs["tensors"]) == set(mine)
     for name, value in theirs["tensors"].items():
@@ -63,7 +67,11 @@ def test_the_tokenizer_and_weights_equal_transformers_own_gguf_reading(smollm2: 
         assert np.array_equal(mine[name], ref), name
     ours = Tokenizer.from_file(str(out / "tokenizer.json"))
     reference = transformers.AutoTokenizer.from_pretrained(str(gguf_file.parent), gguf_file=gguf_file.name)
-    for text in (prompts.chat("Write a haiku about 2024."), "def f(x):\n    return x ** 12 + 3.5  # ok", "naïve café — 日本"):
+    for text in (
+        prompts.chat("Write a haiku about 2024."),
+        "def f(x):\n    return x ** 12 + 3.5  # ok",
+        "naïve café — 日本",
+    ):
         assert ours.encode(text, add_special_tokens=False).ids == reference(text, add_special_tokens=False).input_ids
 
 
@@ -99,7 +107,9 @@ def test_the_chat_templates_halves_tokenize_as_a_whole_prompt_does(smollm2: tupl
 
     tok = Tokenizer.from_file(str(smollm2[1] / "tokenizer.json"))
     ids = chat_ids(tok)
-    assert ids["prefix"][-3:] == tok.encode("<|im_start|>user\n", add_special_tokens=False).ids and ids["suffix"][0] == 2
+    assert (
+        ids["prefix"][-3:] == tok.encode("<|im_start|>user\n", add_special_tokens=False).ids and ids["suffix"][0] == 2
+    )
     query = tok.encode("Can you list three rivers?", add_special_tokens=False).ids
     whole = tok.encode(prompts.chat("Can you list three rivers?"), add_special_tokens=False).ids
     assert ids["prefix"] + query + ids["suffix"] == whole
