@@ -44,7 +44,7 @@ class Flag:
 FLAGS = (
     Flag(
         "speculative_disable_batch_size",
-        "Optional[str]",  # a number, or auto (dynspec_auto.parse_threshold reads it)
+        "Optional[str]",  # a number, or auto (dynspec_settings.parse_threshold reads it)
         "None",
         "dynspec: switch speculative decoding off while the decode batch has more than this many "
         "requests (unset: always speculate); auto: the server finds the switch point from its own "
