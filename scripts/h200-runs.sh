@@ -29,6 +29,9 @@
 #   kv-auto V      (as kv-tput, 0.5.14+) --speculative-disable-batch-size auto against the fixed N of
 #                  AUTO_SWEEP (default 8,16,32,48,64,96) on the mixed load at simulated acceptance
 #                  AUTO_ACCEPT (default 3; one per call), base once: the auto_threshold check
+#   refusals V P   (as kv-proof) the refusals check: each combination dynspec refuses on a server of its own
+#                  (they start together and exit at ServerArgs' check, before loading weights): exit, the
+#                  line naming it, no traceback (issue 18)
 #   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
 #                  auto (3 servers; exact_kv needs a fixed N): levels 1,4,16,48,128 and a 1 <-> 128 ramp,
 #                  past auto's ceiling (127), each switch judged against the thresholds its line names
@@ -261,6 +264,8 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     proof "proof-$1-v2-auto-acc${AUTO_ACCEPT:-3}" --path v2 --checks auto_threshold --threshold 32 \
       --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" \
       --auto-acceptance "${AUTO_ACCEPT:-3}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" ;;
+  refusals) kit_for "$1"
+    proof "proof-$1-$2-refusals" --path "$2" --threshold 8 --checks refusals ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \

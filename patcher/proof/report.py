@@ -30,7 +30,16 @@ from typing import Any
 
 from patcher.proof.steps import describe, describe_outside, describe_runs
 
-CHECKS = ("equivalence", "crossings", "exact_kv", "acceptance", "throughput", "mixed_load", "auto_threshold")
+CHECKS = (
+    "equivalence",
+    "crossings",
+    "exact_kv",
+    "acceptance",
+    "throughput",
+    "mixed_load",
+    "auto_threshold",
+    "refusals",
+)
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "summary.txt"
 PLOT_NAME = "throughput.png"

@@ -47,7 +47,7 @@ from patcher.proof.servers import Progress, Server, ServerSpec, free_port, stder
 AUTO_SINCE = "0.5.14"  # auto needs the zero-step mode (dynspec_auto, ZeroStepPolicy)
 # With --threshold auto: checks that compare dynspec servers which must switch alike (exact_kv,
 # acceptance), or that sweep fixed thresholds themselves (auto_threshold)
-AUTO_REFUSES = ("exact_kv", "acceptance", "auto_threshold")
+AUTO_REFUSES = ("exact_kv", "acceptance", "auto_threshold", "refusals")
 
 
 def since(version: str, first: str) -> bool:
@@ -143,6 +143,7 @@ class ProofOptions:
     # every level and pass (rotating the order), rather than one server's levels after another's
     interleave: bool = True
     acceptance_min_verifies: int = 50  # verifies after a switch back on, at least
+    refusal_timeout: float = 300.0  # seconds a refused server has to exit (0.5.17 takes ~30 s to reach the check)
     model: str = "dummy"  # "dummy" (config-only dirs of this package) or "real" (model_dir)
     model_dir: Path | None = None  # dynspec real prepare's output: target/, draft/, prompts.json, model.json
     # SGLang's batch-invariant mode on every server: "auto" turns it on for --model real where the
@@ -225,7 +226,7 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
     checks = [c for c in reports.CHECKS if c in opts.checks]
     skipped: dict[str, str] = {c: "not asked for" for c in reports.CHECKS if c not in checks}
     if not sglang.dynspec_applied:
-        for check in ("crossings", "exact_kv", "acceptance", "mixed_load", "auto_threshold"):
+        for check in ("crossings", "exact_kv", "acceptance", "mixed_load", "auto_threshold", "refusals"):
             if check in checks:
                 checks.remove(check)
                 skipped[check] = f"dynspec is not applied to {sglang.package} (no --speculative-disable-batch-size)"
@@ -446,10 +447,75 @@ class Plan:
     name: str
     env: Mapping[str, str] = field(default_factory=dict)
     dynspec: launch.Dynspec | None = None
+    extra: tuple[str, ...] = ()  # server flags after the run's (the last of a flag given twice wins)
 
     def entry(self) -> dict[str, Any]:
         """The start of its entry in the report's ``servers``."""
         return {"name": self.name, "mode": self.mode, "shape": self.shape}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A combination dynspec refuses at start-up: the flags a dynspec server gets on top of the
+    run's, and the words its one-line error must hold (the start-up check's, dynspec_settings)."""
+
+    name: str
+    args: tuple[str, ...]
+    says: str
+    dynspec: launch.Dynspec | None = None  # other dynspec flags than the run's
+
+    def judge(self, code: int | None, log: str, seconds: float) -> dict[str, Any]:
+        """Its report row: refused means exited (not killed, not up), non-zero, the words, no traceback."""
+        problems = []
+        if code is None:
+            problems.append(f"still running after {seconds:.0f} s: it did not refuse to start")
+        elif code == 0:
+            problems.append("exited with code 0")
+        said = [line for line in log.splitlines() if self.says in line]
+        if code is not None and not said:
+            problems.append(f"its log has no line with {self.says!r}")
+        if logscan.TRACEBACK in log:
+            problems.append("its log has a Python traceback")
+        return {
+            "name": self.name,
+            "args": [*(self.dynspec.flags() if self.dynspec else ()), *self.args],
+            "says": self.says,
+            "exit_code": code,
+            "seconds": round(seconds, 1),
+            "line": said[-1].strip()[:300] if said else None,
+            "problems": problems,
+        }
+
+
+def refusal_cases(sglang: detect.SGLang, path: str) -> list[Refusal]:
+    """What the start-up check refuses on this release (issue 18's list, and a bad value)."""
+    flag = "--speculative-disable-batch-size"
+    cases = [
+        Refusal("topk", ("--speculative-eagle-topk", "2"), f"{flag} does not support --speculative-eagle-topk > 1"),
+        Refusal("dp-attention", ("--enable-dp-attention",), f"{flag} does not support --enable-dp-attention"),
+        Refusal(
+            "max-running",
+            (),
+            f"{flag} {launch.MAX_RUNNING_REQUESTS} can never trigger",
+            launch.Dynspec(launch.MAX_RUNNING_REQUESTS),
+        ),
+        Refusal(
+            "graph-size",
+            ("--cuda-graph-max-bs", "16"),
+            f"{flag} 16 is not below the largest CUDA-graph batch size",
+            launch.Dynspec(16),
+        ),
+        Refusal("bad-value", (), f"{flag} must be a positive integer or auto, got '0'", launch.Dynspec("0")),
+    ]
+    if sglang.adaptive_supported:
+        cases.append(
+            Refusal("adaptive", ("--speculative-adaptive",), f"{flag} does not support --speculative-adaptive")
+        )
+    if path == "v1" or not since(sglang.version, AUTO_SINCE):
+        cases.append(
+            Refusal("auto", (), f"{flag} auto needs SGLang {AUTO_SINCE} or later", launch.Dynspec(launch.AUTO))
+        )
+    return cases
 
 
 class Proof:
@@ -522,6 +588,8 @@ class Proof:
                 self.correctness(
                     "equivalence" in checks, "crossings" in checks, "exact_kv" in checks, "acceptance" in checks
                 )
+            if "refusals" in checks:
+                self.refusals()
             if "auto_threshold" in checks:
                 if self.aborted:
                     self.report["auto_threshold"] = {"passed": False, "problems": [f"not run: {self.aborted}"]}
@@ -630,7 +698,7 @@ class Proof:
             path=opts.path,
             dynspec=plan.dynspec or opts.dynspec,
             tp=opts.tp,
-            extra=(*opts.extra_args, *(launch.DETERMINISTIC_FLAGS if self.deterministic else ())),
+            extra=(*opts.extra_args, *(launch.DETERMINISTIC_FLAGS if self.deterministic else ()), *plan.extra),
             adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
             real=opts.model_dir,
             shared_gpu_nccl_port=nccl_port,
@@ -1381,6 +1449,44 @@ class Proof:
         tp["problems"] = problems
         tp["passed"] = not problems and len(tok_s) == len(modes)
         self.report["throughput"] = tp
+
+    def refusals(self) -> None:
+        """Each combination dynspec refuses, on a server of its own: it must exit before answering,
+        with a line naming what it refuses, and without a Python traceback. The servers start
+        together (each exits at ``ServerArgs.check_server_args``, before loading weights)."""
+        opts = self.opts
+        assert self.sglang is not None
+        cases = refusal_cases(self.sglang, opts.path)
+        self.progress(f"refusals: {len(cases)} servers that must refuse to start: {', '.join(c.name for c in cases)}")
+        started: list[tuple[Refusal, Server, dict[str, Any]]] = []
+        rows: list[dict[str, Any]] = []
+        for case in cases:
+            plan = Plan("dynspec", "small", None, f"refusal-{case.name}", dynspec=case.dynspec, extra=case.args)
+            try:
+                server, info = self._launch(plan)
+            except ServerStartError as error:
+                rows.append(case.judge(None, "", 0.0) | {"problems": [f"could not launch: {error}"]})
+                continue
+            started.append((case, server, info))
+        for case, server, info in started:
+            assert server.popen is not None
+            # a refusal exits before answering (raised here); one that comes up or hangs fails below
+            with contextlib.suppress(ServerStartError):
+                server.wait_ready(opts.refusal_timeout, opts.poll_interval, opts.progress_every)
+            code = server.popen.poll()
+            seconds = time.monotonic() - (server.started_at or time.monotonic())
+            row = case.judge(code, logscan.read_window(server.spec.log)[0], seconds)
+            self._finish(server, info)
+            rows.append(row)
+        problems = [f"{row['name']}: {p}" for row in rows for p in row["problems"]]
+        self.report["refusals"] = {
+            "passed": bool(rows) and not problems,
+            "cases": rows,
+            "problems": problems,
+            "detail": f"{sum(not r['problems'] for r in rows)} of {len(rows)} combinations refused at start-up "
+            "with one line naming them, no traceback",
+        }
+        self._save()
 
     def auto_threshold(self) -> None:
         """``auto`` against fixed thresholds on the mixed load, at each simulated acceptance: per

@@ -14,6 +14,7 @@ Standard library only: the start-up check imports it before any of SGLang's spec
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -116,9 +117,28 @@ def zero_step_mode_here() -> bool:
         return False
 
 
+def started_as_launch_server() -> bool:
+    """The process is SGLang's server command (``python -m sglang.launch_server``), not a program
+    that builds a ``ServerArgs`` itself."""
+    main = sys.modules.get("__main__")
+    return getattr(getattr(main, "__spec__", None), "name", None) == "sglang.launch_server"
+
+
 def check_server_args(args: Any) -> None:
     """The start-up check: refuse flag values and combinations the fallback cannot serve, naming
-    the fix (ValueError), before a crash at the first crossing could."""
+    the fix, before a crash at the first crossing could. From the server command a refusal is one
+    line on stderr and exit code 2, as for a bad command line; elsewhere a ValueError."""
+    try:
+        refuse_what_cannot_serve(args)
+    except ValueError as error:
+        if not started_as_launch_server():
+            raise
+        print(f"error: {error}", file=sys.stderr, flush=True)
+        raise SystemExit(2) from None
+
+
+def refuse_what_cannot_serve(args: Any) -> None:
+    """ValueError naming the flag and the fix for what the fallback cannot serve."""
     get = getter_of(args)
     disable = parse_threshold(get("speculative_disable_batch_size", None))
     if disable == AUTO and not zero_step_mode_here():

@@ -8,6 +8,7 @@ The start-up check itself runs inside each release's patched ``server_args.py`` 
 from __future__ import annotations
 
 import ast
+import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -134,4 +135,31 @@ def test_the_new_file_is_the_settings_module_and_imports_nothing_but_the_standar
         if isinstance(node, (ast.Import, ast.ImportFrom))
         for alias in node.names
     }
-    assert imported == {"__future__", "os", "dataclasses", "typing"}
+    assert imported == {"__future__", "os", "sys", "dataclasses", "typing"}
+
+
+def as_main(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    main = SimpleNamespace(__spec__=SimpleNamespace(name=name))
+    monkeypatch.setitem(sys.modules, "__main__", main)
+
+
+def test_from_the_server_command_a_refusal_is_one_line_and_exit_code_2(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    refused = SimpleNamespace(**SUPPORTED, speculative_disable_batch_size=128, max_running_requests=128)
+    as_main(monkeypatch, "sglang.launch_server")
+    with pytest.raises(SystemExit) as exit_:
+        settings.check_server_args(refused)
+    assert exit_.value.code == 2 and exit_.value.__cause__ is None and exit_.value.__suppress_context__
+    assert capsys.readouterr().err == (
+        "error: --speculative-disable-batch-size 128 can never trigger: at most 128 requests run at once; "
+        "lower it or raise --max-running-requests\n"
+    )
+    settings.check_server_args(
+        SimpleNamespace(**SUPPORTED, speculative_disable_batch_size=32, max_running_requests=128)
+    )
+    # the control: a program that builds its own ServerArgs gets the ValueError, as from SGLang's own checks
+    as_main(monkeypatch, "my_service")
+    with pytest.raises(ValueError, match="can never trigger"):
+        settings.check_server_args(refused)
+    assert capsys.readouterr().err == ""

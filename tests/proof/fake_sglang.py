@@ -21,7 +21,13 @@ logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` an
 ``DYNSPEC_DRAFT_KV=full``'s), ``nocontrol`` (``DYNSPEC_DRAFT_KV=skip`` drafts what full does),
 ``kvoff`` (a KV-only dynspec server's start-up line says it runs the full draft extend),
 ``autowrong`` (with ``auto``, each switch off names its own batch size as the size it is off above),
-``thresholdlie`` (with a number N, switch lines name N + 1 as the size speculation is off above).
+``thresholdlie`` (with a number N, switch lines name N + 1 as the size speculation is off above),
+``refusaltraceback`` (a refused start raises the ValueError, as dynspec did before session 27: a
+traceback), ``norefusal`` (nothing is refused).
+
+Playing dynspec, it runs the real start-up check (``patches/runtime/dynspec_settings.py``) on its
+flags before serving, as SGLang's ``check_server_args`` calls it, with the zero-step mode present
+from 0.5.14 (the fake site's version).
 
 With ``FAKE_SGLANG_ACCEPT=A`` a recorded request's speculative step advances A tokens (accepted + 1)
 while its draft KV is exact and one token once it is stale (after an off span under ``skip``, or
@@ -339,12 +345,37 @@ def serve(state: State, port: int = 0) -> HTTPServer:
     return HTTPServer(("127.0.0.1", port), make_handler(state))
 
 
+def check_server_args(args: argparse.Namespace, refuse_with_traceback: bool) -> None:
+    """dynspec's real start-up check on these flags (it exits 2 with one line from the server command)."""
+    from importlib.util import module_from_spec, spec_from_file_location
+    from pathlib import Path
+
+    from packaging.version import Version
+    from sglang._version import __version__  # the fake site's release
+
+    spec = spec_from_file_location(
+        "dynspec_settings", Path(__file__).resolve().parents[2] / "patches/runtime/dynspec_settings.py"
+    )
+    assert spec is not None and spec.loader is not None
+    settings = module_from_spec(spec)
+    sys.modules["dynspec_settings"] = settings  # its dataclass looks itself up there
+    spec.loader.exec_module(settings)
+    settings.zero_step_mode_here = lambda: Version(__version__) >= Version("0.5.14")
+    if refuse_with_traceback:
+        settings.started_as_launch_server = lambda: False
+    settings.check_server_args(args)
+
+
 def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--speculative-algorithm")
     parser.add_argument("--speculative-disable-batch-size")  # a number, or auto
     parser.add_argument("--max-running-requests", type=int, default=128)
+    parser.add_argument("--cuda-graph-max-bs", type=int)
+    parser.add_argument("--speculative-eagle-topk", type=int, default=1)
+    parser.add_argument("--enable-dp-attention", action="store_true")
+    parser.add_argument("--speculative-switch-min-steps", type=int, default=8)
     parser.add_argument("--speculative-enable-batch-size", type=int)
     parser.add_argument("--speculative-adaptive", action="store_true")
     parser.add_argument("--speculative-adaptive-config")
@@ -358,6 +389,8 @@ def main(argv: list[str]) -> None:
     if "crash" in faults:
         say("Traceback (most recent call last):\nRuntimeError: CUDA error: injected")
         sys.exit(1)
+    if args.speculative_disable_batch_size is not None and "norefusal" not in faults:
+        check_server_args(args, refuse_with_traceback="refusaltraceback" in faults)
     if args.speculative_adaptive:
         with open(args.speculative_adaptive_config) as f:
             log(f"adaptive config {json.dumps(json.load(f))}")

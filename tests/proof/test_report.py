@@ -9,6 +9,7 @@ import pytest
 
 from patcher.proof import exactkv, mixed, plot, report
 from patcher.proof.client import LevelResult
+from patcher.proof.run import Refusal
 
 
 def sample(**over: object) -> dict[str, Any]:
@@ -260,7 +261,11 @@ def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
         "throughput",
         "mixed_load",
         "auto_threshold",
+        "refusals",
     )
+    # issue 18's refusals: each case's row (written by Refusal.judge)
+    row = Refusal("x", ("--flag",), "says").judge(2, "error: says it\n", 1.0)
+    assert set(row) == {"name", "args", "says", "exit_code", "seconds", "line", "problems"} and row["problems"] == []
     # issue 16's contract: auto_threshold.by_acceptance[a] has these keys
     auto = mixed.judge_auto(
         {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)},

@@ -209,6 +209,34 @@ def test_auto_refuses_what_it_cannot_judge_before_any_server(site, tmp_path, kw,
     assert not (tmp_path / "out").exists()
 
 
+def test_every_refused_combination_exits_with_one_line_naming_it(site, tmp_path):
+    out = tmp_path / "out"
+    result = run_proof(options(site(adaptive=True), out, checks=("refusals",)), lambda m: None)
+    refusals = result["refusals"]
+    assert refusals["passed"] and result["passed"], reports.summary(result)
+    rows = {row["name"]: row for row in refusals["cases"]}
+    # 0.5.12: upstream's adaptive mode exists, auto does not yet
+    assert list(rows) == ["topk", "dp-attention", "max-running", "graph-size", "bad-value", "adaptive", "auto"]
+    assert rows["max-running"]["args"] == ["--speculative-disable-batch-size", "128"]
+    assert rows["max-running"]["line"] == (
+        "error: --speculative-disable-batch-size 128 can never trigger: at most 128 requests run at once; "
+        "lower it or raise --max-running-requests"
+    )
+    assert all(row["exit_code"] == 2 and row["problems"] == [] for row in rows.values())
+    assert rows["graph-size"]["args"] == ["--speculative-disable-batch-size", "16", "--cuda-graph-max-bs", "16"]
+    assert {s["name"] for s in result["servers"]} == {f"refusal-{name}" for name in rows}
+
+
+def test_a_refusal_with_a_traceback_or_none_at_all_fails(site, tmp_path):
+    traced = run_proof(options(site(), tmp_path / "a", faults="refusaltraceback", checks=("refusals",)), lambda m: None)
+    assert not traced["refusals"]["passed"]
+    assert all(row["problems"] == ["its log has a Python traceback"] for row in traced["refusals"]["cases"])
+    assert {row["exit_code"] for row in traced["refusals"]["cases"]} == {1}  # an uncaught ValueError
+    served = run_proof(options(site(), tmp_path / "b", faults="norefusal", checks=("refusals",)), lambda m: None)
+    assert not served["refusals"]["passed"]
+    assert all(row["problems"][0].startswith("still running after") for row in served["refusals"]["cases"])
+
+
 def test_switch_lines_that_name_other_thresholds_than_the_configured_fail(site, tmp_path):
     result = run_proof(options(site(), tmp_path / "out", faults="thresholdlie", checks=("crossings",)), lambda m: None)
     cr = result["crossings"]
