@@ -161,7 +161,12 @@ def auto_options(root: Path, out: Path, faults: str = "", **kw: object) -> Proof
         "min_crossings": 6,
         "checks": ("equivalence", "crossings"),
     }
-    return options(root, out, faults, **{**settings, **kw})
+    opts = options(root, out, faults, **{**settings, **kw})
+    # The fake counts requests in flight: 128 must all be in at once to pass the ceiling, so each is
+    # held long enough for the last to arrive on a loaded machine (0.05 s was not, once in CI).
+    assert opts.env is not None
+    opts.env = {**opts.env, "FAKE_SGLANG_DELAY": "0.5"}
+    return opts
 
 
 def test_auto_proves_equivalence_and_crossings_where_it_moves_its_switch_point(site, tmp_path):
