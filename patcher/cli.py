@@ -16,7 +16,7 @@ import click
 
 from patcher import __version__
 from patcher.errors import DynspecError, ExitCode
-from patcher.options import diff_options
+from patcher.options import apply_options, diff_command_options, revert_force
 
 EXIT_CODES = """\b
 Exit codes:
@@ -109,11 +109,7 @@ def _flush_notes(session: Any) -> None:
 @main.command()
 @tree_options
 @click.option("--dry-run", is_flag=True, help="Print the diff instead of writing (same as `dynspec diff`).")
-@click.option("--check", is_flag=True, help="With --dry-run: exit 1 if changes are pending.")
-@click.option(
-    "--force", is_flag=True, help="Allow an unsupported version; rebuild hand-edited targets from the original."
-)
-@diff_options
+@apply_options
 def apply(
     sglang: str,
     recipe: str,
@@ -153,11 +149,7 @@ def _print_diff(session: Any, check: bool, force: bool, color: str, pager: bool)
 
 @main.command()
 @tree_options
-@click.option("--check", is_flag=True, help="Exit 1 if changes are pending.")
-@click.option(
-    "--force", is_flag=True, help="Allow an unsupported version; diff hand-edited targets against the original."
-)
-@diff_options
+@diff_command_options
 def diff(
     sglang: str, recipe: str, sglang_version: str | None, check: bool, force: bool, color: str, no_pager: bool
 ) -> None:
@@ -167,7 +159,7 @@ def diff(
 
 @main.command()
 @tree_options
-@click.option("--force", is_flag=True, help="Restore the originals even over hand edits (the edits are lost).")
+@revert_force
 @click.option(
     "--from-git",
     is_flag=True,

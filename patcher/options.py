@@ -29,3 +29,34 @@ def diff_options(command: Callable[..., Any]) -> Callable[..., Any]:
         return command(*args, **kwargs)
 
     return wrapper
+
+
+def _together(*decorators: Callable[[Any], Any]) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """One decorator for several: their options in the help in the order given."""
+
+    def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
+        for decorator in reversed(decorators):
+            command = decorator(command)
+        return command
+
+    return decorate
+
+
+# apply's, diff's and revert's own options, the same for a local tree and for `dynspec remote`.
+apply_options = _together(
+    click.option("--check", is_flag=True, help="With --dry-run: exit 1 if changes are pending."),
+    click.option(
+        "--force", is_flag=True, help="Allow an unsupported version; rebuild hand-edited targets from the original."
+    ),
+    diff_options,
+)
+diff_command_options = _together(
+    click.option("--check", is_flag=True, help="Exit 1 if changes are pending."),
+    click.option(
+        "--force", is_flag=True, help="Allow an unsupported version; diff hand-edited targets against the original."
+    ),
+    diff_options,
+)
+revert_force = click.option(
+    "--force", is_flag=True, help="Restore the originals even over hand edits (the edits are lost)."
+)

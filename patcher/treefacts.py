@@ -20,6 +20,7 @@ import subprocess
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 if __package__ == "patcher":
     from patcher import txn
@@ -225,34 +226,31 @@ def safe_git_env() -> dict[str, str]:
     return env
 
 
-def _git(package_dir: str, *args: str) -> str | None:
+def _run_git(package_dir: str, *args: str, text: bool = False) -> subprocess.CompletedProcess[Any] | None:
+    """git in the package dir with nothing it could run switched on; None where it failed or could not run."""
     try:
         done = subprocess.run(
             safe_git_argv("-C", package_dir, *args),
             capture_output=True,
-            text=True,
+            text=text,
             timeout=20,
             stdin=subprocess.DEVNULL,
             env=safe_git_env(),
         )
     except (OSError, subprocess.SubprocessError):
         return None
-    return done.stdout.strip() if done.returncode == 0 else None
+    return done if done.returncode == 0 else None
+
+
+def _git(package_dir: str, *args: str) -> str | None:
+    done = _run_git(package_dir, *args, text=True)
+    return None if done is None else done.stdout.strip()
 
 
 def git_head_file(package_dir: str, rel: str) -> bytes | None:
     """The bytes of ``rel`` (relative to the package dir) in the checkout's HEAD, None if untracked."""
-    try:
-        done = subprocess.run(
-            safe_git_argv("-C", package_dir, "cat-file", "blob", f"HEAD:./{rel}"),
-            capture_output=True,
-            timeout=20,
-            stdin=subprocess.DEVNULL,
-            env=safe_git_env(),
-        )
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return done.stdout if done.returncode == 0 else None
+    done = _run_git(package_dir, "cat-file", "blob", f"HEAD:./{rel}")
+    return None if done is None else done.stdout
 
 
 def git_facts(package_dir: str) -> dict[str, str | None]:

@@ -788,24 +788,12 @@ def test_too_old_python_on_the_server_is_one_clear_line(
 
 def test_the_servers_git_config_never_runs(server: Server, release_tree, tmp_path: Path) -> None:
     """The applier asks git about the server's checkout with every program git could run switched off."""
-    from tests.faults.test_git_config import armed_repo, git
+    from tests.faults.test_git_config import armed_checkout
 
     marker = tmp_path / "MARKER"
     checkout = tmp_path / "sglang"
     release_tree(VERSION, where=checkout / "python")
-    armed_repo(checkout, marker)
-    git(
-        checkout,
-        "-c",
-        "core.fsmonitor=false",
-        "-c",
-        "core.hooksPath=/dev/null",
-        "-c",
-        "filter.trap.clean=cat",
-        "add",
-        "-A",
-    )
-    git(checkout, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "commit", "-q", "-m", "sglang")
+    armed_checkout(checkout, marker)
     assert server.ssh("good", f"git -C {checkout} ls-files >/dev/null").returncode == 0
     assert marker.exists(), "the trap is armed: plain git on the server runs core.fsmonitor"
     marker.unlink()

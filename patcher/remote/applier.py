@@ -26,6 +26,7 @@ import json
 import os
 import sys
 import time
+from collections.abc import Iterator
 from typing import IO, Any
 
 if __package__ == "patcher.remote":
@@ -306,12 +307,17 @@ class Bundle:
         new["files"] = {**(state or {}).get("files", {}), **self.plan["state"]["files"]}
         return new
 
-    def apply(self, force: bool) -> int:
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[dict[str, Any] | None]:
+        """The tree locked, a write cut short recovered (and said so), and the state dir's state."""
         with self.tree.locked():
             recovered = self.tree.recover(self.plan["files"])
             if recovered:
                 _say(f"note: {recovered}")
-            state = self.tree.load_state()
+            yield self.tree.load_state()
+
+    def apply(self, force: bool) -> int:
+        with self._locked() as state:
             writes, expect = self._writes(state, force)
             if not writes:
                 _say(f"already applied: nothing to do for SGLang {self.version}")
@@ -323,11 +329,7 @@ class Bundle:
         return EXIT_OK
 
     def revert(self, force: bool) -> int:
-        with self.tree.locked():
-            recovered = self.tree.recover(self.plan["files"])
-            if recovered:
-                _say(f"note: {recovered}")
-            state = self.tree.load_state()
+        with self._locked() as state:
             if state is None:
                 _say("nothing to revert: dynspec has not patched this tree")
                 return EXIT_OK

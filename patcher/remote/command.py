@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from patcher.options import diff_options
+from patcher.options import apply_options, diff_command_options, revert_force
 
 REMOTE_EXIT_CODES = """\b
 Exit codes (with several hosts: the first failing host's, in the order given):
@@ -187,41 +187,37 @@ def _finish(
         sys.exit(int(ExitCode.CHANGES))
 
 
+def _write(op: str, options: dict[str, Any], force: bool, verbose: bool, did: str, nothing: str) -> None:
+    """apply or revert on every host: what each host did on stderr, then the summary ("<did> N file(s)",
+    or ``nothing`` where a host wrote none) and the exit code."""
+    results = _run(op, options, force=force)
+    _narrate(results, verbose)
+    _finish(results, lambda r: f"{did} {len(r.written)} file(s)" if r.written else nothing)
+
+
 @remote.command()
 @host_options
 @click.option("--dry-run", is_flag=True, help="Print the diff instead of writing (same as `dynspec remote diff`).")
-@click.option("--check", is_flag=True, help="With --dry-run: exit 1 if changes are pending.")
-@click.option(
-    "--force", is_flag=True, help="Allow an unsupported version; rebuild hand-edited targets from the original."
-)
-@diff_options
+@apply_options
 def apply(dry_run: bool, check: bool, force: bool, verbose: bool, color: str, no_pager: bool, **options: Any) -> None:
     """Patch the SGLang tree on each HOST (idempotent; all or nothing per host)."""
     if dry_run or check:
         _diff(check, force, verbose, color, not no_pager, options)
         return
-    results = _run("apply", options, force=force)
-    _narrate(results, verbose)
-    _finish(results, lambda r: f"patched {len(r.written)} file(s)" if r.written else "already applied")
+    _write("apply", options, force, verbose, "patched", "already applied")
 
 
 @remote.command()
 @host_options
-@click.option("--force", is_flag=True, help="Restore the originals even over hand edits (the edits are lost).")
+@revert_force
 def revert(force: bool, verbose: bool, **options: Any) -> None:
     """Restore every file dynspec touched on each HOST, byte for byte, and remove the state dir."""
-    results = _run("revert", options, force=force)
-    _narrate(results, verbose)
-    _finish(results, lambda r: f"restored {len(r.written)} file(s)" if r.written else "nothing to revert")
+    _write("revert", options, force, verbose, "restored", "nothing to revert")
 
 
 @remote.command()
 @host_options
-@click.option("--check", is_flag=True, help="Exit 1 if changes are pending.")
-@click.option(
-    "--force", is_flag=True, help="Allow an unsupported version; diff hand-edited targets against the original."
-)
-@diff_options
+@diff_command_options
 def diff(check: bool, force: bool, verbose: bool, color: str, no_pager: bool, **options: Any) -> None:
     """Print what `remote apply` would change on each HOST, as a diff `git apply` accepts."""
     _diff(check, force, verbose, color, not no_pager, options)

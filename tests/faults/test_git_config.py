@@ -25,6 +25,19 @@ def git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True)
 
 
+def defused_git(repo: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    """git with the programs the trap names switched off: for building the repository, not for testing."""
+    off = ("-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "-c", "filter.trap.clean=cat")
+    return git(repo, *off, *args)
+
+
+def armed_checkout(root: Path, marker: Path) -> None:
+    """An armed repository at ``root`` with everything in it committed."""
+    armed_repo(root, marker)
+    defused_git(root, "add", "-A")
+    defused_git(root, "commit", "-q", "-m", "sglang")
+
+
 def armed_repo(root: Path, marker: Path) -> None:
     """Make ``root`` a git repository whose config runs a marker-leaving script wherever it can."""
     script = root.parent / "trap.sh"
@@ -51,36 +64,14 @@ def package(request: pytest.FixtureRequest, release_tree, tmp_path: Path) -> tup
     if request.param == "checkout":
         root = tmp_path / "sglang"
         release_tree(VERSION, where=root / "python")
-        armed_repo(root, marker)
-        git(
-            root,
-            "-c",
-            "core.fsmonitor=false",
-            "-c",
-            "core.hooksPath=/dev/null",
-            "-c",
-            "filter.trap.clean=cat",
-            "add",
-            "-A",
-        )
-        git(root, "-c", "core.fsmonitor=false", "-c", "core.hooksPath=/dev/null", "commit", "-q", "-m", "sglang")
+        armed_checkout(root, marker)
         git(root, "tag", f"v{VERSION}")
         return root, root, marker
     root = tmp_path / "project"
     package = release_tree(VERSION, where=root / "venv" / "site-packages")
     armed_repo(root, marker)
     (root / "README").write_text("a project with a virtualenv inside\n")
-    git(
-        root,
-        "-c",
-        "core.fsmonitor=false",
-        "-c",
-        "core.hooksPath=/dev/null",
-        "-c",
-        "filter.trap.clean=cat",
-        "add",
-        "README",
-    )
+    defused_git(root, "add", "README")
     return package, root, marker
 
 

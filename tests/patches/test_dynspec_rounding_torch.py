@@ -491,6 +491,25 @@ def slot_bytes(twin: Twin, slots: list[int]) -> Any:
     )
 
 
+def written_ahead_alone(twin: V1Twin, tokens: list[int], hidden: Any) -> V1Twin:
+    """The lean step's write ahead of its wait on its own: every request's row (pre-step positions
+    40 + i, slots 300 + i), finished ones too, and no second write."""
+    n = len(tokens)
+    v1_writer(twin).write(
+        SimpleNamespace(
+            forward_mode=ForwardMode(ForwardMode.DECODE),
+            seq_lens=torch.arange(40, 40 + n),
+            out_cache_loc=torch.arange(300, 300 + n),
+        ),
+        SimpleNamespace(
+            next_token_ids=torch.tensor(tokens),
+            logits_output=SimpleNamespace(hidden_states=hidden),
+            next_draft_input=SimpleNamespace(),
+        ),
+    )
+    return twin
+
+
 def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfinished_requests(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -540,19 +559,7 @@ def test_the_lean_step_writes_the_draft_kv_the_stock_extend_writes_for_the_unfin
     assert worker.target_worker.seen[0].input_ids.tolist() == [0, 1, 2, 3, 4]
     # Negative control: the write ahead alone (every request's row, finished ones too) replays graph 8,
     # whose bits for the three are not the stock extend's: the second write is what makes them so.
-    everyone = V1Twin(apart=(8, 12, 16))
-    v1_writer(everyone).write(
-        SimpleNamespace(
-            forward_mode=ForwardMode(ForwardMode.DECODE),
-            seq_lens=torch.arange(40, 45),
-            out_cache_loc=torch.arange(300, 305),
-        ),
-        SimpleNamespace(
-            next_token_ids=torch.tensor(tokens),
-            logits_output=SimpleNamespace(hidden_states=hidden),
-            next_draft_input=SimpleNamespace(),
-        ),
-    )
+    everyone = written_ahead_alone(V1Twin(apart=(8, 12, 16)), tokens, hidden)
     assert everyone.replays == [8] and not torch.equal(
         slot_bytes(everyone, [300, 302, 304]), slot_bytes(stock, [300, 302, 304])
     )
@@ -639,6 +646,19 @@ def timeline_world(
     worker.forward_draft_extend_after_decode = lambda b: timeline.append("extend") or "the stock extend's"
     step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
     return step, worker, batch, fallback, timeline
+
+
+def stock_extends_of_a_step(step: Any, worker: Any, batch: Any, fallback: Any) -> list[int]:
+    """Runs the lean step of ``lean_world`` with the stock extend (KV-only) recorded: the rows of each
+    stock extend it ran."""
+    extended: list[int] = []
+    fallback.draft_kv.kv_only = lambda w: contextlib.nullcontext()
+    worker.forward_draft_extend_after_decode = lambda b: (
+        extended.append(int(b.spec_info.input_ids.shape[0])) or "the stock extend's"
+    )
+    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
+    step.step(worker, batch, fallback)
+    return extended
 
 
 IN = ["enter tp", "enter moe"]
@@ -742,19 +762,7 @@ def test_rows_written_ahead_in_a_graph_that_rounds_by_row_are_written_again(monk
     stock = stock_bits_of_the_kept(worker, tokens, kept, V1Twin(late_rows=(8, 12, 16)))
     slots = [300 + i for i in kept]
     assert torch.equal(slot_bytes(direct, slots), slot_bytes(stock, slots))
-    ahead_only = V1Twin(late_rows=(8, 12, 16))
-    v1_writer(ahead_only).write(
-        SimpleNamespace(
-            forward_mode=ForwardMode(ForwardMode.DECODE),
-            seq_lens=torch.arange(40, 52),
-            out_cache_loc=torch.arange(300, 312),
-        ),
-        SimpleNamespace(
-            next_token_ids=torch.tensor(tokens),
-            logits_output=SimpleNamespace(hidden_states=worker.target_worker.outputs[-1]),
-            next_draft_input=SimpleNamespace(),
-        ),
-    )
+    ahead_only = written_ahead_alone(V1Twin(late_rows=(8, 12, 16)), tokens, worker.target_worker.outputs[-1])
     assert not torch.equal(slot_bytes(ahead_only, [308]), slot_bytes(stock, [308]))
 
 
@@ -798,14 +806,7 @@ def test_without_graph_padding_each_write_takes_only_counts_with_a_graph(
     twin = V1Twin()
     twin.disable_padding = True
     step, worker, batch, fallback = lean_world(monkeypatch, reqs, [10 + i for i in range(requests)], v1_writer(twin))
-    seen: list[int] = []
-    fallback.draft_kv.kv_only = lambda w: contextlib.nullcontext()
-    worker.forward_draft_extend_after_decode = lambda b: (
-        seen.append(int(b.spec_info.input_ids.shape[0])) or "the stock extend's"
-    )
-    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
-    step.step(worker, batch, fallback)
-    assert twin.replays == replays and seen == extended
+    assert stock_extends_of_a_step(step, worker, batch, fallback) == extended and twin.replays == replays
 
 
 @pytest.mark.parametrize(
@@ -831,13 +832,7 @@ def test_a_batch_the_write_ahead_does_not_take_is_written_after_the_wait(
         return stock_write(rows_in, verified)
 
     write.write = counted  # type: ignore[method-assign]
-    extended: list[int] = []
-    fallback.draft_kv.kv_only = lambda w: contextlib.nullcontext()
-    worker.forward_draft_extend_after_decode = lambda b: (
-        extended.append(int(b.spec_info.input_ids.shape[0])) or "the stock extend's"
-    )
-    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
-    step.step(worker, batch, fallback)
+    extended = stock_extends_of_a_step(step, worker, batch, fallback)
     assert asked == [17, *direct_rows] and extended == stock_rows
     assert twin.replays == ([4] if direct_rows else [])  # 16 rows pack into graph 4, which rounds as 16 here
 

@@ -686,10 +686,8 @@ def test_other_backends_keep_their_verify_path_unless_asked(attention_env: Any) 
         runtime.one_token_attention(TritonAttnBackend())
 
 
-def test_graph_metadata_is_built_for_decode_over_the_prefix_and_the_new_token() -> None:
-    backend = runtime.serve_verify_as_decode(TritonAttnBackend())
-    backend.init_forward_metadata_capture_cuda_graph(4, 4, "rpi", Lens([1, 1, 1, 1]), None, Mode.TARGET_VERIFY, "tree")
-    assert backend.calls[0][3].values == [2, 2, 2, 2]
+def replay_a_verify_of_two(backend: Any) -> None:
+    """The model runner's replay for a target verify of two requests, 10 and 20 tokens long."""
     backend.init_forward_metadata_replay_cuda_graph(
         2,
         "rpi",
@@ -700,6 +698,13 @@ def test_graph_metadata_is_built_for_decode_over_the_prefix_and_the_new_token() 
         spec_info="tree",
         seq_lens_cpu=Lens([10, 20]),
     )
+
+
+def test_graph_metadata_is_built_for_decode_over_the_prefix_and_the_new_token() -> None:
+    backend = runtime.serve_verify_as_decode(TritonAttnBackend())
+    backend.init_forward_metadata_capture_cuda_graph(4, 4, "rpi", Lens([1, 1, 1, 1]), None, Mode.TARGET_VERIFY, "tree")
+    assert backend.calls[0][3].values == [2, 2, 2, 2]
+    replay_a_verify_of_two(backend)
     (_, bs, mode, captured, spec), (_, rbs, rmode, replayed, total, cpu, rspec) = backend.calls
     assert (bs, mode, spec) == (4, Mode.DECODE, None)
     assert (rbs, rmode, replayed.values, total, cpu.values, rspec) == (2, Mode.DECODE, [11, 21], 32, [11, 21], None)
@@ -839,16 +844,7 @@ def test_a_replay_names_its_arguments_without_bind_where_the_signature_allows(mo
     bind = inspect.Signature.bind
     monkeypatch.setattr(inspect.Signature, "bind", lambda self, *a, **k: bound.append(a) or bind(self, *a, **k))
     backend = runtime.serve_verify_as_decode(TritonAttnBackend())
-    backend.init_forward_metadata_replay_cuda_graph(
-        2,
-        "rpi",
-        Lens([10, 20]),
-        30,
-        None,
-        forward_mode=Mode.TARGET_VERIFY,
-        spec_info="tree",
-        seq_lens_cpu=Lens([10, 20]),
-    )
+    replay_a_verify_of_two(backend)
     ((_, bs, mode, lens, total, cpu, spec),) = backend.calls
     assert (bs, mode, lens.values, total, cpu.values, spec) == (2, Mode.DECODE, [11, 21], 32, [11, 21], None)
     assert bound == []

@@ -194,6 +194,20 @@ def ratio_against_itself(log: str) -> float:
     return float(steps.per_step({"base": log, "same": log}, "base", [64])["same"]["64"]["median"])
 
 
+def published_per_step(
+    evidence: Path, tput: dict, published: dict, control: str = "base-sim.log", *others: str
+) -> tuple[dict[str, str], dict]:
+    """dynspec's per-step ratios against base at 64 and 128 requests, read again from the run's logs, are
+    the report's and the published (median, pairs); the control log against itself reads 1 (negative
+    control). The logs (base's, dynspec's and ``others``) and the ratios."""
+    logs = members(evidence / "logs.tar.gz", "base-sim.log", *others, "dynspec-sim.log")
+    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
+    assert tput["per_step"] == ratios
+    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == published
+    assert ratio_against_itself(logs[control]) == 1.0  # negative control
+    return logs, ratios
+
+
 @pytest.mark.parametrize(
     ("evidence", "expected"),
     [
@@ -968,14 +982,7 @@ def test_session_15_the_kv_only_prefills_throughput_and_mixed_load() -> None:
     envelope = [d / max(b, a) for d, b, a in zip(tput["dynspec"], tput["base"], tput["always_on"])]
     assert [round(r, 2) for r in envelope] == [1.04, 1.0, 1.05, 1.02, 0.96, 1.0]
     assert not tput["passed"]
-    logs = members(S15_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
-    assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
-        "64": (0.971, 45),
-        "128": (0.984, 28),
-    }
-    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+    published_per_step(S15_TPUT, tput, {"64": (0.971, 45), "128": (0.984, 28)})
 
 
 @pytest.mark.parametrize("evidence", [S15_PROOF, S15_PARALLEL], ids=["proof", "parallel-starts"])
@@ -1122,18 +1129,11 @@ def test_session_16_r23s_throughput_and_mixed_load_at_three_levels() -> None:
     tput, mixed = report["throughput"], report["mixed_load"]
     assert tput["levels"] == [16, 64, 128] and [round(r, 2) for r in tput["envelope_ratio"]] == [1.03, 0.94, 0.99]
     assert not tput["passed"] and tput["problems"] == ["R(C) below 0.97 at C=64: 0.9421"]
-    logs = members(S16_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
-    assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
-        "64": (0.971, 45),
-        "128": (0.988, 33),
-    }
+    published_per_step(S16_TPUT, tput, {"64": (0.971, 45), "128": (0.988, 33)})
     assert mixed["seconds"] == {k: sorted(v)[1] for k, v in mixed["samples"].items()}
     assert mixed["seconds"] == {"base": 13.287, "always_on": 11.782, "dynspec": 10.621}
     assert not mixed["passed"] and mixed["dynspec_over_oracle"] == 1.0352
     assert mixed["seconds"]["dynspec"] < min(mixed["seconds"]["base"], mixed["seconds"]["always_on"])
-    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
 
 
 def test_session_16_real_weights_without_deterministic_inference_round_apart_by_batch() -> None:
@@ -1387,14 +1387,7 @@ def test_session_18_the_mixed_load_with_the_stream_is_within_3_percent_of_the_or
     report = s18_report(S18_TPUT, {"DYNSPEC_DRAFT_KV": "kv-direct"})
     tput, mixed = report["throughput"], report["mixed_load"]
     assert tput["levels"] == [16, 64, 128] and tput["envelope_ratio"] == [0.9683, 0.9671, 0.9868] and not tput["passed"]
-    logs = members(S18_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
-    assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
-        "64": (0.981, 47),
-        "128": (0.998, 32),
-    }
-    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+    published_per_step(S18_TPUT, tput, {"64": (0.981, 47), "128": (0.998, 32)})
     assert mixed["passed"] and mixed["dynspec_over_oracle"] == 1.0295 and mixed["max_ratio"] == 1.03
     assert mixed["seconds"] == {"base": 13.448, "always_on": 12.584, "dynspec": 11.033}
     assert mixed["seconds"]["dynspec"] < min(mixed["seconds"]["base"], mixed["seconds"]["always_on"])
@@ -1727,11 +1720,7 @@ def test_session_20_on_v2_a_fallback_step_costs_a_plain_one_and_end_to_end_misse
     report = s20_report(S20_TPUT[release])
     tput, load = report["throughput"], report["mixed_load"]
     assert tput["levels"] == [1, 4, 16, 32, 64, 128] and tput["envelope_ratio"] == envelope and not tput["passed"]
-    logs = members(S20_TPUT[release] / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
-    assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == per_step
-    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+    logs, _ = published_per_step(S20_TPUT[release], tput, per_step)
     assert (load["passed"], load["dynspec_over_oracle"]) == mixed
     assert load["seconds"]["dynspec"] < min(load["seconds"]["base"], load["seconds"]["always_on"])
     assert "DYNSPEC_DRAFT_KV" not in {k for s in report["servers"] for k in s["env"]}
@@ -1880,14 +1869,9 @@ def test_session_21_prefill_graphs_bring_0_5_12s_mixed_load_to_the_oracle() -> N
     tput, load = report["throughput"], report["mixed_load"]
     assert tput["envelope_ratio"] == [1.0018, 1.0837, 1.0183, 0.9754, 0.9607, 0.9662] and not tput["passed"]
     assert tput["order"].startswith("interleaved") and load["order"].startswith("interleaved")
-    logs = members(S21_GRAPH_TPUT / "logs.tar.gz", "base-sim.log", "always-on-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
-    assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
-        "64": (0.982, 63),
-        "128": (0.991, 40),
-    }
-    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+    logs, _ = published_per_step(
+        S21_GRAPH_TPUT, tput, {"64": (0.982, 63), "128": (0.991, 40)}, "base-sim.log", "always-on-sim.log"
+    )
     assert (load["passed"], load["dynspec_over_oracle"], load["repeats"]) == (True, 0.9995, 5)
     assert load["seconds"] == {k: statistics.median(v) for k, v in load["samples"].items()}
     assert load["seconds"]["dynspec"] < min(load["seconds"]["base"], load["seconds"]["always_on"])
@@ -1905,13 +1889,7 @@ def test_session_21_0_5_17_passes_r_at_every_level_and_misses_the_mixed_load() -
     report = s20_report(S21_TPUT_17)
     tput, load = report["throughput"], report["mixed_load"]
     assert tput["passed"] and min(tput["envelope_ratio"]) == 0.9783 and len(tput["levels"]) == 6
-    logs = members(S21_TPUT_17 / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
-    assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
-        "64": (0.974, 63),
-        "128": (0.988, 39),
-    }
+    published_per_step(S21_TPUT_17, tput, {"64": (0.974, 63), "128": (0.988, 39)})
     assert (load["passed"], load["dynspec_over_oracle"]) == (False, 1.0476)
     assert (min(load["samples"]["dynspec"]), max(load["samples"]["dynspec"])) == (9.601, 10.173)
     text = (S21_TPUT_17 / "proof.txt").read_text()
@@ -2007,14 +1985,7 @@ def test_session_22_with_the_stream_0_5_17_passes_the_mixed_load_and_misses_r_at
     report = report_of(S22_STREAM_TPUT, STREAM_ON, S19_REVISIONS)
     tput, load = report["throughput"], report["mixed_load"]
     assert tput["envelope_ratio"] == [0.9912, 0.9752, 0.9934, 0.9902, 0.9676, 0.9811] and not tput["passed"]
-    logs = members(S22_STREAM_TPUT / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
-    assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
-        "64": (0.976, 64),
-        "128": (0.997, 39),
-    }
-    assert ratio_against_itself(logs["base-sim.log"]) == 1.0  # negative control
+    logs, ratios = published_per_step(S22_STREAM_TPUT, tput, {"64": (0.976, 64), "128": (0.997, 39)})
     before = s20_report(S21_TPUT_17)["throughput"]["per_step"]["dynspec"]
     assert ratios["dynspec"]["128"]["median"] - before["128"]["median"] > 0.005
     assert (load["passed"], load["dynspec_over_oracle"], load["repeats"]) == (True, 1.0274, 5)
@@ -2221,14 +2192,7 @@ def test_session_25_with_the_lean_v2_step_r_passes_at_64_and_misses_at_128_by_on
     report = report_of(S25_LEAN["tput"], LEAN_ON, S24_REVISIONS)
     tput, load = report["throughput"], report["mixed_load"]
     assert tput["envelope_ratio"] == [1.0064, 1.0329, 1.0189, 1.0617, 0.9753, 0.9613] and not tput["passed"]
-    logs = members(S25_LEAN["tput"] / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
-    assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
-        "64": (0.98, 60),
-        "128": (0.999, 38),
-    }
-    assert ratio_against_itself(logs["dynspec-sim.log"]) == 1.0  # negative control
+    logs, _ = published_per_step(S25_LEAN["tput"], tput, {"64": (0.98, 60), "128": (0.999, 38)}, "dynspec-sim.log")
     assert tput["outside_steady_ms"]["dynspec"]["128"] == [306, 191, 711]
     assert (load["passed"], load["dynspec_over_oracle"], load["repeats"]) == (True, 1.0248, 5)
     assert load["seconds"] == {k: statistics.median(v) for k, v in load["samples"].items()}
@@ -2358,14 +2322,7 @@ def test_session_26_0_5_17s_fallback_step_reads_0_98_of_plain_decode_and_r_misse
     report = report_of(S26_17["tput"], {}, S26_REVISIONS)
     tput, load = report["throughput"], report["mixed_load"]
     assert tput["envelope_ratio"] == [0.995, 0.9921, 0.9948, 0.9851, 0.9667, 0.9671] and not tput["passed"]
-    logs = members(S26_17["tput"] / "logs.tar.gz", "base-sim.log", "dynspec-sim.log")
-    ratios = steps.per_step({"base": logs["base-sim.log"], "dynspec": logs["dynspec-sim.log"]}, "base", [64, 128])
-    assert tput["per_step"] == ratios
-    assert {c: (r["median"], r["pairs"]) for c, r in ratios["dynspec"].items()} == {
-        "64": (0.983, 61),
-        "128": (0.992, 38),
-    }
-    assert ratio_against_itself(logs["dynspec-sim.log"]) == 1.0  # negative control
+    published_per_step(S26_17["tput"], tput, {"64": (0.983, 61), "128": (0.992, 38)}, "dynspec-sim.log")
     # R at 64 from its two parts: 16384 tokens at each server's median steady speed, plus its median time outside it.
     outside = {s: statistics.median(tput["outside_steady_ms"][s]["64"]) / 1000 for s in ("base", "dynspec")}
     steady = {s: statistics.median(tput["per_run"][s]["64"][1:]) for s in ("base", "dynspec")}  # the warm-up first
