@@ -225,7 +225,7 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "--checks",
     default="equivalence,crossings,exact_kv",
     show_default=True,
-    help="Comma list of equivalence, crossings, exact_kv, acceptance, throughput, mixed_load, auto_threshold, refusals.",
+    help="Comma list of equivalence, crossings, exact_kv, acceptance, throughput, mixed_load, auto_threshold, refusals, metrics.",
 )
 @click.option(
     "--model",
@@ -517,6 +517,9 @@ def proof(
     refusals     each combination dynspec refuses (topk > 1, DP attention, N >= the running or
                  CUDA-graph limit, a bad value, --speculative-adaptive, auto before 0.5.14) on a
                  server of its own: it exits before answering, with a line naming it, no traceback
+    metrics      (with crossings) the dynspec server runs with --enable-metrics; around the
+                 ramp /metrics has the three sglang:dynspec_* counters, the switches counted
+                 equal the switch lines logged, both kinds of iteration rose
     auto_threshold the mixed load at each --auto-acceptance on dynspec with
                  --speculative-disable-batch-size auto and with each fixed N of --auto-sweep
                  (0.5.14+, v2): auto's total <= 1.03 x the best N's, not slower than both

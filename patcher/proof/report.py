@@ -39,6 +39,7 @@ CHECKS = (
     "mixed_load",
     "auto_threshold",
     "refusals",
+    "metrics",
 )
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "summary.txt"

@@ -26,7 +26,7 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from patcher.proof import acceptance, detect, exactkv, launch, logscan, mixed, steps
+from patcher.proof import acceptance, detect, exactkv, launch, logscan, metrics, mixed, steps
 from patcher.proof import report as reports
 from patcher.proof.client import (
     WARMUP_PROMPT,
@@ -226,7 +226,7 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
     checks = [c for c in reports.CHECKS if c in opts.checks]
     skipped: dict[str, str] = {c: "not asked for" for c in reports.CHECKS if c not in checks}
     if not sglang.dynspec_applied:
-        for check in ("crossings", "exact_kv", "acceptance", "mixed_load", "auto_threshold", "refusals"):
+        for check in ("crossings", "exact_kv", "acceptance", "mixed_load", "auto_threshold", "refusals", "metrics"):
             if check in checks:
                 checks.remove(check)
                 skipped[check] = f"dynspec is not applied to {sglang.package} (no --speculative-disable-batch-size)"
@@ -306,6 +306,8 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             )
         if opts.model != "dummy":
             raise ProofUsageError("auto_threshold runs on dummy weights with simulated acceptance (--model dummy)")
+    if "metrics" in checks and "crossings" not in checks:
+        raise ProofUsageError("metrics are read around the crossings' ramp: add crossings to --checks")
     if opts.mixed_variants and "mixed_load" not in checks:
         raise ProofUsageError("--mixed-variant needs the mixed_load check (--checks mixed_load) and dynspec applied")
     if opts.parallel_starts > 1:
@@ -586,7 +588,11 @@ class Proof:
         try:
             if {"equivalence", "crossings", "exact_kv", "acceptance"} & set(checks):
                 self.correctness(
-                    "equivalence" in checks, "crossings" in checks, "exact_kv" in checks, "acceptance" in checks
+                    "equivalence" in checks,
+                    "crossings" in checks,
+                    "exact_kv" in checks,
+                    "acceptance" in checks,
+                    "metrics" in checks,
                 )
             if "refusals" in checks:
                 self.refusals()
@@ -817,7 +823,9 @@ class Proof:
 
     # -- equivalence and crossings -----------------------------------------------------------
 
-    def correctness(self, equivalence: bool, crossings: bool, exact_kv: bool = False, accept: bool = False) -> None:
+    def correctness(
+        self, equivalence: bool, crossings: bool, exact_kv: bool = False, accept: bool = False, scrape: bool = False
+    ) -> None:
         opts = self.opts
         assert self.sglang is not None
         applied = self.sglang.dynspec_applied
@@ -864,7 +872,8 @@ class Proof:
                     env[KV_BITS_ENV] = str(opts.out / KV_BITS_FILES[checked])
             # above anything the load reaches, below --max-running-requests: speculation never turns off
             flags = launch.Dynspec(launch.MAX_RUNNING_REQUESTS - 1) if never_off else None
-            planned.append((mode, variant, Plan(mode, shape, None, name, env, flags)))
+            extra = ("--enable-metrics",) if scrape and mode == "dynspec" and variant is None else ()
+            planned.append((mode, variant, Plan(mode, shape, None, name, env, flags, extra)))
         with self.starting([plan for _, _, plan in planned]):
             for mode, variant, plan in planned:
                 name, never_off = plan.name, variant == acceptance.NEVER_OFF
@@ -883,7 +892,11 @@ class Proof:
                                     server, opts.levels, opts.new_tokens, "base repeat", batched=True
                                 )
                         if mode == "dynspec" and crossings:
+                            before = metrics.parse(self.scrape(server)) if scrape else {}
                             self.crossings(server, cr)
+                            if scrape:
+                                after = metrics.parse(self.scrape(server))
+                                self.report["metrics"] = metrics.judge(before, after, cr.get("count", 0))
                             if equivalence and self.flush_cache(server):
                                 so_far = logscan.scan_file(server.spec.log, 0, logscan.size(server.spec.log))
                                 self.ramp_final_state = so_far.transitions[-1].direction if so_far.transitions else "ON"
@@ -919,6 +932,8 @@ class Proof:
         if crossings:
             self.judge_crossings(cr)
             self.report["crossings"] = cr
+        if scrape and "metrics" not in self.report:
+            self.report["metrics"] = {"passed": False, "problems": [f"not run: {self.aborted or 'no ramp ran'}"]}
         if accept:
             real = opts.model_dir is not None
             differ = outputs_differ(kv_digests, real)
@@ -959,6 +974,14 @@ class Proof:
                 kv_only_extend=kv_path,
             )
             self.report["exact_kv"] = entry
+
+    def scrape(self, server: Server) -> str:
+        """The server's ``/metrics`` text ("" when it answers otherwise)."""
+        try:
+            status, body = self.client(server).request("GET", "/metrics", timeout=30)
+        except OSError:
+            return ""
+        return body.decode("utf-8", "replace") if status == 200 else ""
 
     def kv_mode(self, problems: list[str]) -> str:
         """The DYNSPEC_DRAFT_KV of the server exact_kv proves: the caller's, else ``KV_ONLY_MODE``."""

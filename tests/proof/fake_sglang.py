@@ -23,7 +23,11 @@ logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` an
 ``autowrong`` (with ``auto``, each switch off names its own batch size as the size it is off above),
 ``thresholdlie`` (with a number N, switch lines name N + 1 as the size speculation is off above),
 ``refusaltraceback`` (a refused start raises the ValueError, as dynspec did before session 27: a
-traceback), ``norefusal`` (nothing is refused).
+traceback), ``norefusal`` (nothing is refused), ``metricsdrift`` (the switch counter misses every
+other switch), ``nometrics`` (``/metrics`` holds none of dynspec's counters).
+
+With ``--enable-metrics`` it serves ``/metrics`` with the runtime's three counters: a switch per
+switch line, and per request a speculative or a fallback iteration (the mode it arrived in).
 
 Playing dynspec, it runs the real start-up check (``patches/runtime/dynspec_settings.py``) on its
 flags before serving, as SGLang's ``check_server_args`` calls it, with the zero-step mode present
@@ -161,6 +165,9 @@ class State:
         self.step_delay = float(os.environ.get("FAKE_SGLANG_STEP_DELAY", "0.002"))
         self.record_lock = threading.Lock()
         self.accept = max(1, int(os.environ.get("FAKE_SGLANG_ACCEPT", "1")))
+        self.counted = {"spec": 0, "fallback": 0, "switches": 0}  # dynspec_runtime.DynspecMetrics's
+        self.switch_lines = 0
+        self.metrics = False  # --enable-metrics
 
     def arrive(self, rid: str | None = None) -> tuple[int, bool]:
         """Count a request in; switch like dynspec. Returns (its number, speculation on)."""
@@ -170,6 +177,7 @@ class State:
             self.rids.append(rid)
             self.max_inflight = max(self.max_inflight, self.inflight)
             self._switch()
+            self.counted["spec" if self.on else "fallback"] += 1
             return self.generates, self.on
 
     def decide(self) -> bool:
@@ -177,6 +185,26 @@ class State:
         with self.lock:
             self._switch()
             return self.on
+
+    def _count_switch(self) -> None:
+        self.switch_lines += 1
+        if "metricsdrift" not in self.faults or self.switch_lines % 2:
+            self.counted["switches"] += 1
+
+    def metrics_text(self) -> str:
+        """``/metrics`` as prometheus_client writes the runtime's counters (plus one of SGLang's own)."""
+        lines = ['sglang:num_running_reqs{model_name="fake"} 0.0']
+        if "nometrics" not in self.faults:
+            for key, name in (
+                ("spec", "spec_iterations"),
+                ("fallback", "fallback_iterations"),
+                ("switches", "switches"),
+            ):
+                lines += [
+                    f"# TYPE sglang:dynspec_{name}_total counter",
+                    f'sglang:dynspec_{name}_total{{model_name="fake"}} {float(self.counted[key])}',
+                ]
+        return "\n".join(lines) + "\n"
 
     def _switch(self) -> None:
         if self.disable is not None and "noswitch" not in self.faults:
@@ -187,6 +215,7 @@ class State:
                     size if "autowrong" in self.faults and self.auto else self.disable + ("thresholdlie" in self.faults)
                 )
                 log(f"dynspec: speculation OFF at batch size {size} (off above {off}, on at or below {self.enable})")
+                self._count_switch()
                 if self.found is not None:
                     self.disable, self.enable = self.found
                     self.found = None
@@ -196,6 +225,7 @@ class State:
                 log(
                     f"dynspec: speculation ON at batch size {self.inflight} (off above {self.disable}, on at or below {self.enable})"
                 )
+                self._count_switch()
 
     def records(self, rid: Any) -> bool:
         return bool(self.record_path) and isinstance(rid, str) and rid.startswith(RECORD_RID_PREFIX)
@@ -266,6 +296,13 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 self.reply(200, {})
             elif self.path in ("/model_info", "/get_model_info"):
                 self.reply(200, {"model_path": "fake", "is_generation": True})
+            elif self.path == "/metrics" and state.metrics:
+                data = state.metrics_text().encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "text/plain; version=0.0.4")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
             else:
                 self.reply(404, {"error": "not found"})
 
@@ -375,6 +412,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--cuda-graph-max-bs", type=int)
     parser.add_argument("--speculative-eagle-topk", type=int, default=1)
     parser.add_argument("--enable-dp-attention", action="store_true")
+    parser.add_argument("--enable-metrics", action="store_true")
     parser.add_argument("--speculative-switch-min-steps", type=int, default=8)
     parser.add_argument("--speculative-enable-batch-size", type=int)
     parser.add_argument("--speculative-adaptive", action="store_true")
@@ -412,6 +450,7 @@ def main(argv: list[str]) -> None:
         faults,
         found,
     )
+    state.metrics = args.enable_metrics
     if state.disable is not None:
         log(
             f"dynspec: v2 fallback ready in 0.01 s: speculation off above {state.disable} requests, on at or "

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from patcher.proof import exactkv, mixed, plot, report
+from patcher.proof import exactkv, metrics, mixed, plot, report
 from patcher.proof.client import LevelResult
 from patcher.proof.run import Refusal
 
@@ -256,8 +256,10 @@ def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
     # the checks and their order (the summary's lines, --checks' choices) are part of the contract
     assert (
         " ".join(report.CHECKS)
-        == "equivalence crossings exact_kv acceptance throughput mixed_load auto_threshold refusals"
+        == "equivalence crossings exact_kv acceptance throughput mixed_load auto_threshold refusals metrics"
     )
+    # issue 18's metrics: the entry metrics.judge writes
+    assert {"passed", "before", "after", "switches_logged", "switches_counted"} <= set(metrics.judge({}, {}, 0))
     # issue 18's refusals: each case's row (written by Refusal.judge)
     row = Refusal("x", ("--flag",), "says").judge(2, "error: says it\n", 1.0)
     assert set(row) == {"name", "args", "says", "exit_code", "seconds", "line", "problems"} and row["problems"] == []

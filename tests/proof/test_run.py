@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from patcher.proof import metrics
 from patcher.proof import report as reports
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.run import ProofOptions, run_proof
@@ -212,6 +213,34 @@ def test_auto_refuses_what_it_cannot_judge_before_any_server(site, tmp_path, kw,
         run_proof(opts, lambda m: None)
     assert message in str(error.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_counters_follow_the_switch_lines_through_the_ramp(site, tmp_path):
+    result = run_proof(options(site(), tmp_path / "out", checks=("crossings", "metrics")), lambda m: None)
+    m = result["metrics"]
+    assert m["passed"] and result["passed"], reports.summary(result)
+    assert m["switches_counted"] == m["switches_logged"] == result["crossings"]["count"] >= 10
+    assert set(m["after"]) == {metrics.SPEC, metrics.FALLBACK, metrics.SWITCHES}
+    (server,) = result["servers"]
+    assert "--enable-metrics" in server["argv"]
+
+
+@pytest.mark.parametrize(
+    ("fault", "problem"),
+    [
+        ("metricsdrift", "sglang:dynspec_switches_total rose by"),
+        ("nometrics", "/metrics has no sglang:dynspec_spec_iterations_total after the ramp"),
+    ],
+)
+def test_counters_that_miss_switches_or_are_absent_fail(site, tmp_path, fault, problem):
+    result = run_proof(options(site(), tmp_path / "out", faults=fault, checks=("crossings", "metrics")), lambda m: None)
+    assert not result["metrics"]["passed"] and result["crossings"]["passed"]
+    assert result["metrics"]["problems"][0].startswith(problem)
+
+
+def test_metrics_without_the_ramp_is_a_usage_error(site, tmp_path):
+    with pytest.raises(ProofUsageError, match="metrics are read around the crossings' ramp"):
+        run_proof(options(site(), tmp_path / "out", checks=("equivalence", "metrics")), lambda m: None)
 
 
 def test_every_refused_combination_exits_with_one_line_naming_it(site, tmp_path):
