@@ -96,7 +96,9 @@ def test_the_face_hands_on_names_and_the_command_imports_no_engine() -> None:
     """`dynspec` registers the commands at every start: that imports click, not libcst or the engine."""
     code = "import sys, patcher.remote.command; print(sorted(m for m in sys.modules if m.startswith(('patcher', 'libcst'))))"
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
-    assert done.stdout.strip() == str(["patcher", "patcher.options", "patcher.remote", "patcher.remote.command"])
+    assert done.stdout.strip() == str(
+        ["patcher", "patcher.faces", "patcher.options", "patcher.remote", "patcher.remote.command"]
+    )
     from patcher.remote import bundle, client
 
     for name in face.__all__:

@@ -19,8 +19,9 @@ start, and that imports this package, not the engine.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from patcher.faces import lazy_names
 
 if TYPE_CHECKING:
     from patcher.matrix.baseline import (
@@ -97,13 +98,4 @@ _MODULES = ("model", "sources", "check", "baseline", "reports", "readme")  # fro
 
 
 if not TYPE_CHECKING:  # mypy reads the imports above instead, so it still knows each name and its type
-
-    def __getattr__(name: str) -> Any:
-        """A public name of one of the modules, imported on first use."""
-        if name in __all__:
-            for module in _MODULES:
-                found = vars(importlib.import_module(f"{__name__}.{module}"))
-                if name in found:
-                    globals()[name] = found[name]
-                    return found[name]
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    __getattr__ = lazy_names(__name__, _MODULES, __all__)

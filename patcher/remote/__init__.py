@@ -20,8 +20,9 @@ start, and that imports this package, not the engine.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from patcher.faces import lazy_names
 
 if TYPE_CHECKING:
     from patcher.remote.bundle import MAIN, PLAN_FORMAT, Built, archive, build, make_plan, pristine_package
@@ -73,11 +74,4 @@ __all__ = [
 ]
 
 if not TYPE_CHECKING:  # mypy reads the imports above instead, so it still knows each name and its type
-
-    def __getattr__(name: str) -> Any:
-        """A public name of ``client`` or ``bundle``, on its first use; ``bundle`` imports ``client``."""
-        if name not in __all__:
-            raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-        client, bundle = (importlib.import_module(f"{__name__}.{module}") for module in ("client", "bundle"))
-        globals()[name] = value = vars(client)[name] if name in vars(client) else vars(bundle)[name]
-        return value
+    __getattr__ = lazy_names(__name__, ("client", "bundle"), __all__)
