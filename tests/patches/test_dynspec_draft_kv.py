@@ -34,9 +34,11 @@ from packaging.version import Version
 from patcher import releases
 from patcher.proof import exactkv
 from patcher.proof import run as proof_run
+from patches.eagle_worker_v2_dynspec_fallback import EagleWorkerV2DynspecFallback
+from patches.eagle_worker_v2_dynspec_zero_step import EagleWorkerV2DynspecZeroStep
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime import dynspec_v2 as v2
-from tests.conftest import RELEASES
+from tests.conftest import RELEASES, releases_of
 from tests.patches import test_speculative_dynspec_runtime as runtime_tests
 from tests.patches import test_speculative_dynspec_v2 as v2_tests
 from tests.patches.fake_draft import (
@@ -1769,7 +1771,7 @@ def test_the_draft_side_kv_only_relies_on_is_the_releases(version: str) -> None:
 
 # -- what kv-graph's twin runner relies on, in every release ----------------------------------------
 
-ZERO_STEP = [v for v in RELEASES if Version(v) >= Version("0.5.14")]
+ZERO_STEP = releases_of(EagleWorkerV2DynspecZeroStep)
 V2_WORKER = "srt/speculative/eagle_worker_v2.py"
 V1_WORKER = "srt/speculative/eagle_worker.py"
 EXTEND_RUNNER = "srt/speculative/eagle_draft_extend_cuda_graph_runner.py"
@@ -1886,7 +1888,7 @@ def test_graph_like_relies_on_the_releases_override_and_runtime_state(version: s
     assert {"draft_extend_attn_backend", "draft_runner"} <= assigned_attributes(ast.unparse(draft))
 
 
-OWN_FALLBACK = [v for v in RELEASES if Version("0.5.4") <= Version(v) < Version("0.5.14")]
+OWN_FALLBACK = releases_of(EagleWorkerV2DynspecFallback)
 
 
 @pytest.mark.releases

@@ -36,11 +36,12 @@ import pytest
 from packaging.version import Version
 
 from patcher import releases
+from patches.eagle_worker_v2_dynspec_zero_step import EagleWorkerV2DynspecZeroStep
 from patches.runtime import dynspec_v2 as v2
-from tests.conftest import RELEASES
+from tests.conftest import releases_of
 from tests.patches.real_release import release_file, release_source
 
-LEAN = [v for v in RELEASES if Version(v) >= Version("0.5.14")]  # LeanVerify applies from 0.5.14
+LEAN = releases_of(EagleWorkerV2DynspecZeroStep)  # the zero-step policy installs LeanVerify
 
 EAGLE_UTILS = "srt/speculative/eagle_utils.py"
 COMMON = "srt/speculative/eagle_worker_common.py"  # the shared verify body, 0.5.16+
