@@ -18,7 +18,8 @@ MODELS = Path(__file__).resolve().parent / "models"
 # (draft8b's 128k lm_head is the pessimistic case for the draft extend's cost)
 SHAPES = {"small": ("target", "draft"), "8b": ("target8b", "draft8b"), "8b-32k": ("target8b", "draft8b-32k")}
 MAX_RUNNING_REQUESTS = 128
-AUTO = "auto"  # --speculative-disable-batch-size auto
+THRESHOLD_FLAG = "--speculative-disable-batch-size"  # the runtime names it in every refusal
+AUTO = "auto"  # THRESHOLD_FLAG auto
 # auto's highest switch point on these servers: one below the running-request limit and the largest
 # CUDA-graph batch (both MAX_RUNNING_REQUESTS), so a batch that large is served off whatever it decides
 AUTO_CEILING = MAX_RUNNING_REQUESTS - 1
@@ -67,7 +68,7 @@ class Dynspec:
     switch_min_steps: int | None = None
 
     def flags(self) -> list[str]:
-        out = ["--speculative-disable-batch-size", str(self.disable_batch_size)]
+        out = [THRESHOLD_FLAG, str(self.disable_batch_size)]
         if self.enable_batch_size is not None:
             out += ["--speculative-enable-batch-size", str(self.enable_batch_size)]
         if self.switch_min_steps is not None:

@@ -491,7 +491,7 @@ class Refusal:
 
 def refusal_cases(sglang: detect.SGLang, path: str) -> list[Refusal]:
     """What the start-up check refuses on this release (issue 18's list, and a bad value)."""
-    flag = "--speculative-disable-batch-size"
+    flag = launch.THRESHOLD_FLAG
     cases = [
         Refusal("topk", ("--speculative-eagle-topk", "2"), f"{flag} does not support --speculative-eagle-topk > 1"),
         Refusal("dp-attention", ("--enable-dp-attention",), f"{flag} does not support --enable-dp-attention"),
