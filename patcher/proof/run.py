@@ -1491,16 +1491,18 @@ class Proof:
                 rows.append(case.judge(None, "", 0.0) | {"problems": [f"could not launch: {error}"]})
                 continue
             started.append((case, server, info))
-        for case, server, info in started:
-            assert server.popen is not None
-            # a refusal exits before answering (raised here); one that comes up or hangs fails below
-            with contextlib.suppress(ServerStartError):
-                server.wait_ready(opts.refusal_timeout, opts.poll_interval, opts.progress_every)
-            code = server.popen.poll()
-            seconds = time.monotonic() - (server.started_at or time.monotonic())
-            row = case.judge(code, logscan.read_window(server.spec.log)[0], seconds)
-            self._finish(server, info)
-            rows.append(row)
+        try:
+            for case, server, _ in started:
+                assert server.popen is not None
+                # a refusal exits before answering (raised here); one that comes up or hangs fails below
+                with contextlib.suppress(ServerStartError):
+                    server.wait_ready(opts.refusal_timeout, opts.poll_interval, opts.progress_every)
+                code = server.popen.poll()
+                seconds = time.monotonic() - (server.started_at or time.monotonic())
+                rows.append(case.judge(code, logscan.read_window(server.spec.log)[0], seconds))
+        finally:  # every one stopped, also when the wait is cut short
+            for _, server, info in started:
+                self._finish(server, info)
         problems = [f"{row['name']}: {p}" for row in rows for p in row["problems"]]
         self.report["refusals"] = {
             "passed": bool(rows) and not problems,
