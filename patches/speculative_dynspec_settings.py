@@ -10,7 +10,7 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecSettings(NewFilePatch):
-    REVISION = 1
+    REVISION = 2
     TARGET = "srt/speculative/dynspec_settings.py"
     SGLANG = ">=0.4.10.post2"
     SUMMARY = "dynspec settings module: the flags' reading, the start-up check and the refusals"

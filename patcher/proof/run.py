@@ -494,7 +494,13 @@ def refusal_cases(sglang: detect.SGLang, path: str) -> list[Refusal]:
     flag = launch.THRESHOLD_FLAG
     cases = [
         Refusal("topk", ("--speculative-eagle-topk", "2"), f"{flag} does not support --speculative-eagle-topk > 1"),
-        Refusal("dp-attention", ("--enable-dp-attention",), f"{flag} does not support --enable-dp-attention"),
+        # With one DP rank SGLang turns DP attention off itself and serves (0.5.17 did): two ranks keep it.
+        # The check refuses before any rank starts, so one GPU is enough.
+        Refusal(
+            "dp-attention",
+            ("--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"),
+            f"{flag} does not support --enable-dp-attention",
+        ),
         Refusal(
             "max-running",
             (),

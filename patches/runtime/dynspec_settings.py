@@ -37,6 +37,20 @@ UNSUPPORTED: Tuple[Tuple[str, str, Any, Callable[[Any], bool]], ...] = (
     ("--enable-multi-layer-eagle", "enable_multi_layer_eagle", False, bool),
     ("--speculative-adaptive", "speculative_adaptive", False, bool),
 )
+# The decode CUDA-graph sizes under each release's name, newest first: 0.5.14 renamed them with a
+# _decode suffix (the old flags stayed as aliases), and a check reading the old name alone skipped.
+GRAPH_BATCH_SIZES = ("cuda_graph_bs_decode", "cuda_graph_bs")
+GRAPH_MAX_BATCH_SIZE = ("cuda_graph_max_bs_decode", "cuda_graph_max_bs")
+# Every SGLang setting the start-up check reads, as each release may name it: tests hold these
+# against the releases' ServerArgs fields, so that a rename cannot turn a check off unseen.
+SGLANG_SETTINGS_READ: Tuple[Tuple[str, ...], ...] = (
+    ("speculative_algorithm",),
+    *((name,) for _, name, _, _ in UNSUPPORTED),
+    ("max_running_requests",),
+    ("disable_cuda_graph",),
+    GRAPH_BATCH_SIZES,
+    GRAPH_MAX_BATCH_SIZE,
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +69,15 @@ class Settings:
 def getter_of(owner: Any) -> Getter:
     """``get`` for settings that are attributes of ``owner`` (a ``ServerArgs``, or a view of one)."""
     return lambda name, default: getattr(owner, name, default)
+
+
+def first_set(get: Getter, names: Tuple[str, ...]) -> Any:
+    """The value of the first of ``names`` (one setting's names across releases) that is set."""
+    for name in names:
+        value = get(name, None)
+        if value is not None:
+            return value
+    return None
 
 
 def parse_threshold(value: object, flag: str = FLAG) -> Optional[Union[int, str]]:
@@ -171,8 +194,8 @@ def refuse_what_cannot_serve(args: Any) -> None:
             "lower it or raise --max-running-requests"
         )
     if not get("disable_cuda_graph", False):
-        graph_sizes = get("cuda_graph_bs", None)
-        largest = max(graph_sizes) if graph_sizes else get("cuda_graph_max_bs", None)
+        graph_sizes = first_set(get, GRAPH_BATCH_SIZES)
+        largest = max(graph_sizes) if graph_sizes else first_set(get, GRAPH_MAX_BATCH_SIZE)
         if largest is not None and threshold >= largest:
             raise ValueError(
                 f"{named} is not below the largest CUDA-graph batch size ({largest}), so the fallback "

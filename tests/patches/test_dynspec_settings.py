@@ -9,12 +9,15 @@ from __future__ import annotations
 
 import ast
 import sys
+import zipfile
+from fnmatch import fnmatch
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from patcher import releases
 from patcher.engine import patch_file
 from patches._flags import FLAGS
 from patches.runtime import dynspec_settings as settings
@@ -26,8 +29,9 @@ from patches.runtime.dynspec_settings import (
     read_settings,
     unsupported_reason,
 )
+from patches.server_args_dynspec_check import ServerArgsDynspecCheck
 from patches.speculative_dynspec_settings import SpeculativeDynspecSettings
-from tests.conftest import ROOT
+from tests.conftest import ROOT, releases_of
 
 SUPPORTED = {
     "speculative_algorithm": "EAGLE3",
@@ -163,3 +167,54 @@ def test_from_the_server_command_a_refusal_is_one_line_and_exit_code_2(
     with pytest.raises(ValueError, match="can never trigger"):
         settings.check_server_args(refused)
     assert capsys.readouterr().err == ""
+
+
+def server_args_fields(version: str) -> set[str]:
+    """The names ServerArgs declares in ``version``: its own class body before 0.5.20, and the
+    field groups (``arg_groups/fields/*.py``) it is assembled from after."""
+    names: set[str] = set()
+    with zipfile.ZipFile(releases.wheel(version)) as wheel:
+        for member in wheel.namelist():
+            if member == "sglang/srt/server_args.py" or fnmatch(member, "sglang/srt/arg_groups/fields/*.py"):
+                for node in ast.walk(ast.parse(wheel.read(member))):
+                    if isinstance(node, ast.ClassDef):
+                        names |= {
+                            n.target.id
+                            for n in node.body
+                            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
+                        }
+    return names
+
+
+@pytest.fixture(scope="module")
+def fields_by_release() -> dict[str, set[str]]:
+    return {version: server_args_fields(version) for version in releases_of(ServerArgsDynspecCheck)}
+
+
+def unheld(setting: tuple[str, ...], fields_by_release: dict[str, set[str]]) -> list[str]:
+    """The releases after the first that names ``setting`` (under any of its names) that name it under none:
+    a rename that would turn the check reading it off there."""
+    versions = list(fields_by_release)  # oldest first, as tests/releases.txt lists them
+    held = [bool(fields_by_release[v].intersection(setting)) for v in versions]
+    if True not in held:
+        return []
+    first = held.index(True)
+    return [v for v, has in zip(versions[first:], held[first:]) if not has]
+
+
+REQUIRED = {("speculative_algorithm",), ("max_running_requests",), ("disable_cuda_graph",)}
+
+
+@pytest.mark.releases
+def test_every_setting_the_check_reads_keeps_a_name_in_every_later_release(
+    fields_by_release: dict[str, set[str]],
+) -> None:
+    """Once a release has a setting, every later one has it under a name the check reads; the size
+    limits it compares the threshold with exist in every release. 0.5.14 renamed the CUDA-graph sizes:
+    the check read the old names alone, and an H100 run of 0.5.17 started where it had to refuse."""
+    for setting in settings.SGLANG_SETTINGS_READ:
+        assert unheld(setting, fields_by_release) == [], setting
+    for setting in (*REQUIRED, settings.GRAPH_BATCH_SIZES, settings.GRAPH_MAX_BATCH_SIZE):
+        assert [v for v, names in fields_by_release.items() if not names.intersection(setting)] == [], setting
+    # the control: the old names alone, as the check read them before, are missing from 0.5.14 on
+    assert unheld(("cuda_graph_max_bs",), fields_by_release)[0] == "0.5.14"

@@ -155,6 +155,10 @@ def test_valid_settings_pass(check: Any) -> None:
         ),
         ({"cuda_graph_max_bs": 24}, "raise --cuda-graph-max-bs above 32"),
         ({"cuda_graph_bs": [1, 2, 4, 8, 16]}, "largest CUDA-graph batch size (16)"),
+        # 0.5.14+ names them with a _decode suffix (the flags stay as aliases): read first
+        ({"cuda_graph_max_bs_decode": 24}, "raise --cuda-graph-max-bs above 32"),
+        ({"cuda_graph_bs_decode": [1, 2, 4, 8, 16]}, "largest CUDA-graph batch size (16)"),
+        ({"cuda_graph_max_bs_decode": 24, "cuda_graph_max_bs": 128}, "largest CUDA-graph batch size (24)"),
         (
             {"speculative_disable_batch_size": None, "speculative_enable_batch_size": 4},
             "needs --speculative-disable-batch-size",

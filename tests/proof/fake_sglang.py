@@ -404,12 +404,19 @@ def check_server_args(args: argparse.Namespace, refuse_with_traceback: bool) -> 
 
 
 def main(argv: list[str]) -> None:
+    from packaging.version import Version
+    from sglang._version import __version__  # the fake site's release
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--port", type=int, default=30000)
     parser.add_argument("--speculative-algorithm")
     parser.add_argument("--speculative-disable-batch-size")  # a number, or auto
     parser.add_argument("--max-running-requests", type=int, default=128)
-    parser.add_argument("--cuda-graph-max-bs", type=int)
+    # 0.5.14 renamed the field (the flag stayed, an alias), as the real releases do
+    graph_max = "cuda_graph_max_bs_decode" if Version(__version__) >= Version("0.5.14") else "cuda_graph_max_bs"
+    parser.add_argument("--cuda-graph-max-bs", type=int, dest=graph_max)
+    parser.add_argument("--tp-size", type=int, default=1)
+    parser.add_argument("--dp-size", type=int, default=1)
     parser.add_argument("--speculative-eagle-topk", type=int, default=1)
     parser.add_argument("--enable-dp-attention", action="store_true")
     parser.add_argument("--enable-metrics", action="store_true")
@@ -418,6 +425,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--speculative-adaptive", action="store_true")
     parser.add_argument("--speculative-adaptive-config")
     args, _ = parser.parse_known_args(argv)
+    if args.dp_size == 1:  # every release turns DP attention off with one DP rank, and serves
+        args.enable_dp_attention = False
     faults = set(filter(None, os.environ.get("FAKE_SGLANG_FAULT", "").split(",")))
     log(f"server_args={argv}")
     log("Ignore import error when loading sglang.srt.models.fake: ModuleNotFoundError: No module named 'x'")

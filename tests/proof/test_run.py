@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.proof import metrics
+from patcher.proof import metrics, run
 from patcher.proof import report as reports
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.run import ProofOptions, run_proof
@@ -259,6 +259,24 @@ def test_every_refused_combination_exits_with_one_line_naming_it(site, tmp_path)
     assert all(row["exit_code"] == 2 and row["problems"] == [] for row in rows.values())
     assert rows["graph-size"]["args"] == ["--speculative-disable-batch-size", "16", "--cuda-graph-max-bs", "16"]
     assert {s["name"] for s in result["servers"]} == {f"refusal-{name}" for name in rows}
+
+
+def test_refusals_hold_where_the_release_renamed_or_drops_what_they_ask_for(site, tmp_path, monkeypatch):
+    """0.5.17 on an H100 (session 28): the graph-size case served, since 0.5.14 keeps --cuda-graph-max-bs
+    in cuda_graph_max_bs_decode, and --enable-dp-attention alone served, since one DP rank turns it off.
+    The fake server does both as the releases do; the check and the cases now hold there."""
+    result = run_proof(options(site(version="0.5.17"), tmp_path / "a", checks=("refusals",)), lambda m: None)
+    rows = {row["name"]: row for row in result["refusals"]["cases"]}
+    assert result["refusals"]["passed"], reports.summary(result)
+    assert rows["graph-size"]["line"].startswith(
+        "error: --speculative-disable-batch-size 16 is not below the largest CUDA-graph batch size (16)"
+    )
+    assert rows["dp-attention"]["args"] == ["--tp-size", "2", "--dp-size", "2", "--enable-dp-attention"]
+    # the control: the case as it was (one DP rank) starts a server that serves
+    old = [run.Refusal("dp-attention", ("--enable-dp-attention",), rows["dp-attention"]["says"])]
+    monkeypatch.setattr(run, "refusal_cases", lambda sglang, path: old)
+    served = run_proof(options(site(version="0.5.17"), tmp_path / "b", checks=("refusals",)), lambda m: None)
+    assert served["refusals"]["cases"][0]["problems"][0].startswith("still running after")
 
 
 def test_a_refusal_with_a_traceback_or_none_at_all_fails(site, tmp_path):
