@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.proof import acceptance, exactkv, steps
+from patcher.proof import acceptance, exactkv, metrics, steps
 from patcher.proof.command import DEFAULTS
 from patcher.proof.run import proposals_apart
 from patches.runtime import dynspec_v2 as v2
@@ -2383,3 +2383,50 @@ def test_session_26_0_5_17s_profile_the_fallback_step_is_its_two_gemms_and_small
     # Per KV token the attention costs dynspec no more: its 6 % more time is under its 11 % more KV.
     assert d[attention] / b[attention] < at["dyn"] / at["base"]
     assert round(d[attention] - b[attention], 1) == 102.9
+
+
+# -- session 28 (runtime r27 / v2 module r43 / settings r1 at 5ef4a65, an H100): 0.5.17 kv-proof and refusals --
+
+S28_REVISIONS = {
+    "speculative_dynspec_runtime": 27,
+    "speculative_dynspec_v2": 43,
+    "speculative_dynspec_settings": 1,
+}
+S28_17 = {n: PROOF / f"0.5.17-v2-s28-{n}" for n in ("r27-proof", "refusals-found")}
+
+
+def test_session_28_0_5_17_on_an_h100_keeps_outputs_the_draft_kv_and_its_counters_exact() -> None:
+    """kv-proof (3 starts at a time) on an H100 80GB: equivalence, 100 crossings and exact_kv pass
+    (1902 steps of 28 requests, the control 32 apart), and the three counters moved by what the log
+    said during the ramp: 100 switches logged, 100 counted."""
+    report = report_of(S28_17["r27-proof"], {}, S28_REVISIONS)
+    assert report["gpu"] == "NVIDIA H100 80GB HBM3"
+    _, files, found = passed_kv_proof(S28_17["r27-proof"])
+    assert found == {"compared_requests": 28, "compared_steps": 1902, "control_differs": True}
+    m = report["metrics"]
+    assert m["passed"] and metrics.judge(m["before"], m["after"], 100)["passed"]
+    assert STREAM_SAID in files["dynspec.log"]
+    # the control: the same counters against a log that said one switch more
+    assert not metrics.judge(m["before"], m["after"], 101)["passed"]
+
+
+def test_session_28_0_5_17_served_two_combinations_the_check_was_to_refuse() -> None:
+    """The refusals check's first GPU run: 4 of 6 refused with one line and exit 2, no traceback.
+    graph-size started and captured graphs (the check read cuda_graph_max_bs; 0.5.14+ keeps the
+    flag in cuda_graph_max_bs_decode; settings r2 reads both), and dp-attention went on to load
+    weights (SGLang turned DP attention off with one DP rank; the case now asks for two)."""
+    report = report_of(S28_17["refusals-found"], {}, S28_REVISIONS)
+    rows = {row["name"]: row for row in report["refusals"]["cases"]}
+    assert not report["refusals"]["passed"]
+    assert {n for n, r in rows.items() if not r["problems"]} == {"topk", "max-running", "bad-value", "adaptive"}
+    assert all(rows[n]["exit_code"] == 2 for n in ("topk", "max-running", "bad-value", "adaptive"))
+    assert rows["graph-size"]["exit_code"] is None and rows["dp-attention"]["line"] is None
+    logs = members(S28_17["refusals-found"] / "logs.tar.gz", "refusal-graph-size.log", "refusal-dp-attention.log")
+    args = {n: re.search(r"server_args=ServerArgs\((.*)", log).group(1) for n, log in logs.items()}  # type: ignore[union-attr]
+    assert "cuda_graph_max_bs_decode=16," in args["refusal-graph-size.log"]
+    assert " cuda_graph_max_bs=" not in args["refusal-graph-size.log"]  # no field of the old name
+    assert (
+        "dp_size=1," in args["refusal-dp-attention.log"]
+        and "enable_dp_attention=False," in args["refusal-dp-attention.log"]
+    )
+    assert "dynspec: zero-step state ready" in logs["refusal-graph-size.log"]
