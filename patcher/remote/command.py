@@ -15,7 +15,7 @@ from typing import Any
 
 import click
 
-from patcher.options import apply_options, diff_command_options, revert_force
+from patcher.options import Decorated, apply_options, diff_command_options, revert_force
 
 REMOTE_EXIT_CODES = """\b
 Exit codes (with several hosts: the first failing host's, in the order given):
@@ -46,6 +46,11 @@ the plan was made for. Exit codes there: 0 done, 1 --check, 2 usage, 4 refused, 
 """
 
 
+def _at_least_one(*decls: str, default: int, metavar: str, help: str) -> Callable[[Decorated], Decorated]:
+    """A whole number of 1 or more (seconds, hosts), its default shown in the help."""
+    return click.option(*decls, default=default, show_default=True, metavar=metavar, type=click.IntRange(1), help=help)
+
+
 def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
     @click.argument("hosts", nargs=-1, required=True, metavar="HOST...")
     @click.option(
@@ -62,23 +67,8 @@ def host_options(command: Callable[..., Any]) -> Callable[..., Any]:
     @click.option("--sglang-version", default=None, metavar="V", help="Use V instead of the detected version.")
     @click.option("-F", "--ssh-config", default=None, metavar="FILE", help="ssh -F: another ssh config file.")
     @click.option("-o", "--ssh-option", "ssh_options", multiple=True, metavar="OPT", help="ssh -o OPT (repeatable).")
-    @click.option(
-        "--connect-timeout",
-        default=10,
-        show_default=True,
-        metavar="S",
-        type=click.IntRange(1),
-        help="ssh ConnectTimeout.",
-    )
-    @click.option(
-        "-j",
-        "--jobs",
-        default=8,
-        show_default=True,
-        metavar="N",
-        type=click.IntRange(1),
-        help="Hosts worked on at once.",
-    )
+    @_at_least_one("--connect-timeout", default=10, metavar="S", help="ssh ConnectTimeout.")
+    @_at_least_one("-j", "--jobs", default=8, metavar="N", help="Hosts worked on at once.")
     @click.option("-v", "--verbose", is_flag=True, help="Also print where the time went, per host.")
     @functools.wraps(command)
     def wrapper(*args: Any, **kwargs: Any) -> Any:

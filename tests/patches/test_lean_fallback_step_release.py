@@ -239,17 +239,27 @@ def test_the_scheduler_truncates_the_next_draft_input() -> None:
     assert truncation_problems(source_of(EAGLE_INFO)) == []
 
 
+# The lines of 0.5.12 the negative controls change.
+VERIFY_COUNT = "req.spec_verify_ct += 1"
+BOUNDARY_CHECK = "        if self._check_vocab_boundary_finish(new_accepted_tokens):"
+
+
+def check_finished_returning_early_if(condition: str) -> tuple[object, str, str, str]:
+    """A negative control: ``Req.check_finished`` reading ``condition`` just before the vocab-boundary check."""
+    return (
+        early_count_problems,
+        SCHEDULE_BATCH,
+        BOUNDARY_CHECK,
+        f"        if {condition}:\n            return\n\n{BOUNDARY_CHECK}",
+    )
+
+
 @pytest.mark.releases
 @pytest.mark.parametrize(
     ("checker", "member", "old", "new"),
     [
-        (
-            bookkeeping_problems,
-            EAGLE_INFO,
-            "req.spec_verify_ct += 1",
-            "req.spec_verify_ct += 1\n            req.spec_seen = True",
-        ),
-        (bookkeeping_problems, EAGLE_INFO, "req.spec_verify_ct += 1", "req.spec_verify_ct += 2"),
+        (bookkeeping_problems, EAGLE_INFO, VERIFY_COUNT, f"{VERIFY_COUNT}\n            req.spec_seen = True"),
+        (bookkeeping_problems, EAGLE_INFO, VERIFY_COUNT, "req.spec_verify_ct += 2"),
         (bookkeeping_problems, EAGLE_INFO, "            req.kv_allocated_len = req.kv_committed_len\n", ""),
         (forward_problems, EAGLE_WORKER, "model_worker_batch, is_verify=True", "model_worker_batch"),
         (
@@ -260,24 +270,10 @@ def test_the_scheduler_truncates_the_next_draft_input() -> None:
         ),
         (setting_problems, SERVER_ARGS, "enable_streaming_session: bool = False", "streaming_sessions: bool = False"),
         (streaming_flag_problems, TOKENIZER_CONTROL, "if not self.server_args.enable_streaming_session:", "if False:"),
-        (
-            early_count_problems,
-            SCHEDULE_BATCH,
-            "        if self._check_vocab_boundary_finish(new_accepted_tokens):",
-            "        if self.kv_committed_len < 0:\n            return\n\n        if self._check_vocab_boundary_finish(new_accepted_tokens):",
-        ),
-        (  # what a method count_one_verify calls writes counts too
-            early_count_problems,
-            SCHEDULE_BATCH,
-            "        if self._check_vocab_boundary_finish(new_accepted_tokens):",
-            "        if not self.spec_correct_drafts_histogram:\n            return\n\n        if self._check_vocab_boundary_finish(new_accepted_tokens):",
-        ),
-        (
-            early_count_problems,
-            SCHEDULE_BATCH,
-            "        if self._check_vocab_boundary_finish(new_accepted_tokens):",
-            "        if self.kv_allocated_len < 0:\n            return\n\n        if self._check_vocab_boundary_finish(new_accepted_tokens):",
-        ),
+        check_finished_returning_early_if("self.kv_committed_len < 0"),
+        # what a method count_one_verify calls writes counts too
+        check_finished_returning_early_if("not self.spec_correct_drafts_histogram"),
+        check_finished_returning_early_if("self.kv_allocated_len < 0"),
         (  # a method check_finished calls reads one: the walk follows the calls
             early_count_problems,
             SCHEDULE_BATCH,
