@@ -32,6 +32,9 @@
 #   refusals V P   (as kv-proof) the refusals check: each combination dynspec refuses on a server of its own
 #                  (they start together and exit at ServerArgs' check, before loading weights): exit, the
 #                  line naming it, no traceback (issue 18)
+#   features V P   (as kv-proof) issue 17's sampling, logprobs and penalties: base and dynspec (small shape, N 8,
+#                  started together) with the same requests at 8 (speculating) and 16 (off); FEATURE_CHECKS picks
+#                  fewer. On dummy weights the sampling and logprobs controls may see nothing (flat logits)
 #   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
 #                  auto (3 servers; exact_kv needs a fixed N): levels 1,4,16,48,128 and a 1 <-> 128 ramp,
 #                  past auto's ceiling (127), each switch judged against the thresholds its line names
@@ -266,6 +269,9 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
       --auto-acceptance "${AUTO_ACCEPT:-3}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" ;;
   refusals) kit_for "$1"
     proof "proof-$1-$2-refusals" --path "$2" --threshold 8 --checks refusals ;;
+  features) kit_for "$1"
+    proof "proof-$1-$2-features" --path "$2" --threshold 8 --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties}" \
+      --parallel-starts 2 ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \

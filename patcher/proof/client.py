@@ -113,14 +113,24 @@ class Client:
         finally:
             conn.close()
 
-    def generate(self, index: int, new_tokens: int, rid: str | None = None) -> Reply:
+    def generate(
+        self,
+        index: int,
+        new_tokens: int,
+        rid: str | None = None,
+        sampling: Mapping[str, Any] | None = None,
+        fields: Mapping[str, Any] | None = None,
+    ) -> Reply:
         """Greedy ``/generate`` of ``prompt(index)``; never raises, failures are in ``Reply.error``.
 
         ``rid`` names the request in the server (SGLang's ``rid`` field), e.g. to find it in a recording.
+        ``sampling`` overrides sampling parameters (e.g. a temperature), ``fields`` adds top-level
+        ones (e.g. ``return_logprob``); ``Reply.meta`` keeps what they bring back.
         """
         body: dict[str, Any] = {
+            **(fields or {}),
             "input_ids": self.prompt(index),
-            "sampling_params": greedy(new_tokens),
+            "sampling_params": {**greedy(new_tokens), **(sampling or {})},
         }
         if rid is not None:
             body["rid"] = rid
@@ -148,9 +158,13 @@ class Client:
         """
         if not requests:
             return []
+        fields = requests[0].fields
+        if any(r.fields != fields for r in requests):
+            raise ValueError("a batch's requests share their top-level fields")
         body: dict[str, Any] = {
+            **fields,
             "input_ids": [self.prompt(r.index) for r in requests],
-            "sampling_params": [greedy(r.new_tokens) for r in requests],
+            "sampling_params": [{**greedy(r.new_tokens), **r.sampling} for r in requests],
         }
         rids = [r.rid for r in requests]
         if any(rid is not None for rid in rids):
@@ -206,6 +220,8 @@ class Request:
     new_tokens: int
     rid: str | None = None
     delay: float = 0.0
+    sampling: Mapping[str, Any] = field(default_factory=dict)  # over ``greedy``'s parameters
+    fields: Mapping[str, Any] = field(default_factory=dict)  # top-level ones, e.g. return_logprob
 
 
 def run_level(client: Client, indices: Sequence[int], new_tokens: int) -> LevelResult:
@@ -218,7 +234,9 @@ def run_requests(client: Client, requests: Sequence[Request], concurrency: int) 
     slot for the next request in order), and time them all. ``Request.delay`` holds a request
     back from the start that long. The result's ``concurrency`` is ``concurrency``; its
     ``new_tokens`` that of the first request."""
-    calls = [(r.delay, lambda r=r: [client.generate(r.index, r.new_tokens, r.rid)]) for r in requests]
+    calls = [
+        (r.delay, lambda r=r: [client.generate(r.index, r.new_tokens, r.rid, r.sampling, r.fields)]) for r in requests
+    ]
     replies, seconds = _timed(calls, min(concurrency, len(requests)), "proof-client")
     return LevelResult(concurrency, requests[0].new_tokens if requests else 0, seconds, replies)
 

@@ -225,7 +225,7 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "--checks",
     default="equivalence,crossings,exact_kv",
     show_default=True,
-    help="Comma list of equivalence, crossings, exact_kv, acceptance, throughput, mixed_load, auto_threshold, refusals, metrics.",
+    help=f"Comma list of {', '.join(report.CHECKS)}.",
 )
 @click.option(
     "--model",
@@ -324,6 +324,13 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
 @click.option("--ramp-max-waves", type=click.IntRange(2), default=DEFAULTS.ramp_max_waves, show_default=True)
 @click.option(
     "--ramp-timeout", type=click.FloatRange(1), default=DEFAULTS.ramp_timeout, show_default=True, help="Seconds."
+)
+@click.option(
+    "--sampling-per-prompt",
+    type=click.IntRange(10),
+    default=DEFAULTS.sampling_per_prompt,
+    show_default=True,
+    help="sampling: requests per prompt (4 prompts) and phase, on each server and the control.",
 )
 @click.option(
     "--exact-kv-cycles",
@@ -476,6 +483,7 @@ def proof(
     min_crossings: int,
     ramp_max_waves: int,
     ramp_timeout: float,
+    sampling_per_prompt: int,
     exact_kv_cycles: int,
     exact_kv_tokens: tuple[int, int],
     exact_kv_bits: bool,
@@ -578,6 +586,7 @@ def proof(
         min_crossings=min_crossings,
         ramp_max_waves=ramp_max_waves,
         ramp_timeout=ramp_timeout,
+        sampling_per_prompt=sampling_per_prompt,
         exact_kv_cycles=exact_kv_cycles,
         exact_kv_long_tokens=exact_kv_tokens[0],
         exact_kv_short_tokens=exact_kv_tokens[1],

@@ -40,6 +40,9 @@ CHECKS = (
     "auto_threshold",
     "refusals",
     "metrics",
+    "sampling",
+    "logprobs",
+    "penalties",
 )
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "summary.txt"

@@ -26,17 +26,19 @@ from typing import Any
 
 from packaging.version import InvalidVersion, Version
 
-from patcher.proof import acceptance, detect, exactkv, launch, logscan, metrics, mixed, steps
+from patcher.proof import acceptance, detect, exactkv, features, launch, logscan, metrics, mixed, steps
 from patcher.proof import report as reports
 from patcher.proof.client import (
     WARMUP_PROMPT,
     Client,
     LevelResult,
+    Reply,
     Request,
     level_result,
     measure_level,
     run_batches,
     run_level,
+    run_requests,
     take_turns,
 )
 from patcher.proof.errors import ProofUsageError, ServerStartError
@@ -46,8 +48,9 @@ from patcher.proof.servers import Progress, Server, ServerSpec, free_port, stder
 
 AUTO_SINCE = "0.5.14"  # auto needs the zero-step mode (dynspec_auto, ZeroStepPolicy)
 # With --threshold auto: checks that compare dynspec servers which must switch alike (exact_kv,
-# acceptance), or that sweep fixed thresholds themselves (auto_threshold)
-AUTO_REFUSES = ("exact_kv", "acceptance", "auto_threshold", "refusals")
+# acceptance), or that sweep fixed thresholds themselves (auto_threshold); the features' phases need a
+# batch surely on and one surely off, and above auto's ceiling no batch fits the running-request limit
+AUTO_REFUSES = ("exact_kv", "acceptance", "auto_threshold", "refusals", *features.CHECKS)
 
 
 def since(version: str, first: str) -> bool:
@@ -143,6 +146,7 @@ class ProofOptions:
     # every level and pass (rotating the order), rather than one server's levels after another's
     interleave: bool = True
     acceptance_min_verifies: int = 50  # verifies after a switch back on, at least
+    sampling_per_prompt: int = features.SAMPLING_PER_PROMPT  # the sampling check's requests per prompt and phase
     refusal_timeout: float = 300.0  # seconds a refused server has to exit (0.5.17 takes ~30 s to reach the check)
     model: str = "dummy"  # "dummy" (config-only dirs of this package) or "real" (model_dir)
     model_dir: Path | None = None  # dynspec real prepare's output: target/, draft/, prompts.json, model.json
@@ -226,7 +230,16 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
     checks = [c for c in reports.CHECKS if c in opts.checks]
     skipped: dict[str, str] = {c: "not asked for" for c in reports.CHECKS if c not in checks}
     if not sglang.dynspec_applied:
-        for check in ("crossings", "exact_kv", "acceptance", "mixed_load", "auto_threshold", "refusals", "metrics"):
+        for check in (
+            "crossings",
+            "exact_kv",
+            "acceptance",
+            "mixed_load",
+            "auto_threshold",
+            "refusals",
+            "metrics",
+            *features.CHECKS,
+        ):
             if check in checks:
                 checks.remove(check)
                 skipped[check] = f"dynspec is not applied to {sglang.package} (no --speculative-disable-batch-size)"
@@ -602,6 +615,13 @@ class Proof:
                 )
             if "refusals" in checks:
                 self.refusals()
+            asked = [c for c in features.CHECKS if c in checks]
+            if asked:
+                if self.aborted:
+                    for check in asked:
+                        self.report[check] = {"passed": False, "problems": [f"not run: {self.aborted}"]}
+                else:
+                    self.features(asked)
             if "auto_threshold" in checks:
                 if self.aborted:
                     self.report["auto_threshold"] = {"passed": False, "problems": [f"not run: {self.aborted}"]}
@@ -1518,6 +1538,78 @@ class Proof:
             "with one line naming them, no traceback",
         }
         self._save()
+
+    def features(self, checks: Sequence[str]) -> None:
+        """Sampling, logprobs and penalties (``features``), on base and dynspec, with the same
+        requests in a phase where dynspec speculates and one where it is off."""
+        opts = self.opts
+        shape = opts.shape_for("equivalence")
+        sizes = features.phase_sizes(opts.surely_on_at_most, opts.surely_off_above, launch.MAX_RUNNING_REQUESTS)
+        plans = [Plan(mode, shape, None, f"{SERVER_NAMES[mode]}-features") for mode in ("base", "dynspec")]
+        got: dict[str, dict[str, dict[str, list[Reply]]]] = {c: {p: {} for p in features.PHASES} for c in checks}
+        problems: list[str] = []
+        with self.starting(plans):
+            for plan in plans:
+                try:
+                    with self.serve(plan) as server:
+                        self.feature_loads(server, plan.mode, checks, sizes, got)
+                except ServerStartError as error:
+                    problems.append(str(error).splitlines()[0])
+                    self.progress(f"ERROR: {error}")
+                    break
+                finally:
+                    note = error_note(plan.name, self.server_info)
+                    if note:
+                        problems.append(note)
+        judges = {
+            "sampling": features.judge_sampling,
+            "logprobs": features.judge_logprobs,
+            "penalties": features.judge_penalties,
+        }
+        for check in checks:
+            entry = judges[check](got[check], sizes)
+            entry["problems"] = problems + entry["problems"]
+            entry.update(passed=not entry["problems"], shape=opts.shape_named("equivalence"))
+            self.report[check] = entry
+        self._save()
+
+    def feature_loads(
+        self,
+        server: Server,
+        mode: str,
+        checks: Sequence[str],
+        sizes: Mapping[str, int],
+        got: dict[str, dict[str, dict[str, list[Reply]]]],
+    ) -> None:
+        """One server's requests of every feature check, phase by phase (dynspec speculating
+        first): sampling as a closed loop at the phase's batch size, the greedy ones as one batch."""
+        client = self.client(server)
+        per_prompt = self.opts.sampling_per_prompt
+        for phase in features.PHASES:
+            size = sizes[phase]
+            follower = LogFollower(server.spec.log, logscan.size(server.spec.log))
+            # (check, role, requests, sent as one batch): the greedy ones as one batch, so that both
+            # servers decode them in batches of the same sizes; sampling as a closed loop
+            loads: list[tuple[str, str, list[Request], bool]] = []
+            if "sampling" in checks:
+                loads.append(("sampling", mode, features.sampling_requests(1.0, per_prompt), False))
+                if mode == "base":
+                    control = features.sampling_requests(features.CONTROL_TEMPERATURE, per_prompt)
+                    loads.append(("sampling", "control", control, False))
+            if "logprobs" in checks:
+                loads.append(("logprobs", mode, features.greedy_requests(size, logprobs=True), True))
+            if "penalties" in checks:
+                loads.append(("penalties", mode, features.greedy_requests(size, penalties=True), True))
+                if mode == "base":
+                    loads.append(("penalties", "control", features.greedy_requests(size, penalties=False), True))
+            for check, role, requests, batched in loads:
+                result = run_batches(client, requests) if batched else run_requests(client, requests, size)
+                got[check][phase][role] = result.replies
+                self.progress(f"  {server.spec.name} {check} {role} {phase} (batch {size}): {result.seconds:.1f} s")
+            follower.poll()
+            if mode == "dynspec":
+                switches = [t.direction for t in follower.transitions]
+                self.progress(f"  {server.spec.name} {phase}: switches {' '.join(switches) or 'none'}")
 
     def auto_threshold(self) -> None:
         """``auto`` against fixed thresholds on the mixed load, at each simulated acceptance: per

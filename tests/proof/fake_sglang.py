@@ -24,7 +24,23 @@ logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` an
 ``thresholdlie`` (with a number N, switch lines name N + 1 as the size speculation is off above),
 ``refusaltraceback`` (a refused start raises the ValueError, as dynspec did before session 27: a
 traceback), ``norefusal`` (nothing is refused), ``metricsdrift`` (the switch counter misses every
-other switch), ``nometrics`` (``/metrics`` holds none of dynspec's counters).
+other switch), ``nometrics`` (``/metrics`` holds none of dynspec's counters), and for a request
+that arrives at a dynspec server while speculation is off (others are never affected):
+``skewsampling`` (it samples, and reports logprobs, at 0.7x the requested temperature),
+``logprobdrift`` (every logprob it reports is 0.2 higher, beyond bf16 rounding), ``droppenalty`` (its frequency and
+presence penalties are ignored), ``nologprobs`` (its meta_info lacks ``output_token_logprobs``).
+
+A request with ``temperature`` > 0, ``top_p``, ``top_k``, ``frequency_penalty`` or
+``presence_penalty`` in its sampling parameters, or with ``return_logprob`` true, decodes with a
+token model instead (``decode``); other requests get ``outputs()``. The next token's distribution is a
+function of the context: 64 distinct candidate ids from a hash of the prompt and the context's
+length modulo 4 (``candidates``), with logits 3.0 - 0.05 j, so greedy decoding repeats its 4 tokens
+and a penalty of 0.5 changes it at the 5th. As in SGLang, penalties come off the logits (frequency x
+count in the output + presence if counted), the temperature divides them (greedy: argmax, logprobs
+at temperature 1; an absent temperature is 1.0), top_k then top_p (on the untruncated mass) truncate,
+and an unseeded ``random.Random`` samples. ``return_logprob`` adds ``output_token_logprobs``
+(``[[logprob, id, null], ...]``, under the full distribution) and ``top_logprobs_num`` k > 0
+``output_top_logprobs`` (k such triples per token, most likely first) to meta_info.
 
 With ``--enable-metrics`` it serves ``/metrics`` with the runtime's three counters: a switch per
 switch line, and per request a speculative or a fallback iteration (the mode it arrived in).
@@ -63,8 +79,11 @@ tests can make upstream's adaptive mode faster or slower than the other servers.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import math
 import os
+import random
 import subprocess
 import sys
 import threading
@@ -115,6 +134,115 @@ def log_decode_steps(speculative: bool, dynspec: bool, adaptive: bool) -> None:
 def outputs(input_ids: list[int], n: int) -> list[int]:
     seed = sum(input_ids) + len(input_ids)
     return [(seed * 31 + k * 7919) % 32000 for k in range(n)]
+
+
+VOCAB = 32000
+CANDIDATES = 64  # the token model's candidates per position
+TOP_LOGIT, LOGIT_STEP = 3.0, 0.05  # candidate j's logit: TOP_LOGIT - LOGIT_STEP * j
+MODEL_PERIOD = 4  # the candidates depend on the context's length modulo this
+SAMPLING_EPS = 1e-6  # SGLang's: a temperature below it is greedy
+MODEL_FIELDS = ("top_p", "top_k", "frequency_penalty", "presence_penalty")
+
+
+def candidates(input_ids: list[int], length: int) -> list[int]:
+    """The token model's 64 distinct candidate ids, most likely first, after a context of ``length``
+    tokens that starts with the prompt ``input_ids``."""
+    key = f"{','.join(map(str, input_ids))}|{length % MODEL_PERIOD}".encode()
+    digest = hashlib.sha256(key).digest()
+    start = int.from_bytes(digest[:4], "big") % VOCAB
+    step = int.from_bytes(digest[4:8], "big") % (VOCAB // 2) * 2 + 1
+    while step % 5 == 0:  # coprime with 32000 = 2^8 5^3: 64 distinct ids
+        step += 2
+    return [(start + j * step) % VOCAB for j in range(CANDIDATES)]
+
+
+def uses_token_model(params: dict[str, Any], return_logprob: bool) -> bool:
+    """True when a request decodes with the token model: it samples, truncates, penalizes or asks
+    for logprobs. A plain greedy request (temperature 0 or none) gets ``outputs()``."""
+    temperature = params.get("temperature")
+    sampled = temperature is not None and float(temperature) >= SAMPLING_EPS
+    return sampled or return_logprob or any(name in params for name in MODEL_FIELDS)
+
+
+def logit_step(length: int) -> float:
+    """The logits' slope after a context of ``length`` tokens: it varies with the position, so that
+    each position's logprobs differ (the logprobs check's control compares neighbours)."""
+    return LOGIT_STEP * (1 + (length % MODEL_PERIOD) / 2)
+
+
+def distribution(
+    cands: list[int],
+    counts: dict[int, int],
+    temperature: float,
+    frequency: float,
+    presence: float,
+    step: float = LOGIT_STEP,
+) -> list[tuple[float, int]]:
+    """(logprob, id) of every candidate, most likely first: penalties off the logits, then the
+    temperature, as SGLang's penalizers and sampler do."""
+    logits = []
+    for j, token in enumerate(cands):
+        count = counts.get(token, 0)
+        logit = TOP_LOGIT - step * j - frequency * count - presence * (count > 0)
+        logits.append(logit / temperature)
+    top = max(logits)
+    norm = top + math.log(sum(math.exp(x - top) for x in logits))
+    ranked = sorted(range(len(cands)), key=lambda j: -logits[j])  # stable: ties keep candidate order
+    return [(logits[j] - norm, cands[j]) for j in ranked]
+
+
+def truncate(ranked: list[tuple[float, int]], top_k: int, top_p: float) -> list[tuple[float, int]]:
+    """SGLang's top-k then top-p: keep the first ``top_k`` (<= 0: all) and, of those, each whose
+    preceding mass (of the untruncated distribution) is at most ``top_p``."""
+    kept = ranked[:top_k] if top_k > 0 else ranked
+    out, before = [], 0.0
+    for logprob, token in kept:
+        if before > top_p:
+            break
+        out.append((logprob, token))
+        before += math.exp(logprob)
+    return out
+
+
+def decode(
+    input_ids: list[int],
+    n: int,
+    params: dict[str, Any],
+    *,
+    skew: float = 1.0,
+    penalties: bool = True,
+    rng: random.Random | None = None,
+) -> tuple[list[int], list[tuple[float, int]], list[list[tuple[float, int]]]]:
+    """``n`` tokens of the token model: (tokens, (logprob, id) of each, its ranked distribution).
+
+    ``skew`` scales the temperature, ``penalties`` False ignores them (the faults' servers)."""
+    temperature = float(params.get("temperature", 1.0))
+    greedy = temperature < SAMPLING_EPS
+    temperature = 1.0 if greedy else temperature * skew  # SGLang: greedy is temperature 1, top_k 1
+    top_k = int(params.get("top_k", -1))
+    top_p = float(params.get("top_p", 1.0))
+    frequency = float(params.get("frequency_penalty", 0.0)) if penalties else 0.0
+    presence = float(params.get("presence_penalty", 0.0)) if penalties else 0.0
+    rng = rng or random.Random()
+    tokens: list[int] = []
+    chosen: list[tuple[float, int]] = []
+    ranked_all: list[list[tuple[float, int]]] = []
+    counts: dict[int, int] = {}
+    for k in range(n):
+        length = len(input_ids) + k
+        ranked = distribution(
+            candidates(input_ids, length), counts, temperature, frequency, presence, logit_step(length)
+        )
+        if greedy:
+            pick = ranked[0]
+        else:
+            kept = truncate(ranked, top_k, top_p)
+            pick = rng.choices(kept, weights=[math.exp(lp) for lp, _ in kept])[0]
+        tokens.append(pick[1])
+        chosen.append(pick)
+        ranked_all.append(ranked)
+        counts[pick[1]] = counts.get(pick[1], 0) + 1
+    return tokens, chosen, ranked_all
 
 
 def drafts(input_ids: list[int], position: int) -> list[int]:
@@ -320,7 +448,8 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if body.get("input_ids") and isinstance(body["input_ids"][0], list):  # a batch, as SGLang takes one
                 self.batch(body)
                 return
-            status, reply = self.one(body["input_ids"], body["sampling_params"], body.get("rid"))
+            fields = {name: body[name] for name in ("return_logprob", "top_logprobs_num") if name in body}
+            status, reply = self.one(body["input_ids"], body["sampling_params"], body.get("rid"), fields)
             self.reply(status, reply)
 
         def batch(self, body: dict[str, Any]) -> None:
@@ -332,9 +461,13 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             rids = body.get("rid") or [None] * n
             results: list[tuple[int, Any]] = [(0, None)] * n
 
+            def fields(i: int) -> dict[str, Any]:  # a top-level field is one for all or a list, one each
+                named = {name: body[name] for name in ("return_logprob", "top_logprobs_num") if name in body}
+                return {name: value[i] if isinstance(value, list) else value for name, value in named.items()}
+
             def run(i: int) -> None:
                 try:
-                    results[i] = self.one(body["input_ids"][i], params[i], rids[i])
+                    results[i] = self.one(body["input_ids"][i], params[i], rids[i], fields(i))
                 except Exception as error:  # a thread's exception would otherwise leave no status
                     results[i] = (500, {"error": repr(error)})
 
@@ -346,8 +479,12 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             failed = [r for r in results if r[0] != 200]
             self.reply(*(failed[0] if failed else (200, [r[1] for r in results])))
 
-        def one(self, input_ids: list[int], params: dict[str, Any], rid: Any) -> tuple[int, Any]:
+        def one(
+            self, input_ids: list[int], params: dict[str, Any], rid: Any, fields: dict[str, Any] | None = None
+        ) -> tuple[int, Any]:
+            fields = fields or {}
             number, on = state.arrive(rid)
+            faulty = state.disable is not None and not on  # the sampling faults' requests
             try:
                 time.sleep(state.delay)
                 n = int(params["max_new_tokens"])
@@ -357,12 +494,33 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     return 500, {"error": "injected"}
                 if "traceback" in state.faults and number == 3:
                     say('Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: injected')
-                tokens = [100] * n if state.acc > 0 else outputs(input_ids, n)
+                return_logprob = bool(fields.get("return_logprob"))
+                top_num = int(fields.get("top_logprobs_num") or 0)
+                chosen: list[tuple[float, int]] = []
+                ranked: list[list[tuple[float, int]]] = []
+                if uses_token_model(params, return_logprob):
+                    tokens, chosen, ranked = decode(
+                        input_ids,
+                        n,
+                        params,
+                        skew=0.7 if faulty and "skewsampling" in state.faults else 1.0,
+                        penalties=not (faulty and "droppenalty" in state.faults),
+                    )
+                else:
+                    tokens = [100] * n if state.acc > 0 else outputs(input_ids, n)
                 if "diverge" in state.faults and not on and n > 2:
                     tokens[2] = (tokens[2] + 1) % 32000
                 if "short" in state.faults:
                     tokens = tokens[:-1]
                 meta: dict[str, Any] = {"completion_tokens": len(tokens)}
+                if return_logprob:
+                    drift = 0.2 if faulty and "logprobdrift" in state.faults else 0.0
+                    if not (faulty and "nologprobs" in state.faults):
+                        meta["output_token_logprobs"] = [[lp + drift, t, None] for lp, t in chosen[: len(tokens)]]
+                    if top_num > 0:
+                        meta["output_top_logprobs"] = [
+                            [[lp + drift, t, None] for lp, t in dist[:top_num]] for dist in ranked[: len(tokens)]
+                        ]
                 if state.speculative:
                     per_step = max(1.0, state.acc) if on else 1.0
                     meta["spec_verify_ct"] = max(1, round(len(tokens) / per_step))

@@ -6,6 +6,7 @@ import json
 import os
 import re
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -277,6 +278,43 @@ def test_refusals_hold_where_the_release_renamed_or_drops_what_they_ask_for(site
     monkeypatch.setattr(run, "refusal_cases", lambda sglang, path: old)
     served = run_proof(options(site(version="0.5.17"), tmp_path / "b", checks=("refusals",)), lambda m: None)
     assert served["refusals"]["cases"][0]["problems"][0].startswith("still running after")
+
+
+FEATURES = ("sampling", "logprobs", "penalties")
+
+
+def fast_features(opts: ProofOptions) -> ProofOptions:
+    """The sampling check's default sample (1200 requests a phase) at 10 ms a request: long enough that
+    a closed loop of the off phase's size keeps the fake above its threshold."""
+    assert opts.env is not None
+    return replace(opts, env={**opts.env, "FAKE_SGLANG_DELAY": "0.01"})
+
+
+def test_sampling_logprobs_and_penalties_pass_on_servers_that_serve_them_alike(site, tmp_path):
+    result = run_proof(fast_features(options(site(), tmp_path / "out", checks=FEATURES)), lambda m: None)
+    assert all(result[c]["passed"] for c in FEATURES), reports.summary(result)
+    sampled = result["sampling"]["phases"]
+    assert {p: sampled[p]["batch"] for p in sampled} == {"on": 4, "off": 12}
+    assert sampled["off"]["dynspec"]["samples"] == [1200, 1200] and sampled["off"]["control"]["p_value"] < 0.01
+    assert result["logprobs"]["phases"]["off"]["compared"] > 0
+    assert {s["name"] for s in result["servers"]} == {"base-features", "dynspec-features"}
+
+
+@pytest.mark.parametrize(
+    ("fault", "check", "problem"),
+    [
+        ("skewsampling", "sampling", r"off: dynspec's tokens are distributed unlike base's"),
+        ("logprobdrift", "logprobs", r"off: prompt \d+: \d+ of \d+ logprobs apart by up to 0\.2"),
+        ("nologprobs", "logprobs", r"off: prompt \d+: no logprob for every emitted token \(dynspec\)"),
+        ("droppenalty", "penalties", r"off: \d+ of 12 requests gave other tokens than base"),
+    ],
+)
+def test_a_fallback_that_skews_sampling_logprobs_or_penalties_fails(site, tmp_path, fault, check, problem):
+    """Each fault changes only what a dynspec server serves while off: the check of that phase fails."""
+    result = run_proof(fast_features(options(site(), tmp_path / "out", faults=fault, checks=(check,))), lambda m: None)
+    assert not result[check]["passed"]
+    assert re.match(problem, result[check]["problems"][0]), result[check]["problems"]
+    assert not any(p.startswith("on:") for p in result[check]["problems"])
 
 
 def test_a_refusal_with_a_traceback_or_none_at_all_fails(site, tmp_path):

@@ -1,0 +1,158 @@
+"""The judges of issue 17's checks (sampling, logprobs, penalties) on replies made here."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Sequence
+
+from patcher.proof import features
+from patcher.proof.client import Reply
+
+
+def test_the_phases_are_a_batch_surely_on_and_one_well_above_the_threshold():
+    assert features.phase_sizes(8, 8, 128) == {"on": 8, "off": 16}
+    assert features.phase_sizes(4, 32, 128) == {"on": 4, "off": 64}
+    assert features.phase_sizes(100, 100, 128) == {"on": 100, "off": 128}  # within the running limit
+
+
+def test_sampling_requests_interleave_their_prompts_at_one_temperature():
+    requests = features.sampling_requests(0.7)
+    assert len(requests) == features.SAMPLING_PROMPTS * features.SAMPLING_PER_PROMPT
+    first = features.SAMPLING_FIRST_PROMPT
+    assert [r.index for r in requests[:5]] == [first, first + 1, first + 2, first + 3, first]
+    assert {r.sampling["temperature"] for r in requests} == {0.7}
+    assert requests[0].sampling["top_k"] == 50 and requests[0].new_tokens == features.SAMPLING_NEW_TOKENS
+
+
+def sampled(rng: random.Random, temperature: float) -> list[Reply]:
+    """One reply per sampling request, its last token drawn from fixed logits at ``temperature``."""
+    weights = [math.exp((3.0 - 0.15 * j) / temperature) for j in range(40)]
+    return [
+        Reply(r.index, 200, [7, 7, 7, 100 + rng.choices(range(40), weights)[0]], {}, 0.1)
+        for r in features.sampling_requests(temperature)
+    ]
+
+
+def sampling_phases(dynspec_temperature: float, control_temperature: float) -> dict[str, dict[str, list[Reply]]]:
+    rng = random.Random(17)
+    return {
+        phase: {
+            "base": sampled(rng, 1.0),
+            "dynspec": sampled(rng, dynspec_temperature),
+            "control": sampled(rng, control_temperature),
+        }
+        for phase in features.PHASES
+    }
+
+
+SIZES = {"on": 8, "off": 16}
+
+
+def test_sampling_passes_a_server_that_samples_as_base_and_fails_one_that_does_not():
+    same = features.judge_sampling(sampling_phases(1.0, 0.7), SIZES)
+    assert same["passed"], same["problems"]
+    assert same["phases"]["off"]["dynspec"]["samples"] == [1200, 1200]
+    assert same["phases"]["off"]["control"]["p_value"] < 1e-6
+    skewed = features.judge_sampling(sampling_phases(0.7, 0.7), SIZES)
+    assert not skewed["passed"]
+    assert skewed["problems"][0].startswith("on: dynspec's tokens are distributed unlike base's")
+
+
+def test_sampling_without_a_control_that_differs_has_no_teeth():
+    entry = features.judge_sampling(sampling_phases(1.0, 1.0), SIZES)
+    assert not entry["passed"]
+    assert all("cannot see a skew" in p for p in entry["problems"]) and len(entry["problems"]) == 2
+
+
+def test_sampling_names_a_missing_sample_and_failed_requests():
+    phases = sampling_phases(1.0, 0.7)
+    del phases["on"]["control"]
+    phases["off"]["dynspec"][0] = Reply(1000, 500, [], {}, 0.1, "HTTP 500")
+    problems = features.judge_sampling(phases, SIZES)["problems"]
+    assert problems[0] == "on: no control sample"
+    assert problems[1] == "off dynspec: 1 of 1200 requests failed, e.g. HTTP 500"
+
+
+def with_logprobs(index: int, tokens: Sequence[int], offset: float = 0.0, top: bool = True) -> Reply:
+    """Greedy reply whose position i has logprob -(i + 1) / 4 (+ offset), and a top-2 list."""
+    meta = {"output_token_logprobs": [[-(i + 1) / 4 + offset, t, None] for i, t in enumerate(tokens)]}
+    if top:
+        meta["output_top_logprobs"] = [
+            [[-(i + 1) / 4 + offset, t, None], [-(i + 1) / 4 - 1 + offset, t + 1, None]] for i, t in enumerate(tokens)
+        ]
+    return Reply(index, 200, list(tokens), meta, 0.1)
+
+
+def logprob_phases(offset: float = 0.0, **dynspec: object) -> dict[str, dict[str, list[Reply]]]:
+    tokens = [[10 + i, 20 + i, 30 + i, 40 + i] for i in range(3)]
+    return {
+        phase: {
+            "base": [with_logprobs(i, t) for i, t in enumerate(tokens)],
+            "dynspec": [with_logprobs(i, t, offset, **dynspec) for i, t in enumerate(tokens)],  # type: ignore[arg-type]
+        }
+        for phase in features.PHASES
+    }
+
+
+def test_logprobs_within_tolerance_pass_and_a_drift_fails():
+    ok = features.judge_logprobs(logprob_phases(0.01), SIZES)
+    assert ok["passed"], ok["problems"]
+    assert ok["phases"]["on"]["compared"] == 3 * (4 + 8) and ok["phases"]["on"]["max_abs_diff"] == 0.01
+    drift = features.judge_logprobs(logprob_phases(0.1), SIZES)
+    assert not drift["passed"] and drift["problems"][0] == "on: prompt 0: 12 of 12 logprobs apart by up to 0.1"
+
+
+def test_logprobs_name_missing_top_logprobs_and_other_tokens():
+    missing = features.judge_logprobs(logprob_phases(top=False), SIZES)
+    assert missing["problems"][0] == "on: prompt 0: no top logprobs"
+    phases = logprob_phases()
+    phases["off"]["dynspec"][1] = with_logprobs(1, [11, 21, 99, 41])
+    assert features.judge_logprobs(phases, SIZES)["problems"] == [
+        "off: prompt 1: tokens differ from base's at position 2"
+    ]
+
+
+def test_the_logprob_control_needs_positions_the_tolerance_tells_apart():
+    flat = {
+        phase: {
+            role: [
+                Reply(
+                    0,
+                    200,
+                    [5, 6],
+                    {
+                        "output_token_logprobs": [[-1.0, 5, None], [-1.0, 6, None]],
+                        "output_top_logprobs": [[[-1.0, 5, None]], [[-1.0, 6, None]]],
+                    },
+                    0.1,
+                )
+            ]
+            for role in ("base", "dynspec")
+        }
+        for phase in features.PHASES
+    }
+    entry = features.judge_logprobs(flat, SIZES)
+    assert not entry["passed"] and "the tolerance cannot see a change" in entry["problems"][0]
+
+
+def greedy(index: int, tokens: Sequence[int]) -> Reply:
+    return Reply(index, 200, list(tokens), {}, 0.1)
+
+
+def test_penalties_pass_on_base_tokens_and_fail_on_others_or_without_effect():
+    def phases(dynspec_last: int, control_last: int) -> dict[str, dict[str, list[Reply]]]:
+        return {
+            phase: {
+                "base": [greedy(0, [1, 2, 3])],
+                "dynspec": [greedy(0, [1, 2, dynspec_last])],
+                "control": [greedy(0, [1, 2, control_last])],
+            }
+            for phase in features.PHASES
+        }
+
+    assert features.judge_penalties(phases(3, 9), SIZES)["passed"]
+    differ = features.judge_penalties(phases(4, 9), SIZES)
+    assert differ["problems"][0] == "on: 1 of 1 requests gave other tokens than base, e.g. prompt 0"
+    no_effect = features.judge_penalties(phases(3, 3), SIZES)
+    assert no_effect["problems"][0].startswith("on: the penalties changed no request's tokens (control)")
