@@ -38,7 +38,7 @@ KEY_STRIDE = 1 << 24  # a (prompt, token) pair as one category: prompt x stride 
 
 LOGPROB_FIELDS: Mapping[str, Any] = {"return_logprob": True, "top_logprobs_num": 5}
 PENALTY_PARAMS: Mapping[str, Any] = {"frequency_penalty": 0.5, "presence_penalty": 0.3}
-NO_PENALTIES: Mapping[str, Any] = {name: 0.0 for name in PENALTY_PARAMS}  # the control: the same request, unpenalized
+NO_PENALTIES: Mapping[str, Any] = dict.fromkeys(PENALTY_PARAMS, 0.0)  # the control: the same request, unpenalized
 FEATURE_NEW_TOKENS = 32
 # bf16 keeps 8 bits of mantissa: logits of a few units round by ~0.02, and a log-softmax over them
 # by about as much; twice that, plus a relative part for the long tail's large magnitudes.
