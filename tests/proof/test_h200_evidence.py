@@ -2430,3 +2430,44 @@ def test_session_28_0_5_17_served_two_combinations_the_check_was_to_refuse() -> 
         and "enable_dp_attention=False," in args["refusal-dp-attention.log"]
     )
     assert "dynspec: zero-step state ready" in logs["refusal-graph-size.log"]
+
+
+S28_CALL = PROOF / "0.5.17-v2-s28-r27-refusals-features" / "call-output.txt"
+S28_ADMISSION = PROOF / "0.5.17-v2-s28-r27-admission-profile"
+
+
+def test_session_28_settings_r2_refused_all_six_and_penalties_held_on_0_5_17() -> None:
+    """After settings r2 (the _decode names) and the two-rank DP case: 6 of 6 refused. Issue 17's
+    first GPU run, dummy weights: penalties pass both ways (8 of 8 changed by them at 8 requests,
+    1 of 16 at 16); the sampling and logprobs controls saw nothing (flat dummy logits): both checks
+    need real weights. Only the call's output survived (8 files come back; the profile's came first)."""
+    lines = {line.split()[0]: line for line in S28_CALL.read_text().splitlines() if not line.startswith("#")}
+    assert "speculative_dynspec_settings r2" in lines["dynspec"]
+    assert lines["refusals"].split()[1:4] == ["PASS", "6", "of"]
+    assert "PASS" in lines["penalties"] and "penalties changed 8" in lines["penalties"]
+    assert "indistinguishable from base (p = 1)" in lines["sampling"]
+    assert "within tolerance for 8 of 8" in lines["logprobs"]
+    assert "FAIL" in lines["sampling"] and "FAIL" in lines["logprobs"]  # the control: not every line passes
+
+
+def test_session_28_at_a_64_request_burst_0_5_17s_dynspec_steps_wait_on_the_host() -> None:
+    """PROF_AT=admission on 0.5.17 (40 steps from before 64 requests arrive, GPU only, H100): dynspec's
+    steps span 1411 us more than base's, 1196 us of it idle GPU (913 us in gaps of 100 us or more) and
+    214 us GPU work; so at admission the host, not the draft's KV write, holds the GPU back. The
+    profiles with Python stacks name receiving the burst (process_input_requests: 9.9 against 5.1 ms,
+    inflated by the tracer) among the longest gaps."""
+    base, dyn = ((S28_ADMISSION / f"{n}-gpu.txt").read_text() for n in ("base", "dyn"))
+    (b_span, b_busy, b_idle), (d_span, d_busy, d_idle) = per_step_span(base), per_step_span(dyn)
+    assert (d_span - b_span, d_idle - b_idle, d_busy - b_busy) == (1411, 1196, 214)
+
+    def long_gaps(table: str) -> float:
+        return float(re.search(r">=100us (\d+)", table).group(1))  # type: ignore[union-attr]
+
+    assert long_gaps(dyn) - long_gaps(base) == 913
+    assert long_gaps(base) < 0.5 * b_idle  # the control: base's idle is not mostly long gaps
+    stacks = {n: (S28_ADMISSION / f"{n}-all.txt").read_text() for n in ("base", "dyn")}
+    received = {
+        n: float(re.search(r"(\d+) us  sglang/srt/managers/scheduler.py\(\d+\): process_input_requests", t).group(1))  # type: ignore[union-attr]
+        for n, t in stacks.items()
+    }
+    assert received == {"base": 5115.0, "dyn": 9887.0}
