@@ -32,9 +32,10 @@
 #   refusals V P   (as kv-proof) the refusals check: each combination dynspec refuses on a server of its own
 #                  (they start together and exit at ServerArgs' check, before loading weights): exit, the
 #                  line naming it, no traceback (issue 18)
-#   features V P   (as kv-proof) issue 17's sampling, logprobs and penalties: base and dynspec (small shape, N 8,
-#                  started together) with the same requests at 8 (speculating) and 16 (off); FEATURE_CHECKS picks
-#                  fewer. On dummy weights the sampling and logprobs controls may see nothing (flat logits)
+#   features V P   (as kv-proof) issue 17's penalties on dummy weights: base and dynspec (small shape, N 8, started
+#                  together) with the same requests at 8 (speculating) and 16 (off)
+#   real-features V P (as real-proof) sampling, logprobs and penalties on real weights (dummy weights' flat logits
+#                  leave the first two's controls blind: session 28); FEATURE_CHECKS picks fewer
 #   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
 #                  auto (3 servers; exact_kv needs a fixed N): levels 1,4,16,48,128 and a 1 <-> 128 ramp,
 #                  past auto's ceiling (127), each switch judged against the thresholds its line names
@@ -91,6 +92,15 @@
 #                  when .gpu/jit travels with it (a cache that does not match is recompiled as before)
 set -u
 step=$1; shift
+# A call brings back at most 8 files from $OUT (session 28 lost two proof reports to that): a step
+# that leaves more packs them all, but for earlier packs, into one pack-<time>.tar.gz as it exits.
+pack_out() { [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
+  [ "$(find "$OUT" -type f | wc -l)" -gt 8 ] || return 0
+  local pack="pack-$(date +%s).tar.gz"
+  (cd "$OUT" && find . -type f ! -name 'pack-*.tar.gz' -print0 | tar -czf "$pack" --null -T - \
+    && find . -type f ! -name 'pack-*.tar.gz' -delete && find . -mindepth 1 -type d -empty -delete) \
+    && echo "packed \$OUT into $pack (a call returns at most 8 files)"; }
+trap pack_out EXIT
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
 need_kit() { [ -d /tmp/site/transformers ] || { echo "kit part a missing: redo kit-a"; exit 3; }; }
 # unpack_kit V: the kit this call carried, then dynspec's patched files: the one-part kit
@@ -270,8 +280,10 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
   refusals) kit_for "$1"
     proof "proof-$1-$2-refusals" --path "$2" --threshold 8 --checks refusals ;;
   features) kit_for "$1"
-    proof "proof-$1-$2-features" --path "$2" --threshold 8 --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties}" \
-      --parallel-starts 2 ;;
+    proof "proof-$1-$2-features" --path "$2" --threshold 8 --checks penalties --parallel-starts 2 ;;
+  real-features) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    proof "real-$1-$2-features" --path "$2" --model real --model-dir /tmp/real/model --threshold 8 \
+      --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties}" --parallel-starts 2 ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \

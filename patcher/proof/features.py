@@ -25,6 +25,9 @@ from patcher.proof import sampling as stats
 from patcher.proof.client import Reply, Request
 
 CHECKS = ("sampling", "logprobs", "penalties")
+# Dummy weights' logits are nearly flat: another temperature samples alike and neighbouring positions'
+# logprobs are alike, so these two checks' controls are blind there (0.5.17, session 28: p = 1 and 8 of 8).
+REAL_WEIGHTS_ONLY = ("sampling", "logprobs")
 PHASES = ("on", "off")  # dynspec speculating, dynspec switched off
 
 SAMPLING_PARAMS: Mapping[str, Any] = {"temperature": 1.0, "top_p": 0.9, "top_k": 50}

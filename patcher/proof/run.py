@@ -257,6 +257,12 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
         raise ProofUsageError(f"--deterministic {opts.deterministic!r}: choose auto, on or off")
     if opts.deterministic == "on" and not sglang.deterministic_supported:
         raise ProofUsageError(f"--deterministic on: SGLang {sglang.version} has no --enable-deterministic-inference")
+    blind = [c for c in checks if c in features.REAL_WEIGHTS_ONLY]
+    if opts.model == "dummy" and blind:
+        raise ProofUsageError(
+            f"{' and '.join(blind)} need --model real: dummy weights' logits are nearly flat, so the controls "
+            "(another temperature; the next position's logprobs) cannot be told apart; penalties run on either"
+        )
     if opts.model == "real" and "exact_kv" in opts.checks:
         # its skip control accepts otherwise, so on real weights its outputs may round apart: the acceptance check covers it
         raise ProofUsageError(

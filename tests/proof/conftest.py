@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import random
 import threading
 from collections.abc import Callable, Iterator
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from patcher.proof import launch
 from patcher.proof.servers import free_port
 
 from .fake_sglang import State, serve
@@ -100,3 +102,16 @@ def fake_server() -> Iterator[Callable[..., tuple[int, State]]]:
     for server in servers:
         server.shutdown()
         server.server_close()
+
+
+def real_dir(root: Path) -> Path:
+    """A ``dynspec real prepare`` dir the fake server can serve: configs, five prompts, model.json."""
+    for sub in (launch.REAL_TARGET, launch.REAL_DRAFT):
+        (root / sub).mkdir(parents=True)
+        (root / sub / "config.json").write_text("{}")
+    prompts = [{"id": f"p{i}", "input_ids": [1, 2 + i, 3, 4 + i]} for i in range(5)]
+    (root / launch.REAL_PROMPTS).write_text(json.dumps({"prompts": prompts}))
+    (root / launch.REAL_INFO).write_text(
+        json.dumps({"name": "tiny-real", "gguf_sha256": "ab" * 32, "head_sha256": None})
+    )
+    return root

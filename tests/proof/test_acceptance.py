@@ -16,6 +16,7 @@ from patcher.proof.client import Client
 from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE
 from patcher.proof.run import NEVER_OFF_NAME, run_proof
 
+from .conftest import real_dir
 from .test_exactkv import exact_kv_options, passed_proof
 
 A = f"{RID_PREFIX}0-long-1"
@@ -176,18 +177,6 @@ def test_dummy_weights_accept_nothing_and_the_check_fails(site: Any, tmp_path: P
     acc = run_proof(acceptance_options(site(), tmp_path / "out", accept="1"), lambda m: None)["acceptance"]
     assert not acc["passed"] and acc["always_on"] == acc["skip_resumed"] == 1.0
     assert acc["problems"][0].startswith("always-on accepted 1.000 tokens per verify (below 1.1)")
-
-
-def real_dir(root: Path) -> Path:
-    for sub in (launch.REAL_TARGET, launch.REAL_DRAFT):
-        (root / sub).mkdir(parents=True)
-        (root / sub / "config.json").write_text("{}")
-    prompts = [{"id": f"p{i}", "input_ids": [1, 2 + i, 3, 4 + i]} for i in range(5)]
-    (root / launch.REAL_PROMPTS).write_text(json.dumps({"prompts": prompts}))
-    (root / launch.REAL_INFO).write_text(
-        json.dumps({"name": "tiny-real", "gguf_sha256": "ab" * 32, "head_sha256": None})
-    )
-    return root
 
 
 def test_model_real_serves_the_dirs_weights_and_sends_its_prompts(site: Any, tmp_path: Path) -> None:

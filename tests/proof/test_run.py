@@ -16,7 +16,7 @@ from patcher.proof import report as reports
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.run import ProofOptions, run_proof
 
-from .conftest import alive, some_port
+from .conftest import alive, real_dir, some_port
 
 
 def options(root: Path, out: Path, faults: str = "", **kw: object) -> ProofOptions:
@@ -284,10 +284,20 @@ FEATURES = ("sampling", "logprobs", "penalties")
 
 
 def fast_features(opts: ProofOptions) -> ProofOptions:
-    """The sampling check's default sample (1200 requests a phase) at 10 ms a request: long enough that
-    a closed loop of the off phase's size keeps the fake above its threshold."""
+    """On real weights (sampling and logprobs need them), the sampling check's default sample (1200
+    requests a phase) at 10 ms a request: long enough that a closed loop of the off phase's size
+    keeps the fake above its threshold."""
     assert opts.env is not None
-    return replace(opts, env={**opts.env, "FAKE_SGLANG_DELAY": "0.01"})
+    model = real_dir(opts.out.parent / "model")
+    return replace(opts, env={**opts.env, "FAKE_SGLANG_DELAY": "0.01"}, model="real", model_dir=model)
+
+
+def test_sampling_and_logprobs_on_dummy_weights_are_a_usage_error(site, tmp_path):
+    """Their controls are blind on flat dummy logits (0.5.17, session 28); penalties are not refused."""
+    with pytest.raises(ProofUsageError, match=r"^sampling and logprobs need --model real: dummy weights' logits"):
+        run_proof(options(site(), tmp_path / "a", checks=FEATURES), lambda m: None)
+    result = run_proof(options(site(), tmp_path / "b", checks=("penalties",)), lambda m: None)
+    assert result["penalties"]["passed"], reports.summary(result)
 
 
 def test_sampling_logprobs_and_penalties_pass_on_servers_that_serve_them_alike(site, tmp_path):
