@@ -34,6 +34,8 @@
 #                  line naming it, no traceback (issue 18)
 #   features V P   (as kv-proof) issue 17's penalties on dummy weights: base and dynspec (small shape, N 8, started
 #                  together) with the same requests at 8 (speculating) and 16 (off)
+#   backends V P   (as kv-proof) issue 17's backends: equivalence and crossings with every server on FlashInfer
+#                  (3 servers started together)
 #   real-features V P (as real-proof) sampling, logprobs and penalties on real weights (dummy weights' flat logits
 #                  leave the first two's controls blind: session 28); FEATURE_CHECKS picks fewer
 #   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
@@ -281,6 +283,9 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     proof "proof-$1-$2-refusals" --path "$2" --threshold 8 --checks refusals ;;
   features) kit_for "$1"
     proof "proof-$1-$2-features" --path "$2" --threshold 8 --checks penalties --parallel-starts 2 ;;
+  backends) kit_for "$1"
+    proof "proof-$1-$2-flashinfer" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 \
+      --attention-backend flashinfer --checks equivalence,crossings,backends --parallel-starts 3 ;;
   real-features) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     proof "real-$1-$2-features" --path "$2" --model real --model-dir /tmp/real/model --threshold 8 \
       --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties}" --parallel-starts 2 ;;

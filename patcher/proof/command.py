@@ -19,7 +19,7 @@ from click.core import ParameterSource
 
 from patcher.proof import plot, report
 from patcher.proof.errors import ProofUsageError
-from patcher.proof.launch import AUTO, MAX_RUNNING_REQUESTS
+from patcher.proof.launch import ATTENTION_BACKENDS, AUTO, MAX_RUNNING_REQUESTS
 from patcher.proof.run import ProofOptions, default_out, run_proof
 
 DEFAULTS = ProofOptions(out=Path("."))
@@ -226,6 +226,13 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     default="equivalence,crossings,exact_kv",
     show_default=True,
     help=f"Comma list of {', '.join(report.CHECKS)}.",
+)
+@click.option(
+    "--attention-backend",
+    type=click.Choice(ATTENTION_BACKENDS),
+    default=DEFAULTS.attention_backend,
+    show_default=True,
+    help="Every server's attention backend; the backends check judges equivalence and crossings on one other than triton.",
 )
 @click.option(
     "--model",
@@ -497,6 +504,7 @@ def proof(
     parallel_starts: int,
     interleave: bool,
     tp: int | None,
+    attention_backend: str,
     port: int,
     start_timeout: float,
     request_timeout: float,
@@ -601,6 +609,7 @@ def proof(
         parallel_starts=parallel_starts,
         interleave=interleave,
         tp=tp,
+        attention_backend=attention_backend,
         port=port,
         start_timeout=start_timeout,
         request_timeout=request_timeout,

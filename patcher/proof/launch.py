@@ -47,6 +47,9 @@ EAGLE3_FLAGS = (
     "--speculative-num-draft-tokens", "4",
 )  # fmt: skip
 
+# --attention-backend of the servers: Triton unless asked (FA3 needs sgl-kernel's flash_ops, ~1 GB,
+# which no device call can carry)
+ATTENTION_BACKENDS = ("triton", "flashinfer", "fa3")
 MODES = ("base", "always_on", "dynspec")  # (a) speculation off, (b) always on, (c) dynspec
 # (d), only with --upstream-adaptive: always on plus upstream's adaptive mode, as a reference
 UPSTREAM_ADAPTIVE = "upstream_adaptive"
@@ -137,16 +140,18 @@ def server_args(
     adaptive_config_path: Path | None = None,
     real: Path | None = None,
     shared_gpu_nccl_port: int | None = None,
+    attention_backend: str = "triton",
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one mode; ``real``: a model dir
     of ``dynspec real prepare`` whose weights are loaded (the shape is then ignored).
     ``shared_gpu_nccl_port``: the server starts beside others on the GPU (--parallel-starts): a
     fixed KV pool (``SHARED_GPU_MAX_TOTAL_TOKENS``), a port of its own for torch.distributed, and
-    an idle loop that sleeps."""
+    an idle loop that sleeps. ``attention_backend`` replaces Triton, every check's default."""
     if mode not in (*MODES, UPSTREAM_ADAPTIVE, BASE_NO_OVERLAP):
         raise ValueError(f"unknown mode {mode!r}")
     target, draft = model_dirs(shape) if real is None else real_dirs(real)
     args = ["--model-path", str(target), *(BASE_FLAGS if real is None else without_dummy(BASE_FLAGS))]
+    args[args.index("--attention-backend") + 1] = attention_backend
     args += ["--port", str(port), "--log-level", "info"]
     args += ["--max-running-requests", str(MAX_RUNNING_REQUESTS), "--cuda-graph-max-bs", str(MAX_RUNNING_REQUESTS)]
     if tp is not None:

@@ -45,6 +45,7 @@ CHECKS = (
     "sampling",
     "logprobs",
     "penalties",
+    "backends",
 )
 REPORT_NAME = "report.json"
 SUMMARY_NAME = "summary.txt"

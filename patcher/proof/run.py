@@ -155,6 +155,7 @@ class ProofOptions:
     # requests, off throughout, gave other tokens than base and than itself a minute later).
     deterministic: str = "auto"
     tp: int | None = None
+    attention_backend: str = "triton"  # every server's; the backends check needs another
     port: int = 30000
     start_timeout: float = 600.0
     request_timeout: float = 300.0
@@ -239,6 +240,7 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             "refusals",
             "metrics",
             *features.CHECKS,
+            "backends",
         ):
             if check in checks:
                 checks.remove(check)
@@ -325,6 +327,15 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             )
         if opts.model != "dummy":
             raise ProofUsageError("auto_threshold runs on dummy weights with simulated acceptance (--model dummy)")
+    if opts.attention_backend not in launch.ATTENTION_BACKENDS:
+        raise ProofUsageError(
+            f"--attention-backend {opts.attention_backend!r}: choose {', '.join(launch.ATTENTION_BACKENDS)}"
+        )
+    if "backends" in checks and (opts.attention_backend == "triton" or not {"equivalence", "crossings"} <= set(checks)):
+        raise ProofUsageError(
+            "backends judges equivalence and crossings on another attention backend than Triton: "
+            "add --attention-backend flashinfer (or fa3) and equivalence,crossings to --checks"
+        )
     if "metrics" in checks and "crossings" not in checks:
         raise ProofUsageError("metrics are read around the crossings' ramp: add crossings to --checks")
     if opts.mixed_variants and "mixed_load" not in checks:
@@ -358,6 +369,27 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
     if "crossings" in checks and opts.ramp_high > launch.MAX_RUNNING_REQUESTS:
         raise ProofUsageError(f"--ramp high ({opts.ramp_high}) is above --max-running-requests 128")
     return checks, skipped
+
+
+def judge_backends(report: Mapping[str, Any], backend: str) -> dict[str, Any]:
+    """Issue 17's ``backends``: equivalence and crossings, run on ``backend`` (every server's), and
+    the fallback step's speed against plain decode where throughput ran too."""
+    eq, cr = report.get("equivalence", {}), report.get("crossings", {})
+    problems = [f"equivalence: {p}" for p in eq.get("problems", [])[:3]] if not eq.get("passed") else []
+    problems += [f"crossings: {p}" for p in cr.get("problems", [])[:3]] if not cr.get("passed") else []
+    if not eq or not cr:
+        problems.append("equivalence or crossings did not run")
+    entry: dict[str, Any] = {
+        "passed": not problems,
+        "attention_backend": backend,
+        "equivalence": eq.get("passed"),
+        "crossings": cr.get("count"),
+        "problems": problems,
+        "detail": f"{backend}: equivalence {'✓' if eq.get('passed') else '✗'}, {cr.get('count', 0)} crossings",
+    }
+    if "throughput" in report:
+        entry["per_step"] = report["throughput"].get("per_step")
+    return entry
 
 
 def outputs_differ(digests: Mapping[str, Sequence[str]], real: bool) -> str | None:
@@ -598,6 +630,7 @@ class Proof:
             # the runtime's switches (DYNSPEC_ONE_TOKEN_ATTENTION, DYNSPEC_EARLY_FENCE), as the servers got them
             "dynspec_env": {k: v for k, v in sorted(self.env.items()) if k.startswith("DYNSPEC_")},
             "tp": opts.tp,
+            "attention_backend": opts.attention_backend,
             "deterministic": self.deterministic,
             "checks": checks,
             "skipped": skipped,
@@ -640,6 +673,8 @@ class Proof:
                         self.report[check] = {"passed": False, "problems": [f"not run: {self.aborted}"]}
                 else:
                     self.simulated("throughput" in checks, "mixed_load" in checks)
+            if "backends" in checks:
+                self.report["backends"] = judge_backends(self.report, opts.attention_backend)
         finally:
             self.report["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
             self.report["complete"] = self.aborted is None and all(c in self.report for c in checks)
@@ -740,6 +775,7 @@ class Proof:
             adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
             real=opts.model_dir,
             shared_gpu_nccl_port=nccl_port,
+            attention_backend=opts.attention_backend,
         )
         argv = launch.server_argv(opts.python, args)
         changes = launch.env_changes(simulate_acc_len=plan.simulate, pythonpath=self.sglang.pythonpath, base=self.env)

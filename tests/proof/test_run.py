@@ -327,6 +327,39 @@ def test_a_fallback_that_skews_sampling_logprobs_or_penalties_fails(site, tmp_pa
     assert not any(p.startswith("on:") for p in result[check]["problems"])
 
 
+BACKEND_CHECKS = ("equivalence", "crossings", "backends")
+
+
+def test_backends_judges_equivalence_and_crossings_on_flashinfer(site, tmp_path):
+    result = run_proof(
+        options(site(), tmp_path / "out", checks=BACKEND_CHECKS, attention_backend="flashinfer"), lambda m: None
+    )
+    assert result["backends"]["passed"] and result["passed"], reports.summary(result)
+    assert result["attention_backend"] == result["backends"]["attention_backend"] == "flashinfer"
+    for server in result["servers"]:
+        argv = server["argv"]
+        assert argv[argv.index("--attention-backend") + 1] == "flashinfer" and argv.count("--attention-backend") == 1
+    # the control: a fallback that changes outputs while off fails it
+    broken = run_proof(
+        options(site(), tmp_path / "b", faults="diverge", checks=BACKEND_CHECKS, attention_backend="flashinfer"),
+        lambda m: None,
+    )
+    assert not broken["backends"]["passed"] and broken["backends"]["problems"][0].startswith("equivalence: ")
+
+
+@pytest.mark.parametrize(
+    ("kw", "words"),
+    [
+        ({"checks": BACKEND_CHECKS}, "backends judges equivalence and crossings on another attention backend"),
+        ({"checks": ("equivalence", "backends"), "attention_backend": "flashinfer"}, "add --attention-backend"),
+        ({"checks": ("equivalence",), "attention_backend": "vulkan"}, "--attention-backend 'vulkan': choose triton"),
+    ],
+)
+def test_backends_needs_another_backend_and_both_checks(site, tmp_path, kw, words):
+    with pytest.raises(ProofUsageError, match=re.escape(words)):
+        run_proof(options(site(), tmp_path / "out", **kw), lambda m: None)
+
+
 def test_a_refusal_with_a_traceback_or_none_at_all_fails(site, tmp_path):
     traced = run_proof(options(site(), tmp_path / "a", faults="refusaltraceback", checks=("refusals",)), lambda m: None)
     assert not traced["refusals"]["passed"]
