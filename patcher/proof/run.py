@@ -1581,20 +1581,16 @@ class Proof:
         }
         self._save()
 
-    def features(self, checks: Sequence[str]) -> None:
-        """Sampling, logprobs and penalties (``features``), on base and dynspec, with the same
-        requests in a phase where dynspec speculates and one where it is off."""
-        opts = self.opts
-        shape = opts.shape_for("equivalence")
-        sizes = features.phase_sizes(opts.surely_on_at_most, opts.surely_off_above, launch.MAX_RUNNING_REQUESTS)
-        plans = [Plan(mode, shape, None, f"{SERVER_NAMES[mode]}-features") for mode in ("base", "dynspec")]
-        got: dict[str, dict[str, dict[str, list[Reply]]]] = {c: {p: {} for p in features.PHASES} for c in checks}
+    def serve_in_turn(self, plans: Sequence[Plan], measure: Callable[[Plan, Server], None]) -> list[str]:
+        """Serve ``plans`` one after another (started as ``--parallel-starts`` allows) and ``measure``
+        each. Returns the problems: a server that did not start (those after it are not served), and
+        each served one's error lines."""
         problems: list[str] = []
         with self.starting(plans):
             for plan in plans:
                 try:
                     with self.serve(plan) as server:
-                        self.feature_loads(server, plan.mode, checks, sizes, got)
+                        measure(plan, server)
                 except ServerStartError as error:
                     problems.append(str(error).splitlines()[0])
                     self.progress(f"ERROR: {error}")
@@ -1603,6 +1599,19 @@ class Proof:
                     note = error_note(plan.name, self.server_info)
                     if note:
                         problems.append(note)
+        return problems
+
+    def features(self, checks: Sequence[str]) -> None:
+        """Sampling, logprobs and penalties (``features``), on base and dynspec, with the same
+        requests in a phase where dynspec speculates and one where it is off."""
+        opts = self.opts
+        shape = opts.shape_for("equivalence")
+        sizes = features.phase_sizes(opts.surely_on_at_most, opts.surely_off_above, launch.MAX_RUNNING_REQUESTS)
+        plans = [Plan(mode, shape, None, f"{SERVER_NAMES[mode]}-features") for mode in ("base", "dynspec")]
+        got: dict[str, dict[str, dict[str, list[Reply]]]] = {c: {p: {} for p in features.PHASES} for c in checks}
+        problems = self.serve_in_turn(
+            plans, lambda plan, server: self.feature_loads(server, plan.mode, checks, sizes, got)
+        )
         judges = {
             "sampling": features.judge_sampling,
             "logprobs": features.judge_logprobs,
@@ -1669,20 +1678,12 @@ class Proof:
                 fixed = launch.Dynspec(n, None, opts.switch_min_steps)
                 plans.append((f"{n}@{label}", Plan("dynspec", shape, a, f"dynspec-n{n}-acc{label}", dynspec=fixed)))
         runs: dict[str, list[mixed.Run]] = {}
-        problems: list[str] = []
-        with self.starting([plan for _, plan in plans]):
-            for key, plan in plans:
-                try:
-                    with self.serve(plan) as server:
-                        runs[key] = self.mixed_load(server, plan.name, warmup=True)
-                except ServerStartError as error:
-                    problems.append(str(error).splitlines()[0])
-                    self.progress(f"ERROR: {error}")
-                    break
-                finally:
-                    note = error_note(plan.name, self.server_info)
-                    if note:
-                        problems.append(note)
+        keys = {plan.name: key for key, plan in plans}
+
+        def measure(plan: Plan, server: Server) -> None:
+            runs[keys[plan.name]] = self.mixed_load(server, plan.name, warmup=True)
+
+        problems = self.serve_in_turn([plan for _, plan in plans], measure)
         entry = mixed.judge_auto(runs, opts.mixed_schedule, opts.auto_acceptances, opts.auto_sweep, opts.max_auto_ratio)
         entry["problems"] = problems + entry["problems"]
         entry["passed"] = not entry["problems"]

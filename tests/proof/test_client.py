@@ -5,8 +5,6 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
 
 import pytest
 
@@ -136,14 +134,7 @@ class RecordingClient:
         self.inflight = self.max_inflight = 0
         self.calls: list[tuple[float, int, str | None]] = []  # (start, index, rid)
 
-    def generate(
-        self,
-        index: int,
-        new_tokens: int,
-        rid: str | None = None,
-        sampling: Mapping[str, Any] | None = None,
-        fields: Mapping[str, Any] | None = None,
-    ) -> Reply:
+    def generate(self, index: int, new_tokens: int, rid: str | None = None, *_parameters: object) -> Reply:
         with self.lock:
             self.inflight += 1
             self.max_inflight = max(self.max_inflight, self.inflight)
