@@ -36,7 +36,8 @@
 #                  together) with the same requests at 8 (speculating) and 16 (off)
 #   backends V P   (as kv-proof) issue 17's backends: equivalence and crossings with every server on FlashInfer
 #                  (3 servers started together)
-#   real-features V P (as real-proof) sampling, logprobs and penalties on real weights (dummy weights' flat logits
+#   real-features V P (as real-proof) sampling, logprobs, penalties and grammar on real weights (grammar needs the
+#                  model's tokenizer) (dummy weights' flat logits
 #                  leave the first two's controls blind: session 28); FEATURE_CHECKS picks fewer
 #   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
 #                  auto (3 servers; exact_kv needs a fixed N): levels 1,4,16,48,128 and a 1 <-> 128 ramp,
@@ -288,7 +289,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
       --attention-backend flashinfer --checks equivalence,crossings,backends --parallel-starts 3 ;;
   real-features) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     proof "real-$1-$2-features" --path "$2" --model real --model-dir /tmp/real/model --threshold 8 \
-      --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties}" --parallel-starts 2 ;;
+      --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties,grammar}" --parallel-starts 2 ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \

@@ -35,6 +35,7 @@ class Reply:
     meta: dict[str, Any]
     seconds: float
     error: str | None = None
+    text: str | None = None  # a server with its tokenizer (grammar) says what the tokens read
 
 
 @dataclass
@@ -145,7 +146,7 @@ class Client:
             return Reply(index, status, [], {}, seconds, f"HTTP {status}: {raw[:200]!r}")
         if isinstance(data, list) and len(data) == 1:  # some versions wrap a single request
             data = data[0]
-        return reply_of(index, new_tokens, status, data, seconds, raw)
+        return reply_of(index, new_tokens, status, data, seconds, raw, exact=body["sampling_params"]["ignore_eos"])
 
     def generate_batch(self, requests: Sequence[Request]) -> list[Reply]:
         """All ``requests`` in one greedy ``/generate`` call (lists of prompts, sampling parameters
@@ -184,7 +185,10 @@ class Client:
         if not isinstance(data, list) or len(data) != len(requests):
             problem = f"HTTP 200 without {len(requests)} replies: {raw[:200]!r}"
             return [Reply(r.index, status, [], {}, seconds, problem) for r in requests]
-        return [reply_of(r.index, r.new_tokens, status, d, seconds, raw) for r, d in zip(requests, data)]
+        return [
+            reply_of(r.index, r.new_tokens, status, d, seconds, raw, exact=params["ignore_eos"])
+            for r, d, params in zip(requests, data, body["sampling_params"])
+        ]
 
 
 def greedy(new_tokens: int) -> dict[str, Any]:
@@ -199,17 +203,23 @@ def parse_json(raw: bytes) -> Any:
         return None
 
 
-def reply_of(index: int, new_tokens: int, status: int, data: Any, seconds: float, raw: bytes) -> Reply:
-    """One request's reply from its decoded JSON ``data`` (an HTTP 200's)."""
+def reply_of(
+    index: int, new_tokens: int, status: int, data: Any, seconds: float, raw: bytes, exact: bool = True
+) -> Reply:
+    """One request's reply from its decoded JSON ``data`` (an HTTP 200's); ``exact``: it must have
+    ``new_tokens`` (``ignore_eos``), else at most that many (a grammar's request ends at its EOS)."""
     if not isinstance(data, dict) or not isinstance(data.get("output_ids"), list):
         return Reply(index, status, [], {}, seconds, f"HTTP 200 without output_ids: {raw[:200]!r}")
     output_ids = [int(t) for t in data["output_ids"]]
     found = data.get("meta_info")
     meta: dict[str, Any] = found if isinstance(found, dict) else {}
     problem = None
-    if len(output_ids) != new_tokens:
+    if exact and len(output_ids) != new_tokens:
         problem = f"{len(output_ids)} tokens instead of {new_tokens} (ignore_eos is set)"
-    return Reply(index, status, output_ids, meta, seconds, problem)
+    elif len(output_ids) > new_tokens:
+        problem = f"{len(output_ids)} tokens, more than max_new_tokens {new_tokens}"
+    text = data.get("text")
+    return Reply(index, status, output_ids, meta, seconds, problem, text if isinstance(text, str) else None)
 
 
 @dataclass(frozen=True)

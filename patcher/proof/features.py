@@ -13,10 +13,14 @@ control that must fail, so that a check that cannot see a difference fails inste
   logprobs with the next position's, which the tolerance must tell apart.
 * ``penalties``: frequency and presence penalties under greedy decoding give base's tokens; the
   control is base without penalties, which must give other tokens.
+* ``grammar``: requests constrained by a JSON schema, greedy, each ending at its EOS: dynspec's
+  tokens are base's and every output parses and validates; the control is base without the schema,
+  whose outputs must not all validate (else the load cannot tell whether the schema held).
 """
 
 from __future__ import annotations
 
+import json
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -24,10 +28,15 @@ from typing import Any
 from patcher.proof import sampling as stats
 from patcher.proof.client import Reply, Request
 
-CHECKS = ("sampling", "logprobs", "penalties")
-# Dummy weights' logits are nearly flat: another temperature samples alike and neighbouring positions'
-# logprobs are alike, so these two checks' controls are blind there (0.5.17, session 28: p = 1 and 8 of 8).
-REAL_WEIGHTS_ONLY = ("sampling", "logprobs")
+CHECKS = ("sampling", "logprobs", "penalties", "grammar")
+# Why a check needs --model real. Dummy weights' logits are nearly flat: another temperature samples
+# alike and neighbouring positions' logprobs are alike, so those controls are blind there (0.5.17,
+# session 28: p = 1 and 8 of 8); and the dummy models have no tokenizer, which a grammar is compiled for.
+REAL_WEIGHTS_ONLY = {
+    "sampling": "dummy weights' logits are nearly flat, so another temperature samples alike",
+    "logprobs": "dummy weights' logits are nearly flat, so every position's logprobs are alike",
+    "grammar": "the dummy models have no tokenizer to compile a grammar for",
+}
 PHASES = ("on", "off")  # dynspec speculating, dynspec switched off
 
 SAMPLING_PARAMS: Mapping[str, Any] = {"temperature": 1.0, "top_p": 0.9, "top_k": 50}
@@ -39,6 +48,18 @@ SAMPLING_NEW_TOKENS = 4  # the last is judged: sampled by the third decode step 
 SAMPLING_FIRST_PROMPT = 1000
 KEY_STRIDE = 1 << 24  # a (prompt, token) pair as one category: prompt x stride + token (vocabularies < 16M)
 
+# Bounded by its enums and booleans, so that a greedy output fits GRAMMAR_NEW_TOKENS whatever the model.
+GRAMMAR_SCHEMA: Mapping[str, Any] = {
+    "type": "object",
+    "properties": {
+        "color": {"enum": ["red", "green", "blue"]},
+        "size": {"enum": ["small", "large"]},
+        "ok": {"type": "boolean"},
+    },
+    "required": ["color", "size", "ok"],
+    "additionalProperties": False,
+}
+GRAMMAR_NEW_TOKENS = 64  # at most: a constrained request ends at its EOS (ignore_eos off)
 LOGPROB_FIELDS: Mapping[str, Any] = {"return_logprob": True, "top_logprobs_num": 5}
 PENALTY_PARAMS: Mapping[str, Any] = {"frequency_penalty": 0.5, "presence_penalty": 0.3}
 NO_PENALTIES: Mapping[str, Any] = dict.fromkeys(PENALTY_PARAMS, 0.0)  # the control: the same request, unpenalized
@@ -72,6 +93,81 @@ def greedy_requests(count: int, *, logprobs: bool = False, penalties: bool | Non
         Request(i, FEATURE_NEW_TOKENS, sampling=sampling, fields=LOGPROB_FIELDS if logprobs else {})
         for i in range(count)
     ]
+
+
+def grammar_requests(count: int, *, constrained: bool = True) -> list[Request]:
+    """``count`` greedy requests ending at their EOS, constrained by ``GRAMMAR_SCHEMA`` (the control: not)."""
+    sampling: dict[str, Any] = {"ignore_eos": False}
+    if constrained:
+        sampling["json_schema"] = json.dumps(GRAMMAR_SCHEMA)
+    return [Request(i, GRAMMAR_NEW_TOKENS, sampling=sampling) for i in range(count)]
+
+
+def schema_problem(text: str | None) -> str | None:
+    """Why ``text`` is not an instance of ``GRAMMAR_SCHEMA``; None if it is."""
+    if text is None:
+        return "no text (the server ran without its tokenizer)"
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return f"not JSON: {text[:60]!r}"
+    properties = GRAMMAR_SCHEMA["properties"]
+    if not isinstance(value, dict) or set(value) != set(GRAMMAR_SCHEMA["required"]):
+        return f"not an object with exactly {', '.join(GRAMMAR_SCHEMA['required'])}: {text[:60]!r}"
+    for key, rule in properties.items():
+        allowed = value[key] in rule["enum"] if "enum" in rule else isinstance(value[key], bool)
+        if not allowed:
+            return f"{key} = {value[key]!r} breaks the schema"
+    return None
+
+
+def judge_grammar(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: Mapping[str, int]) -> dict[str, Any]:
+    """``replies[phase]`` holds ``base`` and ``dynspec`` under the schema and ``control`` (base
+    without it): every output valid, dynspec's tokens base's, and not every control output valid."""
+    problems: list[str] = []
+    phases: dict[str, Any] = {}
+    for phase in PHASES:
+        got = replies.get(phase, {})
+        base, dynspec, control = (list(got.get(k, ())) for k in ("base", "dynspec", "control"))
+        if not base or not len(base) == len(dynspec) == len(control):
+            problems.append(f"{phase}: {len(base)} base, {len(dynspec)} dynspec and {len(control)} control replies")
+            continue
+        for name, rs in (("base", base), ("dynspec", dynspec), ("control", control)):
+            problems += failures(rs, f"{phase} {name}")
+        invalid = {
+            name: [(r.index, problem) for r in rs if (problem := schema_problem(r.text)) is not None]
+            for name, rs in (("base", base), ("dynspec", dynspec), ("control", control))
+        }
+        differ = [b.index for b, d in zip(base, dynspec) if b.output_ids != d.output_ids]
+        phases[phase] = {
+            "batch": sizes[phase],
+            "valid": {name: len(base) - len(bad) for name, bad in invalid.items()},
+            "differ": len(differ),
+        }
+        for name in ("base", "dynspec"):
+            if invalid[name]:
+                index, problem = invalid[name][0]
+                problems.append(
+                    f"{phase}: {len(invalid[name])} {name} outputs break the schema, e.g. prompt {index}: {problem}"
+                )
+        if differ:
+            problems.append(
+                f"{phase}: {len(differ)} of {len(base)} requests gave other tokens than base, e.g. prompt {differ[0]}"
+            )
+        if not invalid["control"]:
+            problems.append(
+                f"{phase}: every unconstrained output fits the schema too (control): this load cannot see it"
+            )
+    return {
+        "passed": not problems,
+        "schema": dict(GRAMMAR_SCHEMA),
+        "new_tokens": GRAMMAR_NEW_TOKENS,
+        "phases": phases,
+        "problems": problems,
+        "detail": "; ".join(
+            f"{p} (batch {e['batch']}): {e['valid']['dynspec']} valid, {e['differ']} differ" for p, e in phases.items()
+        ),
+    }
 
 
 def last_tokens(replies: Sequence[Reply]) -> Counter[int]:

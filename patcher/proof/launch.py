@@ -141,17 +141,23 @@ def server_args(
     real: Path | None = None,
     shared_gpu_nccl_port: int | None = None,
     attention_backend: str = "triton",
+    tokenizer: bool = False,
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one mode; ``real``: a model dir
     of ``dynspec real prepare`` whose weights are loaded (the shape is then ignored).
     ``shared_gpu_nccl_port``: the server starts beside others on the GPU (--parallel-starts): a
     fixed KV pool (``SHARED_GPU_MAX_TOTAL_TOKENS``), a port of its own for torch.distributed, and
-    an idle loop that sleeps. ``attention_backend`` replaces Triton, every check's default."""
+    an idle loop that sleeps. ``attention_backend`` replaces Triton, every check's default.
+    ``tokenizer``: the server loads the model's tokenizer (grammar needs it; a real model's only) and
+    writes JSON without free whitespace, so that a schema's output is as short as it can be."""
     if mode not in (*MODES, UPSTREAM_ADAPTIVE, BASE_NO_OVERLAP):
         raise ValueError(f"unknown mode {mode!r}")
     target, draft = model_dirs(shape) if real is None else real_dirs(real)
     args = ["--model-path", str(target), *(BASE_FLAGS if real is None else without_dummy(BASE_FLAGS))]
     args[args.index("--attention-backend") + 1] = attention_backend
+    if tokenizer:
+        args.remove("--skip-tokenizer-init")
+        args.append("--constrained-json-disable-any-whitespace")
     args += ["--port", str(port), "--log-level", "info"]
     args += ["--max-running-requests", str(MAX_RUNNING_REQUESTS), "--cuda-graph-max-bs", str(MAX_RUNNING_REQUESTS)]
     if tp is not None:

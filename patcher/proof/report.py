@@ -15,9 +15,10 @@ statistic for every server, reported, not judged), and with ``--mixed-variant`` 
 ``seconds``, ``over_dynspec``, ``dynspec_over_oracle``}}}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
 ``skip_resumed``, ``full_resumed``, ``requests``, ``resumed_over_full``, ``resumed_over_always_on``, ``skip_over_full``
 ({``ratio``, ``ci95``}), ``control_drops``, with real weights ``proposals``}, ``model`` (``dummy``, or the real model's name) and ``model_sha256`` (real weights: {``gguf``, ``head``}, the
-SHA-256 of the weights that ran; else null), ``sampling``, ``logprobs`` and ``penalties`` (issue 17) {``passed``,
+SHA-256 of the weights that ran; else null), ``sampling``, ``logprobs``, ``penalties`` and ``grammar`` (issue 17) {``passed``,
 ``phases`` {``on``, ``off``: each with ``batch``; sampling's ``dynspec`` and ``control`` G-tests, logprobs'
-``compared`` and ``max_abs_diff``, penalties' ``differ`` and ``control_changed``}}. A check that was not run is absent and named in ``skipped``
+``compared`` and ``max_abs_diff``, penalties' ``differ`` and ``control_changed``, grammar's ``valid`` and
+``differ``}}, ``backends`` {``passed``, ``attention_backend``, ``equivalence``, ``crossings``}, ``attention_backend``. A check that was not run is absent and named in ``skipped``
 with the reason; without dynspec applied, ``throughput.dynspec`` and
 ``throughput.envelope_ratio`` are null.
 """
@@ -45,6 +46,7 @@ CHECKS = (
     "sampling",
     "logprobs",
     "penalties",
+    "grammar",
     "backends",
 )
 REPORT_NAME = "report.json"

@@ -262,8 +262,9 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
     blind = [c for c in checks if c in features.REAL_WEIGHTS_ONLY]
     if opts.model == "dummy" and blind:
         raise ProofUsageError(
-            f"{' and '.join(blind)} need --model real: dummy weights' logits are nearly flat, so the controls "
-            "(another temperature; the next position's logprobs) cannot be told apart; penalties run on either"
+            f"{', '.join(blind)} need{'s' if len(blind) == 1 else ''} --model real: "
+            + "; ".join(f"{c}: {features.REAL_WEIGHTS_ONLY[c]}" for c in blind)
+            + " (penalties run on either)"
         )
     if opts.model == "real" and "exact_kv" in opts.checks:
         # its skip control accepts otherwise, so on real weights its outputs may round apart: the acceptance check covers it
@@ -501,6 +502,7 @@ class Plan:
     env: Mapping[str, str] = field(default_factory=dict)
     dynspec: launch.Dynspec | None = None
     extra: tuple[str, ...] = ()  # server flags after the run's (the last of a flag given twice wins)
+    tokenizer: bool = False  # loads the model's tokenizer (launch.server_args)
 
     def entry(self) -> dict[str, Any]:
         """The start of its entry in the report's ``servers``."""
@@ -776,6 +778,7 @@ class Proof:
             real=opts.model_dir,
             shared_gpu_nccl_port=nccl_port,
             attention_backend=opts.attention_backend,
+            tokenizer=plan.tokenizer,
         )
         argv = launch.server_argv(opts.python, args)
         changes = launch.env_changes(simulate_acc_len=plan.simulate, pythonpath=self.sglang.pythonpath, base=self.env)
@@ -1607,7 +1610,11 @@ class Proof:
         opts = self.opts
         shape = opts.shape_for("equivalence")
         sizes = features.phase_sizes(opts.surely_on_at_most, opts.surely_off_above, launch.MAX_RUNNING_REQUESTS)
-        plans = [Plan(mode, shape, None, f"{SERVER_NAMES[mode]}-features") for mode in ("base", "dynspec")]
+        # with grammar, both load the model's tokenizer (the other checks' requests are served alike)
+        plans = [
+            Plan(mode, shape, None, f"{SERVER_NAMES[mode]}-features", tokenizer="grammar" in checks)
+            for mode in ("base", "dynspec")
+        ]
         got: dict[str, dict[str, dict[str, list[Reply]]]] = {c: {p: {} for p in features.PHASES} for c in checks}
         problems = self.serve_in_turn(
             plans, lambda plan, server: self.feature_loads(server, plan.mode, checks, sizes, got)
@@ -1616,6 +1623,7 @@ class Proof:
             "sampling": features.judge_sampling,
             "logprobs": features.judge_logprobs,
             "penalties": features.judge_penalties,
+            "grammar": features.judge_grammar,
         }
         for check in checks:
             entry = judges[check](got[check], sizes)
@@ -1653,6 +1661,10 @@ class Proof:
                 loads.append(("penalties", mode, features.greedy_requests(size, penalties=True), True))
                 if mode == "base":
                     loads.append(("penalties", "control", features.greedy_requests(size, penalties=False), True))
+            if "grammar" in checks:
+                loads.append(("grammar", mode, features.grammar_requests(size), True))
+                if mode == "base":
+                    loads.append(("grammar", "control", features.grammar_requests(size, constrained=False), True))
             for check, role, requests, batched in loads:
                 result = run_batches(client, requests) if batched else run_requests(client, requests, size)
                 got[check][phase][role] = result.replies

@@ -28,7 +28,12 @@ other switch), ``nometrics`` (``/metrics`` holds none of dynspec's counters), an
 that arrives at a dynspec server while speculation is off (others are never affected):
 ``skewsampling`` (it samples, and reports logprobs, at 0.7x the requested temperature),
 ``logprobdrift`` (every logprob it reports is 0.2 higher, beyond bf16 rounding), ``droppenalty`` (its frequency and
-presence penalties are ignored), ``nologprobs`` (its meta_info lacks ``output_token_logprobs``).
+presence penalties are ignored), ``nologprobs`` (its meta_info lacks ``output_token_logprobs``),
+``grammarbreak`` (its JSON-schema output loses the closing brace).
+
+Started without ``--skip-tokenizer-init`` it has a "tokenizer": every reply carries ``text``, a
+character per token id, and a request with a ``json_schema`` gets compact JSON of the proof's schema
+(``constrained_json``), a token per character; with ``--skip-tokenizer-init`` the schema is ignored.
 
 A request with ``temperature`` > 0, ``top_p``, ``top_k``, ``frequency_penalty`` or
 ``presence_penalty`` in its sampling parameters, or with ``return_logprob`` true, decodes with a
@@ -154,6 +159,15 @@ def candidates(input_ids: list[int], length: int) -> list[int]:
     while step % 5 == 0:  # coprime with 32000 = 2^8 5^3: 64 distinct ids
         step += 2
     return [(start + j * step) % VOCAB for j in range(CANDIDATES)]
+
+
+def constrained_json(input_ids: list[int], broken: bool = False) -> str:
+    """What a request constrained by the proof's JSON schema gets: compact JSON, its values a fixed
+    function of the prompt; ``broken`` (fault ``grammarbreak``) loses the closing brace."""
+    seed = sum(input_ids) + len(input_ids)
+    value = {"color": ("red", "green", "blue")[seed % 3], "size": ("small", "large")[seed % 2], "ok": seed % 5 == 0}
+    text = json.dumps(value, separators=(",", ":"))
+    return text[:-1] if broken else text
 
 
 def uses_token_model(params: dict[str, Any], return_logprob: bool) -> bool:
@@ -282,6 +296,7 @@ class State:
         self.delay = float(os.environ.get("FAKE_SGLANG_DELAY", "0.05"))
         self.acc = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "-1"))
         self.quiet = False
+        self.tokenizer = False  # started without --skip-tokenizer-init: replies carry text, grammars apply
         self.flushes = 0
         self.rids: list[str | None] = []  # the rid of every /generate, in arrival order
         self.draft_kv = draft_kv_mode(os.environ.get("DYNSPEC_DRAFT_KV"))
@@ -498,7 +513,11 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 top_num = int(fields.get("top_logprobs_num") or 0)
                 chosen: list[tuple[float, int]] = []
                 ranked: list[list[tuple[float, int]]] = []
-                if uses_token_model(params, return_logprob):
+                if "json_schema" in params and state.tokenizer:
+                    tokens = [
+                        ord(c) for c in constrained_json(input_ids, broken=faulty and "grammarbreak" in state.faults)
+                    ]
+                elif uses_token_model(params, return_logprob):
                     tokens, chosen, ranked = decode(
                         input_ids,
                         n,
@@ -524,7 +543,10 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 if state.speculative:
                     per_step = max(1.0, state.acc) if on else 1.0
                     meta["spec_verify_ct"] = max(1, round(len(tokens) / per_step))
-                return 200, {"output_ids": tokens, "meta_info": meta}
+                reply: dict[str, Any] = {"output_ids": tokens, "meta_info": meta}
+                if state.tokenizer:  # a token per character, as the grammar's output is written
+                    reply["text"] = "".join(chr(t) if t < 0x110000 else "?" for t in tokens)
+                return 200, reply
             finally:
                 state.leave()
 
@@ -578,6 +600,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--speculative-eagle-topk", type=int, default=1)
     parser.add_argument("--enable-dp-attention", action="store_true")
     parser.add_argument("--enable-metrics", action="store_true")
+    parser.add_argument("--skip-tokenizer-init", action="store_true")
     parser.add_argument("--speculative-switch-min-steps", type=int, default=8)
     parser.add_argument("--speculative-enable-batch-size", type=int)
     parser.add_argument("--speculative-adaptive", action="store_true")
@@ -618,6 +641,7 @@ def main(argv: list[str]) -> None:
         found,
     )
     state.metrics = args.enable_metrics
+    state.tokenizer = not args.skip_tokenizer_init
     if state.disable is not None:
         log(
             f"dynspec: v2 fallback ready in 0.01 s: speculation off above {state.disable} requests, on at or "

@@ -156,3 +156,35 @@ def test_penalties_pass_on_base_tokens_and_fail_on_others_or_without_effect():
     assert differ["problems"][0] == "on: 1 of 1 requests gave other tokens than base, e.g. prompt 0"
     no_effect = features.judge_penalties(phases(3, 3), SIZES)
     assert no_effect["problems"][0].startswith("on: the penalties changed no request's tokens (control)")
+
+
+def test_schema_problem_names_what_breaks_the_schema():
+    assert features.schema_problem('{"color":"red","size":"small","ok":true}') is None
+    assert features.schema_problem('{"color":"red","size":"small","ok":true') == (
+        'not JSON: \'{"color":"red","size":"small","ok":true\''
+    )
+    assert features.schema_problem('{"color":"red","ok":true}').startswith("not an object with exactly color, size, ok")
+    assert features.schema_problem('{"color":"pink","size":"small","ok":true}') == "color = 'pink' breaks the schema"
+    assert features.schema_problem('{"color":"red","size":"small","ok":1}') == "ok = 1 breaks the schema"
+    assert features.schema_problem(None) == "no text (the server ran without its tokenizer)"
+
+
+def texted(index: int, text: str) -> Reply:
+    return Reply(index, 200, [ord(c) for c in text], {}, 0.1, None, text)
+
+
+def test_grammar_needs_valid_outputs_base_tokens_and_a_control_that_breaks_the_schema():
+    good = '{"color":"red","size":"small","ok":true}'
+
+    def phases(dynspec: str, control: str) -> dict[str, dict[str, list[Reply]]]:
+        return {
+            p: {"base": [texted(0, good)], "dynspec": [texted(0, dynspec)], "control": [texted(0, control)]}
+            for p in features.PHASES
+        }
+
+    assert features.judge_grammar(phases(good, "12 34"), SIZES)["passed"]
+    broken = features.judge_grammar(phases(good[:-1], "12 34"), SIZES)["problems"]
+    assert broken[0].startswith("on: 1 dynspec outputs break the schema, e.g. prompt 0: not JSON")
+    assert broken[1] == "on: 1 of 1 requests gave other tokens than base, e.g. prompt 0"
+    blind = features.judge_grammar(phases(good, good), SIZES)["problems"]
+    assert blind[0].startswith("on: every unconstrained output fits the schema too (control)")

@@ -257,7 +257,7 @@ def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
     assert (
         " ".join(report.CHECKS)
         == "equivalence crossings exact_kv acceptance throughput mixed_load auto_threshold refusals metrics"
-        " sampling logprobs penalties backends"
+        " sampling logprobs penalties grammar backends"
     )
     # issue 18's metrics: the entry metrics.judge writes
     assert {"passed", "before", "after", "switches_logged", "switches_counted"} <= set(metrics.judge({}, {}, 0))

@@ -280,7 +280,7 @@ def test_refusals_hold_where_the_release_renamed_or_drops_what_they_ask_for(site
     assert served["refusals"]["cases"][0]["problems"][0].startswith("still running after")
 
 
-FEATURES = ("sampling", "logprobs", "penalties")
+FEATURES = ("sampling", "logprobs", "penalties")  # grammar: test_grammar_* below
 
 
 def fast_features(opts: ProofOptions) -> ProofOptions:
@@ -288,13 +288,15 @@ def fast_features(opts: ProofOptions) -> ProofOptions:
     requests a phase) at 10 ms a request: long enough that a closed loop of the off phase's size
     keeps the fake above its threshold."""
     assert opts.env is not None
-    model = real_dir(opts.out.parent / "model")
+    model = real_dir(opts.out.with_name(f"{opts.out.name}-model"))
     return replace(opts, env={**opts.env, "FAKE_SGLANG_DELAY": "0.01"}, model="real", model_dir=model)
 
 
 def test_sampling_and_logprobs_on_dummy_weights_are_a_usage_error(site, tmp_path):
     """Their controls are blind on flat dummy logits (0.5.17, session 28); penalties are not refused."""
-    with pytest.raises(ProofUsageError, match=r"^sampling and logprobs need --model real: dummy weights' logits"):
+    with pytest.raises(
+        ProofUsageError, match=r"^sampling, logprobs need --model real: sampling: dummy weights' logits"
+    ):
         run_proof(options(site(), tmp_path / "a", checks=FEATURES), lambda m: None)
     result = run_proof(options(site(), tmp_path / "b", checks=("penalties",)), lambda m: None)
     assert result["penalties"]["passed"], reports.summary(result)
@@ -328,6 +330,27 @@ def test_a_fallback_that_skews_sampling_logprobs_or_penalties_fails(site, tmp_pa
 
 
 BACKEND_CHECKS = ("equivalence", "crossings", "backends")
+
+
+def test_grammar_passes_where_every_output_fits_the_schema_and_fails_a_broken_one(site, tmp_path):
+    result = run_proof(fast_features(options(site(), tmp_path / "a", checks=("grammar",))), lambda m: None)
+    grammar = result["grammar"]
+    assert grammar["passed"], reports.summary(result)
+    assert grammar["phases"]["off"]["valid"] == {"base": 12, "dynspec": 12, "control": 0}
+    for server in result["servers"]:  # the tokenizer loaded, JSON without free whitespace
+        assert "--skip-tokenizer-init" not in server["argv"]
+        assert "--constrained-json-disable-any-whitespace" in server["argv"]
+    broken = run_proof(
+        fast_features(options(site(), tmp_path / "b", faults="grammarbreak", checks=("grammar",))), lambda m: None
+    )
+    assert not broken["grammar"]["passed"]
+    assert re.match(
+        r"off: \d+ dynspec outputs break the schema, e.g. prompt \d+: not JSON", broken["grammar"]["problems"][0]
+    )
+    with pytest.raises(
+        ProofUsageError, match="grammar needs --model real: grammar: the dummy models have no tokenizer"
+    ):
+        run_proof(options(site(), tmp_path / "c", checks=("grammar",)), lambda m: None)
 
 
 def test_backends_judges_equivalence_and_crossings_on_flashinfer(site, tmp_path):
