@@ -77,10 +77,15 @@ def phase_sizes(on_at_most: int, off_above: int, max_running: int) -> dict[str, 
 
 
 def sampling_requests(temperature: float, per_prompt: int = SAMPLING_PER_PROMPT) -> list[Request]:
-    """``per_prompt`` requests of each of ``SAMPLING_PROMPTS`` prompts, interleaved."""
+    """``per_prompt`` requests of each of ``SAMPLING_PROMPTS`` prompts, interleaved, request k with
+    ``sampling_seed`` k: under deterministic inference (on with --model real) SGLang seeds every request
+    alike (42) and samples by seed and position, so that otherwise a prompt's requests would all draw
+    the same tokens; without it the seed is not used."""
     params = {**SAMPLING_PARAMS, "temperature": temperature}
     return [
-        Request(SAMPLING_FIRST_PROMPT + k % SAMPLING_PROMPTS, SAMPLING_NEW_TOKENS, sampling=params)
+        Request(
+            SAMPLING_FIRST_PROMPT + k % SAMPLING_PROMPTS, SAMPLING_NEW_TOKENS, sampling={**params, "sampling_seed": k}
+        )
         for k in range(SAMPLING_PROMPTS * per_prompt)
     ]
 

@@ -23,6 +23,9 @@ def test_sampling_requests_interleave_their_prompts_at_one_temperature():
     assert [r.index for r in requests[:5]] == [first, first + 1, first + 2, first + 3, first]
     assert {r.sampling["temperature"] for r in requests} == {0.7}
     assert requests[0].sampling["top_k"] == 50 and requests[0].new_tokens == features.SAMPLING_NEW_TOKENS
+    # a seed each (deterministic inference seeds every request alike), the same on every server
+    assert [r.sampling["sampling_seed"] for r in requests[:3]] == [0, 1, 2]
+    assert len({r.sampling["sampling_seed"] for r in requests}) == len(requests)
 
 
 def sampled(rng: random.Random, temperature: float) -> list[Reply]:
