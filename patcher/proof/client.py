@@ -262,6 +262,16 @@ def run_batches(client: Client, requests: Sequence[Request]) -> LevelResult:
     return LevelResult(len(requests), requests[0].new_tokens if requests else 0, seconds, replies)
 
 
+def run_waves(client: Client, requests: Sequence[Request], size: int) -> LevelResult:
+    """``requests`` in waves of ``size``, each one ``Client.generate_batch`` call after the last has
+    answered: every wave is admitted together and decodes as one batch of ``size``."""
+    replies: list[Reply] = []
+    start = time.perf_counter()
+    for i in range(0, len(requests), size):
+        replies += client.generate_batch(requests[i : i + size])
+    return LevelResult(size, requests[0].new_tokens if requests else 0, time.perf_counter() - start, replies)
+
+
 def _timed(
     calls: Sequence[tuple[float, Callable[[], list[Reply]]]], workers: int, name: str
 ) -> tuple[list[Reply], float]:

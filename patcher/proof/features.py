@@ -1,16 +1,21 @@
 """What users send through the fallback (issue 17): sampling, logprobs and penalties.
 
-Each check sends the same requests to a plain server (``base``) and a dynspec server, in two
-phases: at a batch size where dynspec speculates (``on``) and one where it has switched off
-(``off``). Greedy checks compare request by request; sampling compares distributions. Each has a
-control that must fail, so that a check that cannot see a difference fails instead of passing:
+Each check sends the same requests to a plain server (``base``), an always-on speculative one
+(``always_on``) and a dynspec server, in two phases: at a batch size where dynspec speculates
+(``on``) and one where it has switched off (``off``). In each phase dynspec is judged against the
+static server of its mode (``REFERENCE``): while on it must serve what always-on speculation serves
+(SGLang's verify samples and penalizes by rules of its own, and on real weights rounds near ties
+apart), while off what plain decode serves. Greedy checks compare request by request; sampling
+compares distributions. Each has a control that must fail, so that a check that cannot see a
+difference fails instead of passing:
 
 * ``sampling``: the last of a few sampled tokens per request (its prompt, its token) must be
   indistinguishable from base's by a G-test (p > ``sampling.ALPHA``); base sampling the same
   requests at ``CONTROL_TEMPERATURE`` must be distinguishable.
 * ``logprobs``: with ``return_logprob`` and top logprobs, dynspec's greedy tokens equal base's and
-  every logprob is within ``LOGPROB_ATOL`` + ``LOGPROB_RTOL`` x |base's|; the control compares base's
-  logprobs with the next position's, which the tolerance must tell apart.
+  every logprob is within ``LOGPROB_ATOL`` + ``LOGPROB_RTOL`` x |base's| while off (the issue's
+  target; while on the same comparison with always-on is reported, not judged); the control compares
+  base's logprobs with the next position's, which the tolerance must tell apart.
 * ``penalties``: frequency and presence penalties under greedy decoding give base's tokens; the
   control is base without penalties, which must give other tokens.
 * ``grammar``: requests constrained by a JSON schema, greedy, each ending at its EOS: dynspec's
@@ -29,6 +34,8 @@ from patcher.proof import sampling as stats
 from patcher.proof.client import Reply, Request
 
 CHECKS = ("sampling", "logprobs", "penalties", "grammar")
+ROLES = ("base", "always_on", "dynspec", "control")  # control: base, with the check's control requests
+REFERENCE = {"on": "always_on", "off": "base"}  # what dynspec must serve in each phase
 # Why a check needs --model real. Dummy weights' logits are nearly flat: another temperature samples
 # alike and neighbouring positions' logprobs are alike, so those controls are blind there (0.5.17,
 # session 28: p = 1 and 8 of 8); and the dummy models have no tokenizer, which a grammar is compiled for.
@@ -76,15 +83,37 @@ def phase_sizes(on_at_most: int, off_above: int, max_running: int) -> dict[str, 
     return {"on": on_at_most, "off": min(max(2 * off_above, off_above + 8), max_running)}
 
 
-def sampling_requests(temperature: float, per_prompt: int = SAMPLING_PER_PROMPT) -> list[Request]:
-    """``per_prompt`` requests of each of ``SAMPLING_PROMPTS`` prompts, interleaved, request k with
-    ``sampling_seed`` k: under deterministic inference (on with --model real) SGLang seeds every request
-    alike (42) and samples by seed and position, so that otherwise a prompt's requests would all draw
-    the same tokens; without it the seed is not used."""
+# Each role's first sampling_seed: under deterministic inference (on with --model real) SGLang seeds
+# every request alike (42) and samples by seed and position, so a prompt's requests would all draw the
+# same tokens; and two roles drawing with the same seeds would not be independent samples.
+SEED_BASE = {role: i * 1_000_000 for i, role in enumerate(ROLES)}
+
+
+def out_of_mode(phase: str, before: str, switches: Sequence[str]) -> str | None:
+    """Why dynspec was not in ``phase``'s mode throughout a load, from its state before it (``ON`` /
+    ``OFF``) and the switches it logged during it; None if it was. Off: one switch off at the load's
+    first wave is its way in."""
+    want = "ON" if phase == "on" else "OFF"
+    away = [d for d in switches if d != want]
+    after = switches[-1] if switches else before
+    if away or len(switches) > 1:
+        return f"dynspec switched {'off' if want == 'ON' else 'back on'} during a load of the phase {phase} ({' '.join(switches)})"
+    if after != want:
+        return f"dynspec never switched {'off' if want == 'OFF' else 'on'} for the phase {phase} (no switch logged)"
+    return None
+
+
+def sampling_requests(role: str, per_prompt: int = SAMPLING_PER_PROMPT) -> list[Request]:
+    """``per_prompt`` requests of each of ``SAMPLING_PROMPTS`` prompts, interleaved, at the control's
+    temperature for ``control``, each with a ``sampling_seed`` of its own (without deterministic
+    inference SGLang does not use it)."""
+    temperature = CONTROL_TEMPERATURE if role == "control" else SAMPLING_PARAMS["temperature"]
     params = {**SAMPLING_PARAMS, "temperature": temperature}
     return [
         Request(
-            SAMPLING_FIRST_PROMPT + k % SAMPLING_PROMPTS, SAMPLING_NEW_TOKENS, sampling={**params, "sampling_seed": k}
+            SAMPLING_FIRST_PROMPT + k % SAMPLING_PROMPTS,
+            SAMPLING_NEW_TOKENS,
+            sampling={**params, "sampling_seed": SEED_BASE[role] + k},
         )
         for k in range(SAMPLING_PROMPTS * per_prompt)
     ]
@@ -127,37 +156,38 @@ def schema_problem(text: str | None) -> str | None:
 
 
 def judge_grammar(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: Mapping[str, int]) -> dict[str, Any]:
-    """``replies[phase]`` holds ``base`` and ``dynspec`` under the schema and ``control`` (base
-    without it): every output valid, dynspec's tokens base's, and not every control output valid."""
+    """``replies[phase]`` holds each role's replies, the static ones and dynspec under the schema and
+    ``control`` (base without it): every output valid, dynspec's tokens its phase's reference's, and
+    not every control output valid."""
     problems: list[str] = []
     phases: dict[str, Any] = {}
     for phase in PHASES:
-        got = replies.get(phase, {})
-        base, dynspec, control = (list(got.get(k, ())) for k in ("base", "dynspec", "control"))
-        if not base or not len(base) == len(dynspec) == len(control):
-            problems.append(f"{phase}: {len(base)} base, {len(dynspec)} dynspec and {len(control)} control replies")
+        got, reference = replies.get(phase, {}), REFERENCE[phase]
+        missing = [role for role in ROLES if not got.get(role)]
+        if missing or len({len(got[role]) for role in ROLES}) != 1:
+            problems.append(f"{phase}: replies missing or of other counts ({', '.join(missing) or 'counts differ'})")
             continue
-        for name, rs in (("base", base), ("dynspec", dynspec), ("control", control)):
-            problems += failures(rs, f"{phase} {name}")
+        for role in ROLES:
+            problems += failures(got[role], f"{phase} {role}")
         invalid = {
-            name: [(r.index, problem) for r in rs if (problem := schema_problem(r.text)) is not None]
-            for name, rs in (("base", base), ("dynspec", dynspec), ("control", control))
+            role: [(r.index, why) for r in got[role] if (why := schema_problem(r.text)) is not None] for role in ROLES
         }
-        differ = [b.index for b, d in zip(base, dynspec) if b.output_ids != d.output_ids]
+        differ = apart(got[reference], got["dynspec"])
         phases[phase] = {
             "batch": sizes[phase],
-            "valid": {name: len(base) - len(bad) for name, bad in invalid.items()},
+            "reference": reference,
+            "valid": {role: len(got[role]) - len(invalid[role]) for role in ROLES},
             "differ": len(differ),
         }
-        for name in ("base", "dynspec"):
-            if invalid[name]:
-                index, problem = invalid[name][0]
+        for role in ("base", "always_on", "dynspec"):
+            if invalid[role]:
+                index, why = invalid[role][0]
                 problems.append(
-                    f"{phase}: {len(invalid[name])} {name} outputs break the schema, e.g. prompt {index}: {problem}"
+                    f"{phase}: {len(invalid[role])} {role} outputs break the schema, e.g. prompt {index}: {why}"
                 )
         if differ:
             problems.append(
-                f"{phase}: {len(differ)} of {len(base)} requests gave other tokens than base, e.g. prompt {differ[0]}"
+                f"{phase}: {len(differ)} of {len(got[reference])} requests gave other tokens than {reference}, e.g. prompt {differ[0]}"
             )
         if not invalid["control"]:
             problems.append(
@@ -170,9 +200,15 @@ def judge_grammar(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: M
         "phases": phases,
         "problems": problems,
         "detail": "; ".join(
-            f"{p} (batch {e['batch']}): {e['valid']['dynspec']} valid, {e['differ']} differ" for p, e in phases.items()
+            f"{p} (batch {e['batch']}): {e['valid']['dynspec']} valid, {e['differ']} differ from {e['reference']}"
+            for p, e in phases.items()
         ),
     }
+
+
+def apart(reference: Sequence[Reply], dynspec: Sequence[Reply]) -> list[int]:
+    """The prompts whose dynspec tokens are not the reference's, request by request."""
+    return [r.index for r, d in zip(reference, dynspec) if r.output_ids != d.output_ids]
 
 
 def last_tokens(replies: Sequence[Reply]) -> Counter[int]:
@@ -186,26 +222,33 @@ def failures(replies: Sequence[Reply], label: str) -> list[str]:
 
 
 def judge_sampling(samples: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: Mapping[str, int]) -> dict[str, Any]:
-    """``samples[phase]`` holds ``base``, ``dynspec`` and ``control`` (base at the control's
-    temperature) replies. Passes when in every phase dynspec is indistinguishable from base and
-    the control is not."""
+    """``samples[phase]`` holds each role's replies (``control``: base at the control's temperature).
+    Passes when in every phase dynspec is indistinguishable from its reference and the control from
+    base is not; always-on against base is reported (``upstream``), not judged."""
     problems: list[str] = []
     phases: dict[str, Any] = {}
     for phase in PHASES:
-        got = samples.get(phase, {})
-        missing = [k for k in ("base", "dynspec", "control") if not got.get(k)]
-        if missing:
-            problems.append(f"{phase}: no {', '.join(missing)} sample")
+        got, reference = samples.get(phase, {}), REFERENCE[phase]
+        for role in ROLES:
+            problems += failures(got.get(role, ()), f"{phase} {role}")
+        counts = {role: last_tokens(got.get(role, ())) for role in ROLES}
+        empty = [role for role in ROLES if not counts[role]]
+        if empty:
+            problems.append(f"{phase}: no sampled tokens from {', '.join(empty)}")
             continue
-        for name in ("base", "dynspec", "control"):
-            problems += failures(got[name], f"{phase} {name}")
-        base = last_tokens(got["base"])
-        dynspec = stats.homogeneity(base, last_tokens(got["dynspec"]))
-        control = stats.homogeneity(base, last_tokens(got["control"]))
-        phases[phase] = {"batch": sizes[phase], "dynspec": dynspec.entry(), "control": control.entry()}
+        dynspec = stats.homogeneity(counts[reference], counts["dynspec"])
+        control = stats.homogeneity(counts["base"], counts["control"])
+        upstream = stats.homogeneity(counts["base"], counts["always_on"])
+        phases[phase] = {
+            "batch": sizes[phase],
+            "reference": reference,
+            "dynspec": dynspec.entry(),
+            "control": control.entry(),
+            "upstream": upstream.entry(),
+        }
         if not stats.indistinguishable(dynspec):
             problems.append(
-                f"{phase}: dynspec's tokens are distributed unlike base's (G-test p = {dynspec.p_value:.2g} "
+                f"{phase}: dynspec's tokens are distributed unlike {reference}'s (G-test p = {dynspec.p_value:.2g} "
                 f"<= {stats.ALPHA})"
             )
         if stats.indistinguishable(control):
@@ -224,7 +267,8 @@ def judge_sampling(samples: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: 
         "phases": phases,
         "problems": problems,
         "detail": "; ".join(
-            f"{p} (batch {e['batch']}): p = {e['dynspec']['p_value']:.3g}, control p = {e['control']['p_value']:.2g}"
+            f"{p} (batch {e['batch']}, against {e['reference']}): p = {e['dynspec']['p_value']:.3g}, "
+            f"control p = {e['control']['p_value']:.2g}"
             for p, e in phases.items()
         ),
     }
@@ -283,29 +327,36 @@ def first_apart(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def judge_logprobs(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: Mapping[str, int]) -> dict[str, Any]:
-    """``replies[phase]`` holds ``base`` and ``dynspec``'s greedy replies with logprobs, request
-    by request. The control (base against itself one position on) must be apart."""
+    """``replies[phase]`` holds each static role's and dynspec's greedy replies with logprobs. Off,
+    dynspec's must be base's within the tolerance (judged); on, its comparison with always-on is
+    reported. The control (base against itself one position on) must be apart."""
     problems: list[str] = []
     phases: dict[str, Any] = {}
     for phase in PHASES:
-        got = replies.get(phase, {})
-        base, dynspec = list(got.get("base", ())), list(got.get("dynspec", ()))
-        if not base or len(base) != len(dynspec):
-            problems.append(f"{phase}: {len(base)} base and {len(dynspec)} dynspec replies")
+        got, reference = replies.get(phase, {}), REFERENCE[phase]
+        ref, dynspec, base = (list(got.get(role, ())) for role in (reference, "dynspec", "base"))
+        if not ref or len(ref) != len(dynspec) or not base:
+            problems.append(f"{phase}: {len(ref)} {reference} and {len(dynspec)} dynspec replies")
             continue
-        problems += failures(base, f"{phase} base") + failures(dynspec, f"{phase} dynspec")
         compared, worst, found = 0, 0.0, list[str]()
-        for b, d in zip(base, dynspec):
-            n, w, p = compare_logprobs(b, d)
+        for r, d in zip(ref, dynspec):
+            n, w, p = compare_logprobs(r, d)
             compared, worst, found = compared + n, max(worst, w), found + p
         control = [compare_logprobs(b, b, shift=1)[2] for b in base]
         teeth = sum(bool(p) for p in control)
+        judged = phase == "off"
         phases[phase] = {
             "batch": sizes[phase],
+            "reference": reference,
+            "judged": judged,
             "compared": compared,
             "max_abs_diff": round(worst, 5),
+            "apart": len(found),
             "control_apart": f"{teeth} of {len(base)} requests",
         }
+        if not judged:
+            continue
+        problems += failures(ref, f"{phase} {reference}") + failures(dynspec, f"{phase} dynspec")
         problems += [f"{phase}: {p}" for p in found[:5]]
         if teeth < len(base):
             problems.append(
@@ -321,31 +372,40 @@ def judge_logprobs(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: 
         "phases": phases,
         "problems": problems,
         "detail": "; ".join(
-            f"{p} (batch {e['batch']}): {e['compared']} logprobs, largest difference {e['max_abs_diff']}"
+            f"{p} (batch {e['batch']}, against {e['reference']}{'' if e['judged'] else ', not judged'}): "
+            f"{e['compared']} logprobs, largest difference {e['max_abs_diff']}"
             for p, e in phases.items()
         ),
     }
 
 
 def judge_penalties(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: Mapping[str, int]) -> dict[str, Any]:
-    """``replies[phase]`` holds ``base`` and ``dynspec`` with penalties and ``control`` (base
-    without): dynspec's tokens must be base's, and the control's other than base's."""
+    """``replies[phase]`` holds each static role's and dynspec's penalized replies and ``control``
+    (base with the penalties at 0): dynspec's tokens must be its reference's, and the control's other
+    than base's. While on, SGLang's verify penalizes by its own rule (not the tokens accepted earlier
+    in the same step), so the reference is always-on there."""
     problems: list[str] = []
     phases: dict[str, Any] = {}
     for phase in PHASES:
-        got = replies.get(phase, {})
-        base, dynspec, control = (list(got.get(k, ())) for k in ("base", "dynspec", "control"))
-        if not base or not len(base) == len(dynspec) == len(control):
-            problems.append(f"{phase}: {len(base)} base, {len(dynspec)} dynspec and {len(control)} control replies")
+        got, reference = replies.get(phase, {}), REFERENCE[phase]
+        missing = [role for role in ROLES if not got.get(role)]
+        if missing or len({len(got[role]) for role in ROLES}) != 1:
+            problems.append(f"{phase}: replies missing or of other counts ({', '.join(missing) or 'counts differ'})")
             continue
-        for name, rs in (("base", base), ("dynspec", dynspec), ("control", control)):
-            problems += failures(rs, f"{phase} {name}")
-        differ = [b.index for b, d in zip(base, dynspec) if b.output_ids != d.output_ids]
-        changed = sum(b.output_ids != c.output_ids for b, c in zip(base, control))
-        phases[phase] = {"batch": sizes[phase], "differ": len(differ), "control_changed": changed}
+        for role in ROLES:
+            problems += failures(got[role], f"{phase} {role}")
+        differ = apart(got[reference], got["dynspec"])
+        changed = len(apart(got["base"], got["control"]))
+        phases[phase] = {
+            "batch": sizes[phase],
+            "reference": reference,
+            "differ": len(differ),
+            "control_changed": changed,
+        }
         if differ:
             problems.append(
-                f"{phase}: {len(differ)} of {len(base)} requests gave other tokens than base, e.g. prompt {differ[0]}"
+                f"{phase}: {len(differ)} of {len(got[reference])} requests gave other tokens than {reference}, "
+                f"e.g. prompt {differ[0]}"
             )
         if not changed:
             problems.append(f"{phase}: the penalties changed no request's tokens (control): this load cannot see them")
@@ -356,7 +416,8 @@ def judge_penalties(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes:
         "phases": phases,
         "problems": problems,
         "detail": "; ".join(
-            f"{p} (batch {e['batch']}): {e['differ']} differ, penalties changed {e['control_changed']}"
+            f"{p} (batch {e['batch']}, against {e['reference']}): {e['differ']} differ, penalties changed "
+            f"{e['control_changed']}"
             for p, e in phases.items()
         ),
     }

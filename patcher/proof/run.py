@@ -38,7 +38,7 @@ from patcher.proof.client import (
     measure_level,
     run_batches,
     run_level,
-    run_requests,
+    run_waves,
     take_turns,
 )
 from patcher.proof.errors import ProofUsageError, ServerStartError
@@ -1605,19 +1605,20 @@ class Proof:
         return problems
 
     def features(self, checks: Sequence[str]) -> None:
-        """Sampling, logprobs and penalties (``features``), on base and dynspec, with the same
-        requests in a phase where dynspec speculates and one where it is off."""
+        """Sampling, logprobs, penalties and grammar (``features``) on base, always-on and dynspec,
+        with the same requests in a phase where dynspec speculates and one where it is off."""
         opts = self.opts
         shape = opts.shape_for("equivalence")
         sizes = features.phase_sizes(opts.surely_on_at_most, opts.surely_off_above, launch.MAX_RUNNING_REQUESTS)
-        # with grammar, both load the model's tokenizer (the other checks' requests are served alike)
+        # with grammar, all load the model's tokenizer (the other checks' requests are served alike)
         plans = [
             Plan(mode, shape, None, f"{SERVER_NAMES[mode]}-features", tokenizer="grammar" in checks)
-            for mode in ("base", "dynspec")
+            for mode in ("base", "always_on", "dynspec")
         ]
         got: dict[str, dict[str, dict[str, list[Reply]]]] = {c: {p: {} for p in features.PHASES} for c in checks}
+        modes: dict[str, list[str]] = {c: [] for c in checks}  # dynspec not in its phase's mode, by check
         problems = self.serve_in_turn(
-            plans, lambda plan, server: self.feature_loads(server, plan.mode, checks, sizes, got)
+            plans, lambda plan, server: self.feature_loads(server, plan.mode, checks, sizes, got, modes)
         )
         judges = {
             "sampling": features.judge_sampling,
@@ -1627,7 +1628,7 @@ class Proof:
         }
         for check in checks:
             entry = judges[check](got[check], sizes)
-            entry["problems"] = problems + entry["problems"]
+            entry["problems"] = problems + modes[check] + entry["problems"]
             entry.update(passed=not entry["problems"], shape=opts.shape_named("equivalence"))
             self.report[check] = entry
         self._save()
@@ -1639,40 +1640,42 @@ class Proof:
         checks: Sequence[str],
         sizes: Mapping[str, int],
         got: dict[str, dict[str, dict[str, list[Reply]]]],
+        modes: dict[str, list[str]],
     ) -> None:
-        """One server's requests of every feature check, phase by phase (dynspec speculating
-        first): sampling as a closed loop at the phase's batch size, the greedy ones as one batch."""
+        """One server's requests of every feature check, phase by phase (dynspec speculating first),
+        in waves of the phase's batch size, each sent as one call: a wave is admitted together, so a
+        wave above the threshold switches dynspec off at its first decode and none decodes at or
+        below it (a closed loop's tail would switch it back on). The switches dynspec logs during a
+        load say whether it was in the phase's mode throughout (``modes``)."""
         client = self.client(server)
         per_prompt = self.opts.sampling_per_prompt
+        roles = [mode, "control"] if mode == "base" else [mode]
+        state = "ON"  # a dynspec server starts speculating
         for phase in features.PHASES:
             size = sizes[phase]
-            follower = LogFollower(server.spec.log, logscan.size(server.spec.log))
-            # (check, role, requests, sent as one batch): the greedy ones as one batch, so that both
-            # servers decode them in batches of the same sizes; sampling as a closed loop
-            loads: list[tuple[str, str, list[Request], bool]] = []
-            if "sampling" in checks:
-                loads.append(("sampling", mode, features.sampling_requests(1.0, per_prompt), False))
-                if mode == "base":
-                    control = features.sampling_requests(features.CONTROL_TEMPERATURE, per_prompt)
-                    loads.append(("sampling", "control", control, False))
-            if "logprobs" in checks:
-                loads.append(("logprobs", mode, features.greedy_requests(size, logprobs=True), True))
-            if "penalties" in checks:
-                loads.append(("penalties", mode, features.greedy_requests(size, penalties=True), True))
-                if mode == "base":
-                    loads.append(("penalties", "control", features.greedy_requests(size, penalties=False), True))
-            if "grammar" in checks:
-                loads.append(("grammar", mode, features.grammar_requests(size), True))
-                if mode == "base":
-                    loads.append(("grammar", "control", features.grammar_requests(size, constrained=False), True))
-            for check, role, requests, batched in loads:
-                result = run_batches(client, requests) if batched else run_requests(client, requests, size)
+            loads: list[tuple[str, str, list[Request]]] = []
+            for role in roles:
+                if "sampling" in checks:
+                    loads.append(("sampling", role, features.sampling_requests(role, per_prompt)))
+                if "logprobs" in checks and role != "control":
+                    loads.append(("logprobs", role, features.greedy_requests(size, logprobs=True)))
+                if "penalties" in checks:
+                    loads.append(("penalties", role, features.greedy_requests(size, penalties=role != "control")))
+                if "grammar" in checks:
+                    loads.append(("grammar", role, features.grammar_requests(size, constrained=role != "control")))
+            for check, role, requests in loads:
+                follower = LogFollower(server.spec.log, logscan.size(server.spec.log))
+                result = run_waves(client, requests, size)
                 got[check][phase][role] = result.replies
                 self.progress(f"  {server.spec.name} {check} {role} {phase} (batch {size}): {result.seconds:.1f} s")
-            follower.poll()
-            if mode == "dynspec":
-                switches = [t.direction for t in follower.transitions]
-                self.progress(f"  {server.spec.name} {phase}: switches {' '.join(switches) or 'none'}")
+                time.sleep(self.opts.settle if mode == "dynspec" else 0)
+                follower.poll()
+                if mode == "dynspec":
+                    switches = [t.direction for t in follower.transitions]
+                    wrong = features.out_of_mode(phase, state, switches)
+                    if wrong:
+                        modes[check].append(f"{phase}: {wrong}")
+                    state = switches[-1] if switches else state
 
     def auto_threshold(self) -> None:
         """``auto`` against fixed thresholds on the mixed load, at each simulated acceptance: per

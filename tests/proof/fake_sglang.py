@@ -408,6 +408,21 @@ class State:
                 with self.record_lock, open(self.bits_path, "a", encoding="utf-8") as f:
                     f.write(json.dumps(bits, separators=(",", ":")) + "\n")
 
+    def admit(self, rids: list[Any]) -> list[tuple[int, bool]]:
+        """Count a batch's requests in together, as SGLang admits a pre-tokenized batch in one
+        prefill, switching once for the batch; (number, speculation on) for each."""
+        with self.lock:
+            self.inflight += len(rids)
+            self.max_inflight = max(self.max_inflight, self.inflight)
+            self._switch()
+            out = []
+            for rid in rids:
+                self.generates += 1
+                self.rids.append(rid)
+                self.counted["spec" if self.on else "fallback"] += 1
+                out.append((self.generates, self.on))
+            return out
+
     def leave(self) -> None:
         with self.lock:
             self.inflight -= 1
@@ -480,9 +495,11 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 named = {name: body[name] for name in ("return_logprob", "top_logprobs_num") if name in body}
                 return {name: value[i] if isinstance(value, list) else value for name, value in named.items()}
 
+            arrivals = state.admit(list(rids))
+
             def run(i: int) -> None:
                 try:
-                    results[i] = self.one(body["input_ids"][i], params[i], rids[i], fields(i))
+                    results[i] = self.one(body["input_ids"][i], params[i], rids[i], fields(i), arrivals[i])
                 except Exception as error:  # a thread's exception would otherwise leave no status
                     results[i] = (500, {"error": repr(error)})
 
@@ -495,10 +512,15 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             self.reply(*(failed[0] if failed else (200, [r[1] for r in results])))
 
         def one(
-            self, input_ids: list[int], params: dict[str, Any], rid: Any, fields: dict[str, Any] | None = None
+            self,
+            input_ids: list[int],
+            params: dict[str, Any],
+            rid: Any,
+            fields: dict[str, Any] | None = None,
+            arrival: tuple[int, bool] | None = None,  # (number, on) of a batch's request, admitted with it
         ) -> tuple[int, Any]:
             fields = fields or {}
-            number, on = state.arrive(rid)
+            number, on = arrival or state.arrive(rid)
             faulty = state.disable is not None and not on  # the sampling faults' requests
             try:
                 time.sleep(state.delay)

@@ -16,16 +16,18 @@ def test_the_phases_are_a_batch_surely_on_and_one_well_above_the_threshold():
     assert features.phase_sizes(100, 100, 128) == {"on": 100, "off": 128}  # within the running limit
 
 
-def test_sampling_requests_interleave_their_prompts_at_one_temperature():
-    requests = features.sampling_requests(0.7)
+def test_sampling_requests_interleave_their_prompts_with_seeds_of_their_role():
+    requests = features.sampling_requests("control")
     assert len(requests) == features.SAMPLING_PROMPTS * features.SAMPLING_PER_PROMPT
     first = features.SAMPLING_FIRST_PROMPT
     assert [r.index for r in requests[:5]] == [first, first + 1, first + 2, first + 3, first]
-    assert {r.sampling["temperature"] for r in requests} == {0.7}
+    assert {r.sampling["temperature"] for r in requests} == {features.CONTROL_TEMPERATURE}
+    assert {r.sampling["temperature"] for r in features.sampling_requests("dynspec")} == {1.0}
     assert requests[0].sampling["top_k"] == 50 and requests[0].new_tokens == features.SAMPLING_NEW_TOKENS
-    # a seed each (deterministic inference seeds every request alike), the same on every server
-    assert [r.sampling["sampling_seed"] for r in requests[:3]] == [0, 1, 2]
-    assert len({r.sampling["sampling_seed"] for r in requests}) == len(requests)
+    # a seed each (deterministic inference seeds every request alike), and no two roles share one
+    seeds = {role: {r.sampling["sampling_seed"] for r in features.sampling_requests(role)} for role in features.ROLES}
+    assert all(len(s) == len(requests) for s in seeds.values())
+    assert not seeds["base"] & seeds["dynspec"] and not seeds["base"] & seeds["control"]
 
 
 def sampled(rng: random.Random, temperature: float) -> list[Reply]:
@@ -33,7 +35,7 @@ def sampled(rng: random.Random, temperature: float) -> list[Reply]:
     weights = [math.exp((3.0 - 0.15 * j) / temperature) for j in range(40)]
     return [
         Reply(r.index, 200, [7, 7, 7, 100 + rng.choices(range(40), weights)[0]], {}, 0.1)
-        for r in features.sampling_requests(temperature)
+        for r in features.sampling_requests("base")
     ]
 
 
@@ -42,6 +44,7 @@ def sampling_phases(dynspec_temperature: float, control_temperature: float) -> d
     return {
         phase: {
             "base": sampled(rng, 1.0),
+            "always_on": sampled(rng, 1.0),
             "dynspec": sampled(rng, dynspec_temperature),
             "control": sampled(rng, control_temperature),
         }
@@ -52,14 +55,16 @@ def sampling_phases(dynspec_temperature: float, control_temperature: float) -> d
 SIZES = {"on": 8, "off": 16}
 
 
-def test_sampling_passes_a_server_that_samples_as_base_and_fails_one_that_does_not():
+def test_sampling_passes_a_server_that_samples_as_its_reference_and_fails_one_that_does_not():
     same = features.judge_sampling(sampling_phases(1.0, 0.7), SIZES)
     assert same["passed"], same["problems"]
     assert same["phases"]["off"]["dynspec"]["samples"] == [1200, 1200]
-    assert same["phases"]["off"]["control"]["p_value"] < 1e-6
+    assert (same["phases"]["on"]["reference"], same["phases"]["off"]["reference"]) == ("always_on", "base")
+    assert same["phases"]["off"]["control"]["p_value"] < 0.01 and "upstream" in same["phases"]["on"]
     skewed = features.judge_sampling(sampling_phases(0.7, 0.7), SIZES)
     assert not skewed["passed"]
-    assert skewed["problems"][0].startswith("on: dynspec's tokens are distributed unlike base's")
+    assert skewed["problems"][0].startswith("on: dynspec's tokens are distributed unlike always_on's")
+    assert skewed["problems"][1].startswith("off: dynspec's tokens are distributed unlike base's")
 
 
 def test_sampling_without_a_control_that_differs_has_no_teeth():
@@ -68,13 +73,22 @@ def test_sampling_without_a_control_that_differs_has_no_teeth():
     assert all("cannot see a skew" in p for p in entry["problems"]) and len(entry["problems"]) == 2
 
 
-def test_sampling_names_a_missing_sample_and_failed_requests():
+def test_sampling_names_missing_samples_and_failed_requests_without_raising():
     phases = sampling_phases(1.0, 0.7)
     del phases["on"]["control"]
     phases["off"]["dynspec"][0] = Reply(1000, 500, [], {}, 0.1, "HTTP 500")
     problems = features.judge_sampling(phases, SIZES)["problems"]
-    assert problems[0] == "on: no control sample"
-    assert problems[1] == "off dynspec: 1 of 1200 requests failed, e.g. HTTP 500"
+    assert problems == ["on: no sampled tokens from control", "off dynspec: 1 of 1200 requests failed, e.g. HTTP 500"]
+    phases["off"]["always_on"] = [Reply(1000, 500, [], {}, 0.1, "HTTP 500")]  # every reply failed: no tokens
+    assert "off: no sampled tokens from always_on" in features.judge_sampling(phases, SIZES)["problems"]
+
+
+def test_a_phase_is_in_its_mode_unless_dynspec_switched_the_wrong_way_or_never():
+    assert features.out_of_mode("on", "ON", []) is None and features.out_of_mode("off", "ON", ["OFF"]) is None
+    assert features.out_of_mode("off", "OFF", []) is None  # off since the load before
+    assert features.out_of_mode("on", "ON", ["OFF", "ON"]).startswith("dynspec switched off during a load")  # type: ignore[union-attr]
+    assert features.out_of_mode("off", "OFF", ["ON", "OFF"]).startswith("dynspec switched back on")  # type: ignore[union-attr]
+    assert features.out_of_mode("off", "ON", []) == "dynspec never switched off for the phase off (no switch logged)"
 
 
 def with_logprobs(index: int, tokens: Sequence[int], offset: float = 0.0, top: bool = True) -> Reply:
@@ -92,6 +106,7 @@ def logprob_phases(offset: float = 0.0, **dynspec: object) -> dict[str, dict[str
     return {
         phase: {
             "base": [with_logprobs(i, t) for i, t in enumerate(tokens)],
+            "always_on": [with_logprobs(i, t) for i, t in enumerate(tokens)],
             "dynspec": [with_logprobs(i, t, offset, **dynspec) for i, t in enumerate(tokens)],  # type: ignore[arg-type]
         }
         for phase in features.PHASES
@@ -101,14 +116,18 @@ def logprob_phases(offset: float = 0.0, **dynspec: object) -> dict[str, dict[str
 def test_logprobs_within_tolerance_pass_and_a_drift_fails():
     ok = features.judge_logprobs(logprob_phases(0.01), SIZES)
     assert ok["passed"], ok["problems"]
-    assert ok["phases"]["on"]["compared"] == 3 * (4 + 8) and ok["phases"]["on"]["max_abs_diff"] == 0.01
+    assert ok["phases"]["off"]["compared"] == 3 * (4 + 8) and ok["phases"]["off"]["max_abs_diff"] == 0.01
     drift = features.judge_logprobs(logprob_phases(0.1), SIZES)
-    assert not drift["passed"] and drift["problems"][0] == "on: prompt 0: 12 of 12 logprobs apart by up to 0.1"
+    assert not drift["passed"] and drift["problems"] == [
+        f"off: prompt {i}: 12 of 12 logprobs apart by up to 0.1" for i in range(3)
+    ]
+    # while on, the same comparison with always-on is reported, not judged
+    assert drift["phases"]["on"]["apart"] == 3 and not drift["phases"]["on"]["judged"]
 
 
 def test_logprobs_name_missing_top_logprobs_and_other_tokens():
     missing = features.judge_logprobs(logprob_phases(top=False), SIZES)
-    assert missing["problems"][0] == "on: prompt 0: no top logprobs"
+    assert missing["problems"][0] == "off: prompt 0: no top logprobs"
     phases = logprob_phases()
     phases["off"]["dynspec"][1] = with_logprobs(1, [11, 21, 99, 41])
     assert features.judge_logprobs(phases, SIZES)["problems"] == [
@@ -131,7 +150,7 @@ def test_the_logprob_control_needs_positions_the_tolerance_tells_apart():
                     0.1,
                 )
             ]
-            for role in ("base", "dynspec")
+            for role in ("base", "always_on", "dynspec")
         }
         for phase in features.PHASES
     }
@@ -148,6 +167,7 @@ def test_penalties_pass_on_base_tokens_and_fail_on_others_or_without_effect():
         return {
             phase: {
                 "base": [greedy(0, [1, 2, 3])],
+                "always_on": [greedy(0, [1, 2, 3])],
                 "dynspec": [greedy(0, [1, 2, dynspec_last])],
                 "control": [greedy(0, [1, 2, control_last])],
             }
@@ -156,7 +176,10 @@ def test_penalties_pass_on_base_tokens_and_fail_on_others_or_without_effect():
 
     assert features.judge_penalties(phases(3, 9), SIZES)["passed"]
     differ = features.judge_penalties(phases(4, 9), SIZES)
-    assert differ["problems"][0] == "on: 1 of 1 requests gave other tokens than base, e.g. prompt 0"
+    assert differ["problems"] == [
+        "on: 1 of 1 requests gave other tokens than always_on, e.g. prompt 0",
+        "off: 1 of 1 requests gave other tokens than base, e.g. prompt 0",
+    ]
     no_effect = features.judge_penalties(phases(3, 3), SIZES)
     assert no_effect["problems"][0].startswith("on: the penalties changed no request's tokens (control)")
 
@@ -181,13 +204,18 @@ def test_grammar_needs_valid_outputs_base_tokens_and_a_control_that_breaks_the_s
 
     def phases(dynspec: str, control: str) -> dict[str, dict[str, list[Reply]]]:
         return {
-            p: {"base": [texted(0, good)], "dynspec": [texted(0, dynspec)], "control": [texted(0, control)]}
+            p: {
+                "base": [texted(0, good)],
+                "always_on": [texted(0, good)],
+                "dynspec": [texted(0, dynspec)],
+                "control": [texted(0, control)],
+            }
             for p in features.PHASES
         }
 
     assert features.judge_grammar(phases(good, "12 34"), SIZES)["passed"]
     broken = features.judge_grammar(phases(good[:-1], "12 34"), SIZES)["problems"]
     assert broken[0].startswith("on: 1 dynspec outputs break the schema, e.g. prompt 0: not JSON")
-    assert broken[1] == "on: 1 of 1 requests gave other tokens than base, e.g. prompt 0"
+    assert broken[1] == "on: 1 of 1 requests gave other tokens than always_on, e.g. prompt 0"
     blind = features.judge_grammar(phases(good, good), SIZES)["problems"]
     assert blind[0].startswith("on: every unconstrained output fits the schema too (control)")

@@ -309,7 +309,7 @@ def test_sampling_logprobs_and_penalties_pass_on_servers_that_serve_them_alike(s
     assert {p: sampled[p]["batch"] for p in sampled} == {"on": 4, "off": 12}
     assert sampled["off"]["dynspec"]["samples"] == [1200, 1200] and sampled["off"]["control"]["p_value"] < 0.01
     assert result["logprobs"]["phases"]["off"]["compared"] > 0
-    assert {s["name"] for s in result["servers"]} == {"base-features", "dynspec-features"}
+    assert {s["name"] for s in result["servers"]} == {"base-features", "always-on-features", "dynspec-features"}
 
 
 @pytest.mark.parametrize(
@@ -332,11 +332,22 @@ def test_a_fallback_that_skews_sampling_logprobs_or_penalties_fails(site, tmp_pa
 BACKEND_CHECKS = ("equivalence", "crossings", "backends")
 
 
+def test_a_dynspec_server_that_never_switches_off_fails_the_phase_off(site, tmp_path):
+    """Its tokens may still be base's (the fake's are): the check must see that nothing was off."""
+    stuck = run_proof(
+        fast_features(options(site(), tmp_path / "out", faults="noswitch", checks=("penalties",))), lambda m: None
+    )
+    assert not stuck["penalties"]["passed"]
+    assert (
+        stuck["penalties"]["problems"] == ["off: dynspec never switched off for the phase off (no switch logged)"] * 1
+    )
+
+
 def test_grammar_passes_where_every_output_fits_the_schema_and_fails_a_broken_one(site, tmp_path):
     result = run_proof(fast_features(options(site(), tmp_path / "a", checks=("grammar",))), lambda m: None)
     grammar = result["grammar"]
     assert grammar["passed"], reports.summary(result)
-    assert grammar["phases"]["off"]["valid"] == {"base": 12, "dynspec": 12, "control": 0}
+    assert grammar["phases"]["off"]["valid"] == {"base": 12, "always_on": 12, "dynspec": 12, "control": 0}
     for server in result["servers"]:  # the tokenizer loaded, JSON without free whitespace
         assert "--skip-tokenizer-init" not in server["argv"]
         assert "--constrained-json-disable-any-whitespace" in server["argv"]
