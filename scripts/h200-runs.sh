@@ -32,8 +32,8 @@
 #   refusals V P   (as kv-proof) the refusals check: each combination dynspec refuses on a server of its own
 #                  (they start together and exit at ServerArgs' check, before loading weights): exit, the
 #                  line naming it, no traceback (issue 18)
-#   features V P   (as kv-proof) issue 17's penalties on dummy weights: base and dynspec (small shape, N 8, started
-#                  together) with the same requests at 8 (speculating) and 16 (off)
+#   features V P   (as kv-proof) issue 17's penalties on dummy weights: base, always-on and dynspec (small shape,
+#                  N 8, started together) with the same requests in waves of 8 (speculating) and 16 (off)
 #   backends V P   (as kv-proof) issue 17's backends: equivalence and crossings with every server on FlashInfer
 #                  (3 servers started together)
 #   real-features V P (as real-proof) sampling, logprobs, penalties and grammar on real weights (grammar needs the
@@ -283,13 +283,13 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
   refusals) kit_for "$1"
     proof "proof-$1-$2-refusals" --path "$2" --threshold 8 --checks refusals ;;
   features) kit_for "$1"
-    proof "proof-$1-$2-features" --path "$2" --threshold 8 --checks penalties --parallel-starts 2 ;;
+    proof "proof-$1-$2-features" --path "$2" --threshold 8 --checks penalties --parallel-starts 3 ;;
   backends) kit_for "$1"
     proof "proof-$1-$2-flashinfer" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 \
       --attention-backend flashinfer --checks equivalence,crossings,backends --parallel-starts 3 ;;
   real-features) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     proof "real-$1-$2-features" --path "$2" --model real --model-dir /tmp/real/model --threshold 8 \
-      --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties,grammar}" --parallel-starts 2 ;;
+      --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties,grammar}" --parallel-starts 3 ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
