@@ -15,7 +15,8 @@ difference fails instead of passing:
 * ``logprobs``: with ``return_logprob`` and top logprobs, dynspec's greedy tokens equal base's and
   every logprob is within ``LOGPROB_ATOL`` + ``LOGPROB_RTOL`` x |base's| while off (the issue's
   target; while on the same comparison with always-on is reported, not judged); the control compares
-  base's logprobs with the next position's, which the tolerance must tell apart.
+  base's logprobs with the next position's, which the tolerance must tell apart for at least half
+  of the requests.
 * ``penalties``: frequency and presence penalties under greedy decoding give base's tokens; the
   control is base without penalties, which must give other tokens.
 * ``grammar``: requests constrained by a JSON schema, greedy, each ending at its EOS: dynspec's
@@ -358,7 +359,8 @@ def judge_logprobs(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: 
             continue
         problems += failures(ref, f"{phase} {reference}") + failures(dynspec, f"{phase} dynspec")
         problems += [f"{phase}: {p}" for p in found[:5]]
-        if teeth < len(base):
+        # Half, not all: on real weights a request of confident tokens has logprobs near 0 everywhere.
+        if 2 * teeth < len(base):
             problems.append(
                 f"{phase}: the control (each logprob against the next position's) is within tolerance for "
                 f"{len(base) - teeth} of {len(base)} requests: the tolerance cannot see a change"

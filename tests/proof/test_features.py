@@ -219,3 +219,20 @@ def test_grammar_needs_valid_outputs_base_tokens_and_a_control_that_breaks_the_s
     assert broken[1] == "on: 1 of 1 requests gave other tokens than always_on, e.g. prompt 0"
     blind = features.judge_grammar(phases(good, good), SIZES)["problems"]
     assert blind[0].startswith("on: every unconstrained output fits the schema too (control)")
+
+
+def test_the_logprob_control_passes_with_half_the_requests_apart():
+    """On real weights a request of confident tokens has logprobs near 0 at every position."""
+    confident = {
+        "output_token_logprobs": [[-0.001, 5, None], [-0.002, 6, None]],
+        "output_top_logprobs": [[[-0.001, 5, None]], [[-0.002, 6, None]]],
+    }
+    phases = logprob_phases()
+    for phase in features.PHASES:
+        for role in ("base", "always_on", "dynspec"):
+            phases[phase][role] = [*phases[phase][role][:2], Reply(2, 200, [5, 6], confident, 0.1)]
+    assert features.judge_logprobs(phases, SIZES)["passed"]  # 2 of 3 apart
+    for phase in features.PHASES:
+        for role in ("base", "always_on", "dynspec"):
+            phases[phase][role] = [phases[phase][role][0], *[Reply(i, 200, [5, 6], confident, 0.1) for i in (1, 2)]]
+    assert not features.judge_logprobs(phases, SIZES)["passed"]  # the control: 1 of 3
