@@ -43,7 +43,7 @@ length modulo 4 (``candidates``), with logits 3.0 - 0.05 j, so greedy decoding r
 and a penalty of 0.5 changes it at the 5th. As in SGLang, penalties come off the logits (frequency x
 count in the output + presence if counted), the temperature divides them (greedy: argmax, logprobs
 at temperature 1; an absent temperature is 1.0), top_k then top_p (on the untruncated mass) truncate,
-and an unseeded ``random.Random`` samples. ``return_logprob`` adds ``output_token_logprobs``
+and a ``random.Random`` samples (seeded by the request's ``sampling_seed`` where it has one). ``return_logprob`` adds ``output_token_logprobs``
 (``[[logprob, id, null], ...]``, under the full distribution) and ``top_logprobs_num`` k > 0
 ``output_top_logprobs`` (k such triples per token, most likely first) to meta_info.
 
@@ -237,7 +237,9 @@ def decode(
     top_p = float(params.get("top_p", 1.0))
     frequency = float(params.get("frequency_penalty", 0.0)) if penalties else 0.0
     presence = float(params.get("presence_penalty", 0.0)) if penalties else 0.0
-    rng = rng or random.Random()
+    # a request's sampling_seed seeds its draws (as deterministic inference does): the tests' p-values
+    # are then the same on every run; without one, unseeded
+    rng = rng or random.Random(params.get("sampling_seed"))
     tokens: list[int] = []
     chosen: list[tuple[float, int]] = []
     ranked_all: list[list[tuple[float, int]]] = []
