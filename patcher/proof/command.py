@@ -17,6 +17,7 @@ from types import FrameType
 import click
 from click.core import ParameterSource
 
+from patcher.options import choice_option
 from patcher.proof import plot, report
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.launch import ATTENTION_BACKENDS, AUTO, MAX_RUNNING_REQUESTS
@@ -171,12 +172,11 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
 @click.option(
     "--python", "python", default=sys.executable, show_default=True, help="Interpreter that runs the servers."
 )
-@click.option(
+@choice_option(
     "--path",
     "spec_path",
-    type=click.Choice(["v1", "v2"]),
+    choices=["v1", "v2"],
     default="v2",
-    show_default=True,
     help="EAGLE worker: v1 adds --disable-overlap-schedule.",
 )
 @click.option(
@@ -214,11 +214,10 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     show_default=True,
     help="New tokens per equivalence request.",
 )
-@click.option(
+@choice_option(
     "--shape",
-    type=click.Choice(["auto", "small", "8b", "8b-32k"]),
+    choices=["auto", "small", "8b", "8b-32k"],
     default="auto",
-    show_default=True,
     help="Model shape; auto: small for equivalence and crossings, 8b for throughput; 8b-32k: 8b with a 32k draft vocabulary.",
 )
 @click.option(
@@ -227,18 +226,16 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     show_default=True,
     help=f"Comma list of {', '.join(report.CHECKS)}.",
 )
-@click.option(
+@choice_option(
     "--attention-backend",
-    type=click.Choice(ATTENTION_BACKENDS),
+    choices=ATTENTION_BACKENDS,
     default=DEFAULTS.attention_backend,
-    show_default=True,
     help="Every server's attention backend; the backends check judges equivalence and crossings on one other than triton.",
 )
-@click.option(
+@choice_option(
     "--model",
-    type=click.Choice(["dummy", "real"]),
+    choices=["dummy", "real"],
     default="dummy",
-    show_default=True,
     help="dummy: weight-free configs of this package; real: the weights and prompts in --model-dir.",
 )
 @click.option(
@@ -247,11 +244,10 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     default=None,
     help="With --model real: a dir made by `dynspec real prepare` (target/, draft/, prompts.json, model.json).",
 )
-@click.option(
+@choice_option(
     "--deterministic",
-    type=click.Choice(["auto", "on", "off"]),
+    choices=["auto", "on", "off"],
     default="auto",
-    show_default=True,
     help="SGLang's --enable-deterministic-inference on every server. auto: with --model real, where the release has it.",
 )
 @click.option("--throughput", is_flag=True, help="Add the throughput check (3 more servers, simulated acceptance).")
@@ -361,11 +357,10 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "directly (and packed, as a control) and compares the bits with its full extend's (DYNSPEC_CHECK_KV_BITS); "
     "then proposals that differ only after a request's timeline parted from the reference's do not fail the check.",
 )
-@click.option(
+@choice_option(
     "--exact-kv-bits-on",
-    type=click.Choice(["reference", "tested"]),
+    choices=["reference", "tested"],
     default=DEFAULTS.exact_kv_bits_on,
-    show_default=True,
     help="--exact-kv-bits: the server that compares: the full-extend reference (the stock verify's rows) or the "
     "server under test (on v1 0.5.12 the lean fallback step's rows; it then keeps the full extend's draft KV).",
 )
