@@ -164,12 +164,10 @@ def judge_grammar(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: M
     phases: dict[str, Any] = {}
     for phase in PHASES:
         got, reference = replies.get(phase, {}), REFERENCE[phase]
-        missing = [role for role in ROLES if not got.get(role)]
-        if missing or len({len(got[role]) for role in ROLES}) != 1:
-            problems.append(f"{phase}: replies missing or of other counts ({', '.join(missing) or 'counts differ'})")
+        comparable, found = every_role(phase, got)
+        problems += found
+        if not comparable:
             continue
-        for role in ROLES:
-            problems += failures(got[role], f"{phase} {role}")
         invalid = {
             role: [(r.index, why) for r in got[role] if (why := schema_problem(r.text)) is not None] for role in ROLES
         }
@@ -215,6 +213,15 @@ def apart(reference: Sequence[Reply], dynspec: Sequence[Reply]) -> list[int]:
 def last_tokens(replies: Sequence[Reply]) -> Counter[int]:
     """How often each (prompt, last token) came, as categories for the G-test."""
     return Counter(r.index * KEY_STRIDE + r.output_ids[-1] for r in replies if r.error is None and r.output_ids)
+
+
+def every_role(phase: str, got: Mapping[str, Sequence[Reply]]) -> tuple[bool, list[str]]:
+    """Whether a phase's replies can be compared request by request (every role there, with as many
+    replies as the others), and its problems: that, or each role's failed requests."""
+    missing = [role for role in ROLES if not got.get(role)]
+    if missing or len({len(got[role]) for role in ROLES}) != 1:
+        return False, [f"{phase}: replies missing or of other counts ({', '.join(missing) or 'counts differ'})"]
+    return True, [p for role in ROLES for p in failures(got[role], f"{phase} {role}")]
 
 
 def failures(replies: Sequence[Reply], label: str) -> list[str]:
@@ -390,12 +397,10 @@ def judge_penalties(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes:
     phases: dict[str, Any] = {}
     for phase in PHASES:
         got, reference = replies.get(phase, {}), REFERENCE[phase]
-        missing = [role for role in ROLES if not got.get(role)]
-        if missing or len({len(got[role]) for role in ROLES}) != 1:
-            problems.append(f"{phase}: replies missing or of other counts ({', '.join(missing) or 'counts differ'})")
+        comparable, found = every_role(phase, got)
+        problems += found
+        if not comparable:
             continue
-        for role in ROLES:
-            problems += failures(got[role], f"{phase} {role}")
         differ = apart(got[reference], got["dynspec"])
         changed = len(apart(got["base"], got["control"]))
         phases[phase] = {
