@@ -193,7 +193,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
     fallback = V2Fallback(controller, target, draft_kv, DraftRecorder.from_env(rank0))
     fallback.feed_twin_directly(worker, log=rank0)
     fallback.write_beside(worker, log=rank0)
-    fallback.lean = FallbackLeanSample.install(log=rank0)
+    fallback.lean = FallbackLeanSample.install(worker.target_worker.model_runner, log=rank0)
     fallback.prefill_kv_only(
         worker.draft_worker, log=rank0, disaggregation=read_setting(worker, "disaggregation_mode", "null")
     )
@@ -936,6 +936,86 @@ def greedy_batch_refusal(batch: Any, penalties: Tuple[str, ...]) -> Optional[str
     return next((name for name in penalties if getattr(info, name, None) is not None), None)
 
 
+class DecodeSample:
+    """A sampled batch of a one-node verify, drawn as plain decode draws it: by the model runner's ``Sampler``.
+
+    With top-k and top-p both set, the verify's ``eagle_sample`` keeps the top k, renormalises them,
+    then cuts top-p on that renormalised mass; plain decode cuts top-p on the original mass (the
+    pytorch backend; FlashInfer's ``joint`` order), and the verify ignores min-p. Left to it, a sampled request would
+    follow always-on speculation's distribution while speculation is off, not the server's without
+    it. So a sampled batch goes to the sampler plain decode calls, with the arguments it passes
+    (the positions that seed deterministic sampling are the one node's, the input token's, as a
+    decode step's), on a copy of the logits: the sampler scales and normalises them in place, and
+    the verify computes logprobs from them afterwards. A batch whose logits the verify and plain
+    decode prepare differently (penalties, a logit bias, grammar, a custom logit processor) or
+    whose sampler writes more than tokens (sampling masks) stays with the verify.
+    """
+
+    # Sampler.forward's parameters, 0.5.4 - 0.5.23 (pinned in the tests): anything else is not the sampler this calls.
+    PARAMETERS = (
+        "logits_output",
+        "sampling_info",
+        "return_logprob",
+        "top_logprobs_nums",
+        "token_ids_logprobs",
+        "positions",
+    )
+
+    def __init__(self, sampler: Callable[..., Any]) -> None:
+        self.sampler = sampler
+
+    @classmethod
+    def of(cls, model_runner: Any) -> Tuple[Optional["DecodeSample"], str]:
+        """The model runner's sampler, or None and why not (no sampler, or one called otherwise)."""
+        import inspect
+
+        sampler = getattr(model_runner, "sampler", None)
+        if sampler is None:
+            return None, "the target's model runner has no sampler"
+        try:
+            parameters = tuple(inspect.signature(sampler.forward).parameters)
+        except (AttributeError, TypeError, ValueError):
+            return None, "the target's sampler has no forward to read"
+        if parameters[: len(cls.PARAMETERS)] != cls.PARAMETERS:
+            return None, f"the target's sampler takes ({', '.join(parameters)})"
+        return cls(sampler), ""
+
+    def refusal(self, batch: Any, verify_input: Any, rows: int, penalties: Tuple[str, ...]) -> Optional[str]:
+        """Why this sampled batch stays with the verify's sample; None if the sampler draws it (host checks)."""
+        if getattr(batch, "has_grammar", False):
+            return "grammar"
+        info = batch.sampling_info
+        for name in penalties:
+            if getattr(info, name, None) is not None:
+                return name
+        if getattr(info, "has_custom_logit_processor", False):  # plain decode applies it, the verify does not
+            return "a custom logit processor"
+        if any(getattr(info, "return_sampling_masks", None) or ()):  # 0.5.17+: the sampler would write them
+            return "sampling masks"
+        positions = getattr(verify_input, "positions", None)  # 0.5.14 - 0.5.16: a graph buffer's first rows
+        if positions is None or len(positions.shape) != 1 or positions.shape[0] < rows:
+            return "positions not one per request"
+        return None
+
+    def draw(self, batch: Any, verify_input: Any, logits_output: Any) -> Any:
+        """The sampler's tokens for the batch (int32, one per request); the logits left as they were."""
+        import copy
+
+        import torch
+
+        scratch = copy.copy(logits_output)  # the sampler writes only what return_logprob asks, which is nothing here
+        scratch.next_token_logits = logits_output.next_token_logits.clone()
+        tokens = self.sampler(
+            scratch,
+            batch.sampling_info,
+            False,  # the verify computes the logprobs, from the untouched logits
+            getattr(batch, "top_logprobs_nums", None),
+            getattr(batch, "token_ids_logprobs", None),
+            verify_input.positions[: logits_output.next_token_logits.shape[0]],
+        )
+        return tokens.to(torch.int32)
+
+
 class LeanVerify:
     """0.5.14+: the zero-step verify without the one-node tree's sampling machinery.
 
@@ -947,9 +1027,11 @@ class LeanVerify:
     of the target's logits is both the accepted and the bonus token, and every request accepts
     one. So while the stock verify runs at zero steps, ``sample`` and ``fill_bonus`` stand in for
     those two names in the modules the verify's code reads them from; its preparation, target
-    forward, bookkeeping and result stay the release's own. A batch ``sample`` does not know
-    (sampling, penalties, grammar, logprobs, other trees, arguments it has not seen) goes to the
-    stock function unchanged, as does every call outside that window.
+    forward, bookkeeping and result stay the release's own. A sampled batch is drawn by the
+    target's sampler, as plain decode draws it (``DecodeSample``: the verify's own draw follows
+    speculation's top-k/top-p rule). A batch ``sample`` does not know (penalties, grammar, greedy
+    logprobs, other trees, arguments it has not seen) goes to the stock function unchanged, as does
+    every call outside that window.
 
     The tensors equal the stock ones in value, dtype and shape; ``accept_lens`` (ones) and
     ``accept_index`` (0 .. bs-1) are views of buffers kept across iterations, which is safe because
@@ -979,11 +1061,14 @@ class LeanVerify:
         self.stock_sample = stock_sample
         self.sanitize = sanitize  # the release's sanitize_nan_logits where the stock sample calls it first
         self.simulated_token = simulated_token  # fill predict with it (SIMULATE_ACC_LEN, fixed mode), or None
+        self.simulating = False  # SIMULATE_ACC_LEN on, in any mode: sampled batches stay with the stock sample
         self.stock_fill: Optional[Callable[..., None]] = None
         self.shadows: List[Tuple[Any, str, Any, Any]] = []  # (module, name, stand-in, stock) per verify
         self._ones: Any = None  # int32 ones and 0 .. n-1, grown to the largest batch seen
         self._indices: Any = None
-        self.taken = 0  # batches sampled here, and those left to the stock sample
+        self.decode_sample: Optional[DecodeSample] = None  # sampled batches: plain decode's draw (install sets it)
+        self.taken = 0  # batches sampled here (those the sampler drew among them), and those left to the stock sample
+        self.drawn = 0
         self.refused = 0
         self.log = False  # rank 0: say when the first batch is taken (install sets it)
 
@@ -1001,6 +1086,7 @@ class LeanVerify:
             if log:
                 logger.info(f"dynspec: the zero-step verify runs stock ({why_not})")
             return None
+        lean.decode_sample = lean.decode_sample_for(_target_model_runner(worker), log)
         stock_verify = worker.verify
 
         def verify(*args: Any, **kwargs: Any) -> Any:
@@ -1035,10 +1121,12 @@ class LeanVerify:
             from sglang.srt.utils.async_probe import sanitize_nan_logits
         except ImportError:
             return None, "this release has no sanitize_nan_logits"
-        simulated, why_not = cls.simulated_token_of(importlib.import_module("sglang.srt.speculative.spec_utils"))
+        spec_utils = importlib.import_module("sglang.srt.speculative.spec_utils")
+        simulated, why_not = cls.simulated_token_of(spec_utils)
         if why_not:
             return None, why_not
         lean = cls(stock_sample, sanitize_nan_logits, simulated)
+        lean.simulating = cls.simulates(spec_utils)
         lean.shadows = [(m, cls.SAMPLE, lean.sample, stock_sample) for m in samplers]
         fillers = [m for m in modules if callable(getattr(m, cls.FILL_BONUS, None))]
         if fillers:  # 0.5.16+; before, the verify launches the Triton kernel itself
@@ -1048,6 +1136,27 @@ class LeanVerify:
                 (m, cls.FILL_BONUS, lean.fill_bonus, fill) for m in fillers if getattr(m, cls.FILL_BONUS) is fill
             ]
         return lean, ""
+
+    @staticmethod
+    def simulates(spec_utils: Any) -> bool:
+        """Whether ``SGLANG_SIMULATE_ACC_LEN`` is on: the verify's simulation then decides every token."""
+        length = getattr(spec_utils, "SIMULATE_ACC_LEN", -1)
+        return isinstance(length, (int, float)) and length > 0
+
+    def decode_sample_for(self, model_runner: Any, log: bool) -> Optional[DecodeSample]:
+        """Plain decode's draw for sampled batches, or None (the stock sample's, said once)."""
+        if self.simulating:
+            decode_sample, why_not = None, "SGLANG_SIMULATE_ACC_LEN decides their tokens"
+        else:
+            decode_sample, why_not = DecodeSample.of(model_runner)
+        if log:
+            if decode_sample is None:
+                logger.info(f"dynspec: {self.WHAT} leaves sampled batches to the stock sample ({why_not})")
+            else:
+                logger.info(
+                    f"dynspec: {self.WHAT} draws sampled batches with the target's sampler, as plain decode does"
+                )
+        return decode_sample
 
     @classmethod
     def simulated_token_of(cls, spec_utils: Any) -> Tuple[Optional[int], str]:
@@ -1095,12 +1204,12 @@ class LeanVerify:
         tree = [getattr(verify_input, name, None) for name in self.TREE]
         if any(size != 1 for size in tree):
             return "a tree of " + ", ".join(f"{name} {size}" for name, size in zip(self.TREE, tree))
-        why_not = greedy_batch_refusal(batch, self.PENALTIES)
-        if why_not is not None:
-            return why_not
-        if len(logits.shape) != 2 or logits.shape[0] != batch.seq_lens.shape[0]:
-            return f"logits of shape {tuple(logits.shape)} for {batch.seq_lens.shape[0]} requests"
-        return None
+        rows = batch.seq_lens.shape[0]
+        if len(logits.shape) != 2 or logits.shape[0] != rows:
+            return f"logits of shape {tuple(logits.shape)} for {rows} requests"
+        if not batch.sampling_info.is_all_greedy and self.decode_sample is not None:
+            return self.decode_sample.refusal(batch, verify_input, rows, self.PENALTIES)
+        return greedy_batch_refusal(batch, self.PENALTIES)
 
     def sample(
         self, verify_input: Any, batch: Any, logits_output: Any, *args: Any, **kwargs: Any
@@ -1117,10 +1226,17 @@ class LeanVerify:
         import torch
 
         if self.sanitize is not None:
-            self.sanitize(logits, "verify: target model logits")  # in place, before the argmax, as stock
-        predict = torch.argmax(logits, dim=-1).to(torch.int32)
-        if self.simulated_token is not None:
-            predict.fill_(self.simulated_token)
+            self.sanitize(logits, "verify: target model logits")  # in place, before the argmax or the draw, as stock
+        if batch.sampling_info.is_all_greedy:
+            predict = torch.argmax(logits, dim=-1).to(torch.int32)
+            if self.simulated_token is not None:
+                predict.fill_(self.simulated_token)
+        else:
+            assert self.decode_sample is not None  # refusal lets a sampled batch through only with one
+            predict = self.decode_sample.draw(batch, verify_input, logits_output)
+            self.drawn += 1
+            if self.drawn == 1 and self.log:  # once: the evidence that the sampler draws them
+                logger.info(f"dynspec: {self.WHAT} drew its first sampled batch with the target's sampler")
         rows = int(predict.shape[0])
         self.taken += 1
         if self.taken == 1 and self.log:  # once: the evidence that it runs, in the server's log
@@ -1170,8 +1286,11 @@ class FallbackLeanSample(LeanVerify):
     WHAT = "the lean one-node verify"
 
     @classmethod
-    def install(cls, log: bool = True) -> Optional["FallbackLeanSample"]:  # type: ignore[override]  # no worker: it binds per verify input
-        """The lean sample, or None (the stock one, said once) when switched off or not applicable."""
+    def install(
+        cls, model_runner: Any, log: bool = True
+    ) -> Optional["FallbackLeanSample"]:  # it binds per verify input
+        """The lean sample, or None (the stock one, said once) when switched off or not applicable;
+        sampled batches are drawn by ``model_runner``'s sampler, the target's."""
         if not lean_verify_enabled():
             return None
         import importlib
@@ -1188,10 +1307,12 @@ class FallbackLeanSample(LeanVerify):
             return None
         lean = cls(cls.stock_sample_of, None, simulated)
         lean.log = log
+        lean.simulating = cls.simulates(spec_utils)
         if log:
             logger.info(
                 f"dynspec: the one-node verify samples greedy batches without the tree kernels ({LEAN_VERIFY_ENV}=0 turns it off)"
             )
+        lean.decode_sample = lean.decode_sample_for(model_runner, log)
         return lean
 
     @staticmethod

@@ -44,6 +44,9 @@ class T:
     def to(self, dtype: str) -> T:
         return T(list(self.values), dtype, self.device)
 
+    def clone(self) -> T:
+        return T([list(v) if isinstance(v, list) else v for v in self.values], self.dtype, self.device)
+
     def fill_(self, value: Any) -> T:
         self.values[:] = [value] * len(self.values)
         return self
@@ -62,7 +65,7 @@ class T:
         return T([[v] for v in self.values], self.dtype, self.device)
 
     def __getitem__(self, key: Any) -> T:
-        if isinstance(key, slice):
+        if isinstance(key, slice):  # rows, as torch slices a tensor's first dimension
             return T(self.values[key], self.dtype, self.device)
         index = key.values  # predict[accept_index]: a gather by a (bs, width) index (-1 wraps, as in torch)
         return T([[self.values[j] for j in row] for row in index], self.dtype, self.device)
@@ -164,10 +167,11 @@ def release(monkeypatch: pytest.MonkeyPatch) -> Release:
 class Worker:
     """``EAGLEWorkerV2`` as far as the verify goes: ``verify`` runs the release's verify body."""
 
-    def __init__(self, common: types.ModuleType, steps: int = 0, tp_size: int = 1) -> None:
+    def __init__(self, common: types.ModuleType, steps: int = 0, tp_size: int = 1, sampler: Any = None) -> None:
         self.common = common
         self.speculative_num_steps = steps
         self.server_args = SimpleNamespace(tp_size=tp_size)
+        self.target_worker = SimpleNamespace(model_runner=SimpleNamespace(sampler=sampler))
         self.seen_in_verify: list[Any] = []
 
     def verify(self, batch: Any, grammar_barrier: Any = None) -> Any:
@@ -187,18 +191,27 @@ class Worker:
 
 def batch_of(logits: list[list[float]], *, greedy: bool = True, idle: bool = False, **fields: Any) -> Any:
     info = SimpleNamespace(
-        is_all_greedy=greedy, acc_additive_penalties=None, acc_scaling_penalties=None, logit_bias=None
+        is_all_greedy=greedy,
+        acc_additive_penalties=None,
+        acc_scaling_penalties=None,
+        logit_bias=None,
+        has_custom_logit_processor=False,
+        return_sampling_masks=None,  # 0.5.17+: a list of flags
     )
-    for name in v2.LeanVerify.PENALTIES:
+    for name in (*v2.LeanVerify.PENALTIES, "has_custom_logit_processor", "return_sampling_masks"):
         if name in fields:
             setattr(info, name, fields.pop(name))
-    spec_info = SimpleNamespace(draft_token_num=1, max_tree_depth=1, tree_topk=1)
-    for name in ("draft_token_num", "max_tree_depth", "tree_topk"):
+    seq_lens = [10 + i for i in range(len(logits))]
+    # positions: seq_lens, as every release's one-node verify input has them (0.5.14 - 0.5.16: a longer graph buffer's first rows)
+    spec_info = SimpleNamespace(draft_token_num=1, max_tree_depth=1, tree_topk=1, positions=T(seq_lens + [0]))
+    for name in ("draft_token_num", "max_tree_depth", "tree_topk", "positions"):
         if name in fields:
             setattr(spec_info, name, fields.pop(name))
     return SimpleNamespace(
         forward_mode=SimpleNamespace(is_idle=lambda: idle),
-        seq_lens=T([10 + i for i in range(len(logits))]),
+        seq_lens=T(seq_lens),
+        top_logprobs_nums=[0] * len(logits),
+        token_ids_logprobs=[None] * len(logits),
         sampling_info=info,
         spec_info=spec_info,
         logits_output=SimpleNamespace(next_token_logits=T(logits, "torch.float32")),
@@ -430,8 +443,9 @@ def own_verify_input_class(release: Release) -> type:
     stock = stock_eagle_sample(release.calls, None)
 
     class EagleVerifyInput:
-        def __init__(self, draft_token_num: int = 1) -> None:
+        def __init__(self, draft_token_num: int = 1, positions: Any = None) -> None:
             self.draft_token_num, self.max_tree_depth = draft_token_num, 1
+            self.positions = positions  # trivial_verify_input's: seq_lens
 
         def sample(self, batch: Any, logits_output: Any, vocab_mask: Any = None) -> Any:
             return stock(self, batch, logits_output, vocab_mask)
@@ -454,7 +468,7 @@ def test_the_own_fallbacks_verify_input_samples_lean_with_the_stock_outcome(rele
     cls = own_verify_input_class(release)
     expected = outcome(own_verify(cls(), batch_of(LOGITS)))
     release.calls.clear()
-    lean = v2.FallbackLeanSample.install(log=False)
+    lean = v2.FallbackLeanSample.install(None, log=False)
     assert lean is not None
     bound = lean.bind(cls())
     assert outcome(own_verify(bound, batch_of(LOGITS))) == expected
@@ -472,7 +486,7 @@ def test_the_own_fallbacks_lean_sample_leaves_what_it_does_not_know_to_the_stock
     release: Release, fields: dict, tree: int
 ) -> None:
     cls = own_verify_input_class(release)
-    lean = v2.FallbackLeanSample.install(log=False)
+    lean = v2.FallbackLeanSample.install(None, log=False)
     assert lean is not None
     verify_input = lean.bind(cls(draft_token_num=tree))
     batch = batch_of(LOGITS[:1] * tree if tree > 1 else LOGITS, **fields)
@@ -483,19 +497,19 @@ def test_the_own_fallbacks_lean_sample_leaves_what_it_does_not_know_to_the_stock
 
 def test_the_own_fallbacks_lean_sample_mirrors_the_simulated_token_and_says_when_it_cannot(release: Release) -> None:
     release.spec_utils.SIMULATE_ACC_LEN = 3.0  # type: ignore[attr-defined]
-    lean = v2.FallbackLeanSample.install(log=False)
+    lean = v2.FallbackLeanSample.install(None, log=False)
     assert lean is not None and lean.simulated_token == v2.LeanVerify.SIMULATED_TOKEN
     got = outcome(own_verify(lean.bind(own_verify_input_class(release)()), batch_of(LOGITS)))
     assert got[0] == [100, 100, 100] and got[6] == [100, 100, 100]
     release.spec_utils.SIMULATE_ACC_METHOD = "multinomial"  # type: ignore[attr-defined]
-    assert v2.FallbackLeanSample.install(log=False) is None
+    assert v2.FallbackLeanSample.install(None, log=False) is None
 
 
 def test_the_own_fallbacks_lean_sample_is_switched_off_by_the_environment(
     release: Release, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(v2.LEAN_VERIFY_ENV, "0")
-    assert v2.FallbackLeanSample.install(log=False) is None
+    assert v2.FallbackLeanSample.install(None, log=False) is None
 
 
 def test_the_own_fallback_binds_the_lean_sample_to_its_trivial_tree_only() -> None:
@@ -505,14 +519,209 @@ def test_the_own_fallback_binds_the_lean_sample_to_its_trivial_tree_only() -> No
 
     source = inspect.getsource(v2.V2Fallback.trivial_verify_input)
     assert "return verify_input if self.lean is None else self.lean.bind(verify_input)" in source
-    assert "fallback.lean = FallbackLeanSample.install(log=rank0)" in inspect.getsource(v2.attach_fallback)
+    assert "fallback.lean = FallbackLeanSample.install(worker.target_worker.model_runner, log=rank0)" in (
+        inspect.getsource(v2.attach_fallback)
+    )
 
 
 def test_without_spec_utils_the_own_fallback_samples_stock_and_says_why(
     release: Release, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
-    assert v2.FallbackLeanSample.install(log=False) is not None  # the control
+    assert v2.FallbackLeanSample.install(None, log=False) is not None  # the control
     monkeypatch.delitem(sys.modules, SPEC_UTILS)
     with caplog.at_level(logging.INFO, logger=v2.logger.name):
-        assert v2.FallbackLeanSample.install(log=True) is None
+        assert v2.FallbackLeanSample.install(None, log=True) is None
     assert "no sglang.srt.speculative.spec_utils" in caplog.text
+
+
+# -- DecodeSample: sampled batches drawn by the target's sampler, as plain decode draws them -----------
+
+
+class Sampler:
+    """The target's ``Sampler`` as ``DecodeSample`` calls it: ``forward`` with the six parameters of
+    0.5.4 - 0.5.23, called through the module. Like the real one it overwrites the logits it is given
+    (``logits[:] = softmax``); it draws the token after each row's argmax, as int64, so that its
+    tokens differ from the verify's."""
+
+    def __init__(self) -> None:
+        self.calls: list[SimpleNamespace] = []
+
+    def forward(
+        self,
+        logits_output: Any,
+        sampling_info: Any,
+        return_logprob: bool,
+        top_logprobs_nums: Any,
+        token_ids_logprobs: Any,
+        positions: Any,
+    ) -> T:
+        self.calls.append(
+            SimpleNamespace(
+                sampling_info=sampling_info,
+                return_logprob=return_logprob,
+                top_logprobs_nums=top_logprobs_nums,
+                token_ids_logprobs=token_ids_logprobs,
+                positions=positions,
+            )
+        )
+        rows = logits_output.next_token_logits.values
+        tokens = [(row.index(max(row)) + 1) % len(row) for row in rows]
+        for row in rows:
+            row[:] = [0.0] * len(row)
+        return T(tokens, "torch.int64")
+
+    def __call__(self, *args: Any) -> T:
+        return self.forward(*args)
+
+
+DRAWN = [2, 1, 0]  # the fake sampler's tokens for LOGITS (the verify's argmax is 1, 0, 2)
+
+
+def logits() -> list[list[float]]:
+    return [list(row) for row in LOGITS]  # a batch's own rows: the sampler writes into what it gets
+
+
+def test_a_sampled_zero_step_batch_is_drawn_by_the_targets_sampler(release: Release) -> None:
+    sampler = Sampler()
+    worker = Worker(release.common, sampler=sampler)
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None and lean.decode_sample is not None
+    batch = batch_of(logits(), greedy=False)
+    got = outcome(worker.verify(batch))
+    # the sampler's tokens are accepted and are the bonus tokens; one each, at its own row
+    assert got == (DRAWN, "torch.int32", [1, 1, 1], "torch.int32", [[0], [1], [2]], "torch.int32", DRAWN)
+    assert release.calls == ["sanitize verify: target model logits"]  # neither stock function ran
+    (call,) = sampler.calls
+    assert call.sampling_info is batch.sampling_info and call.return_logprob is False
+    assert call.top_logprobs_nums is batch.top_logprobs_nums and call.token_ids_logprobs is batch.token_ids_logprobs
+    assert call.positions.values == [10, 11, 12]  # the one node's: the first rows of the verify input's
+    assert batch.logits_output.next_token_logits.values == LOGITS  # the verify's logprobs read them after
+    assert (lean.taken, lean.drawn, lean.refused) == (1, 1, 0)
+
+
+def test_the_draw_has_teeth(release: Release, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Negative controls: left to the stock sample, the batch gets the verify's tokens; drawn on the
+    verify's own logits (no copy), the logits the logprobs read are gone."""
+    worker = Worker(release.common, sampler=Sampler())
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    decode_sample, lean.decode_sample = lean.decode_sample, None
+    got = outcome(worker.verify(batch_of(logits(), greedy=False)))
+    assert got[0] == [1, 0, 2] != DRAWN and release.calls[0] == "stock sample"
+    lean.decode_sample = decode_sample
+    monkeypatch.setattr(T, "clone", lambda self: self)
+    batch = batch_of(logits(), greedy=False)
+    worker.verify(batch)
+    assert batch.logits_output.next_token_logits.values != LOGITS
+
+
+def test_a_sampled_batch_with_logprobs_is_drawn_too(release: Release) -> None:
+    """The verify computes logprobs after the sample, from the logits, which the draw leaves as they were."""
+    worker = Worker(release.common, sampler=Sampler())
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    assert outcome(worker.verify(batch_of(logits(), greedy=False, return_logprob=True)))[0] == DRAWN
+
+
+@pytest.mark.parametrize(
+    "why, fields",
+    [
+        ("acc_additive_penalties", {"acc_additive_penalties": T([0.5])}),
+        ("acc_scaling_penalties", {"acc_scaling_penalties": T([1.1])}),
+        ("logit_bias", {"logit_bias": T([0.0])}),
+        ("grammar", {"has_grammar": True}),
+        ("a custom logit processor", {"has_custom_logit_processor": True}),
+        ("sampling masks", {"return_sampling_masks": [False, True, False]}),
+        ("positions not one per request", {"positions": T([10, 11])}),
+        ("positions not one per request", {"positions": None}),
+    ],
+)
+def test_sampled_batches_the_verify_and_plain_decode_prepare_apart_take_the_stock_sample(
+    release: Release, why: str, fields: dict
+) -> None:
+    sampler = Sampler()
+    worker = Worker(release.common, sampler=sampler)
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None and lean.decode_sample is not None
+    batch = batch_of(logits(), greedy=False, **fields)
+    assert lean.refusal(batch.spec_info, batch, batch.logits_output.next_token_logits, (), {}) == why
+    worker.verify(batch)
+    assert release.calls[0] == "stock sample" and sampler.calls == []
+    assert (lean.taken, lean.drawn, lean.refused) == (0, 0, 1)
+
+
+def test_sampling_masks_all_off_do_not_refuse(release: Release) -> None:
+    worker = Worker(release.common, sampler=Sampler())
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    assert outcome(worker.verify(batch_of(logits(), greedy=False, return_sampling_masks=[False] * 3)))[0] == DRAWN
+
+
+def test_under_simulated_acceptance_sampled_batches_stay_with_the_stock_sample(
+    release: Release, caplog: pytest.LogCaptureFixture
+) -> None:
+    release.spec_utils.SIMULATE_ACC_LEN = 3.0  # type: ignore[attr-defined]
+    worker = Worker(release.common, sampler=Sampler())
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        lean = v2.LeanVerify.install(worker, log=True)
+    assert lean is not None and lean.decode_sample is None and lean.simulated_token == 100
+    assert "leaves sampled batches to the stock sample (SGLANG_SIMULATE_ACC_LEN decides their tokens)" in caplog.text
+    worker.verify(batch_of(logits(), greedy=False))
+    assert release.calls[0] == "stock sample"
+
+
+class OtherSampler(Sampler):
+    def forward(self, logits_output: Any, sampling_info: Any, positions: Any) -> T:  # type: ignore[override]
+        raise AssertionError("not called")
+
+
+@pytest.mark.parametrize(
+    "runner, words",
+    [
+        (
+            SimpleNamespace(sampler=OtherSampler()),
+            "the target's sampler takes (logits_output, sampling_info, positions)",
+        ),
+        (SimpleNamespace(), "the target's model runner has no sampler"),
+        (None, "the target's model runner has no sampler"),
+        (SimpleNamespace(sampler=object()), "the target's sampler has no forward to read"),
+    ],
+)
+def test_a_sampler_it_does_not_know_leaves_sampled_batches_to_the_stock_sample_and_says_so(
+    release: Release, caplog: pytest.LogCaptureFixture, runner: Any, words: str
+) -> None:
+    assert v2.DecodeSample.of(runner) == (None, words)
+    worker = Worker(release.common)
+    worker.target_worker = SimpleNamespace(model_runner=runner)
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        lean = v2.LeanVerify.install(worker, log=True)
+    assert lean is not None and lean.decode_sample is None
+    assert f"the lean zero-step verify leaves sampled batches to the stock sample ({words})" in caplog.text
+    assert outcome(worker.verify(batch_of(logits())))[0] == [1, 0, 2]  # greedy batches stay lean
+
+
+def test_the_first_draw_is_said_once(release: Release, caplog: pytest.LogCaptureFixture) -> None:
+    worker = Worker(release.common, sampler=Sampler())
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        lean = v2.LeanVerify.install(worker, log=True)
+        for _ in range(3):
+            worker.verify(batch_of(logits(), greedy=False))
+    assert lean is not None and lean.drawn == 3
+    said = [r.message for r in caplog.records if "sampled" in r.message]
+    assert said == [
+        "dynspec: the lean zero-step verify draws sampled batches with the target's sampler, as plain decode does",
+        "dynspec: the lean zero-step verify drew its first sampled batch with the target's sampler",
+    ]
+
+
+def test_the_own_fallbacks_lean_sample_draws_sampled_batches_with_the_targets_sampler(release: Release) -> None:
+    sampler = Sampler()
+    lean = v2.FallbackLeanSample.install(SimpleNamespace(sampler=sampler), log=False)
+    assert lean is not None and lean.decode_sample is not None
+    cls = own_verify_input_class(release)
+    got = outcome(own_verify(lean.bind(cls(positions=T([10, 11, 12]))), batch_of(logits(), greedy=False)))
+    assert got == (DRAWN, "torch.int32", [1, 1, 1], "torch.int32", [[0], [1], [2]], "torch.int32", DRAWN)
+    assert release.calls == [] and sampler.calls[0].positions.values == [10, 11, 12]  # no sanitize on 0.5.4 - 0.5.13
+    # the control: an input without positions is left to the stock method, which takes the argmax here
+    assert outcome(own_verify(lean.bind(cls()), batch_of(logits(), greedy=False)))[0] == [1, 0, 2]
+    assert release.calls == ["stock sample"] and len(sampler.calls) == 1

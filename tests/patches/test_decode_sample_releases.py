@@ -1,0 +1,252 @@
+"""What ``DecodeSample`` assumes about every release whose one-node verify it draws for, pinned against the real sources.
+
+While speculation is off, ``LeanVerify`` (0.5.14+) and ``FallbackLeanSample`` (0.5.4 - 0.5.13) hand a
+sampled batch to the target model runner's ``Sampler``, as plain decode does, instead of the verify's
+top-k-renormalising draw. That is plain decode's draw only while each release:
+
+1. gives ``Sampler.forward`` the six parameters ``DecodeSample.PARAMETERS`` names, in that order;
+2. keeps the sampler at ``ModelRunner.sampler`` and calls it for a decode step with the forward
+   batch's sampling info, logprob flags and positions, in that order;
+3. (0.5.14+) builds the zero-step verify input with the batch's ``seq_lens`` as positions (the input
+   token's position, which a decode step's forward batch has too), in a buffer's first rows or alone;
+4. computes no logprobs in the verify's sample (it may read ``return_logprob``), so that drawing with ``return_logprob`` off leaves
+   the logprobs to the verify, as the stock sample does.
+
+Each fact is a checker taking source text and returning its problems: ``[]`` on every real release,
+and non-empty on a mutated source (the negative controls at the end). No torch and no importing
+sglang: the sources come from the cached PyPI wheels. The behaviour is tested with fakes in
+test_lean_verify.py; the distribution itself only a GPU shows (``dynspec proof --checks sampling``).
+"""
+
+from __future__ import annotations
+
+import ast
+
+import pytest
+
+from patches.eagle_worker_v2_dynspec_fallback import EagleWorkerV2DynspecFallback
+from patches.eagle_worker_v2_dynspec_zero_step import EagleWorkerV2DynspecZeroStep
+from patches.runtime import dynspec_v2 as v2
+from tests.conftest import releases_of
+from tests.patches.real_release import classes, methods, release_source
+
+ZERO_STEP = releases_of(EagleWorkerV2DynspecZeroStep)
+OWN_FALLBACK = releases_of(EagleWorkerV2DynspecFallback)
+DRAWN_FOR = sorted(set(ZERO_STEP) | set(OWN_FALLBACK), key=lambda v: [int(x) for x in v.split(".")[:3]])
+
+SAMPLER = "srt/layers/sampler.py"
+MODEL_RUNNER = "srt/model_executor/model_runner.py"
+V2_WORKER = "srt/speculative/eagle_worker_v2.py"
+EAGLE_UTILS = "srt/speculative/eagle_utils.py"  # eagle_sample, 0.5.14+
+EAGLE_INFO_V2 = "srt/speculative/eagle_info_v2.py"  # EagleVerifyInput.sample, 0.5.4 - 0.5.13
+MEMBERS = [SAMPLER, MODEL_RUNNER, V2_WORKER, EAGLE_UTILS, EAGLE_INFO_V2]
+# What plain decode hands the sampler (0.5.4 - 0.5.23), the sixth being the decode step's positions.
+DECODE_CALL = (
+    "logits_output",
+    "forward_batch.sampling_info",
+    "forward_batch.return_logprob",
+    "forward_batch.top_logprobs_nums",
+    "forward_batch.token_ids_logprobs",
+)
+
+
+def source_of(version: str, member: str) -> str:
+    return release_source(version, MEMBERS, member)
+
+
+def function(tree: ast.AST, name: str) -> ast.FunctionDef | None:
+    return next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == name), None)
+
+
+# -- 1. the sampler's parameters ----------------------------------------------------------------------
+
+
+def sampler_parameter_problems(source: str) -> list[str]:
+    sampler = classes(source).get("Sampler")
+    if sampler is None:
+        return ["no class Sampler"]
+    forward = methods(sampler).get("forward")
+    if forward is None:
+        return ["Sampler has no forward"]
+    names = tuple(a.arg for a in [*forward.args.posonlyargs, *forward.args.args][1:])  # without self
+    head = names[: len(v2.DecodeSample.PARAMETERS)]
+    if head != v2.DecodeSample.PARAMETERS:
+        return [f"Sampler.forward takes {names}"]
+    required_keywords = [a.arg for a, d in zip(forward.args.kwonlyargs, forward.args.kw_defaults) if d is None]
+    if required_keywords or len(names) > len(head):
+        return [f"Sampler.forward needs more: {names[len(head) :] + tuple(required_keywords)}"]
+    return []
+
+
+# -- 2. where plain decode finds the sampler and what it hands it --------------------------------------
+
+
+def decode_call_problems(source: str) -> list[str]:
+    runner = classes(source).get("ModelRunner")
+    if runner is None:
+        return ["no class ModelRunner"]
+    assigned = any(
+        ast.unparse(t) == "self.sampler" for n in ast.walk(runner) if isinstance(n, ast.Assign) for t in n.targets
+    )
+    calls = [n for n in ast.walk(runner) if isinstance(n, ast.Call) and ast.unparse(n.func) == "self.sampler"]
+    problems = [] if assigned else ["ModelRunner never sets self.sampler"]
+    if len(calls) != 1:
+        return [*problems, f"ModelRunner calls self.sampler {len(calls)} times"]
+    args = [ast.unparse(a) for a in calls[0].args]
+    if tuple(args[:5]) != DECODE_CALL or len(args) != 6:
+        problems.append(f"plain decode calls the sampler with ({', '.join(args)})")
+    elif "forward_batch.positions" not in args[5]:
+        problems.append(f"plain decode's positions are {args[5]}")
+    return problems
+
+
+# -- 3. the zero-step verify input's positions (0.5.14+) ----------------------------------------------
+
+
+# The writes 0.5.14 - 0.5.23 make: the seq_lens alone, or into the first rows of the graph's buffer.
+SEQ_LENS_WRITES = ("batch.seq_lens.to(torch.int64)", "position_buf", "positions[:bs].copy_(batch.seq_lens)")
+
+
+def trivial_positions_problems(source: str) -> list[str]:
+    build = function(ast.parse(source), "_build_trivial_verify_input")
+    if build is None:
+        return ["no _build_trivial_verify_input"]
+    writes = []
+    for node in ast.walk(build):
+        if isinstance(node, ast.Assign) and [ast.unparse(t) for t in node.targets] == ["positions"]:
+            writes.append(ast.unparse(node.value))
+        elif isinstance(node, ast.Call) and ast.unparse(node.func).startswith("positions[:bs].copy_"):
+            writes.append(ast.unparse(node))
+    problems = [f"positions are also {w}" for w in writes if w not in SEQ_LENS_WRITES]
+    if not any(w in SEQ_LENS_WRITES and "seq_lens" in w for w in writes):
+        problems.append("positions are never the batch's seq_lens")
+    passed = [k for n in ast.walk(build) if isinstance(n, ast.Call) for k in n.keywords if k.arg == "positions"]
+    if [ast.unparse(k.value) for k in passed] != ["positions"]:
+        problems.append("the verify input is not built with those positions")
+    return problems
+
+
+# -- 4. the verify's sample computes no logprobs ------------------------------------------------------
+
+
+def sample_logprob_problems(sample: ast.FunctionDef | None, name: str) -> list[str]:
+    if sample is None:
+        return [f"no {name}"]
+    # Reading the flag is not computing them (0.5.22+ reads it to copy the logits for a watermark).
+    words = {n.attr for n in ast.walk(sample) if isinstance(n, ast.Attribute)}
+    words |= {n.id for n in ast.walk(sample) if isinstance(n, ast.Name)}
+    mentions = sorted(w for w in words if "logprob" in w and w != "return_logprob")
+    return [f"{name} reads or writes {', '.join(mentions)}"] if mentions else []
+
+
+def verify_sample_of(version: str) -> tuple[ast.FunctionDef | None, str]:
+    if version in ZERO_STEP:
+        return function(ast.parse(source_of(version, EAGLE_UTILS)), "eagle_sample"), "eagle_sample"
+    verify_input = classes(source_of(version, EAGLE_INFO_V2)).get("EagleVerifyInputV2Mixin")
+    sample = methods(verify_input).get("sample") if verify_input is not None else None
+    return sample, "EagleVerifyInputV2Mixin.sample"
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", DRAWN_FOR)
+def test_the_sampler_takes_the_parameters_the_draw_passes(version: str) -> None:
+    assert sampler_parameter_problems(source_of(version, SAMPLER)) == [], f"{version} (fact 1)"
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", DRAWN_FOR)
+def test_plain_decode_calls_the_runners_sampler_as_the_draw_does(version: str) -> None:
+    assert decode_call_problems(source_of(version, MODEL_RUNNER)) == [], f"{version} (fact 2)"
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", ZERO_STEP)
+def test_the_zero_step_verify_inputs_positions_are_the_seq_lens(version: str) -> None:
+    assert trivial_positions_problems(source_of(version, V2_WORKER)) == [], f"{version} (fact 3)"
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize("version", DRAWN_FOR)
+def test_the_verifys_sample_leaves_logprobs_to_the_verify(version: str) -> None:
+    sample, name = verify_sample_of(version)
+    assert sample_logprob_problems(sample, name) == [], f"{version} (fact 4)"
+
+
+# -- negative controls: each checker reports the change it exists to catch ---------------------------
+
+NEWEST = ZERO_STEP[-1]
+OLDEST = OWN_FALLBACK[0]
+
+
+def mutated(source: str, old: str, new: str) -> str:
+    assert old in source, f"the control's anchor is not in the source: {old!r}"  # else the control tests nothing
+    return source.replace(old, new, 1)
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("        return_logprob: bool,\n", ""),  # a parameter gone: the draw's arguments shift
+        ("        positions: torch.Tensor,\n", "        positions: torch.Tensor,\n        extra: int,\n"),
+        (
+            "        positions: torch.Tensor,\n        *,\n",
+            "        positions: torch.Tensor,\n        *,\n        mode,\n",
+        ),
+    ],
+)
+def test_the_parameter_check_reports_a_changed_sampler(old: str, new: str) -> None:
+    source = source_of(NEWEST, SAMPLER)
+    assert sampler_parameter_problems(source) == []  # the control: the real source passes
+    assert sampler_parameter_problems(mutated(source, old, new)) != []
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        ("            forward_batch.return_logprob,\n            forward_batch.top_logprobs_nums,\n",
+         "            forward_batch.top_logprobs_nums,\n            forward_batch.return_logprob,\n"),
+        ("        self.sampler = create_sampler()", "        self.token_sampler = create_sampler()"),
+        ("                forward_batch.positions\n", "                forward_batch.seq_lens\n"),
+    ],
+)  # fmt: skip
+def test_the_decode_call_check_reports_a_changed_runner(old: str, new: str) -> None:
+    source = source_of(NEWEST, MODEL_RUNNER)
+    assert decode_call_problems(source) == []
+    assert decode_call_problems(mutated(source, old, new)) != []
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize(
+    "version, old, new",
+    [
+        (NEWEST, "positions = batch.seq_lens.to(torch.int64)", "positions = batch.seq_lens.to(torch.int64) + 1"),
+        (NEWEST, "positions = batch.seq_lens.to(torch.int64)", "positions = torch.zeros_like(batch.input_ids)"),
+        (ZERO_STEP[0], "positions[:bs].copy_(batch.seq_lens)", "positions[:bs].copy_(batch.seq_lens + 1)"),
+        (NEWEST, "            positions=positions,\n", "            positions=None,\n"),
+    ],
+)
+def test_the_positions_check_reports_a_changed_verify_input(version: str, old: str, new: str) -> None:
+    source = source_of(version, V2_WORKER)
+    assert trivial_positions_problems(source) == []
+    assert trivial_positions_problems(mutated(source, old, new)) != []
+
+
+@pytest.mark.releases
+def test_the_logprob_check_reports_a_sample_that_computes_them() -> None:
+    for version, old in (
+        (NEWEST, "    candidates = verify_input.draft_token"),
+        (OLDEST, "        candidates = self.draft_token"),
+    ):
+        sample, name = verify_sample_of(version)
+        assert sample_logprob_problems(sample, name) == []
+        source = source_of(version, EAGLE_UTILS if version in ZERO_STEP else EAGLE_INFO_V2)
+        indent = old[: len(old) - len(old.lstrip())]
+        changed = mutated(source, old, f"{indent}logits_output.next_token_logprobs = None\n{old}")
+        tree = ast.parse(changed)
+        if version in ZERO_STEP:
+            changed_sample = function(tree, "eagle_sample")
+        else:
+            changed_sample = methods(classes(changed)["EagleVerifyInputV2Mixin"]).get("sample")
+        assert sample_logprob_problems(changed_sample, name) != [], version
