@@ -395,7 +395,8 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     default=",".join(f"{a:g}" for a in DEFAULTS.auto_acceptances),
     show_default=True,
     help="auto_threshold: the simulated acceptances (SGLANG_SIMULATE_ACC_LEN) it is run at, each with its "
-    "own servers (always-on, auto and one per --auto-sweep N; base once).",
+    "own servers (always-on, auto and one per --auto-sweep N; base once). With --model real: not used, the "
+    "model's own acceptance (reported as 'real').",
 )
 @click.option(
     "--auto-sweep",
@@ -531,10 +532,10 @@ def proof(
     metrics      (with crossings) the dynspec server runs with --enable-metrics; around the
                  ramp /metrics has the three sglang:dynspec_* counters, the switches counted
                  equal the switch lines logged, both kinds of iteration rose
-    auto_threshold the mixed load at each --auto-acceptance on dynspec with
-                 --speculative-disable-batch-size auto and with each fixed N of --auto-sweep
-                 (0.5.14+, v2): auto's total <= 1.03 x the best N's, not slower than both
-                 static servers
+    auto_threshold the mixed load at each --auto-acceptance (with --model real, the model's
+                 own) on dynspec with --speculative-disable-batch-size auto and with each
+                 fixed N of --auto-sweep (0.5.14+, v2): auto's total <= 1.03 x the best
+                 N's, not slower than both static servers
 
     Without dynspec applied to the SGLang under test, only speculation off vs always on is
     checked. Progress goes to stderr, the summary to stdout; logs, report.json and

@@ -163,13 +163,13 @@ def judge(
 def judge_auto(
     runs: Mapping[str, Sequence[Run]],
     schedule: Schedule,
-    acceptances: Sequence[float],
+    acceptances: Sequence[str],
     sweep: Sequence[int],
     max_ratio: float,
 ) -> dict[str, Any]:
     """The ``auto_threshold`` report entry. ``runs`` is keyed ``base`` (one server: it does not
-    speculate, so acceptance does not touch it) and, per acceptance ``a``, ``always_on@a``,
-    ``auto@a`` and ``n@a`` for each fixed N of ``sweep``. At each acceptance auto's median total
+    speculate, so acceptance does not touch it) and, per acceptance label ``a`` (a simulated
+    acceptance as ``3``, or ``real``), ``always_on@a``, ``auto@a`` and ``n@a`` for each fixed N of ``sweep``. At each acceptance auto's median total
     must be at most ``max_ratio`` x the best fixed N's, and not slower than both static servers.
     Whether it beat both is reported beside (``faster_than_both``), not judged."""
     n = len(schedule.phases)
@@ -181,8 +181,7 @@ def judge_auto(
 
     base = total("base")
     by_acceptance: dict[str, dict[str, Any]] = {}
-    for a in acceptances:
-        label = f"{a:g}"
+    for label in acceptances:
         fixed = {size: total(f"{size}@{label}") for size in sweep}
         auto, always_on = total(f"auto@{label}"), total(f"always_on@{label}")
         measured = {size: s for size, s in fixed.items() if s is not None}

@@ -50,6 +50,7 @@ AUTO_SINCE = "0.5.14"  # auto needs the zero-step mode (dynspec_auto, ZeroStepPo
 # With --threshold auto: checks that compare dynspec servers which must switch alike (exact_kv,
 # acceptance), or that sweep fixed thresholds themselves (auto_threshold); the features' phases need a
 # batch surely on and one surely off, and above auto's ceiling no batch fits the running-request limit
+REAL_ACCEPTANCE = "real"  # auto_threshold's key on real weights: the model's own acceptance, not a simulated one
 AUTO_REFUSES = ("exact_kv", "acceptance", "auto_threshold", "refusals", *features.CHECKS)
 
 
@@ -326,8 +327,6 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             raise ProofUsageError(
                 f"--auto-acceptance needs simulated acceptances of at least 1, got {opts.auto_acceptances}"
             )
-        if opts.model != "dummy":
-            raise ProofUsageError("auto_threshold runs on dummy weights with simulated acceptance (--model dummy)")
     if opts.attention_backend not in launch.ATTENTION_BACKENDS:
         raise ProofUsageError(
             f"--attention-backend {opts.attention_backend!r}: choose {', '.join(launch.ATTENTION_BACKENDS)}"
@@ -1678,20 +1677,23 @@ class Proof:
                     state = switches[-1] if switches else state
 
     def auto_threshold(self) -> None:
-        """``auto`` against fixed thresholds on the mixed load, at each simulated acceptance: per
-        acceptance always-on, dynspec with ``auto`` and one dynspec server per fixed N; base once.
-        Each server is measured alone (a warm-up pass, then ``mixed_repeats``)."""
+        """``auto`` against fixed thresholds on the mixed load, at each simulated acceptance (on real
+        weights, at the model's own, labelled ``real``): per acceptance always-on, dynspec with
+        ``auto`` and one dynspec server per fixed N; base once. Each server is measured alone (a
+        warm-up pass, then ``mixed_repeats``)."""
         opts = self.opts
         shape = opts.shape_for("mixed_load")
-        plans: list[tuple[str, Plan]] = [("base", Plan("base", shape, opts.auto_acceptances[0], "base-auto"))]
-        for a in opts.auto_acceptances:
-            label = f"{a:g}"
-            plans.append((f"always_on@{label}", Plan("always_on", shape, a, f"always-on-acc{label}")))
+        acceptances: list[float | None] = [None] if opts.model_dir is not None else list(opts.auto_acceptances)
+        labels = [REAL_ACCEPTANCE if a is None else f"{a:g}" for a in acceptances]
+        plans: list[tuple[str, Plan]] = [("base", Plan("base", shape, acceptances[0], "base-auto"))]
+        for a, label in zip(acceptances, labels):
+            suffix = label if a is None else f"acc{label}"
+            plans.append((f"always_on@{label}", Plan("always_on", shape, a, f"always-on-{suffix}")))
             auto = launch.Dynspec(launch.AUTO, opts.enable_threshold, opts.switch_min_steps)
-            plans.append((f"auto@{label}", Plan("dynspec", shape, a, f"dynspec-auto-acc{label}", dynspec=auto)))
+            plans.append((f"auto@{label}", Plan("dynspec", shape, a, f"dynspec-auto-{suffix}", dynspec=auto)))
             for n in opts.auto_sweep:
                 fixed = launch.Dynspec(n, None, opts.switch_min_steps)
-                plans.append((f"{n}@{label}", Plan("dynspec", shape, a, f"dynspec-n{n}-acc{label}", dynspec=fixed)))
+                plans.append((f"{n}@{label}", Plan("dynspec", shape, a, f"dynspec-n{n}-{suffix}", dynspec=fixed)))
         runs: dict[str, list[mixed.Run]] = {}
         keys = {plan.name: key for key, plan in plans}
 
@@ -1699,7 +1701,7 @@ class Proof:
             runs[keys[plan.name]] = self.mixed_load(server, plan.name, warmup=True)
 
         problems = self.serve_in_turn([plan for _, plan in plans], measure)
-        entry = mixed.judge_auto(runs, opts.mixed_schedule, opts.auto_acceptances, opts.auto_sweep, opts.max_auto_ratio)
+        entry = mixed.judge_auto(runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio)
         entry["problems"] = problems + entry["problems"]
         entry["passed"] = not entry["problems"]
         entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Sequence
 from pathlib import Path
@@ -14,6 +15,7 @@ from patcher.proof import report as reports
 from patcher.proof.client import LevelResult, Reply, Request
 from patcher.proof.run import Proof, run_proof
 
+from .conftest import real_dir
 from .test_run import options
 
 SCHEDULE = mixed.Schedule((1, 8, 1), per_phase=2, new_tokens=8)
@@ -395,7 +397,7 @@ def auto_runs(
 
 
 def test_auto_within_the_ratio_of_the_best_fixed_n_passes_and_says_which_n() -> None:
-    entry = mixed.judge_auto(auto_runs(8.1, {8: 8.5, 32: 8.0, 64: 8.8}), SCHEDULE, [3.0], [8, 32, 64], 1.03)
+    entry = mixed.judge_auto(auto_runs(8.1, {8: 8.5, 32: 8.0, 64: 8.8}), SCHEDULE, ["3"], [8, 32, 64], 1.03)
     assert entry["passed"], entry["problems"]
     row = entry["by_acceptance"]["3"]
     assert (row["best_fixed_n"], row["best_fixed_s"], row["auto_s"], row["auto_over_best_fixed"]) == (
@@ -411,18 +413,18 @@ def test_auto_within_the_ratio_of_the_best_fixed_n_passes_and_says_which_n() -> 
 
 def test_auto_beyond_the_ratio_or_slower_than_both_static_servers_fails() -> None:
     """The negative controls: 4 % behind the best N; then slower than base and always-on alike."""
-    behind = mixed.judge_auto(auto_runs(8.32, {32: 8.0}), SCHEDULE, [3.0], [32], 1.03)
+    behind = mixed.judge_auto(auto_runs(8.32, {32: 8.0}), SCHEDULE, ["3"], [32], 1.03)
     assert not behind["passed"] and "1.040x the best fixed N's (N=32, 8.00 s; at most 1.03x)" in behind["problems"][0]
-    slow = mixed.judge_auto(auto_runs(10.5, {32: 10.4}, base=10.0, always_on=9.0), SCHEDULE, [3.0], [32], 1.03)
+    slow = mixed.judge_auto(auto_runs(10.5, {32: 10.4}, base=10.0, always_on=9.0), SCHEDULE, ["3"], [32], 1.03)
     assert not slow["passed"] and "slower than base (10.00) and always-on (9.00)" in slow["problems"][0]
-    between = mixed.judge_auto(auto_runs(9.5, {32: 9.4}, base=10.0, always_on=9.0), SCHEDULE, [3.0], [32], 1.03)
+    between = mixed.judge_auto(auto_runs(9.5, {32: 9.4}, base=10.0, always_on=9.0), SCHEDULE, ["3"], [32], 1.03)
     assert between["passed"] and not between["by_acceptance"]["3"]["faster_than_both"]  # reported, not judged
 
 
 def test_a_server_without_a_complete_pass_fails_auto_threshold() -> None:
     runs = auto_runs(8.0, {32: 8.0})
     runs["32@3"] = passes([1.0, 1.0, 1.0], failed_phase=1)
-    entry = mixed.judge_auto(runs, SCHEDULE, [3.0], [32], 1.03)
+    entry = mixed.judge_auto(runs, SCHEDULE, ["3"], [32], 1.03)
     assert not entry["passed"] and any("no complete pass on N=32" in p for p in entry["problems"])
     assert entry["detail"] == "incomplete"
 
@@ -453,6 +455,25 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
     assert set(entry["by_acceptance"]) == {"2", "3"} and entry["by_acceptance"]["2"]["best_fixed_n"] in (2, 6)
     assert all(isinstance(e["auto_over_best_fixed"], float) for e in entry["by_acceptance"].values())
     assert "auto threshold: mixed-load total s, median of 2" in reports.summary(result)
+
+
+def test_on_real_weights_auto_threshold_runs_at_the_models_own_acceptance(site: Any, tmp_path: Path) -> None:
+    """Issue 16's "the same with the real model": one set of servers, none simulating, keyed ``real``."""
+    model = real_dir(tmp_path / "model")
+    opts = mixed_options(
+        site(version="0.5.17"), tmp_path / "out", checks=("auto_threshold",), path="v2",
+        auto_acceptances=(2.0, 3.0), auto_sweep=(2, 6), max_auto_ratio=100.0, model="real", model_dir=model,
+    )  # fmt: skip
+    result = run_proof(opts, lambda m: None)
+    names = [s["name"] for s in result["servers"]]
+    assert names == ["base-auto", "always-on-real", "dynspec-auto-real", "dynspec-n2-real", "dynspec-n6-real"]
+    assert not any("SGLANG_SIMULATE_ACC_LEN" in s["env"] for s in result["servers"])  # the model's own acceptance
+    entry = result["auto_threshold"]
+    assert set(entry["by_acceptance"]) == {"real"} and entry["by_acceptance"]["real"]["best_fixed_n"] in (2, 6)
+    assert all(" is slower than base " in p for p in entry["problems"]), entry["problems"]
+    # the control: the same run on dummy weights simulates each acceptance asked for
+    dummy = run_proof(dataclasses.replace(opts, model="dummy", model_dir=None, out=tmp_path / "out2"), lambda m: None)
+    assert set(dummy["auto_threshold"]["by_acceptance"]) == {"2", "3"}
 
 
 @pytest.mark.parametrize(("version", "path"), [("0.5.13", "v2"), ("0.5.17", "v1")])

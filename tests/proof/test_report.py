@@ -268,7 +268,7 @@ def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
     auto = mixed.judge_auto(
         {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)},
         mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128),
-        [3.0],
+        ["3"],
         [32],
         1.03,
     )
