@@ -1104,8 +1104,11 @@ class LeanFallbackStep:
     unordered with the stream, and streaming sessions, whose next turn keeps and reads that slot
     (where the stock extend leaves what was there).
 
-    A batch it does not take (sampling, penalties, logit bias, a custom logit processor, grammar,
-    logprobs, not a decode) runs the stock path, and the first is logged, with the reason. A batch
+    A sampled batch is drawn by the target's sampler as plain decode draws it (``dynspec_v2.DecodeSample``,
+    v2 module r45), where the verify's draw would renormalise the top k before cutting top-p; the
+    rest of the step is the same. A batch it does not take (penalties, logit bias, a custom logit
+    processor, grammar, logprobs, not a decode; sampling under ``SGLANG_SIMULATE_ACC_LEN`` or
+    without a sampler it knows) runs the stock path, and the first is logged, with the reason. A batch
     the direct write cannot take (no graph for its row count) runs the stock extend KV-only.
     ``DYNSPEC_LEAN_VERIFY=0`` turns it off, for A/B runs. Not recorded for these iterations: the stock
     decode branch's tracing spans (``set_time_batch``, on only with request tracing) and the verify's
@@ -1129,6 +1132,7 @@ class LeanFallbackStep:
         self.log = log  # rank 0
         self.said_no = False  # the first batch left to the stock path has been logged
         self.to_host = TokensToHost()
+        self.decode_sample: Any = None  # dynspec_v2.DecodeSample: sampled batches, or None (the stock path)
         # The draft KV written before the step's wait (``DYNSPEC_WRITE_AHEAD``; ``build`` says where
         # not); never with the bit check, which writes after it, beside the full extend it compares with.
         self.ahead = ahead
@@ -1137,7 +1141,13 @@ class LeanFallbackStep:
     def build(cls, worker: Any, next_input_cls: Any, log: bool, checked: bool = False) -> Optional["LeanFallbackStep"]:
         """The lean step for this worker, or None (the stock path; why is logged on rank 0).
         ``checked``: the KV bit check is on (``DYNSPEC_CHECK_KV_BITS``)."""
-        from sglang.srt.speculative.dynspec_v2 import LeanVerify, lean_verify_enabled, on_off_setting, read_setting
+        from sglang.srt.speculative.dynspec_v2 import (
+            DecodeSample,
+            LeanVerify,
+            lean_verify_enabled,
+            on_off_setting,
+            read_setting,
+        )
 
         ahead = on_off_setting(WRITE_AHEAD_ENV, True)  # a bad value refuses to start, used or not
         if not lean_verify_enabled():
@@ -1145,12 +1155,13 @@ class LeanFallbackStep:
         module: Any = sys.modules.get(type(worker).__module__)
         why_not = cls.unfit(worker, module)
         simulated: Optional[int] = None
+        simulating = False
         if why_not is None:
             import importlib
 
-            simulated, why_not = LeanVerify.simulated_token_of(
-                importlib.import_module("sglang.srt.speculative.spec_utils")
-            )
+            spec_utils = importlib.import_module("sglang.srt.speculative.spec_utils")
+            simulated, why_not = LeanVerify.simulated_token_of(spec_utils)
+            simulating = LeanVerify.simulates(spec_utils)
         if why_not:
             if log:
                 logger.info(f"dynspec: a fallback iteration runs the stock one-node verify ({why_not})")
@@ -1171,7 +1182,10 @@ class LeanFallbackStep:
                 "dynspec: a fallback iteration of a greedy batch runs as a plain decode step (the target's argmax, "
                 f"one host sync, the draft KV written directly, {when})"
             )
-        return cls(module, module.EagleDraftExtendInput, next_input_cls, simulated, log, ahead)
+        step = cls(module, module.EagleDraftExtendInput, next_input_cls, simulated, log, ahead)
+        runner = worker.target_worker.model_runner
+        step.decode_sample = DecodeSample.for_runner(runner, simulating, "the lean fallback step", log)
+        return step
 
     # What the per-request bookkeeping (``commit``) calls on a request, as 0.5.12's verify does.
     REQ_NEEDS = ("check_finished", "finished", "update_spec_correct_drafts_histogram", "update_reasoning_tokens")
@@ -1204,12 +1218,13 @@ class LeanFallbackStep:
         if batch.return_logprob:
             return "logprobs"
         info = batch.sampling_info
-        if not info.is_all_greedy:
-            return "sampling"
         if info.penalizer_orchestrator.is_required or getattr(info, "logit_bias", None) is not None:
             return "penalties or a logit bias"
         if getattr(info, "has_custom_logit_processor", False):
             return "a custom logit processor"
+        if not info.is_all_greedy:
+            # The one-node tree's positions are the batch's seq_lens, one per request: nothing to check there.
+            return "sampling" if self.decode_sample is None else self.decode_sample.refusal(batch, ())
         return None
 
     def takes(self, batch: Any) -> bool:
@@ -1235,10 +1250,13 @@ class LeanFallbackStep:
         result = worker.target_worker.forward_batch_generation(model_worker_batch, is_verify=True)
         logits_output = result.logits_output
 
-        # verify_tree_greedy on a one-node tree: the root is accepted, the argmax is the next token.
-        predict = torch.argmax(logits_output.next_token_logits, dim=-1).to(torch.int32)
-        if self.simulated_token is not None:
-            predict.fill_(self.simulated_token)
+        # A one-node tree's root is accepted; its next token is the argmax (verify_tree_greedy), or plain decode's draw.
+        if batch.sampling_info.is_all_greedy:
+            predict = torch.argmax(logits_output.next_token_logits, dim=-1).to(torch.int32)
+            if self.simulated_token is not None:
+                predict.fill_(self.simulated_token)
+        else:
+            predict = self.decode_sample.draw(model_worker_batch, verify_input, logits_output)
         bs = len(batch.reqs)
         self.to_host.start(predict)
 

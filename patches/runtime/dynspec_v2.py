@@ -980,7 +980,22 @@ class DecodeSample:
             return None, f"the target's sampler takes ({', '.join(parameters)})"
         return cls(sampler), ""
 
-    def refusal(self, batch: Any, verify_input: Any, rows: int, penalties: Tuple[str, ...]) -> Optional[str]:
+    @classmethod
+    def for_runner(cls, model_runner: Any, simulating: bool, what: str, log: bool) -> Optional["DecodeSample"]:
+        """The draw for ``what`` (a one-node sample's name in the log), or None: the stock draw, said once.
+        ``simulating``: ``SGLANG_SIMULATE_ACC_LEN`` is on, whose simulation decides every token."""
+        if simulating:
+            decode_sample, why_not = None, "SGLANG_SIMULATE_ACC_LEN decides their tokens"
+        else:
+            decode_sample, why_not = cls.of(model_runner)
+        if log:
+            if decode_sample is None:
+                logger.info(f"dynspec: {what} leaves sampled batches to the stock sample ({why_not})")
+            else:
+                logger.info(f"dynspec: {what} draws sampled batches with the target's sampler, as plain decode does")
+        return decode_sample
+
+    def refusal(self, batch: Any, penalties: Tuple[str, ...]) -> Optional[str]:
         """Why this sampled batch stays with the verify's sample; None if the sampler draws it (host checks)."""
         if getattr(batch, "has_grammar", False):
             return "grammar"
@@ -992,6 +1007,11 @@ class DecodeSample:
             return "a custom logit processor"
         if any(getattr(info, "return_sampling_masks", None) or ()):  # 0.5.17+: the sampler would write them
             return "sampling masks"
+        return None
+
+    @staticmethod
+    def unplaced(verify_input: Any, rows: int) -> Optional[str]:
+        """Why the verify input gives no position per request (which seeds a deterministic draw); None if it does."""
         positions = getattr(verify_input, "positions", None)  # 0.5.14 - 0.5.16: a graph buffer's first rows
         if positions is None or len(positions.shape) != 1 or positions.shape[0] < rows:
             return "positions not one per request"
@@ -1086,7 +1106,7 @@ class LeanVerify:
             if log:
                 logger.info(f"dynspec: the zero-step verify runs stock ({why_not})")
             return None
-        lean.decode_sample = lean.decode_sample_for(_target_model_runner(worker), log)
+        lean.decode_sample = DecodeSample.for_runner(_target_model_runner(worker), lean.simulating, lean.WHAT, log)
         stock_verify = worker.verify
 
         def verify(*args: Any, **kwargs: Any) -> Any:
@@ -1143,21 +1163,6 @@ class LeanVerify:
         length = getattr(spec_utils, "SIMULATE_ACC_LEN", -1)
         return isinstance(length, (int, float)) and length > 0
 
-    def decode_sample_for(self, model_runner: Any, log: bool) -> Optional[DecodeSample]:
-        """Plain decode's draw for sampled batches, or None (the stock sample's, said once)."""
-        if self.simulating:
-            decode_sample, why_not = None, "SGLANG_SIMULATE_ACC_LEN decides their tokens"
-        else:
-            decode_sample, why_not = DecodeSample.of(model_runner)
-        if log:
-            if decode_sample is None:
-                logger.info(f"dynspec: {self.WHAT} leaves sampled batches to the stock sample ({why_not})")
-            else:
-                logger.info(
-                    f"dynspec: {self.WHAT} draws sampled batches with the target's sampler, as plain decode does"
-                )
-        return decode_sample
-
     @classmethod
     def simulated_token_of(cls, spec_utils: Any) -> Tuple[Optional[int], str]:
         """What ``SGLANG_SIMULATE_ACC_LEN`` does to a one-node tree: the token every accepted one
@@ -1208,7 +1213,7 @@ class LeanVerify:
         if len(logits.shape) != 2 or logits.shape[0] != rows:
             return f"logits of shape {tuple(logits.shape)} for {rows} requests"
         if not batch.sampling_info.is_all_greedy and self.decode_sample is not None:
-            return self.decode_sample.refusal(batch, verify_input, rows, self.PENALTIES)
+            return self.decode_sample.refusal(batch, self.PENALTIES) or DecodeSample.unplaced(verify_input, rows)
         return greedy_batch_refusal(batch, self.PENALTIES)
 
     def sample(
@@ -1312,7 +1317,7 @@ class FallbackLeanSample(LeanVerify):
             logger.info(
                 f"dynspec: the one-node verify samples greedy batches without the tree kernels ({LEAN_VERIFY_ENV}=0 turns it off)"
             )
-        lean.decode_sample = lean.decode_sample_for(model_runner, log)
+        lean.decode_sample = DecodeSample.for_runner(model_runner, lean.simulating, lean.WHAT, log)
         return lean
 
     @staticmethod

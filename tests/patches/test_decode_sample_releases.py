@@ -1,8 +1,8 @@
 """What ``DecodeSample`` assumes about every release whose one-node verify it draws for, pinned against the real sources.
 
-While speculation is off, ``LeanVerify`` (0.5.14+) and ``FallbackLeanSample`` (0.5.4 - 0.5.13) hand a
-sampled batch to the target model runner's ``Sampler``, as plain decode does, instead of the verify's
-top-k-renormalising draw. That is plain decode's draw only while each release:
+While speculation is off, ``LeanVerify`` (0.5.14+), ``FallbackLeanSample`` (0.5.4 - 0.5.13) and v1's
+``LeanFallbackStep`` (0.5.12) hand a sampled batch to the target model runner's ``Sampler``, as plain
+decode does, instead of the verify's top-k-renormalising draw. That is plain decode's draw only while each release:
 
 1. gives ``Sampler.forward`` the six parameters ``DecodeSample.PARAMETERS`` names, in that order;
 2. keeps the sampler at ``ModelRunner.sampler`` and calls it for a decode step with the forward

@@ -472,7 +472,12 @@ def lean_world(
         req_to_token_writes=[],
     )
     batch.get_model_worker_batch = lambda seq_lens_cpu_cache: SimpleNamespace(
-        forward_mode=batch.forward_mode, input_ids=batch.input_ids.clone(), seq_lens_cpu=seq_lens_cpu_cache
+        forward_mode=batch.forward_mode,
+        input_ids=batch.input_ids.clone(),
+        seq_lens_cpu=seq_lens_cpu_cache,
+        sampling_info=batch.sampling_info,
+        top_logprobs_nums=None,
+        token_ids_logprobs=None,
     )
     idle: list[Any] = []
     worker = SimpleNamespace(target_worker=Target(tokens), page_size=1, _draft_preprocess_idle=idle.append)
@@ -864,6 +869,73 @@ def test_batches_the_lean_step_cannot_mirror_go_to_the_stock_path(
     assert step.refusal(batch) is None  # the control: the unchanged batch is taken
     change(batch)
     assert step.refusal(batch) == why and not step.takes(batch)
+
+
+class LastTokenSampler:
+    """The target's sampler as ``DecodeSample`` calls it (0.5.12's six parameters). Like the real one
+    it softmaxes the logits it is given in place; it draws the lowest-probability token of each row
+    (the target's argmax is the highest), so its tokens are told apart from the argmax."""
+
+    def __init__(self) -> None:
+        self.seen: list[Any] = []
+
+    def forward(
+        self,
+        logits_output: Any,
+        sampling_info: Any,
+        return_logprob: bool,
+        top_logprobs_nums: Any,
+        token_ids_logprobs: Any,
+        positions: Any,
+    ) -> Any:
+        logits = logits_output.next_token_logits
+        logits[:] = torch.softmax(logits, dim=-1)
+        self.seen.append((sampling_info, return_logprob, positions.clone()))
+        return torch.argmin(logits, dim=-1)  # int64, as the pytorch backend's gather is before its cast
+
+    __call__ = forward
+
+
+def test_a_sampled_batch_takes_the_lean_step_with_the_targets_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """0.5.12 v1: the step as for a greedy batch, with the sampler's tokens as the accepted ones."""
+    reqs = [Req(max_new=8) for _ in range(3)]
+    step, worker, batch, fallback = lean_world(monkeypatch, reqs, [5, 6, 7], None)
+    batch.sampling_info.is_all_greedy = False
+    assert step.refusal(batch) == "sampling"  # the control: without a sampler, the stock path
+    sampler = LastTokenSampler()
+    step.decode_sample = v2.DecodeSample(sampler)
+    assert step.refusal(batch) is None
+    fallback.draft_kv.kv_only = lambda w: contextlib.nullcontext()
+    worker.forward_draft_extend_after_decode = lambda b: "the stock extend's next input"
+    step.extend_input_cls = lambda **fields: SimpleNamespace(**fields)
+    result = step.step(worker, batch, fallback)
+    # every logit row is one-hot at the target's token, so the lowest is token 0 (5, 6, 7 are the argmax)
+    assert result.next_token_ids.tolist() == [0, 0, 0] and result.next_token_ids.dtype == torch.int32
+    assert [r.output_ids for r in reqs] == [[0], [0], [0]]
+    ((info, return_logprob, positions),) = sampler.seen
+    assert info is batch.sampling_info and return_logprob is False
+    assert positions.tolist() == [40, 41, 42]  # the pre-step seq_lens: each input token's position, as a decode step's
+    logits = result.logits_output.next_token_logits  # the target's, which the sampler saw only a copy of
+    assert logits.argmax(dim=-1).tolist() == [5, 6, 7] and logits.max().item() == 1.0
+
+
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        (lambda b: setattr(b.sampling_info, "return_sampling_masks", [True]), "sampling masks"),
+        (lambda b: setattr(b.sampling_info.penalizer_orchestrator, "is_required", True), "penalties or a logit bias"),
+        (lambda b: setattr(b.sampling_info, "has_custom_logit_processor", True), "a custom logit processor"),
+    ],
+)
+def test_sampled_batches_the_draw_cannot_take_go_to_the_stock_path(
+    monkeypatch: pytest.MonkeyPatch, change: Any, why: str
+) -> None:
+    step, _, batch, _ = lean_world(monkeypatch, [Req(8)], [5], None)
+    step.decode_sample = v2.DecodeSample(LastTokenSampler())
+    batch.sampling_info.is_all_greedy = False
+    assert step.refusal(batch) is None  # the control
+    change(batch)
+    assert step.refusal(batch) == why
 
 
 def test_rows_the_direct_write_cannot_take_go_to_the_stock_extend_kv_only(monkeypatch: pytest.MonkeyPatch) -> None:

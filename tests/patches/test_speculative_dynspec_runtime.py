@@ -938,6 +938,45 @@ def test_the_lean_step_writes_ahead_of_its_sync_unless_told_or_where_a_finished_
     assert said in caplog.text and "runs as a plain decode step" in caplog.text
 
 
+class SixParameterSampler:
+    """A sampler called as 0.5.4 - 0.5.23's ``Sampler.forward`` is (what ``DecodeSample.of`` reads)."""
+
+    def forward(
+        self,
+        logits_output: Any,
+        sampling_info: Any,
+        return_logprob: bool,
+        top_logprobs_nums: Any,
+        token_ids_logprobs: Any,
+        positions: Any,
+    ) -> Any:
+        raise AssertionError("not called at start-up")
+
+
+@pytest.mark.parametrize(
+    ("simulate", "sampler", "said"),
+    [
+        (-1, SixParameterSampler(), "the lean fallback step draws sampled batches with the target's sampler"),
+        (3, SixParameterSampler(), "leaves sampled batches to the stock sample (SGLANG_SIMULATE_ACC_LEN decides"),
+        (-1, None, "leaves sampled batches to the stock sample (the target's model runner has no sampler)"),
+    ],
+)
+def test_the_lean_step_draws_sampled_batches_with_the_targets_sampler_where_it_can(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, simulate: int, sampler: Any, said: str
+) -> None:
+    worker = lean_build_world(monkeypatch)
+    spec_utils = types.SimpleNamespace(
+        SIMULATE_ACC_LEN=simulate, SIMULATE_ACC_METHOD="match-expected", SIMULATE_ACC_TOKEN_MODE="fixed"
+    )
+    monkeypatch.setitem(sys.modules, "sglang.srt.speculative.spec_utils", spec_utils)
+    worker.target_worker.model_runner.sampler = sampler
+    with caplog.at_level(logging.INFO):  # the sampled line is dynspec_v2's logger's
+        step = runtime.LeanFallbackStep.build(worker, object, log=True)
+    assert step is not None and said in caplog.text
+    assert (step.decode_sample is not None) is ("draws" in said)
+    assert step.decode_sample is None or step.decode_sample.sampler is sampler
+
+
 def test_a_bad_write_ahead_setting_refuses_to_start_even_with_the_lean_step_off(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
