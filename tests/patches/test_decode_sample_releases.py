@@ -21,6 +21,7 @@ test_lean_verify.py; the distribution itself only a GPU shows (``dynspec proof -
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 
 import pytest
 
@@ -147,29 +148,25 @@ def verify_sample_of(version: str) -> tuple[ast.FunctionDef | None, str]:
     return sample, "EagleVerifyInputV2Mixin.sample"
 
 
-@pytest.mark.releases
-@pytest.mark.parametrize("version", DRAWN_FOR)
-def test_the_sampler_takes_the_parameters_the_draw_passes(version: str) -> None:
-    assert sampler_parameter_problems(source_of(version, SAMPLER)) == [], f"{version} (fact 1)"
-
-
-@pytest.mark.releases
-@pytest.mark.parametrize("version", DRAWN_FOR)
-def test_plain_decode_calls_the_runners_sampler_as_the_draw_does(version: str) -> None:
-    assert decode_call_problems(source_of(version, MODEL_RUNNER)) == [], f"{version} (fact 2)"
-
-
-@pytest.mark.releases
-@pytest.mark.parametrize("version", ZERO_STEP)
-def test_the_zero_step_verify_inputs_positions_are_the_seq_lens(version: str) -> None:
-    assert trivial_positions_problems(source_of(version, V2_WORKER)) == [], f"{version} (fact 3)"
-
-
-@pytest.mark.releases
-@pytest.mark.parametrize("version", DRAWN_FOR)
-def test_the_verifys_sample_leaves_logprobs_to_the_verify(version: str) -> None:
+def verify_sample_problems(version: str) -> list[str]:
     sample, name = verify_sample_of(version)
-    assert sample_logprob_problems(sample, name) == [], f"{version} (fact 4)"
+    return sample_logprob_problems(sample, name)
+
+
+# fact: (its checker of a version, the versions it is pinned on)
+FACTS: dict[str, tuple[Callable[[str], list[str]], list[str]]] = {
+    "1 the sampler's parameters": (lambda v: sampler_parameter_problems(source_of(v, SAMPLER)), DRAWN_FOR),
+    "2 plain decode's call": (lambda v: decode_call_problems(source_of(v, MODEL_RUNNER)), DRAWN_FOR),
+    "3 the zero-step positions": (lambda v: trivial_positions_problems(source_of(v, V2_WORKER)), ZERO_STEP),
+    "4 no logprobs in the sample": (verify_sample_problems, DRAWN_FOR),
+}
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize(("fact", "version"), [(fact, v) for fact, (_, versions) in FACTS.items() for v in versions])
+def test_every_release_holds_what_the_draw_assumes(fact: str, version: str) -> None:
+    check, _ = FACTS[fact]
+    assert check(version) == [], f"{version}, fact {fact}"
 
 
 # -- negative controls: each checker reports the change it exists to catch ---------------------------

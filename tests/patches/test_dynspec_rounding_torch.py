@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from patches.runtime import dynspec_v2 as v2
+from tests.patches.fake_sampler import SixParameterSampler
 
 torch = pytest.importorskip("torch")
 
@@ -871,29 +872,14 @@ def test_batches_the_lean_step_cannot_mirror_go_to_the_stock_path(
     assert step.refusal(batch) == why and not step.takes(batch)
 
 
-class LastTokenSampler:
-    """The target's sampler as ``DecodeSample`` calls it (0.5.12's six parameters). Like the real one
-    it softmaxes the logits it is given in place; it draws the lowest-probability token of each row
-    (the target's argmax is the highest), so its tokens are told apart from the argmax."""
+class LastTokenSampler(SixParameterSampler):
+    """Softmaxes the logits it is given in place, as the real sampler does, and draws the
+    lowest-probability token of each row (the target's argmax is the highest), so that its tokens
+    are told apart from the argmax; int64, as the pytorch backend's before its cast."""
 
-    def __init__(self) -> None:
-        self.seen: list[Any] = []
-
-    def forward(
-        self,
-        logits_output: Any,
-        sampling_info: Any,
-        return_logprob: bool,
-        top_logprobs_nums: Any,
-        token_ids_logprobs: Any,
-        positions: Any,
-    ) -> Any:
-        logits = logits_output.next_token_logits
+    def draw(self, logits: Any) -> Any:
         logits[:] = torch.softmax(logits, dim=-1)
-        self.seen.append((sampling_info, return_logprob, positions.clone()))
-        return torch.argmin(logits, dim=-1)  # int64, as the pytorch backend's gather is before its cast
-
-    __call__ = forward
+        return torch.argmin(logits, dim=-1)
 
 
 def test_a_sampled_batch_takes_the_lean_step_with_the_targets_draw(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -912,9 +898,13 @@ def test_a_sampled_batch_takes_the_lean_step_with_the_targets_draw(monkeypatch: 
     # every logit row is one-hot at the target's token, so the lowest is token 0 (5, 6, 7 are the argmax)
     assert result.next_token_ids.tolist() == [0, 0, 0] and result.next_token_ids.dtype == torch.int32
     assert [r.output_ids for r in reqs] == [[0], [0], [0]]
-    ((info, return_logprob, positions),) = sampler.seen
-    assert info is batch.sampling_info and return_logprob is False
-    assert positions.tolist() == [40, 41, 42]  # the pre-step seq_lens: each input token's position, as a decode step's
+    (call,) = sampler.calls
+    assert call.sampling_info is batch.sampling_info and call.return_logprob is False
+    assert call.positions.tolist() == [
+        40,
+        41,
+        42,
+    ]  # the pre-step seq_lens: each input token's position, as a decode step's
     logits = result.logits_output.next_token_logits  # the target's, which the sampler saw only a copy of
     assert logits.argmax(dim=-1).tolist() == [5, 6, 7] and logits.max().item() == 1.0
 

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from patches.runtime import dynspec_v2 as v2
+from tests.patches.fake_sampler import SixParameterSampler
 
 COMMON = "sglang.srt.speculative.eagle_worker_common"
 WORKER = "sglang.srt.speculative.eagle_worker_v2"
@@ -190,14 +191,10 @@ class Worker:
 
 
 def batch_of(logits: list[list[float]], *, greedy: bool = True, idle: bool = False, **fields: Any) -> Any:
-    info = SimpleNamespace(
-        is_all_greedy=greedy,
-        acc_additive_penalties=None,
-        acc_scaling_penalties=None,
-        logit_bias=None,
-        has_custom_logit_processor=False,
-        return_sampling_masks=None,  # 0.5.17+: a list of flags
-    )
+    # Each of the penalties None, no custom logit processor, no sampling masks (0.5.17+: a list of flags).
+    info = SimpleNamespace(is_all_greedy=greedy, has_custom_logit_processor=False, return_sampling_masks=None)
+    for name in v2.LeanVerify.PENALTIES:
+        setattr(info, name, None)
     for name in (*v2.LeanVerify.PENALTIES, "has_custom_logit_processor", "return_sampling_masks"):
         if name in fields:
             setattr(info, name, fields.pop(name))
@@ -537,41 +534,16 @@ def test_without_spec_utils_the_own_fallback_samples_stock_and_says_why(
 # -- DecodeSample: sampled batches drawn by the target's sampler, as plain decode draws them -----------
 
 
-class Sampler:
-    """The target's ``Sampler`` as ``DecodeSample`` calls it: ``forward`` with the six parameters of
-    0.5.4 - 0.5.23, called through the module. Like the real one it overwrites the logits it is given
-    (``logits[:] = softmax``); it draws the token after each row's argmax, as int64, so that its
-    tokens differ from the verify's."""
+class Sampler(SixParameterSampler):
+    """Draws the token after each row's argmax, as int64, so that its tokens differ from the verify's;
+    overwrites the rows it is given first, as the real sampler does."""
 
-    def __init__(self) -> None:
-        self.calls: list[SimpleNamespace] = []
-
-    def forward(
-        self,
-        logits_output: Any,
-        sampling_info: Any,
-        return_logprob: bool,
-        top_logprobs_nums: Any,
-        token_ids_logprobs: Any,
-        positions: Any,
-    ) -> T:
-        self.calls.append(
-            SimpleNamespace(
-                sampling_info=sampling_info,
-                return_logprob=return_logprob,
-                top_logprobs_nums=top_logprobs_nums,
-                token_ids_logprobs=token_ids_logprobs,
-                positions=positions,
-            )
-        )
-        rows = logits_output.next_token_logits.values
+    def draw(self, logits: Any) -> T:
+        rows = logits.values
         tokens = [(row.index(max(row)) + 1) % len(row) for row in rows]
         for row in rows:
             row[:] = [0.0] * len(row)
         return T(tokens, "torch.int64")
-
-    def __call__(self, *args: Any) -> T:
-        return self.forward(*args)
 
 
 DRAWN = [2, 1, 0]  # the fake sampler's tokens for LOGITS (the verify's argmax is 1, 0, 2)

@@ -29,6 +29,7 @@ from patches.runtime import dynspec_runtime as runtime
 from patches.speculative_dynspec_runtime import SpeculativeDynspecRuntime
 from tests.conftest import RELEASES
 from tests.patches.fake_draft import draft_stack
+from tests.patches.fake_sampler import SixParameterSampler
 from tests.patches.patched_package import install_patched_package
 from tests.patches.test_dynspec_settings import supported_server_args
 from tests.patches.test_eagle_worker_dynspec_fallback import V1_RELEASES
@@ -936,21 +937,6 @@ def test_the_lean_step_writes_ahead_of_its_sync_unless_told_or_where_a_finished_
         step = runtime.LeanFallbackStep.build(worker, object, log=True, checked=checked)
     assert step is not None and step.ahead is ahead
     assert said in caplog.text and "runs as a plain decode step" in caplog.text
-
-
-class SixParameterSampler:
-    """A sampler called as 0.5.4 - 0.5.23's ``Sampler.forward`` is (what ``DecodeSample.of`` reads)."""
-
-    def forward(
-        self,
-        logits_output: Any,
-        sampling_info: Any,
-        return_logprob: bool,
-        top_logprobs_nums: Any,
-        token_ids_logprobs: Any,
-        positions: Any,
-    ) -> Any:
-        raise AssertionError("not called at start-up")
 
 
 @pytest.mark.parametrize(
