@@ -39,6 +39,9 @@
 #   real-features V P (as real-proof) sampling, logprobs, penalties and grammar on real weights (grammar needs the
 #                  model's tokenizer) (dummy weights' flat logits
 #                  leave the first two's controls blind: session 28); FEATURE_CHECKS picks fewer
+#   real-auto V    (as real-features, 0.5.14+) auto_threshold on real weights: base, always-on, auto and one dynspec
+#                  server per fixed N of AUTO_SWEEP (default 8,16,32,48,64,96) on the mixed load, at the model's own
+#                  acceptance (by_acceptance.real; issue 16)
 #   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
 #                  auto (3 servers; exact_kv needs a fixed N): levels 1,4,16,48,128 and a 1 <-> 128 ramp,
 #                  past auto's ceiling (127), each switch judged against the thresholds its line names
@@ -60,8 +63,13 @@
 #                  scripts/trace_sum.py's per-step tables in $OUT (scripts/trace_diff.py A-all.txt B-all.txt ranks
 #                  what B's step does more than A's). PROF_SERVERS="dyn:ENV=V+ENV=V ..." picks the servers
 #                  (as in DIAG_RUNS: base* plain decode, on* always-on speculation, any other name dynspec);
-#                  PROF_AT=admission: 40 steps from before 64 requests arrive, after two warm-ups of that load: GPU only,
-#                  then (the next burst) CPU+GPU with Python stacks, whose longest GPU idle gaps name the host's work;
+#                  PROF_AT=admission: 40 steps from before 64 requests arrive, after two warm-ups of that load, once
+#                  per capture, each on a burst of its own: GPU only, CPU+GPU without Python stacks (the host near its
+#                  unprofiled cost: trace_sum's forward-step rows), CPU+GPU with them (the host's work while the GPU
+#                  idled), then one burst unprofiled (NAME-client-after.txt: a server slower after its profiles);
+#                  a CPU probe line before each server starts; per server NAME.tar.gz (log, client times, summaries)
+#                  and NAME-traces.tar.xz (raw traces, where they fit what a call returns); a server that would
+#                  run past 570 s is not started, and the output says so (two or three servers fit a call);
 #                  SERVE_ARGS="--disable-overlap-schedule": every diag / prof server on v1's scheduler;
 #                  DIAG_LEVELS=32,64: the diag's loads (default 64,100), each sent DIAG_REPEATS times (default 2),
 #                  per_run.json (each run's steady speed) beside per_step.json;
@@ -237,23 +245,66 @@ PY
     profile_wait() { for _ in $(seq 120); do python3 -c "import glob,gzip,sys; [gzip.open(f).read() for f in glob.glob(sys.argv[1])] or sys.exit(1)" \
         "/tmp/p_$1/*.trace.json.gz" 2>/dev/null && break; sleep 1; done; }
     profile() { profile_start "$@"; profile_wait "$1"; }
-    for run in ${PROF_SERVERS:-base dyn:SGLANG_SIMULATE_ACC_LEN=3}; do
+    runs=${PROF_SERVERS:-base dyn:SGLANG_SIMULATE_ACC_LEN=3}
+    # A fixed pure-Python loop in the servers' interpreter just before each starts: a slow or busy
+    # machine shows here, not as a slow server (session 28's dyn ran stock frames 1.6-2.1x slower a call).
+    cpu_probe() { python3 -c "import os, timeit
+best = min(timeit.repeat('s = 0\nfor i in range(100000): s += i', number=10, repeat=5))
+print(f'cpu probe $1: {best * 1e3:.1f} ns a loop iteration (best of 5), load {os.getloadavg()[0]:.2f}, {os.cpu_count()} CPUs')"; }
+    # keep_traces NAME DIR...: the raw traces in $OUT/NAME-traces.tar.xz if it fits what a call returns:
+    # 8 files (two a server: four servers), 16 MiB each, 64 MiB in all (15 and 60 here: files follow).
+    keep_traces() { local n=$1 raw="$OUT/$1-traces.tar.xz" size total; shift
+      tar -C /tmp -cf - "$@" | xz -T0 > "$raw"; size=$(stat -c %s "$raw"); total=$(du -sb "$OUT" | cut -f1)
+      if [ "$size" -le $((15 << 20)) ] && [ "$total" -le $((60 << 20)) ]; then echo "$n: raw traces $* in ${raw##*/}, $((size >> 10)) KiB"; return 0; fi
+      echo "$n: raw traces $* not kept: $((size >> 10)) KiB, \$OUT $((total >> 20)) MiB with them"; rm -f "$raw"; return 1; }
+    # summarize NAME (admission): its three traces summarized side by side (a core each, nothing else
+    # running), what the call's output shows of them (12 kB of it come back: the rest is in the files),
+    # its small files in one NAME.tar.gz (the last capture lost dyn.log and dyn-client.txt to the
+    # 8-file limit) and its raw traces where they fit.
+    summarize() { local n=$1 kind pids="" small
+      for kind in gpu nostack all; do  # plain JSON: trace_sum reads it faster and xz packs it far smaller
+        (gunzip -fq /tmp/p_"${n}_$kind"/*.trace.json.gz
+         python3 scripts/trace_sum.py "/tmp/p_${n}_$kind" 40 > "$OUT/$n-$kind.txt" 2>&1) & pids="$pids $!"
+      done; wait $pids
+      echo "$n client s (unprofiled, gpu, nostack, with stack, unprofiled after):" \
+        $(for c in "" -gpu -nostack -all -after; do cut -d' ' -f1 "$OUT/$n-client$c.txt" 2>/dev/null; done)
+      sed "s/^/gpu: /" "$OUT/$n-gpu.txt" | head -2; sed "s/^/nostack: /" "$OUT/$n-nostack.txt" | head -2
+      sed -n '/^-- forward steps/,/^--/p' "$OUT/$n-nostack.txt" | grep -E '^step|^ +[1-5] |^mean'  # the burst, its prefills, the first decodes
+      sed -n '/while the GPU idled/,/^--/p' "$OUT/$n-all.txt" | head -10
+      grep -h "dynspec:.* ready in " "$OUT/$n.log" | cut -c1-80
+      small=$(cd "$OUT" && ls -d "$n".log "$n"-{cpu,client,client-gpu,client-nostack,client-all,client-after,gpu,nostack,all}.txt 2>/dev/null)
+      (cd "$OUT" && tar -czf "$n.tar.gz" $small && rm -f $small)
+      if [ "$(echo $runs | wc -w)" -gt 4 ]; then echo "$n: raw traces not kept: more than four servers' would pass 8 files"
+      else keep_traces "$n" p_"${n}"_{gpu,nostack,all} || keep_traces "$n" p_"${n}"_{gpu,nostack}; fi  # without the big with-stack one
+      echo "$n: done at $SECONDS s into the call"; }
+    took=0; began=""
+    for run in $runs; do
+      [ -z "$began" ] || took=$(( SECONDS - began > took ? SECONDS - began : took ))
+      # Not a server that would pass the call's 600 s: its files would come back half made (session 28's third server).
+      if [ $((SECONDS + took)) -gt 570 ]; then
+        echo "prof: $run and those after it not started: $SECONDS s gone, a server took up to $took s"; break; fi
+      began=$SECONDS
+      cpu_probe "${run%%:*}" | tee "$OUT/${run%%:*}-cpu.txt"
       serve_run "$run" || continue
-      if [ "${PROF_AT:-steady}" = admission ]; then  # 64 requests' admission and first steps: GPU only, then with the host
+      if [ "${PROF_AT:-steady}" = admission ]; then  # 64 requests' admission and first steps, a burst for each profile
         python3 "$K/client.py" http://127.0.0.1:30000 64 256 > /dev/null  # warm-up: the same load once
         # Not the kit client here: it sends one request alone first, which the 40 steps would profile.
         at_once() { PYTHONPATH=$PWD python3 -c "from patcher.proof.client import Client, run_level
 r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.digest)"; }
-        # The client's seconds: a burst unprofiled, then one under each profile (the profiler's start costs time).
+        # The client's seconds: a burst unprofiled, one under each profile (the profiler's start costs
+        # time), and one unprofiled after them (a server slower after its profiles shows there).
         at_once > /dev/null; at_once > "$OUT/$name-client.txt"; profile_start "${name}_gpu" '["GPU"],"num_steps":40'
         at_once > "$OUT/$name-client-gpu.txt"; profile_wait "${name}_gpu"
-        # The next burst's 40 steps with the host side (Python stacks): what ran while the GPU waited (trace_sum's gaps).
+        # CPU+GPU without the Python tracer, which slowed session 28's frames 1.6-2.1x a call: the host's
+        # steps, ops and calls near their unprofiled cost. Before the with-stack one, whose export leaves the most garbage.
+        profile_start "${name}_nostack" '["CPU","GPU"],"with_stack":false,"num_steps":40'
+        at_once > "$OUT/$name-client-nostack.txt"; profile_wait "${name}_nostack"
+        # The next burst with Python stacks: what ran while the GPU waited (trace_sum's gaps and self times).
         profile_start "${name}_all" '["CPU","GPU"],"with_stack":true,"num_steps":40'
         at_once > "$OUT/$name-client-all.txt"; profile_wait "${name}_all"
+        at_once > "$OUT/$name-client-after.txt"
         bash "$K/stop.sh"; sleep 3
-        python3 scripts/trace_sum.py "/tmp/p_${name}_gpu" 40 > "$OUT/$name-gpu.txt" 2>&1; head -8 "$OUT/$name-gpu.txt"
-        python3 scripts/trace_sum.py "/tmp/p_${name}_all" 40 > "$OUT/$name-all.txt" 2>&1
-        sed -n '/longest idle gaps/,/^--/p' "$OUT/$name-all.txt" | head -30
+        summarize "$name"
         continue
       fi
       python3 "$K/client.py" http://127.0.0.1:30000 "${PROF_C:-64}" $PROF_TOKENS > "$OUT/$name-client.txt" & client=$!
@@ -263,7 +314,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
       python3 scripts/trace_sum.py "/tmp/p_${name}_gpu" 30 > "$OUT/$name-gpu.txt" 2>&1
       python3 scripts/trace_sum.py "/tmp/p_${name}_all" 20 > "$OUT/$name-all.txt" 2>&1
       head -8 "$OUT/$name-gpu.txt" "$OUT/$name-all.txt"; grep -h "dynspec:.* ready in " "$OUT/$name.log" | cut -c1-80
-    done; gzip -f "$OUT"/*.log ;;
+    done; gzip -f "$OUT"/*.log 2>/dev/null; ls -la "$OUT" ;;
   kv-tput|kv-mixed) kit_for "$1"
     # v1 brings a fourth server (plain decode without overlap, its reference): throughput and
     # mixed_load then need a call each (session 12's both-in-one ran past 570 s), kv-tput and kv-mixed.
@@ -290,6 +341,10 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
   real-features) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     proof "real-$1-$2-features" --path "$2" --model real --model-dir /tmp/real/model --threshold 8 \
       --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties,grammar}" --parallel-starts 3 ;;
+  real-auto) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    # issue 16 on real weights: auto against the fixed N on the mixed load at the model's own acceptance
+    proof "real-$1-v2-auto" --path v2 --model real --model-dir /tmp/real/model --checks auto_threshold \
+      --threshold 8 --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
