@@ -99,6 +99,18 @@ def _tensor_parallel(worker: Any) -> bool:
     return (read_setting(worker, "tp_size", 1) or 1) > 1
 
 
+def _tensor_parallel_group() -> Any:
+    """SGLang's tensor-parallel group where it has more than one rank; None on one GPU or where none
+    can be had (the group is made before the worker that asks)."""
+    try:
+        from sglang.srt.distributed import get_tp_group
+
+        group = get_tp_group()
+    except (ImportError, AssertionError, AttributeError):
+        return None
+    return group if (getattr(group, "world_size", 1) or 1) > 1 else None
+
+
 def _tp_rank(worker: Any) -> int:
     for owner in (worker, getattr(worker, "ps", None), getattr(worker, "_draft_worker", None)):
         rank = getattr(owner, "tp_rank", None)
@@ -882,6 +894,7 @@ class ZeroStepPolicy:
 
 
 LEAN_VERIFY_ENV = "DYNSPEC_LEAN_VERIFY"
+DECODE_SAMPLE_ENV = "DYNSPEC_DECODE_SAMPLE"  # DecodeSample: on unless 0 (A/B runs of the sampled draw while off)
 PREFILL_KV_ENV = "DYNSPEC_PREFILL_KV"  # V2Fallback.prefill_kv_only (0.5.4 - 0.5.13; on unless 0)
 KV_BATCH_ENV = "DYNSPEC_KV_BATCH"
 KV_STREAM_ENV = "DYNSPEC_KV_STREAM"  # write_beside, with kv-direct: on unless 0 (0.5.10 - 0.5.13 and 0.5.14+)
@@ -945,10 +958,13 @@ class DecodeSample:
     follow always-on speculation's distribution while speculation is off, not the server's without
     it. So a sampled batch goes to the sampler plain decode calls, with the arguments it passes
     (the positions that seed deterministic sampling are the one node's, the input token's, as a
-    decode step's), on a copy of the logits: the sampler scales and normalises them in place, and
-    the verify computes logprobs from them afterwards. A batch whose logits the verify and plain
-    decode prepare differently (penalties, a logit bias, grammar, a custom logit processor) or
-    whose sampler writes more than tokens (sampling masks) stays with the verify.
+    decode step's). The sampler scales and normalises the logits in place, as in plain decode; where
+    the batch returns logprobs, which the verify computes from the logits afterwards, it gets a copy.
+    With tensor parallelism rank 0's tokens are broadcast, as the verify's draw does (plain decode
+    relies on every rank drawing alike). A batch whose logits the verify and plain decode prepare
+    differently (penalties, a logit bias, grammar, a custom logit processor) or whose sampler writes
+    more than tokens (sampling masks) stays with the verify, as does every sampled batch on ROCm,
+    where the verify takes their argmax. ``DYNSPEC_DECODE_SAMPLE=0`` leaves them all to it (A/B runs).
     """
 
     # Sampler.forward's parameters, 0.5.4 - 0.5.23 (pinned in the tests): anything else is not the sampler this calls.
@@ -961,30 +977,38 @@ class DecodeSample:
         "positions",
     )
 
-    def __init__(self, sampler: Callable[..., Any]) -> None:
+    def __init__(self, sampler: Callable[..., Any], tp_group: Any = None) -> None:
         self.sampler = sampler
+        self.tp_group = tp_group  # the tensor-parallel group where it has more than one rank, else None
 
     @classmethod
     def of(cls, model_runner: Any) -> Tuple[Optional["DecodeSample"], str]:
-        """The model runner's sampler, or None and why not (no sampler, or one called otherwise)."""
+        """The model runner's sampler, or None and why not (no sampler, one called otherwise, ROCm)."""
         import inspect
 
         sampler = getattr(model_runner, "sampler", None)
         if sampler is None:
             return None, "the target's model runner has no sampler"
         try:
-            parameters = tuple(inspect.signature(sampler.forward).parameters)
+            parameters = inspect.signature(sampler.forward).parameters
         except (AttributeError, TypeError, ValueError):
             return None, "the target's sampler has no forward to read"
-        if parameters[: len(cls.PARAMETERS)] != cls.PARAMETERS:
-            return None, f"the target's sampler takes ({', '.join(parameters)})"
-        return cls(sampler), ""
+        names = tuple(parameters)
+        # More parameters are fine only where they have defaults: the call passes the six alone.
+        required = [p.name for p in list(parameters.values())[len(cls.PARAMETERS) :] if p.default is p.empty]
+        if names[: len(cls.PARAMETERS)] != cls.PARAMETERS or required:
+            return None, f"the target's sampler takes ({', '.join(names)})"
+        if _is_hip():
+            return None, "on ROCm the verify takes the argmax of a sampled batch, as always-on speculation does"
+        return cls(sampler, _tensor_parallel_group()), ""
 
     @classmethod
     def for_runner(cls, model_runner: Any, simulating: bool, what: str, log: bool) -> Optional["DecodeSample"]:
         """The draw for ``what`` (a one-node sample's name in the log), or None: the stock draw, said once.
         ``simulating``: ``SGLANG_SIMULATE_ACC_LEN`` is on, whose simulation decides every token."""
-        if simulating:
+        if not on_off_setting(DECODE_SAMPLE_ENV, True):  # read first: a bad value refuses to start
+            decode_sample, why_not = None, f"{DECODE_SAMPLE_ENV}=0"
+        elif simulating:
             decode_sample, why_not = None, "SGLANG_SIMULATE_ACC_LEN decides their tokens"
         else:
             decode_sample, why_not = cls.of(model_runner)
@@ -1005,26 +1029,31 @@ class DecodeSample:
                 return name
         if getattr(info, "has_custom_logit_processor", False):  # plain decode applies it, the verify does not
             return "a custom logit processor"
-        if any(getattr(info, "return_sampling_masks", None) or ()):  # 0.5.17+: the sampler would write them
+        if any(getattr(info, "return_sampling_masks", None) or ()):  # 0.5.16+: the sampler would write them
             return "sampling masks"
         return None
 
     @staticmethod
     def unplaced(verify_input: Any, rows: int) -> Optional[str]:
         """Why the verify input gives no position per request (which seeds a deterministic draw); None if it does."""
-        positions = getattr(verify_input, "positions", None)  # 0.5.14 - 0.5.16: a graph buffer's first rows
+        positions = getattr(verify_input, "positions", None)  # 0.5.14 - 0.5.16 allow a longer buffer's first rows
         if positions is None or len(positions.shape) != 1 or positions.shape[0] < rows:
             return "positions not one per request"
         return None
 
     def draw(self, batch: Any, verify_input: Any, logits_output: Any) -> Any:
-        """The sampler's tokens for the batch (int32, one per request); the logits left as they were."""
+        """The sampler's tokens for the batch (int32, one per request); the logits left as they were
+        where the batch returns logprobs (the scheduler reads them only for those)."""
         import copy
 
         import torch
 
-        scratch = copy.copy(logits_output)  # the sampler writes only what return_logprob asks, which is nothing here
-        scratch.next_token_logits = logits_output.next_token_logits.clone()
+        scratch = logits_output
+        if getattr(batch, "return_logprob", False):
+            scratch = copy.copy(
+                logits_output
+            )  # the sampler writes only what return_logprob asks, which is nothing here
+            scratch.next_token_logits = logits_output.next_token_logits.clone()
         tokens = self.sampler(
             scratch,
             batch.sampling_info,
@@ -1033,7 +1062,10 @@ class DecodeSample:
             getattr(batch, "token_ids_logprobs", None),
             verify_input.positions[: logits_output.next_token_logits.shape[0]],
         )
-        return tokens.to(torch.int32)
+        tokens = tokens.to(torch.int32)
+        if self.tp_group is not None:  # as the verify's draw: every rank commits rank 0's tokens
+            self.tp_group.broadcast(tokens, src=0)
+        return tokens
 
 
 class LeanVerify:

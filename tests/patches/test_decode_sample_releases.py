@@ -96,7 +96,14 @@ def decode_call_problems(source: str) -> list[str]:
     args = [ast.unparse(a) for a in calls[0].args]
     if tuple(args[:5]) != DECODE_CALL or len(args) != 6:
         problems.append(f"plain decode calls the sampler with ({', '.join(args)})")
-    elif "forward_batch.positions" not in args[5]:
+        return problems
+    # a decode step's positions: the forward batch's, chosen by its mode (a prefill's are seq_lens - 1)
+    positions = calls[0].args[5]
+    if not (
+        isinstance(positions, ast.IfExp)
+        and ast.unparse(positions.test) == "forward_batch.forward_mode.is_decode()"
+        and ast.unparse(positions.body) == "forward_batch.positions"
+    ):
         problems.append(f"plain decode's positions are {args[5]}")
     return problems
 
@@ -206,6 +213,11 @@ def test_the_parameter_check_reports_a_changed_sampler(old: str, new: str) -> No
          "            forward_batch.top_logprobs_nums,\n            forward_batch.return_logprob,\n"),
         ("        self.sampler = create_sampler()", "        self.token_sampler = create_sampler()"),
         ("                forward_batch.positions\n", "                forward_batch.seq_lens\n"),
+        # the branches swapped: a decode step would get seq_lens - 1
+        ("                forward_batch.positions\n                if forward_batch.forward_mode.is_decode()\n"
+         "                else forward_batch.seq_lens - 1\n",
+         "                forward_batch.seq_lens - 1\n                if forward_batch.forward_mode.is_decode()\n"
+         "                else forward_batch.positions\n"),
     ],
 )  # fmt: skip
 def test_the_decode_call_check_reports_a_changed_runner(old: str, new: str) -> None:

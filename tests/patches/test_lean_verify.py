@@ -567,13 +567,24 @@ def test_a_sampled_zero_step_batch_is_drawn_by_the_targets_sampler(release: Rele
     assert call.sampling_info is batch.sampling_info and call.return_logprob is False
     assert call.top_logprobs_nums is batch.top_logprobs_nums and call.token_ids_logprobs is batch.token_ids_logprobs
     assert call.positions.values == [10, 11, 12]  # the one node's: the first rows of the verify input's
-    assert batch.logits_output.next_token_logits.values == LOGITS  # the verify's logprobs read them after
+    # without logprobs the sampler works on the verify's own logits, as plain decode's does: no copy
+    assert batch.logits_output.next_token_logits.values != LOGITS
     assert (lean.taken, lean.drawn, lean.refused) == (1, 1, 0)
+
+
+def test_a_sampled_batch_with_logprobs_is_drawn_on_a_copy(release: Release) -> None:
+    """The verify computes logprobs after the sample, from the logits, which the draw leaves as they were."""
+    worker = Worker(release.common, sampler=Sampler())
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    batch = batch_of(logits(), greedy=False, return_logprob=True)
+    assert outcome(worker.verify(batch))[0] == DRAWN
+    assert batch.logits_output.next_token_logits.values == LOGITS
 
 
 def test_the_draw_has_teeth(release: Release, monkeypatch: pytest.MonkeyPatch) -> None:
     """Negative controls: left to the stock sample, the batch gets the verify's tokens; drawn on the
-    verify's own logits (no copy), the logits the logprobs read are gone."""
+    verify's own logits (no copy) for a batch with logprobs, the logits they are read from are gone."""
     worker = Worker(release.common, sampler=Sampler())
     lean = v2.LeanVerify.install(worker)
     assert lean is not None
@@ -582,17 +593,9 @@ def test_the_draw_has_teeth(release: Release, monkeypatch: pytest.MonkeyPatch) -
     assert got[0] == [1, 0, 2] != DRAWN and release.calls[0] == "stock sample"
     lean.decode_sample = decode_sample
     monkeypatch.setattr(T, "clone", lambda self: self)
-    batch = batch_of(logits(), greedy=False)
+    batch = batch_of(logits(), greedy=False, return_logprob=True)
     worker.verify(batch)
     assert batch.logits_output.next_token_logits.values != LOGITS
-
-
-def test_a_sampled_batch_with_logprobs_is_drawn_too(release: Release) -> None:
-    """The verify computes logprobs after the sample, from the logits, which the draw leaves as they were."""
-    worker = Worker(release.common, sampler=Sampler())
-    lean = v2.LeanVerify.install(worker)
-    assert lean is not None
-    assert outcome(worker.verify(batch_of(logits(), greedy=False, return_logprob=True)))[0] == DRAWN
 
 
 @pytest.mark.parametrize(
@@ -697,3 +700,73 @@ def test_the_own_fallbacks_lean_sample_draws_sampled_batches_with_the_targets_sa
     # the control: an input without positions is left to the stock method, which takes the argmax here
     assert outcome(own_verify(lean.bind(cls()), batch_of(logits(), greedy=False)))[0] == [1, 0, 2]
     assert release.calls == ["stock sample"] and len(sampler.calls) == 1
+
+
+def test_the_sampled_draw_is_switched_off_alone_by_the_environment(
+    release: Release, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """DYNSPEC_DECODE_SAMPLE=0: sampled batches take the verify's draw, greedy ones stay lean (the A/B)."""
+    monkeypatch.setenv(v2.DECODE_SAMPLE_ENV, "0")
+    worker = Worker(release.common, sampler=Sampler())
+    with caplog.at_level(logging.INFO, logger=v2.logger.name):
+        lean = v2.LeanVerify.install(worker, log=True)
+    assert lean is not None and lean.decode_sample is None
+    assert "leaves sampled batches to the stock sample (DYNSPEC_DECODE_SAMPLE=0)" in caplog.text
+    assert outcome(worker.verify(batch_of(logits())))[0] == [1, 0, 2] and release.calls[0].startswith("sanitize")
+    monkeypatch.setenv(v2.DECODE_SAMPLE_ENV, "1")  # the control
+    assert v2.LeanVerify.install(Worker(release.common, sampler=Sampler())).decode_sample is not None  # type: ignore[union-attr]
+    monkeypatch.setenv(v2.DECODE_SAMPLE_ENV, "yes")
+    with pytest.raises(ValueError, match="DYNSPEC_DECODE_SAMPLE must be 0 or 1, not 'yes'"):
+        v2.LeanVerify.install(Worker(release.common, sampler=Sampler()))
+
+
+class KeywordSampler(Sampler):
+    """0.5.22+'s: a keyword-only parameter after the six, with a default."""
+
+    def forward(  # type: ignore[override]
+        self, logits_output: Any, sampling_info: Any, return_logprob: bool, top_logprobs_nums: Any,
+        token_ids_logprobs: Any, positions: Any, *, logprob_logits: Any = None,
+    ) -> T:  # fmt: skip
+        return super().forward(
+            logits_output, sampling_info, return_logprob, top_logprobs_nums, token_ids_logprobs, positions
+        )
+
+
+class NeedsMoreSampler(KeywordSampler):
+    """A seventh parameter without a default: the draw's call would raise a TypeError."""
+
+    def forward(  # type: ignore[override]
+        self, logits_output: Any, sampling_info: Any, return_logprob: bool, top_logprobs_nums: Any,
+        token_ids_logprobs: Any, positions: Any, mode: str,
+    ) -> T:  # fmt: skip
+        raise AssertionError("not called")
+
+
+def test_a_sampler_is_taken_only_where_the_six_arguments_are_all_it_needs(release: Release) -> None:
+    six = v2.DecodeSample.of(SimpleNamespace(sampler=Sampler()))[0]
+    assert six is not None and six.tp_group is None  # one GPU here: no group to broadcast over
+    assert v2.DecodeSample.of(SimpleNamespace(sampler=KeywordSampler()))[0] is not None
+    refused, why = v2.DecodeSample.of(SimpleNamespace(sampler=NeedsMoreSampler()))
+    assert refused is None and why.endswith("token_ids_logprobs, positions, mode)")
+
+
+def test_on_rocm_sampled_batches_keep_the_verifys_argmax(release: Release) -> None:
+    """ROCm's verify takes the argmax of a sampled batch (always-on speculation's output there)."""
+    sys.modules["torch"].version = SimpleNamespace(hip="6.2")  # type: ignore[attr-defined]
+    assert v2.DecodeSample.of(SimpleNamespace(sampler=Sampler())) == (
+        None,
+        "on ROCm the verify takes the argmax of a sampled batch, as always-on speculation does",
+    )
+    sys.modules["torch"].version = SimpleNamespace(hip=None)  # type: ignore[attr-defined]
+    assert v2.DecodeSample.of(SimpleNamespace(sampler=Sampler()))[0] is not None  # the control: CUDA
+
+
+def test_with_tensor_parallelism_every_rank_commits_rank_0s_tokens(release: Release) -> None:
+    broadcasts: list[tuple[Any, int]] = []
+    group = SimpleNamespace(broadcast=lambda tensor, src: broadcasts.append((tensor, src)))
+    batch = batch_of(logits(), greedy=False)
+    tokens = v2.DecodeSample(Sampler(), tp_group=group).draw(batch, batch.spec_info, batch.logits_output)
+    assert tokens.values == DRAWN and broadcasts == [(tokens, 0)]  # the tokens returned, broadcast in place
+    batch = batch_of(logits(), greedy=False)
+    v2.DecodeSample(Sampler()).draw(batch, batch.spec_info, batch.logits_output)  # the control: one GPU
+    assert len(broadcasts) == 1

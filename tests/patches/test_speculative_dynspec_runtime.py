@@ -955,6 +955,7 @@ def test_the_lean_step_draws_sampled_batches_with_the_targets_sampler_where_it_c
         SIMULATE_ACC_LEN=simulate, SIMULATE_ACC_METHOD="match-expected", SIMULATE_ACC_TOKEN_MODE="fixed"
     )
     monkeypatch.setitem(sys.modules, "sglang.srt.speculative.spec_utils", spec_utils)
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(version=types.SimpleNamespace(hip=None)))  # CUDA
     worker.target_worker.model_runner.sampler = sampler
     with caplog.at_level(logging.INFO):  # the sampled line is dynspec_v2's logger's
         step = runtime.LeanFallbackStep.build(worker, object, log=True)
