@@ -1029,7 +1029,9 @@ class DecodeSample:
                 return name
         if getattr(info, "has_custom_logit_processor", False):  # plain decode applies it, the verify does not
             return "a custom logit processor"
-        if any(getattr(info, "return_sampling_masks", None) or ()):  # 0.5.16+: the sampler would write them
+        # 0.5.16+: the sampler would write them; from 0.5.20 it reads the rows from the indices made of the flags
+        masks = any(getattr(info, "return_sampling_masks", None) or ())
+        if masks or getattr(info, "sampling_mask_batch_indices", None) is not None:
             return "sampling masks"
         return None
 

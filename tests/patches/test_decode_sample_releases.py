@@ -10,7 +10,11 @@ decode does, instead of the verify's top-k-renormalising draw. That is plain dec
 3. (0.5.14+) builds the zero-step verify input with the batch's ``seq_lens`` as positions (the input
    token's position, which a decode step's forward batch has too), in a buffer's first rows or alone;
 4. computes no logprobs in the verify's sample (it may read ``return_logprob``), so that drawing with ``return_logprob`` off leaves
-   the logprobs to the verify, as the stock sample does.
+   the logprobs to the verify, as the stock sample does;
+5. has ``Sampler.forward`` write to ``logits_output`` only under ``return_logprob`` (passed off) or
+   ``return_sampling_mask`` (taken from ``sampling_info.return_sampling_masks``, from 0.5.20 from
+   ``sampling_info.sampling_mask_batch_indices``: the draw refuses either), and never to
+   ``sampling_info``: what the draw's shallow copy and its refusals rely on.
 
 Each fact is a checker taking source text and returning its problems: ``[]`` on every real release,
 and non-empty on a mutated source (the negative controls at the end). No torch and no importing
@@ -155,6 +159,60 @@ def verify_sample_of(version: str) -> tuple[ast.FunctionDef | None, str]:
     return sample, "EagleVerifyInputV2Mixin.sample"
 
 
+# -- 5. what the sampler writes -------------------------------------------------------------------
+
+SAMPLER_WRITE_GATES = ("return_logprob", "return_sampling_mask")
+MASK_FIELDS = (
+    "sampling_info.return_sampling_masks",
+    "sampling_info.sampling_mask_batch_indices",
+)  # DecodeSample.refusal's
+
+
+def enclosing_tests(node: ast.AST, parents: dict[ast.AST, ast.AST]) -> list[str]:
+    tests, at = [], parents.get(node)
+    while at is not None:
+        if isinstance(at, ast.If):
+            tests.append(ast.unparse(at.test))
+        at = parents.get(at)
+    return tests
+
+
+def sampler_write_problems(source: str) -> list[str]:
+    sampler = classes(source).get("Sampler")
+    forward = methods(sampler).get("forward") if sampler is not None else None
+    if forward is None:
+        return ["no Sampler.forward"]
+    parents = {child: parent for parent in ast.walk(forward) for child in ast.iter_child_nodes(parent)}
+    # a local bound to a sampling-info field reads as that field (0.5.20+: sampling_mask_batch_indices)
+    bound = {
+        n.targets[0].id: ast.unparse(n.value)
+        for n in ast.walk(forward)
+        if isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name)
+        and ast.unparse(n.value).startswith("sampling_info.")
+    }  # fmt: skip
+    problems = []
+    for node in ast.walk(forward):
+        targets = (
+            node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AugAssign) else []
+        )
+        written = [ast.unparse(t) for t in targets]
+        if any(w.startswith("sampling_info.") for w in written):
+            problems.append(f"writes {', '.join(written)}")
+        writes_output = any(w.startswith("logits_output.") for w in written) or (
+            isinstance(node, ast.Call) and any(ast.unparse(a) == "logits_output" for a in node.args)
+        )
+        if writes_output and not set(enclosing_tests(node, parents)) & set(SAMPLER_WRITE_GATES):
+            problems.append(
+                f"writes the logits output outside {' / '.join(SAMPLER_WRITE_GATES)}: {ast.unparse(node)[:60]}"
+            )
+        if written == ["return_sampling_mask"]:
+            read = {ast.unparse(n) for n in ast.walk(node.value)}  # type: ignore[union-attr]
+            read |= {bound[name] for name in read if name in bound}
+            if not read & set(MASK_FIELDS):
+                problems.append(f"the mask flag is not read from {' or '.join(MASK_FIELDS)}: {ast.unparse(node)}")
+    return problems
+
+
 def verify_sample_problems(version: str) -> list[str]:
     sample, name = verify_sample_of(version)
     return sample_logprob_problems(sample, name)
@@ -166,6 +224,7 @@ FACTS: dict[str, tuple[Callable[[str], list[str]], list[str]]] = {
     "2 plain decode's call": (lambda v: decode_call_problems(source_of(v, MODEL_RUNNER)), DRAWN_FOR),
     "3 the zero-step positions": (lambda v: trivial_positions_problems(source_of(v, V2_WORKER)), ZERO_STEP),
     "4 no logprobs in the sample": (verify_sample_problems, DRAWN_FOR),
+    "5 the sampler's writes": (lambda v: sampler_write_problems(source_of(v, SAMPLER)), DRAWN_FOR),
 }
 
 
@@ -259,3 +318,26 @@ def test_the_logprob_check_reports_a_sample_that_computes_them() -> None:
         else:
             changed_sample = methods(classes(changed)["EagleVerifyInputV2Mixin"]).get("sample")
         assert sample_logprob_problems(changed_sample, name) != [], version
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize(
+    "old, new",
+    [
+        # a write to the logits output that every call makes
+        ("        self._sync_token_ids_across_tp(batch_next_token_ids, sampling_info)\n",
+         "        self._sync_token_ids_across_tp(batch_next_token_ids, sampling_info)\n"
+         "        logits_output.next_token_ids = batch_next_token_ids\n"),
+        # a write to the sampling info
+        ("        self._sync_token_ids_across_tp(batch_next_token_ids, sampling_info)\n",
+         "        self._sync_token_ids_across_tp(batch_next_token_ids, sampling_info)\n"
+         "        sampling_info.last_tokens = batch_next_token_ids\n"),
+        # the mask flag from another field than the one the draw refuses
+        ("sampling_mask_batch_indices = sampling_info.sampling_mask_batch_indices",
+         "sampling_mask_batch_indices = sampling_info.mask_rows"),
+    ],
+)  # fmt: skip
+def test_the_write_check_reports_a_sampler_that_writes_more(old: str, new: str) -> None:
+    source = source_of(NEWEST, SAMPLER)
+    assert sampler_write_problems(source) == []
+    assert sampler_write_problems(mutated(source, old, new)) != []

@@ -195,7 +195,12 @@ def batch_of(logits: list[list[float]], *, greedy: bool = True, idle: bool = Fal
     info = SimpleNamespace(is_all_greedy=greedy, has_custom_logit_processor=False, return_sampling_masks=None)
     for name in v2.LeanVerify.PENALTIES:
         setattr(info, name, None)
-    for name in (*v2.LeanVerify.PENALTIES, "has_custom_logit_processor", "return_sampling_masks"):
+    for name in (
+        *v2.LeanVerify.PENALTIES,
+        "has_custom_logit_processor",
+        "return_sampling_masks",
+        "sampling_mask_batch_indices",
+    ):
         if name in fields:
             setattr(info, name, fields.pop(name))
     seq_lens = [10 + i for i in range(len(logits))]
@@ -607,6 +612,7 @@ def test_the_draw_has_teeth(release: Release, monkeypatch: pytest.MonkeyPatch) -
         ("grammar", {"has_grammar": True}),
         ("a custom logit processor", {"has_custom_logit_processor": True}),
         ("sampling masks", {"return_sampling_masks": [False, True, False]}),
+        ("sampling masks", {"sampling_mask_batch_indices": T([1])}),  # 0.5.20+: what the sampler reads
         ("positions not one per request", {"positions": T([10, 11])}),
         ("positions not one per request", {"positions": None}),
     ],
