@@ -2471,3 +2471,39 @@ def test_session_28_at_a_64_request_burst_0_5_17s_dynspec_steps_wait_on_the_host
         for n, t in stacks.items()
     }
     assert received == {"base": 5115.0, "dyn": 9887.0}
+
+
+# -- session 29 (runtime r28 / v2 module r47 at ecac0ff, an H200): 0.5.17 kv-proof and FlashInfer --
+
+S29_REVISIONS = {"speculative_dynspec_runtime": 28, "speculative_dynspec_v2": 47, "speculative_dynspec_settings": 2}
+S29_17 = {n: PROOF / f"0.5.17-v2-s29-r28-{n}" for n in ("proof", "flashinfer")}
+DRAWS_SAID = "the lean zero-step verify draws sampled batches with the target's sampler"
+
+
+def test_session_29_0_5_17_on_the_sampled_draws_runtime_keeps_outputs_the_draft_kv_and_its_counters_exact() -> None:
+    """kv-proof on r28 / r47 (the sampled draw on, greedy loads): equivalence, 100 crossings, exact_kv
+    (1926 steps of 28 requests, the control 32 apart) and the counters by the 100 switches logged;
+    the server said it draws sampled batches with the target's sampler, and the reference, run with
+    the stock verify (DYNSPEC_LEAN_VERIFY=0), said nothing of it."""
+    report = report_of(S29_17["proof"], {}, S29_REVISIONS)
+    assert report["gpu"] == "NVIDIA H200"
+    _, files, found = passed_kv_proof(S29_17["proof"])
+    assert found == {"compared_requests": 28, "compared_steps": 1926, "control_differs": True}
+    m = report["metrics"]
+    assert m["passed"] and metrics.judge(m["before"], m["after"], 100)["passed"]
+    assert not metrics.judge(m["before"], m["after"], 99)["passed"]  # the control
+    assert DRAWS_SAID in files["dynspec.log"] and DRAWS_SAID not in files["dynspec-full.log"]
+
+
+def test_session_29_0_5_17_on_flashinfer_gives_stock_tokens_across_100_crossings() -> None:
+    """backends (issue 17): every server on FlashInfer attention: equivalence at 1, 4, 16, 48 and 100
+    crossings; the direct write, run on Triton only, said it replays through the stock extend."""
+    report = report_of(S29_17["flashinfer"], {}, S29_REVISIONS)
+    assert report["attention_backend"] == "flashinfer" and report["backends"]["passed"]
+    assert report["equivalence"]["passed"] and report["crossings"]["count"] == 100
+    (log,) = members(S29_17["flashinfer"] / "logs.tar.gz", "dynspec.log").values()
+    assert "the direct write has run with TritonAttnBackend only, not FlashInferAttnBackend" in log
+    assert DRAWS_SAID in log
+    # the control: the Triton run of the same call said nothing of FlashInfer
+    (triton,) = members(S29_17["proof"] / "logs.tar.gz", "dynspec.log").values()
+    assert "FlashInferAttnBackend" not in triton
