@@ -246,59 +246,53 @@ def mutated(source: str, old: str, new: str) -> str:
     return source.replace(old, new, 1)
 
 
-@pytest.mark.releases
-@pytest.mark.parametrize(
-    "old, new",
-    [
-        ("        return_logprob: bool,\n", ""),  # a parameter gone: the draw's arguments shift
-        ("        positions: torch.Tensor,\n", "        positions: torch.Tensor,\n        extra: int,\n"),
-        (
-            "        positions: torch.Tensor,\n        *,\n",
-            "        positions: torch.Tensor,\n        *,\n        mode,\n",
-        ),
-    ],
-)
-def test_the_parameter_check_reports_a_changed_sampler(old: str, new: str) -> None:
-    source = source_of(NEWEST, SAMPLER)
-    assert sampler_parameter_problems(source) == []  # the control: the real source passes
-    assert sampler_parameter_problems(mutated(source, old, new)) != []
+# a check over one member's source: the checker and the member it reads
+SOURCE_CHECKS: dict[str, tuple[Callable[[str], list[str]], str]] = {
+    "parameters": (sampler_parameter_problems, SAMPLER),
+    "decode call": (decode_call_problems, MODEL_RUNNER),
+    "positions": (trivial_positions_problems, V2_WORKER),
+    "writes": (sampler_write_problems, SAMPLER),
+}
+SYNC = "        self._sync_token_ids_across_tp(batch_next_token_ids, sampling_info)\n"
+CHANGES = [
+    # Sampler.forward: a parameter gone (the draw's arguments shift), one more without a default, a keyword-only one
+    ("parameters", NEWEST, "        return_logprob: bool,\n", ""),
+    ("parameters", NEWEST, "        positions: torch.Tensor,\n", "        positions: torch.Tensor,\n        extra: int,\n"),
+    ("parameters", NEWEST, "        positions: torch.Tensor,\n        *,\n", "        positions: torch.Tensor,\n        *,\n        mode,\n"),
+    # plain decode's call: two arguments swapped, the sampler renamed, other positions
+    ("decode call", NEWEST,
+     "            forward_batch.return_logprob,\n            forward_batch.top_logprobs_nums,\n",
+     "            forward_batch.top_logprobs_nums,\n            forward_batch.return_logprob,\n"),
+    ("decode call", NEWEST, "        self.sampler = create_sampler()", "        self.token_sampler = create_sampler()"),
+    ("decode call", NEWEST, "                forward_batch.positions\n", "                forward_batch.seq_lens\n"),
+    # the branches swapped: a decode step would get seq_lens - 1
+    ("decode call", NEWEST,
+     "                forward_batch.positions\n                if forward_batch.forward_mode.is_decode()\n"
+     "                else forward_batch.seq_lens - 1\n",
+     "                forward_batch.seq_lens - 1\n                if forward_batch.forward_mode.is_decode()\n"
+     "                else forward_batch.positions\n"),
+    # the zero-step verify input's positions
+    ("positions", NEWEST, "positions = batch.seq_lens.to(torch.int64)", "positions = batch.seq_lens.to(torch.int64) + 1"),
+    ("positions", NEWEST, "positions = batch.seq_lens.to(torch.int64)", "positions = torch.zeros_like(batch.input_ids)"),
+    ("positions", ZERO_STEP[0], "positions[:bs].copy_(batch.seq_lens)", "positions[:bs].copy_(batch.seq_lens + 1)"),
+    ("positions", NEWEST, "            positions=positions,\n", "            positions=None,\n"),
+    # the sampler: a write to the logits output that every call makes, one to the sampling info, and
+    # the mask flag from another field than the one the draw refuses
+    ("writes", NEWEST, SYNC, SYNC + "        logits_output.next_token_ids = batch_next_token_ids\n"),
+    ("writes", NEWEST, SYNC, SYNC + "        sampling_info.last_tokens = batch_next_token_ids\n"),
+    ("writes", NEWEST,
+     "sampling_mask_batch_indices = sampling_info.sampling_mask_batch_indices",
+     "sampling_mask_batch_indices = sampling_info.mask_rows"),
+]  # fmt: skip
 
 
 @pytest.mark.releases
-@pytest.mark.parametrize(
-    "old, new",
-    [
-        ("            forward_batch.return_logprob,\n            forward_batch.top_logprobs_nums,\n",
-         "            forward_batch.top_logprobs_nums,\n            forward_batch.return_logprob,\n"),
-        ("        self.sampler = create_sampler()", "        self.token_sampler = create_sampler()"),
-        ("                forward_batch.positions\n", "                forward_batch.seq_lens\n"),
-        # the branches swapped: a decode step would get seq_lens - 1
-        ("                forward_batch.positions\n                if forward_batch.forward_mode.is_decode()\n"
-         "                else forward_batch.seq_lens - 1\n",
-         "                forward_batch.seq_lens - 1\n                if forward_batch.forward_mode.is_decode()\n"
-         "                else forward_batch.positions\n"),
-    ],
-)  # fmt: skip
-def test_the_decode_call_check_reports_a_changed_runner(old: str, new: str) -> None:
-    source = source_of(NEWEST, MODEL_RUNNER)
-    assert decode_call_problems(source) == []
-    assert decode_call_problems(mutated(source, old, new)) != []
-
-
-@pytest.mark.releases
-@pytest.mark.parametrize(
-    "version, old, new",
-    [
-        (NEWEST, "positions = batch.seq_lens.to(torch.int64)", "positions = batch.seq_lens.to(torch.int64) + 1"),
-        (NEWEST, "positions = batch.seq_lens.to(torch.int64)", "positions = torch.zeros_like(batch.input_ids)"),
-        (ZERO_STEP[0], "positions[:bs].copy_(batch.seq_lens)", "positions[:bs].copy_(batch.seq_lens + 1)"),
-        (NEWEST, "            positions=positions,\n", "            positions=None,\n"),
-    ],
-)
-def test_the_positions_check_reports_a_changed_verify_input(version: str, old: str, new: str) -> None:
-    source = source_of(version, V2_WORKER)
-    assert trivial_positions_problems(source) == []
-    assert trivial_positions_problems(mutated(source, old, new)) != []
+@pytest.mark.parametrize(("check", "version", "old", "new"), CHANGES)
+def test_each_source_check_reports_the_change_it_exists_to_catch(check: str, version: str, old: str, new: str) -> None:
+    problems, member = SOURCE_CHECKS[check]
+    source = source_of(version, member)
+    assert problems(source) == []  # the control: the real source passes
+    assert problems(mutated(source, old, new)) != []
 
 
 @pytest.mark.releases
@@ -318,26 +312,3 @@ def test_the_logprob_check_reports_a_sample_that_computes_them() -> None:
         else:
             changed_sample = methods(classes(changed)["EagleVerifyInputV2Mixin"]).get("sample")
         assert sample_logprob_problems(changed_sample, name) != [], version
-
-
-@pytest.mark.releases
-@pytest.mark.parametrize(
-    "old, new",
-    [
-        # a write to the logits output that every call makes
-        ("        self._sync_token_ids_across_tp(batch_next_token_ids, sampling_info)\n",
-         "        self._sync_token_ids_across_tp(batch_next_token_ids, sampling_info)\n"
-         "        logits_output.next_token_ids = batch_next_token_ids\n"),
-        # a write to the sampling info
-        ("        self._sync_token_ids_across_tp(batch_next_token_ids, sampling_info)\n",
-         "        self._sync_token_ids_across_tp(batch_next_token_ids, sampling_info)\n"
-         "        sampling_info.last_tokens = batch_next_token_ids\n"),
-        # the mask flag from another field than the one the draw refuses
-        ("sampling_mask_batch_indices = sampling_info.sampling_mask_batch_indices",
-         "sampling_mask_batch_indices = sampling_info.mask_rows"),
-    ],
-)  # fmt: skip
-def test_the_write_check_reports_a_sampler_that_writes_more(old: str, new: str) -> None:
-    source = source_of(NEWEST, SAMPLER)
-    assert sampler_write_problems(source) == []
-    assert sampler_write_problems(mutated(source, old, new)) != []

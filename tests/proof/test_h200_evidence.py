@@ -2395,19 +2395,28 @@ S28_REVISIONS = {
 S28_17 = {n: PROOF / f"0.5.17-v2-s28-{n}" for n in ("r27-proof", "refusals-found")}
 
 
+def passed_kv_proof_with_metrics(evidence: Path, revisions: dict[str, int], gpu: str, steps: int) -> dict[str, str]:
+    """The archive files of a passing kv-proof on ``gpu`` whose exact_kv compared ``steps`` steps of
+    28 requests (the control apart) and whose three counters moved by the 100 switches the log
+    said during the ramp; the controls: the same counters against a log that said one switch more
+    or one fewer."""
+    report = report_of(evidence, {}, revisions)
+    assert report["gpu"] == gpu
+    _, files, found = passed_kv_proof(evidence)
+    assert found == {"compared_requests": 28, "compared_steps": steps, "control_differs": True}
+    m = report["metrics"]
+    assert m["passed"] and metrics.judge(m["before"], m["after"], 100)["passed"]
+    assert not metrics.judge(m["before"], m["after"], 101)["passed"]
+    assert not metrics.judge(m["before"], m["after"], 99)["passed"]
+    return files
+
+
 def test_session_28_0_5_17_on_an_h100_keeps_outputs_the_draft_kv_and_its_counters_exact() -> None:
     """kv-proof (3 starts at a time) on an H100 80GB: equivalence, 100 crossings and exact_kv pass
     (1902 steps of 28 requests, the control 32 apart), and the three counters moved by what the log
     said during the ramp: 100 switches logged, 100 counted."""
-    report = report_of(S28_17["r27-proof"], {}, S28_REVISIONS)
-    assert report["gpu"] == "NVIDIA H100 80GB HBM3"
-    _, files, found = passed_kv_proof(S28_17["r27-proof"])
-    assert found == {"compared_requests": 28, "compared_steps": 1902, "control_differs": True}
-    m = report["metrics"]
-    assert m["passed"] and metrics.judge(m["before"], m["after"], 100)["passed"]
+    files = passed_kv_proof_with_metrics(S28_17["r27-proof"], S28_REVISIONS, "NVIDIA H100 80GB HBM3", 1902)
     assert STREAM_SAID in files["dynspec.log"]
-    # the control: the same counters against a log that said one switch more
-    assert not metrics.judge(m["before"], m["after"], 101)["passed"]
 
 
 def test_session_28_0_5_17_served_two_combinations_the_check_was_to_refuse() -> None:
@@ -2485,13 +2494,7 @@ def test_session_29_0_5_17_on_the_sampled_draws_runtime_keeps_outputs_the_draft_
     (1926 steps of 28 requests, the control 32 apart) and the counters by the 100 switches logged;
     the server said it draws sampled batches with the target's sampler, and the reference, run with
     the stock verify (DYNSPEC_LEAN_VERIFY=0), said nothing of it."""
-    report = report_of(S29_17["proof"], {}, S29_REVISIONS)
-    assert report["gpu"] == "NVIDIA H200"
-    _, files, found = passed_kv_proof(S29_17["proof"])
-    assert found == {"compared_requests": 28, "compared_steps": 1926, "control_differs": True}
-    m = report["metrics"]
-    assert m["passed"] and metrics.judge(m["before"], m["after"], 100)["passed"]
-    assert not metrics.judge(m["before"], m["after"], 99)["passed"]  # the control
+    files = passed_kv_proof_with_metrics(S29_17["proof"], S29_REVISIONS, "NVIDIA H200", 1926)
     assert DRAWS_SAID in files["dynspec.log"] and DRAWS_SAID not in files["dynspec-full.log"]
 
 
