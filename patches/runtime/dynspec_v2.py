@@ -976,6 +976,10 @@ class DecodeSample:
         "token_ids_logprobs",
         "positions",
     )
+    # What plain decode's logits preparation (``SamplingBatchInfo.apply_logits_bias``) reads besides the
+    # caller's penalties and the grammar's mask: 0.5.4 - 0.5.10 keep frequency / presence penalties in
+    # acc_linear_penalties, which their verify never applies (pinned in the tests).
+    PLAIN_DECODE_BIASES = ("acc_linear_penalties",)
 
     def __init__(self, sampler: Callable[..., Any], tp_group: Any = None) -> None:
         self.sampler = sampler
@@ -1024,9 +1028,12 @@ class DecodeSample:
         if getattr(batch, "has_grammar", False):
             return "grammar"
         info = batch.sampling_info
-        for name in penalties:
+        for name in (*penalties, *self.PLAIN_DECODE_BIASES):
             if getattr(info, name, None) is not None:
                 return name
+        orchestrator = getattr(info, "penalizer_orchestrator", None)  # plain decode applies a required one itself
+        if orchestrator is not None and getattr(orchestrator, "is_required", False):
+            return "penalties"
         if getattr(info, "has_custom_logit_processor", False):  # plain decode applies it, the verify does not
             return "a custom logit processor"
         # 0.5.16+: the sampler would write them; from 0.5.20 it reads the rows from the indices made of the flags
@@ -1052,9 +1059,8 @@ class DecodeSample:
 
         scratch = logits_output
         if getattr(batch, "return_logprob", False):
-            scratch = copy.copy(
-                logits_output
-            )  # the sampler writes only what return_logprob asks, which is nothing here
+            # the sampler writes only what return_logprob asks, which is nothing here
+            scratch = copy.copy(logits_output)
             scratch.next_token_logits = logits_output.next_token_logits.clone()
         tokens = self.sampler(
             scratch,
@@ -1203,8 +1209,7 @@ class LeanVerify:
         becomes (fixed mode), None (off, or real-draft-token mode: the argmax stands), or why the
         lean sample cannot mirror it. Its length clamps to the tree's depth, 1, which
         ``match-expected`` reaches without drawing; ``multinomial`` draws from the CPU generator."""
-        length = getattr(spec_utils, "SIMULATE_ACC_LEN", -1)
-        if not isinstance(length, (int, float)) or length <= 0:
+        if not cls.simulates(spec_utils):
             return None, ""
         method = getattr(spec_utils, "SIMULATE_ACC_METHOD", None)
         mode = getattr(spec_utils, "SIMULATE_ACC_TOKEN_MODE", "fixed")  # 0.5.14 has only fixed

@@ -14,7 +14,10 @@ decode does, instead of the verify's top-k-renormalising draw. That is plain dec
 5. has ``Sampler.forward`` write to ``logits_output`` only under ``return_logprob`` (passed off) or
    ``return_sampling_mask`` (taken from ``sampling_info.return_sampling_masks``, from 0.5.20 from
    ``sampling_info.sampling_mask_batch_indices``: the draw refuses either), and never to
-   ``sampling_info``: what the draw's shallow copy and its refusals rely on.
+   ``sampling_info``: what the draw's shallow copy and its refusals rely on;
+6. prepares a decode step's logits (``ModelRunner._preprocess_logits``) only with the grammar's mask
+   and ``SamplingBatchInfo.apply_logits_bias``, which reads no field the draw's refusal does not
+   (the penalties, the penalizer, the logit bias; the grammar's fields, refused with the grammar).
 
 Each fact is a checker taking source text and returning its problems: ``[]`` on every real release,
 and non-empty on a mutated source (the negative controls at the end). No torch and no importing
@@ -44,7 +47,8 @@ MODEL_RUNNER = "srt/model_executor/model_runner.py"
 V2_WORKER = "srt/speculative/eagle_worker_v2.py"
 EAGLE_UTILS = "srt/speculative/eagle_utils.py"  # eagle_sample, 0.5.14+
 EAGLE_INFO_V2 = "srt/speculative/eagle_info_v2.py"  # EagleVerifyInput.sample, 0.5.4 - 0.5.13
-MEMBERS = [SAMPLER, MODEL_RUNNER, V2_WORKER, EAGLE_UTILS, EAGLE_INFO_V2]
+SAMPLING_INFO = "srt/sampling/sampling_batch_info.py"
+MEMBERS = [SAMPLER, MODEL_RUNNER, V2_WORKER, EAGLE_UTILS, EAGLE_INFO_V2, SAMPLING_INFO]
 # What plain decode hands the sampler (0.5.4 - 0.5.23), the sixth being the decode step's positions.
 DECODE_CALL = (
     "logits_output",
@@ -213,6 +217,56 @@ def sampler_write_problems(source: str) -> list[str]:
     return problems
 
 
+# -- 6. how plain decode prepares the logits it samples ----------------------------------------------
+
+# What ``_preprocess_logits`` may call on the sampling info: the grammar's mask (a batch with grammar is
+# refused) and the bias (0.5.23 with an observer too).
+PREPARES = ("update_regex_vocab_mask", "apply_logits_bias", "apply_logits_bias_with_observer")
+# The grammar's mask, by release: a batch with a grammar is refused before these are read.
+GRAMMAR_FIELDS = ("vocab_mask", "apply_mask_func", "grammar_mask")
+
+
+def refused_fields() -> set[str]:
+    """The sampling-info fields whose being set makes ``DecodeSample.refusal`` leave a batch to the verify."""
+    return {*v2.LeanVerify.PENALTIES, *v2.DecodeSample.PLAIN_DECODE_BIASES, "penalizer_orchestrator", *GRAMMAR_FIELDS}
+
+
+def self_reads(cls: ast.ClassDef, name: str, seen: set[str]) -> set[str]:
+    """The ``self.`` fields method ``name`` of ``cls`` reads, with those of the methods it calls on self."""
+    seen.add(name)
+    method = methods(cls).get(name)
+    if method is None:
+        return {f"<no method {name}>"}
+    own = methods(cls)
+    read: set[str] = set()
+    for node in ast.walk(method):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
+            if node.attr in own:
+                read |= set() if node.attr in seen else self_reads(cls, node.attr, seen)
+            else:
+                read.add(node.attr)
+    return read
+
+
+def logit_bias_problems(runner_source: str, info_source: str) -> list[str]:
+    runner = classes(runner_source).get("ModelRunner")
+    preprocess = methods(runner).get("_preprocess_logits") if runner is not None else None
+    if preprocess is None:
+        return ["no ModelRunner._preprocess_logits"]
+    called = {
+        ast.unparse(n.func).removeprefix("sampling_info.")
+        for n in ast.walk(preprocess)
+        if isinstance(n, ast.Call) and ast.unparse(n.func).startswith("sampling_info.")
+    }
+    problems = [f"plain decode's logits go through sampling_info.{c}" for c in sorted(called - set(PREPARES))]
+    info = classes(info_source).get("SamplingBatchInfo")
+    if info is None:
+        return [*problems, "no class SamplingBatchInfo"]
+    unrefused = self_reads(info, "apply_logits_bias", set()) - refused_fields()
+    problems += [f"apply_logits_bias reads {f}, which the draw does not refuse" for f in sorted(unrefused)]
+    return problems
+
+
 def verify_sample_problems(version: str) -> list[str]:
     sample, name = verify_sample_of(version)
     return sample_logprob_problems(sample, name)
@@ -225,6 +279,10 @@ FACTS: dict[str, tuple[Callable[[str], list[str]], list[str]]] = {
     "3 the zero-step positions": (lambda v: trivial_positions_problems(source_of(v, V2_WORKER)), ZERO_STEP),
     "4 no logprobs in the sample": (verify_sample_problems, DRAWN_FOR),
     "5 the sampler's writes": (lambda v: sampler_write_problems(source_of(v, SAMPLER)), DRAWN_FOR),
+    "6 plain decode's logits": (
+        lambda v: logit_bias_problems(source_of(v, MODEL_RUNNER), source_of(v, SAMPLING_INFO)),
+        DRAWN_FOR,
+    ),
 }
 
 
@@ -312,3 +370,40 @@ def test_the_logprob_check_reports_a_sample_that_computes_them() -> None:
         else:
             changed_sample = methods(classes(changed)["EagleVerifyInputV2Mixin"]).get("sample")
         assert sample_logprob_problems(changed_sample, name) != [], version
+
+
+BIAS_CHANGES = [
+    # a new bias plain decode adds and the draw does not refuse, directly and in a helper (0.5.23's split)
+    (OLDEST, SAMPLING_INFO, "        if self.logit_bias is not None:\n",
+     "        if self.temperature_bias is not None:\n            logits.add_(self.temperature_bias)\n"
+     "        if self.logit_bias is not None:\n"),
+    (NEWEST, SAMPLING_INFO, "        if self.logit_bias is not None:\n",
+     "        if self.repetition_bias is not None:\n            logits.add_(self.repetition_bias)\n"
+     "        if self.logit_bias is not None:\n"),
+    # another preparation of the logits before plain decode samples them
+    (NEWEST, MODEL_RUNNER, "        sampling_info.update_regex_vocab_mask()\n",
+     "        sampling_info.update_regex_vocab_mask()\n        sampling_info.apply_temperature_floor(logits_output)\n"),
+]  # fmt: skip
+
+
+@pytest.mark.releases
+@pytest.mark.parametrize(("version", "member", "old", "new"), BIAS_CHANGES)
+def test_the_logit_bias_check_reports_what_the_draw_would_miss(version: str, member: str, old: str, new: str) -> None:
+    sources = {m: source_of(version, m) for m in (MODEL_RUNNER, SAMPLING_INFO)}
+    assert logit_bias_problems(sources[MODEL_RUNNER], sources[SAMPLING_INFO]) == []  # the control
+    sources[member] = mutated(sources[member], old, new)
+    assert logit_bias_problems(sources[MODEL_RUNNER], sources[SAMPLING_INFO]) != []
+
+
+@pytest.mark.releases
+def test_without_the_old_penalties_in_the_refusal_the_check_fails_where_they_live(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0.5.4 - 0.5.10 keep the penalties in acc_linear_penalties: the refusal without it fails the check there."""
+    oldest = source_of(OLDEST, MODEL_RUNNER), source_of(OLDEST, SAMPLING_INFO)
+    newest = source_of(NEWEST, MODEL_RUNNER), source_of(NEWEST, SAMPLING_INFO)
+    monkeypatch.setattr(v2.DecodeSample, "PLAIN_DECODE_BIASES", ())
+    assert logit_bias_problems(*oldest) == [
+        "apply_logits_bias reads acc_linear_penalties, which the draw does not refuse"
+    ]
+    assert logit_bias_problems(*newest) == []

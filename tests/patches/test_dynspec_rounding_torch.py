@@ -1204,3 +1204,25 @@ def test_the_tokens_are_read_once_their_copy_is_done_into_one_pinned_buffer(monk
             self.pending.copy_(tokens, non_blocking=True)
 
     assert not reads_after_the_copy(RecordedFirst(), log, [5, 6, 7])
+
+
+# -- the verify-as-decode metadata's seq_lens + 1 (runtime) ---------------------------------------------
+
+
+def test_the_plus_one_buffer_holds_seq_lens_plus_one_and_outlives_the_call() -> None:
+    """One buffer per backend, grown only when a batch outgrows it: graph replays keep views of it."""
+    from patches.runtime import dynspec_runtime as runtime
+
+    class Backend(runtime.VerifyAsDecode):
+        _dynspec_plus_one = None
+
+    backend = Backend()
+    first = backend._plus_one_persistent(torch.tensor([5, 9, 0], dtype=torch.int32))
+    assert first.tolist() == [6, 10, 1] and first.dtype == torch.int32
+    kept = backend._dynspec_plus_one
+    second = backend._plus_one_persistent(torch.tensor([7, 1], dtype=torch.int32))
+    assert second.tolist() == [8, 2] and backend._dynspec_plus_one is kept
+    assert second.data_ptr() == first.data_ptr()  # the same rows the earlier call's views read
+    big = torch.arange(300, dtype=torch.int64)
+    assert backend._plus_one_persistent(big).tolist() == list(range(1, 301))
+    assert backend._dynspec_plus_one is not kept  # another dtype and more rows: a new buffer

@@ -197,6 +197,8 @@ def batch_of(logits: list[list[float]], *, greedy: bool = True, idle: bool = Fal
         setattr(info, name, None)
     for name in (
         *v2.LeanVerify.PENALTIES,
+        *v2.DecodeSample.PLAIN_DECODE_BIASES,
+        "penalizer_orchestrator",
         "has_custom_logit_processor",
         "return_sampling_masks",
         "sampling_mask_batch_indices",
@@ -609,6 +611,10 @@ def test_the_draw_has_teeth(release: Release, monkeypatch: pytest.MonkeyPatch) -
         ("acc_additive_penalties", {"acc_additive_penalties": T([0.5])}),
         ("acc_scaling_penalties", {"acc_scaling_penalties": T([1.1])}),
         ("logit_bias", {"logit_bias": T([0.0])}),
+        # 0.5.4 - 0.5.10: the penalties' sum, which plain decode adds and their verify does not
+        ("acc_linear_penalties", {"acc_linear_penalties": T([0.5])}),
+        # a penalizer plain decode applies itself (min_new_tokens; every release)
+        ("penalties", {"penalizer_orchestrator": SimpleNamespace(is_required=True)}),
         ("grammar", {"has_grammar": True}),
         ("a custom logit processor", {"has_custom_logit_processor": True}),
         ("sampling masks", {"return_sampling_masks": [False, True, False]}),
@@ -629,6 +635,15 @@ def test_sampled_batches_the_verify_and_plain_decode_prepare_apart_take_the_stoc
     worker.verify(batch)
     assert release.calls[0] == "stock sample" and sampler.calls == []
     assert (lean.taken, lean.drawn, lean.refused) == (0, 0, 1)
+
+
+def test_a_penalizer_not_required_does_not_refuse(release: Release) -> None:
+    """The control of the penalizer's refusal: a batch whose orchestrator has nothing to apply is drawn."""
+    worker = Worker(release.common, sampler=Sampler())
+    lean = v2.LeanVerify.install(worker)
+    assert lean is not None
+    batch = batch_of(logits(), greedy=False, penalizer_orchestrator=SimpleNamespace(is_required=False))
+    assert outcome(worker.verify(batch))[0] == DRAWN
 
 
 def test_sampling_masks_all_off_do_not_refuse(release: Release) -> None:

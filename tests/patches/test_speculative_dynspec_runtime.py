@@ -565,6 +565,17 @@ class Lens:
         self.storage[self.start : self.start + self.n] = other.values
 
 
+@pytest.fixture
+def lens_torch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A torch whose ``add(lens, n, out=...)`` writes into ``out``'s storage: the persistent ``seq_lens + 1``."""
+
+    def add(lens: Lens, other: int, *, out: Lens) -> Lens:
+        out.copy_(lens + other)
+        return out
+
+    monkeypatch.setitem(sys.modules, "torch", types.SimpleNamespace(add=add))
+
+
 class AttentionBackend(abc.ABC):  # noqa: B024 (as SGLang has it)
     """Like SGLang's: an ABC, whose empty __slots__ make CPython strict about __class__ assignment."""
 
@@ -701,6 +712,7 @@ def replay_a_verify_of_two(backend: Any) -> None:
     )
 
 
+@pytest.mark.usefixtures("lens_torch")
 def test_graph_metadata_is_built_for_decode_over_the_prefix_and_the_new_token() -> None:
     backend = runtime.serve_verify_as_decode(TritonAttnBackend())
     backend.init_forward_metadata_capture_cuda_graph(4, 4, "rpi", Lens([1, 1, 1, 1]), None, Mode.TARGET_VERIFY, "tree")
@@ -744,6 +756,7 @@ def test_the_layers_run_the_decode_kernel_with_their_arguments() -> None:
     assert out == ("decode kernel", False, {"sinks": "sinks"})
 
 
+@pytest.mark.usefixtures("lens_torch")
 def test_the_out_graph_api_converts_once() -> None:
     backend = runtime.serve_verify_as_decode(OutGraphBackend())
     backend.init_forward_metadata(verify_batch([7, 9]))  # eager: the default wrapper calls both halves
@@ -803,6 +816,7 @@ def test_the_new_file_is_the_runtime_module_and_imports_without_torch(monkeypatc
     assert again == new and steps[0].outcome.value == "already applied"
 
 
+@pytest.mark.usefixtures("lens_torch")
 def test_a_replay_reads_the_metadata_signature_once_per_method(monkeypatch: pytest.MonkeyPatch) -> None:
     """inspect.signature cost about as much as the rest of a replay's preparation (session 13's v1
     profile): it is read once per backend method, not per replay, and the arguments land the same."""
@@ -839,6 +853,7 @@ class KeywordsBackend(LegacyBackend):
         self.calls.append(("replay", bs, forward_mode, seq_lens, spec_info, rest))
 
 
+@pytest.mark.usefixtures("lens_torch")
 def test_a_replay_names_its_arguments_without_bind_where_the_signature_allows(monkeypatch: pytest.MonkeyPatch) -> None:
     """``Signature.bind`` cost as much as the rest of the rebinding; the zip lands the same arguments."""
     bound: list[Any] = []
