@@ -234,17 +234,17 @@ def refused_fields() -> set[str]:
 def self_reads(cls: ast.ClassDef, name: str, seen: set[str]) -> set[str]:
     """The ``self.`` fields method ``name`` of ``cls`` reads, with those of the methods it calls on self."""
     seen.add(name)
-    method = methods(cls).get(name)
-    if method is None:
-        return {f"<no method {name}>"}
     own = methods(cls)
+    if name not in own:
+        return {f"<no method {name}>"}
     read: set[str] = set()
-    for node in ast.walk(method):
-        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-            if node.attr in own:
-                read |= set() if node.attr in seen else self_reads(cls, node.attr, seen)
-            else:
-                read.add(node.attr)
+    for node in ast.walk(own[name]):
+        if not (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"):
+            continue
+        if node.attr not in own:
+            read.add(node.attr)
+        elif node.attr not in seen:
+            read |= self_reads(cls, node.attr, seen)
     return read
 
 

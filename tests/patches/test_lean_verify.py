@@ -637,20 +637,19 @@ def test_sampled_batches_the_verify_and_plain_decode_prepare_apart_take_the_stoc
     assert (lean.taken, lean.drawn, lean.refused) == (0, 0, 1)
 
 
-def test_a_penalizer_not_required_does_not_refuse(release: Release) -> None:
-    """The control of the penalizer's refusal: a batch whose orchestrator has nothing to apply is drawn."""
+@pytest.mark.parametrize(
+    "fields",
+    [
+        {"penalizer_orchestrator": SimpleNamespace(is_required=False)},  # an orchestrator with nothing to apply
+        {"return_sampling_masks": [False] * 3},  # a flag per request, all off
+    ],
+)
+def test_fields_present_but_off_do_not_refuse(release: Release, fields: dict) -> None:
+    """The controls of the penalizer's and the masks' refusals: such a batch is drawn."""
     worker = Worker(release.common, sampler=Sampler())
     lean = v2.LeanVerify.install(worker)
     assert lean is not None
-    batch = batch_of(logits(), greedy=False, penalizer_orchestrator=SimpleNamespace(is_required=False))
-    assert outcome(worker.verify(batch))[0] == DRAWN
-
-
-def test_sampling_masks_all_off_do_not_refuse(release: Release) -> None:
-    worker = Worker(release.common, sampler=Sampler())
-    lean = v2.LeanVerify.install(worker)
-    assert lean is not None
-    assert outcome(worker.verify(batch_of(logits(), greedy=False, return_sampling_masks=[False] * 3)))[0] == DRAWN
+    assert outcome(worker.verify(batch_of(logits(), greedy=False, **fields)))[0] == DRAWN
 
 
 def test_under_simulated_acceptance_sampled_batches_stay_with_the_stock_sample(
