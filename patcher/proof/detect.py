@@ -9,6 +9,7 @@ rules, the same as for `dynspec apply`.
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -25,6 +26,8 @@ FLAG_FIELD = "speculative_disable_batch_size"
 # Upstream's adaptive mode (0.5.17 has it): the ServerArgs field declaration, not any mention; a
 # patched older tree mentions ``speculative_adaptive`` in dynspec's own start-up check.
 ADAPTIVE_FIELD = re.compile(r"^\s*speculative_adaptive_config\s*:", re.M)
+# Where a release says why it turns adaptive off: 0.5.11's refuses the overlap scheduler (v2)
+ADAPTIVE_REASONS = ("srt/speculative/adaptive_spec_params.py", "adaptive_unsupported_reason")
 # SGLang's batch-invariant mode: a request's greedy tokens then do not depend on what it is batched with
 DETERMINISTIC_FIELD = re.compile(r"^\s*enable_deterministic_inference\s*:", re.M)
 WORKERS = {"v1": "speculative/eagle_worker.py", "v2": "speculative/eagle_worker_v2.py"}
@@ -42,6 +45,7 @@ class SGLang:
     dynspec_applied: bool
     pythonpath: str | None  # what servers need on PYTHONPATH to import this package, if anything
     adaptive_supported: bool = False  # ServerArgs has --speculative-adaptive(-config)
+    adaptive_v1_only: bool = False  # and SGLang turns it off itself under the overlap scheduler (v2)
     deterministic_supported: bool = False  # ServerArgs has --enable-deterministic-inference (0.5.3+)
 
     def has_worker(self, path: str) -> bool:
@@ -103,6 +107,25 @@ def adaptive_supported(package: Path) -> bool:
     return _declares(package, ADAPTIVE_FIELD)
 
 
+def adaptive_v1_only(package: Path) -> bool:
+    """True when the release's ``adaptive_unsupported_reason`` returns a reason for the overlap
+    scheduler (``if not server_args.disable_overlap_schedule: return ...``, 0.5.11): SGLang then
+    turns ``--speculative-adaptive`` off on path v2 with a warning, before dynspec's check sees it."""
+    path, function = ADAPTIVE_REASONS
+    try:
+        tree = ast.parse((package / path).read_text(errors="replace"))
+    except (OSError, SyntaxError):
+        return False
+    return any(
+        isinstance(node, ast.If)
+        and ast.unparse(node.test) == "not server_args.disable_overlap_schedule"
+        and isinstance(node.body[-1], ast.Return)
+        for top in tree.body
+        if isinstance(top, ast.FunctionDef) and top.name == function
+        for node in ast.walk(top)
+    )
+
+
 def deterministic_supported(package: Path) -> bool:
     """True when ServerArgs declares ``enable_deterministic_inference`` (batch-invariant kernels)."""
     return _declares(package, DETERMINISTIC_FIELD)
@@ -131,7 +154,7 @@ def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
     version = treefacts.read_version(str(package)) or "unknown"
     return SGLang(
         package, version, dynspec_applied(package), pythonpath, adaptive_supported(package),
-        deterministic_supported(package),
+        adaptive_v1_only(package), deterministic_supported(package),
     )  # fmt: skip
 
 

@@ -21,7 +21,8 @@ difference fails instead of passing:
   control is base without penalties, which must give other tokens.
 * ``grammar``: requests constrained by a JSON schema, greedy, each ending at its EOS: dynspec's
   tokens are base's and every output parses and validates; the control is base without the schema,
-  whose outputs must not all validate (else the load cannot tell whether the schema held).
+  whose outputs must not all validate (else the load cannot tell whether the schema held). While
+  off, unconstrained ballast in the same wave keeps the batch off until they have all ended.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ GRAMMAR_SCHEMA: Mapping[str, Any] = {
     "additionalProperties": False,
 }
 GRAMMAR_NEW_TOKENS = 64  # at most: a constrained request ends at its EOS (ignore_eos off)
+GRAMMAR_BALLAST_FIRST_PROMPT = 2000  # the ballast's prompts, apart from every check's
 LOGPROB_FIELDS: Mapping[str, Any] = {"return_logprob": True, "top_logprobs_num": 5}
 PENALTY_PARAMS: Mapping[str, Any] = {"frequency_penalty": 0.5, "presence_penalty": 0.3}
 NO_PENALTIES: Mapping[str, Any] = dict.fromkeys(PENALTY_PARAMS, 0.0)  # the control: the same request, unpenalized
@@ -130,12 +132,24 @@ def greedy_requests(count: int, *, logprobs: bool = False, penalties: bool | Non
     ]
 
 
-def grammar_requests(count: int, *, constrained: bool = True) -> list[Request]:
-    """``count`` greedy requests ending at their EOS, constrained by ``GRAMMAR_SCHEMA`` (the control: not)."""
+def grammar_requests(count: int, *, constrained: bool = True, ballast: int = 0) -> list[Request]:
+    """``count`` greedy requests ending at their EOS, constrained by ``GRAMMAR_SCHEMA`` (the control:
+    not), then ``ballast`` plain ones of ``GRAMMAR_NEW_TOKENS`` that ignore their EOS, to be sent as
+    one wave: the ballast outlasts every constrained request (``grammar_ballast``)."""
     sampling: dict[str, Any] = {"ignore_eos": False}
     if constrained:
         sampling["json_schema"] = json.dumps(GRAMMAR_SCHEMA)
-    return [Request(i, GRAMMAR_NEW_TOKENS, sampling=sampling) for i in range(count)]
+    judged = [Request(i, GRAMMAR_NEW_TOKENS, sampling=sampling) for i in range(count)]
+    return judged + [Request(GRAMMAR_BALLAST_FIRST_PROMPT + i, GRAMMAR_NEW_TOKENS) for i in range(ballast)]
+
+
+def grammar_ballast(phase: str, size: int) -> int:
+    """How many ballast requests ride with a phase's grammar wave of ``size``. Off: as many, so the
+    batch stays above the threshold until the last constrained request has ended. Without them the
+    requests, ending at their EOS one by one, shrink the batch to the threshold while some still
+    decode, and dynspec rightly switches back on (0.5.17 on real weights, session 31). On: none,
+    a shrinking batch stays on."""
+    return size if phase == "off" else 0
 
 
 def schema_problem(text: str | None) -> str | None:

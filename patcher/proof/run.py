@@ -361,6 +361,11 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
                 f"--upstream-adaptive: SGLang {sglang.version} at {sglang.package} has no --speculative-adaptive "
                 "(no speculative_adaptive_config in its ServerArgs)"
             )
+        if opts.path == "v2" and sglang.adaptive_v1_only:
+            raise ProofUsageError(
+                f"--upstream-adaptive: SGLang {sglang.version} turns --speculative-adaptive off under the "
+                "overlap scheduler (path v2); use --path v1"
+            )
         if sglang.dynspec_applied and not any(c > opts.surely_off_above for c in opts.throughput_levels):
             raise ProofUsageError(
                 f"--upstream-adaptive compares at levels above --threshold {opts.threshold}; "
@@ -567,7 +572,7 @@ def refusal_cases(sglang: detect.SGLang, path: str) -> list[Refusal]:
         ),
         Refusal("bad-value", (), f"{flag} must be a positive integer or auto, got '0'", launch.Dynspec("0")),
     ]
-    if sglang.adaptive_supported:
+    if sglang.adaptive_supported and (path == "v1" or not sglang.adaptive_v1_only):  # else SGLang turns it off
         cases.append(
             Refusal("adaptive", ("--speculative-adaptive",), f"{flag} does not support --speculative-adaptive")
         )
@@ -1652,21 +1657,26 @@ class Proof:
         state = "ON"  # a dynspec server starts speculating
         for phase in features.PHASES:
             size = sizes[phase]
-            loads: list[tuple[str, str, list[Request]]] = []
+            ballast = features.grammar_ballast(phase, size)
+            # check, role, requests, and how many of them are ballast: the last, sent in the same wave, not judged
+            loads: list[tuple[str, str, list[Request], int]] = []
             for role in roles:
                 if "sampling" in checks:
-                    loads.append(("sampling", role, features.sampling_requests(role, per_prompt)))
+                    loads.append(("sampling", role, features.sampling_requests(role, per_prompt), 0))
                 if "logprobs" in checks and role != "control":
-                    loads.append(("logprobs", role, features.greedy_requests(size, logprobs=True)))
+                    loads.append(("logprobs", role, features.greedy_requests(size, logprobs=True), 0))
                 if "penalties" in checks:
-                    loads.append(("penalties", role, features.greedy_requests(size, penalties=role != "control")))
+                    loads.append(("penalties", role, features.greedy_requests(size, penalties=role != "control"), 0))
                 if "grammar" in checks:
-                    loads.append(("grammar", role, features.grammar_requests(size, constrained=role != "control")))
-            for check, role, requests in loads:
+                    grammar = features.grammar_requests(size, constrained=role != "control", ballast=ballast)
+                    loads.append(("grammar", role, grammar, ballast))
+            for check, role, requests, extra in loads:
                 follower = LogFollower(server.spec.log, logscan.size(server.spec.log))
-                result = run_waves(client, requests, size)
-                got[check][phase][role] = result.replies
-                self.progress(f"  {server.spec.name} {check} {role} {phase} (batch {size}): {result.seconds:.1f} s")
+                result = run_waves(client, requests, size + extra)
+                got[check][phase][role] = result.replies[: len(requests) - extra]
+                self.progress(
+                    f"  {server.spec.name} {check} {role} {phase} (batch {size + extra}): {result.seconds:.1f} s"
+                )
                 time.sleep(self.opts.settle if mode == "dynspec" else 0)
                 follower.poll()
                 if mode == "dynspec":

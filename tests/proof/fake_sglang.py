@@ -34,6 +34,7 @@ presence penalties are ignored), ``nologprobs`` (its meta_info lacks ``output_to
 Started without ``--skip-tokenizer-init`` it has a "tokenizer": every reply carries ``text``, a
 character per token id, and a request with a ``json_schema`` gets compact JSON of the proof's schema
 (``constrained_json``), a token per character; with ``--skip-tokenizer-init`` the schema is ignored.
+Such a request ends at its EOS: it leaves the batch at once, and the fake switches as the batch shrinks.
 
 A request with ``temperature`` > 0, ``top_p``, ``top_k``, ``frequency_penalty`` or
 ``presence_penalty`` in its sampling parameters, or with ``return_logprob`` true, decodes with a
@@ -429,6 +430,13 @@ class State:
         with self.lock:
             self.inflight -= 1
 
+    def leave_early(self) -> None:
+        """A request that ended at its EOS leaves while its batch decodes on: switch like dynspec
+        (requests that run to their max_new_tokens leave with their batch, at no iteration of its)."""
+        with self.lock:
+            self.inflight -= 1
+            self._switch()
+
     def draft_kv_words(self) -> str:
         """The start-up line's words for the draft extend while off (``kvoff``: a KV-only server's say full)."""
         kv_only = self.configured_kv in KV_ONLY_MODES
@@ -524,7 +532,11 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             fields = fields or {}
             number, on = arrival or state.arrive(rid)
             faulty = state.disable is not None and not on  # the sampling faults' requests
+            left = False
             try:
+                if "json_schema" in params and state.tokenizer:  # it ends at its EOS, before the ballast
+                    state.leave_early()
+                    left = True
                 time.sleep(state.delay)
                 n = int(params["max_new_tokens"])
                 if state.records(rid):
@@ -572,7 +584,8 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     reply["text"] = "".join(chr(t) if t < 0x110000 else "?" for t in tokens)
                 return 200, reply
             finally:
-                state.leave()
+                if not left:
+                    state.leave()
 
     return Handler
 

@@ -2,11 +2,15 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import replace
 
 import pytest
 
-from patcher.proof.detect import adaptive_supported, dynspec_applied, locate
+from patcher import releases
+from patcher.proof.detect import adaptive_supported, adaptive_v1_only, dynspec_applied, locate
 from patcher.proof.errors import ProofUsageError
+from patcher.proof.run import refusal_cases
+from tests.conftest import RELEASES
 
 
 def test_the_package_is_found_from_a_site_dir_a_package_dir_or_a_checkout(site, tmp_path):
@@ -105,3 +109,47 @@ def test_the_revisions_in_the_tree_are_read_from_the_engines_own_markers(tmp_pat
     found = applied_revisions(tmp_path / "sglang")
     assert found == {patch_id: patch.REVISION for patch_id, patch in patches.items()}
     assert applied_revisions(tmp_path / "missing") == {}  # control: nothing there, nothing read
+
+
+ADAPTIVE_MEMBERS = ["srt/speculative/adaptive_spec_params.py", "srt/server_args.py"]
+V1_ONLY_IF = "    if not server_args.disable_overlap_schedule:\n"
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_only_0_5_11_turns_upstream_adaptive_off_under_the_overlap_scheduler(version):
+    """A release fact (session 31: 0.5.11's v2 server served ``--speculative-adaptive`` with it off,
+    so dynspec's check had nothing to refuse); every other release with the flag keeps it on v2."""
+    package = releases.unpacked(version, ADAPTIVE_MEMBERS) / "sglang"
+    assert adaptive_v1_only(package) == (version == "0.5.11")
+    assert not adaptive_v1_only(package) or adaptive_supported(package)
+
+
+def test_adaptive_v1_only_reads_the_reason_not_a_mention(tmp_path):
+    """Negative controls: 0.5.11's source with the overlap condition changed, and 0.5.12's with it added."""
+    member = ADAPTIVE_MEMBERS[0]
+    old = (releases.unpacked("0.5.11", ADAPTIVE_MEMBERS) / "sglang" / member).read_text()
+    new = (releases.unpacked("0.5.12", ADAPTIVE_MEMBERS) / "sglang" / member).read_text()
+    assert old.count(V1_ONLY_IF) == 1 and V1_ONLY_IF not in new
+
+    def v1_only(source: str) -> bool:
+        package = tmp_path / str(len(list(tmp_path.iterdir()))) / "sglang"
+        (package / member).parent.mkdir(parents=True)
+        (package / member).write_text(source)
+        return adaptive_v1_only(package)
+
+    assert v1_only(old) and not v1_only(new)
+    assert not v1_only(old.replace(V1_ONLY_IF, "    if not server_args.disable_radix_cache:\n"))
+    assert not v1_only(old.replace(V1_ONLY_IF, "    # if not server_args.disable_overlap_schedule:\n    if False:\n"))
+    anchor = "    if server_args.enable_dp_attention:\n"
+    assert v1_only(new.replace(anchor, V1_ONLY_IF + '        return "v1 only"\n' + anchor, 1))
+    assert not v1_only("def adaptive_unsupported_reason(server_args):\n    return None\n")
+    assert not v1_only("this is not python (")  # a broken file is no fact
+
+
+def test_the_adaptive_refusal_is_asked_for_where_sglang_keeps_adaptive_on(site):
+    def names(path: str, v1_only: bool) -> list[str]:
+        sglang = replace(locate(str(site(adaptive=True)), sys.executable, dict(os.environ)), adaptive_v1_only=v1_only)
+        return [case.name for case in refusal_cases(sglang, path)]
+
+    assert "adaptive" in names("v2", False) and "adaptive" in names("v1", True)
+    assert "adaptive" not in names("v2", True)

@@ -221,6 +221,19 @@ def test_grammar_needs_valid_outputs_base_tokens_and_a_control_that_breaks_the_s
     assert blind[0].startswith("on: every unconstrained output fits the schema too (control)")
 
 
+def test_a_grammar_wave_off_carries_as_much_ballast_last_unconstrained_and_to_its_length():
+    assert features.grammar_ballast("on", 8) == 0 and features.grammar_ballast("off", 16) == 16
+    wave = features.grammar_requests(3, ballast=2)
+    assert [r.index for r in wave[:3]] == [0, 1, 2] and all("json_schema" in r.sampling for r in wave[:3])
+    ballast = wave[3:]
+    assert [r.index for r in ballast] == [features.GRAMMAR_BALLAST_FIRST_PROMPT + i for i in range(2)]
+    # greedy's ignore_eos stays: each runs GRAMMAR_NEW_TOKENS, at least as long as any constrained request
+    assert all(r.sampling == {} and r.new_tokens == features.GRAMMAR_NEW_TOKENS for r in ballast)
+    assert features.grammar_requests(3, constrained=False) == [
+        features.Request(i, features.GRAMMAR_NEW_TOKENS, sampling={"ignore_eos": False}) for i in range(3)
+    ]
+
+
 def test_the_logprob_control_passes_with_half_the_requests_apart():
     """On real weights a request of confident tokens has logprobs near 0 at every position."""
     confident = {

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.proof import metrics, run
+from patcher.proof import features, metrics, run
 from patcher.proof import report as reports
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.run import ProofOptions, run_proof
@@ -364,6 +364,16 @@ def test_grammar_passes_where_every_output_fits_the_schema_and_fails_a_broken_on
         run_proof(options(site(), tmp_path / "c", checks=("grammar",)), lambda m: None)
 
 
+def test_grammar_requests_ending_one_by_one_switch_dynspec_back_on_without_the_ballast(site, tmp_path, monkeypatch):
+    """The fake's constrained requests leave the batch at their EOS, as SGLang's did on real weights
+    (0.5.17, session 31): without the ballast the phase off's batch shrinks to the threshold while
+    some still decode, dynspec switches back on, and the check must say so."""
+    monkeypatch.setattr(features, "grammar_ballast", lambda phase, size: 0)
+    result = run_proof(fast_features(options(site(), tmp_path / "out", checks=("grammar",))), lambda m: None)
+    assert not result["grammar"]["passed"]
+    assert result["grammar"]["problems"] == ["off: dynspec switched back on during a load of the phase off (OFF ON)"]
+
+
 def test_backends_judges_equivalence_and_crossings_on_flashinfer(site, tmp_path):
     result = run_proof(
         options(site(), tmp_path / "out", checks=BACKEND_CHECKS, attention_backend="flashinfer"), lambda m: None
@@ -472,6 +482,18 @@ def adaptive_options(root: Path, out: Path, dynspec_delay: str, adaptive_delay: 
     assert opts.env is not None
     opts.env = {**opts.env, "FAKE_SGLANG_DELAY": dynspec_delay, "FAKE_SGLANG_ADAPTIVE_DELAY": adaptive_delay}
     return opts
+
+
+def test_upstream_adaptive_on_v2_where_sglang_turns_it_off_there_is_a_usage_error(site, tmp_path):
+    root = site(adaptive=True)
+    (root / "sglang" / "srt" / "speculative" / "adaptive_spec_params.py").write_text(
+        "def adaptive_unsupported_reason(server_args):\n"
+        "    if not server_args.disable_overlap_schedule:\n"
+        '        return "the overlap scheduler (spec v2) is enabled"\n'
+    )
+    with pytest.raises(ProofUsageError, match=r"turns --speculative-adaptive off under the overlap scheduler"):
+        run_proof(adaptive_options(root, tmp_path / "out", "0.05", "1.0"), lambda m: None)
+    assert not (tmp_path / "out").exists()
 
 
 def test_upstream_adaptive_is_a_4th_throughput_server_with_its_config(site, tmp_path):
