@@ -2510,3 +2510,108 @@ def test_session_29_0_5_17_on_flashinfer_gives_stock_tokens_across_100_crossings
     # the control: the Triton run of the same call said nothing of FlashInfer
     (triton,) = members(S29_17["proof"] / "logs.tar.gz", "dynspec.log").values()
     assert "FlashInferAttnBackend" not in triton
+
+
+# -- session 31 (runtime r29 / v2 module r48 / settings r2 at 8b76682, an H100): issue 19's re-runs, 18, 17 --
+
+S31_REVISIONS = {"speculative_dynspec_runtime": 29, "speculative_dynspec_v2": 48, "speculative_dynspec_settings": 2}
+S31_GPU = "NVIDIA H100 80GB HBM3"
+S31_CROSSED = {
+    "0.5.11-v2": PROOF / "0.5.11-v2-s31-r29-proof",
+    "0.5.12-v2": PROOF / "0.5.12-v2-s31-r29-proof",
+    "0.5.12-v1": PROOF / "0.5.12-v1-s31-r29-proof",
+    "0.5.14-v2": PROOF / "0.5.14-v2-s31-r29-proof",
+}
+S31_REFUSED = {"0.5.12-v2": PROOF / "0.5.12-v2-s31-r29-refusals", "0.5.14-v2": PROOF / "0.5.14-v2-s31-r29-refusals"}
+S31_ADAPTIVE_OFF = PROOF / "0.5.11-v2-s31-r29-refusals-adaptive-off"
+S31_17 = PROOF / "0.5.17-v2-s31-r29-proof"
+S31_REAL = PROOF / "real-0.5.17-v2-s31-r29-features"
+
+
+def test_session_31_0_5_17_on_r29_keeps_outputs_the_draft_kv_and_its_counters_exact() -> None:
+    """kv-proof on r29 / r48 (3 starts at a time): equivalence, 100 crossings, exact_kv (1848 steps
+    of 28 requests, the no-write control 32 apart) and the counters by the 100 switches logged."""
+    files = passed_kv_proof_with_metrics(S31_17, S31_REVISIONS, S31_GPU, 1848)
+    assert report_of(S31_17, {}, S31_REVISIONS)["exact_kv"]["control_mismatches"] == 32
+    assert DRAWS_SAID in files["dynspec.log"] and STREAM_SAID in files["dynspec.log"]
+
+
+@pytest.mark.parametrize("run", sorted(S31_CROSSED))
+def test_session_31_r29_gives_stock_tokens_and_counts_100_crossings(run: str) -> None:
+    """equivalence, crossings and metrics (no exact_kv: KV_CHECKS) on 0.5.11 v2, 0.5.12 v1 and v2
+    (issue 19's re-runs) and 0.5.14 v2: every level's digest is base's in all four columns, 100
+    switches (50 each way) with every request answered, and the counters moved by exactly the
+    100 switches logged (the controls: 99 and 101 do not pass)."""
+    evidence = S31_CROSSED[run]
+    report = report_of(evidence, {}, S31_REVISIONS)
+    assert (report["sglang_version"], report["path"], report["gpu"]) == (*run.split("-"), S31_GPU)
+    assert report["checks"] == ["equivalence", "crossings", "metrics"] and report["passed"]
+    digests = report["equivalence"]["digests"]
+    assert len(set(digests["base"])) == 4  # the control: the levels' outputs differ from one another
+    assert all(digests[column] == digests["base"] for column in ("always_on", "dynspec", "dynspec_after_ramp"))
+    crossings = report["crossings"]
+    assert (crossings["count"], crossings["off"], crossings["on"]) == (100, 50, 50)
+    assert crossings["ok_requests"] == crossings["requests"] == 3250
+    m = report["metrics"]
+    assert metrics.judge(m["before"], m["after"], 100)["passed"]
+    assert not metrics.judge(m["before"], m["after"], 99)["passed"]
+    assert not metrics.judge(m["before"], m["after"], 101)["passed"]
+
+
+@pytest.mark.parametrize(("run", "cases"), [("0.5.12-v2", 7), ("0.5.14-v2", 6)])
+def test_session_31_every_combination_is_refused_with_its_line_and_exit_2(run: str, cases: int) -> None:
+    """refusals (issue 18): each case a server of its own, all exiting 2 at ServerArgs' check with
+    one line naming the combination and no traceback; 0.5.12 has one case more (auto needs 0.5.14)."""
+    report = report_of(S31_REFUSED[run], {}, S31_REVISIONS)
+    rows = report["refusals"]["cases"]
+    assert report["refusals"]["passed"] and len(rows) == cases
+    assert all(row["exit_code"] == 2 and not row["problems"] for row in rows)
+    assert all(row["line"].startswith(f"error: {row['says']}") for row in rows)
+    assert ("auto" in {row["name"] for row in rows}) is (run == "0.5.12-v2")
+
+
+def test_session_31_0_5_11_turns_adaptive_off_on_v2_before_dynspecs_check_sees_it() -> None:
+    """The refusals check on 0.5.11 v2 asked for a refusal of --speculative-adaptive: the server
+    started and served, since 0.5.11 turns adaptive off itself under the overlap scheduler (its log
+    says why) before dynspec's check runs. The other six were refused; the harness no longer asks
+    for that case there (detect.adaptive_v1_only). Its 'traceback' is a missing optional module."""
+    report = report_of(S31_ADAPTIVE_OFF, {}, S31_REVISIONS)
+    rows = {row["name"]: row for row in report["refusals"]["cases"]}
+    assert not report["refusals"]["passed"]
+    assert {n for n, r in rows.items() if r["exit_code"] == 2 and not r["problems"]} == set(rows) - {"adaptive"}
+    assert rows["adaptive"]["exit_code"] is None
+    assert rows["adaptive"]["problems"][0] == "still running after 58 s: it did not refuse to start"
+    (log,) = members(S31_ADAPTIVE_OFF / "logs.tar.gz", "refusal-adaptive.log").values()
+    assert "speculative_adaptive disabled: the overlap scheduler (spec v2) is enabled" in log
+    assert "No module named 'openai_harmony'" in log and "dynspec: v2 fallback ready" in log
+
+
+def test_session_31_real_weights_sample_log_and_penalise_as_their_reference_and_grammar_met_its_tail() -> None:
+    """real-features on 0.5.17 (SmolLM2-135M + the quick head): sampling (G-test p 0.148 on, 0.081
+    off; the control 5e-40), logprobs (largest difference 0.0 off) and penalties (0 differ) pass.
+    grammar's outputs all fit the schema and equal the reference's, but its phase off failed: the
+    constrained requests end at their EOS one by one, the batch fell to 6 and dynspec rightly
+    switched back on. The harness now sends ballast that outlasts them (features.grammar_ballast)."""
+    report = report_of(S31_REAL, {}, S31_REVISIONS)
+    assert report["model"].startswith("SmolLM2-135M-Instruct") and report["gpu"] == S31_GPU
+    assert all(report[c]["passed"] for c in ("sampling", "logprobs", "penalties"))
+    sampled = report["sampling"]["phases"]
+    assert [round(sampled[p]["dynspec"]["p_value"], 3) for p in ("on", "off")] == [0.148, 0.081]
+    assert all(sampled[p]["control"]["p_value"] < 1e-30 for p in ("on", "off"))
+    assert report["logprobs"]["phases"]["off"]["max_abs_diff"] == 0.0
+    grammar = report["grammar"]
+    assert grammar["problems"] == ["off: dynspec switched back on during a load of the phase off (ON)"]
+    assert all(grammar["phases"][p]["differ"] == 0 for p in ("on", "off"))
+    assert grammar["phases"]["off"]["valid"] == {"base": 16, "always_on": 16, "dynspec": 16, "control": 0}
+    (log,) = members(S31_REAL / "logs.tar.gz", "dynspec-features.log").values()
+    switches = re.findall(r"dynspec: speculation (ON|OFF) at batch size (\d+)", log)
+    assert switches[-1] == ("ON", "6")  # in the last load, grammar's phase off
+
+
+def test_session_31_0_5_11s_dynspec_server_prefills_from_piecewise_graphs_and_always_on_eagerly() -> None:
+    """The piecewise prefill patch's first run on 0.5.11: all 274 of the dynspec server's prefills
+    replayed a CUDA graph; the always-on server (the control, stock speculation) ran all 7 eagerly."""
+    logs = members(S31_CROSSED["0.5.11-v2"] / "logs.tar.gz", "dynspec.log", "always-on.log")
+    assert prefill_graphs(logs["dynspec.log"]) == (274, 0)
+    assert prefill_graphs(logs["always-on.log"]) == (0, 7)
+    assert "the target's prefill replays its piecewise CUDA graphs" in logs["dynspec.log"]
