@@ -148,8 +148,23 @@ def grammar_ballast(phase: str, size: int) -> int:
     batch stays above the threshold until the last constrained request has ended. Without them the
     requests, ending at their EOS one by one, shrink the batch to the threshold while some still
     decode, and dynspec rightly switches back on (0.5.17 on real weights, session 31). On: none,
-    a shrinking batch stays on."""
+    a shrinking batch stays on. The wave must be admitted whole (``grammar_wave_problem``), and the
+    constrained requests with it: their grammar compiled in the phase on, a cache hit, so none
+    waits in SGLang's grammar queue while the ballast decodes."""
     return size if phase == "off" else 0
+
+
+def grammar_wave_problem(sizes: Mapping[str, int], max_running: int) -> str | None:
+    """Why a server cannot admit a phase's grammar wave in one go (ballast queued behind the batch
+    would decode alone at its tail and switch dynspec back on); None if it can."""
+    for phase in PHASES:
+        wave = sizes[phase] + grammar_ballast(phase, sizes[phase])
+        if wave > max_running:
+            return (
+                f"grammar's phase {phase} sends {wave} requests at once ({sizes[phase]} and as much ballast), "
+                f"more than the {max_running} a server runs: lower the threshold"
+            )
+    return None
 
 
 def schema_problem(text: str | None) -> str | None:
@@ -188,6 +203,7 @@ def judge_grammar(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: M
         differ = apart(got[reference], got["dynspec"])
         phases[phase] = {
             "batch": sizes[phase],
+            "ballast": grammar_ballast(phase, sizes[phase]),  # in the same wave, not judged
             "reference": reference,
             "valid": {role: len(got[role]) - len(invalid[role]) for role in ROLES},
             "differ": len(differ),
@@ -213,7 +229,8 @@ def judge_grammar(replies: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: M
         "phases": phases,
         "problems": problems,
         "detail": "; ".join(
-            f"{p} (batch {e['batch']}): {e['valid']['dynspec']} valid, {e['differ']} differ from {e['reference']}"
+            f"{p} (batch {e['batch']}{f' + {b} ballast' if (b := e['ballast']) else ''}): "
+            f"{e['valid']['dynspec']} valid, {e['differ']} differ from {e['reference']}"
             for p, e in phases.items()
         ),
     }

@@ -267,6 +267,11 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             + "; ".join(f"{c}: {features.REAL_WEIGHTS_ONLY[c]}" for c in blind)
             + " (penalties run on either)"
         )
+    if "grammar" in checks:
+        sizes = features.phase_sizes(opts.surely_on_at_most, opts.surely_off_above, launch.MAX_RUNNING_REQUESTS)
+        wave = features.grammar_wave_problem(sizes, launch.MAX_RUNNING_REQUESTS)
+        if wave is not None:
+            raise ProofUsageError(wave)
     if opts.model == "real" and "exact_kv" in opts.checks:
         # its skip control accepts otherwise, so on real weights its outputs may round apart: the acceptance check covers it
         raise ProofUsageError(
@@ -1620,7 +1625,8 @@ class Proof:
             for mode in ("base", "always_on", "dynspec")
         ]
         got: dict[str, dict[str, dict[str, list[Reply]]]] = {c: {p: {} for p in features.PHASES} for c in checks}
-        modes: dict[str, list[str]] = {c: [] for c in checks}  # dynspec not in its phase's mode, by check
+        # by check, what went wrong while serving: dynspec not in its phase's mode, a ballast reply failed
+        modes: dict[str, list[str]] = {c: [] for c in checks}
         problems = self.serve_in_turn(
             plans, lambda plan, server: self.feature_loads(server, plan.mode, checks, sizes, got, modes)
         )
@@ -1674,6 +1680,8 @@ class Proof:
                 follower = LogFollower(server.spec.log, logscan.size(server.spec.log))
                 result = run_waves(client, requests, size + extra)
                 got[check][phase][role] = result.replies[: len(requests) - extra]
+                # a ballast reply cut short or failed would undo what it is there for
+                modes[check] += features.failures(result.replies[len(requests) - extra :], f"{phase} {role} ballast")
                 self.progress(
                     f"  {server.spec.name} {check} {role} {phase} (batch {size + extra}): {result.seconds:.1f} s"
                 )

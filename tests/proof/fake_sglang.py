@@ -14,7 +14,7 @@ runtime's driver does once it has timed both modes. Like SGLang it starts a chil
 Faults, for the tests that must see the harness fail (``FAKE_SGLANG_FAULT``, comma list):
 ``diverge`` (outputs change while speculation is off), ``http500`` (every 5th /generate fails),
 ``traceback`` (a traceback in the log on the 3rd /generate), ``crash`` (exit before serving),
-``short`` (one token too few), ``noswitch`` (never logs a switch), ``wrongside`` (switch OFF
+``short`` (one token too few; ``shortbatch``: only a batched request without a JSON schema), ``noswitch`` (never logs a switch), ``wrongside`` (switch OFF
 logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` answers 400),
 ``adaptiveoff`` (with ``--speculative-adaptive``, log SGLang's warning that it turned it off),
 ``kvdrift`` (a KV-only dynspec server's drafts after a fallback span differ from
@@ -34,7 +34,8 @@ presence penalties are ignored), ``nologprobs`` (its meta_info lacks ``output_to
 Started without ``--skip-tokenizer-init`` it has a "tokenizer": every reply carries ``text``, a
 character per token id, and a request with a ``json_schema`` gets compact JSON of the proof's schema
 (``constrained_json``), a token per character; with ``--skip-tokenizer-init`` the schema is ignored.
-Such a request ends at its EOS: it leaves the batch at once, and the fake switches as the batch shrinks.
+Sent in a batch, such a request ends at its EOS: it leaves the batch at its admission, and the fake
+switches as the batch shrinks.
 
 A request with ``temperature`` > 0, ``top_p``, ``top_k``, ``frequency_penalty`` or
 ``presence_penalty`` in its sampling parameters, or with ``return_logprob`` true, decodes with a
@@ -506,10 +507,17 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                 return {name: value[i] if isinstance(value, list) else value for name, value in named.items()}
 
             arrivals = state.admit(list(rids))
+            # A constrained request ends at its EOS, before the rest of its batch: it leaves at once
+            # (here, not in its thread, so that no other request of the batch can have left first).
+            early = {i for i in range(n) if "json_schema" in params[i] and state.tokenizer}
+            for _ in early:
+                state.leave_early()
 
             def run(i: int) -> None:
                 try:
-                    results[i] = self.one(body["input_ids"][i], params[i], rids[i], fields(i), arrivals[i])
+                    results[i] = self.one(
+                        body["input_ids"][i], params[i], rids[i], fields(i), arrivals[i], left=i in early
+                    )
                 except Exception as error:  # a thread's exception would otherwise leave no status
                     results[i] = (500, {"error": repr(error)})
 
@@ -528,15 +536,12 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             rid: Any,
             fields: dict[str, Any] | None = None,
             arrival: tuple[int, bool] | None = None,  # (number, on) of a batch's request, admitted with it
+            left: bool = False,  # it has left the batch already (a batch's constrained request)
         ) -> tuple[int, Any]:
             fields = fields or {}
             number, on = arrival or state.arrive(rid)
             faulty = state.disable is not None and not on  # the sampling faults' requests
-            left = False
             try:
-                if "json_schema" in params and state.tokenizer:  # it ends at its EOS, before the ballast
-                    state.leave_early()
-                    left = True
                 time.sleep(state.delay)
                 n = int(params["max_new_tokens"])
                 if state.records(rid):
@@ -565,7 +570,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     tokens = [100] * n if state.acc > 0 else outputs(input_ids, n)
                 if "diverge" in state.faults and not on and n > 2:
                     tokens[2] = (tokens[2] + 1) % 32000
-                if "short" in state.faults:
+                if "short" in state.faults or (
+                    "shortbatch" in state.faults and arrival and "json_schema" not in params
+                ):
                     tokens = tokens[:-1]
                 meta: dict[str, Any] = {"completion_tokens": len(tokens)}
                 if return_logprob:

@@ -234,6 +234,16 @@ def test_a_grammar_wave_off_carries_as_much_ballast_last_unconstrained_and_to_it
     ]
 
 
+def test_a_grammar_wave_must_fit_the_servers_running_requests():
+    assert features.grammar_wave_problem(features.phase_sizes(8, 8, 128), 128) is None
+    assert features.grammar_wave_problem(features.phase_sizes(32, 32, 128), 128) is None  # 64 + 64
+    problem = features.grammar_wave_problem(features.phase_sizes(33, 33, 128), 128)
+    assert problem == (
+        "grammar's phase off sends 132 requests at once (66 and as much ballast), "
+        "more than the 128 a server runs: lower the threshold"
+    )
+
+
 def test_the_logprob_control_passes_with_half_the_requests_apart():
     """On real weights a request of confident tokens has logprobs near 0 at every position."""
     confident = {

@@ -364,6 +364,30 @@ def test_grammar_passes_where_every_output_fits_the_schema_and_fails_a_broken_on
         run_proof(options(site(), tmp_path / "c", checks=("grammar",)), lambda m: None)
 
 
+def test_a_ballast_reply_cut_short_is_a_problem_of_its_own(site, tmp_path):
+    """Fault ``shortbatch``: a batched reply without a schema comes a token short. The ballast's
+    replies, not judged, are still read; the control's (no schema either) may end early anyway."""
+    result = run_proof(
+        fast_features(options(site(), tmp_path / "out", "shortbatch", checks=("grammar",))), lambda m: None
+    )
+    problems = result["grammar"]["problems"]
+    assert not result["grammar"]["passed"] and len(problems) == 4, problems
+    for role in ("base", "always_on", "dynspec", "control"):
+        assert (
+            f"off {role} ballast: 12 of 12 requests failed, e.g. 63 tokens instead of 64 (ignore_eos is set)"
+            in problems
+        )
+    assert not any(p.startswith("on") for p in problems)  # the phase on has no ballast
+
+
+def test_a_grammar_wave_the_servers_cannot_admit_whole_is_a_usage_error(site, tmp_path):
+    """Threshold 48: the phase off is 96 requests, with its ballast 192, more than 128 run at once."""
+    opts = replace(fast_features(options(site(), tmp_path / "out", checks=("grammar",))), threshold=48)
+    with pytest.raises(ProofUsageError, match=r"^grammar's phase off sends 192 requests at once \(96 and as much"):
+        run_proof(opts, lambda m: None)
+    assert not (tmp_path / "out").exists()
+
+
 def test_grammar_requests_ending_one_by_one_switch_dynspec_back_on_without_the_ballast(site, tmp_path, monkeypatch):
     """The fake's constrained requests leave the batch at their EOS, as SGLang's did on real weights
     (0.5.17, session 31): without the ballast the phase off's batch shrinks to the threshold while
