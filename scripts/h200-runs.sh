@@ -133,7 +133,7 @@ patch_site() { cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patch
 kit_for() {
   if [ -f ".gpu/kit-$1.tar.xz" ] || [ -f ".gpu/kit-$1-b.tar.xz" ]; then unpack_kit "$1" || exit 3
   else need_kit; [ ! -d ".gpu/patched-$1" ] || patch_site "$1"; fi; }
-finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -czf logs.tar.gz *.log $(ls *.jsonl 2>/dev/null) && rm -f *.log *.jsonl); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
+finish() { (cd "$1" && ls *.log >/dev/null 2>&1 && tar -cJf logs.tar.xz *.log $(ls *.jsonl 2>/dev/null) && rm -f *.log *.jsonl); ls -la "$1"; cat "$1/summary.txt" 2>/dev/null; }
 # timeout: a device call's limit is 600 s; a stopped run still leaves its partial report.json
 # EXPECT_READY=words: stop the proof (SIGTERM; it stops its servers) as soon as the dynspec server's
 # ready line shows it is not running what the call came to measure, e.g. "replayed directly".

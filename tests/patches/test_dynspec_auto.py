@@ -22,7 +22,7 @@ from patches.runtime import dynspec_runtime as runtime
 from patches.runtime.dynspec_auto import AutoDriver, AutoThreshold, Thresholds, bucket_of
 from patches.runtime.dynspec_settings import AUTO, parse_threshold
 
-RECORDED = Path(__file__).parents[2] / "docs/proof/0.5.17-v2-s26-r22-tput/logs.tar.gz"
+RECORDED = Path(__file__).parents[2] / "docs/proof/0.5.17-v2-s26-r22-tput/logs.tar.xz"
 DECODE = re.compile(
     r"Decode batch, #running-req: (\d+), .*?(?:accept len: ([\d.]+), .*?)?gen throughput \(token/s\): ([\d.]+)"
 )

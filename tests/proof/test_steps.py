@@ -74,9 +74,9 @@ def read_logs(archive: Path) -> dict[str, str]:
         }
 
 
-@pytest.mark.skipif(not (PROOF / "0.5.17-v2-throughput" / "logs.tar.gz").exists(), reason="no H200 logs here")
+@pytest.mark.skipif(not (PROOF / "0.5.17-v2-throughput" / "logs.tar.xz").exists(), reason="no H200 logs here")
 def test_the_0517_h200_logs_give_the_per_step_ratios_the_proof_readme_quotes() -> None:
-    logs = read_logs(PROOF / "0.5.17-v2-throughput" / "logs.tar.gz")
+    logs = read_logs(PROOF / "0.5.17-v2-throughput" / "logs.tar.xz")
     result = steps.per_step(logs, "base-sim", [64, 128])
     dynspec, upstream = result["dynspec-sim"], result["upstream-adaptive-sim"]
     assert 0.84 <= dynspec["64"]["median"] <= 0.88 and 0.84 <= dynspec["128"]["median"] <= 0.88
@@ -112,7 +112,7 @@ def test_per_run_keeps_each_admission_apart() -> None:
 
 
 def test_session_19s_small_model_fallback_runs_are_bimodal_and_base_is_not() -> None:
-    logs = read_logs(PROOF / "real-0.5.17-v2-s19-r32-tput" / "logs.tar.gz")
+    logs = read_logs(PROOF / "real-0.5.17-v2-s19-r32-tput" / "logs.tar.xz")
     runs = steps.per_run({name: logs[name] for name in ("base-own", "dynspec-own")}, [32])
     assert runs == {"base-own": {"32": [12341, 12610, 12334, 12332]}, "dynspec-own": {"32": [11892, 9237, 11903, 9169]}}
     assert max(runs["base-own"]["32"]) / min(runs["base-own"]["32"]) < 1.03  # the negative control: base is steady
