@@ -17,8 +17,9 @@
 #   v1-tput        (after kit-a 0.5.12 and v2-proof or v1-proof) v1 throughput with --no-overlap-base
 # Session 4 (KV-only draft extend while off; exact_kv and mixed_load):
 #   kv-proof V P   carry .gpu/kit-V-b.tar.xz .gpu/patched-V (after kit-a V): equivalence, crossings,
-#                  exact_kv and metrics (5 servers; the dynspec one with --enable-metrics) on SGLang V, path P
-#                  (v1 or v2); KV_CHECKS=exact_kv,crossings runs fewer (3 servers)
+#                  exact_kv, metrics and refusals (5 servers, the dynspec one with --enable-metrics, then
+#                  the refusal cases, ~40 s more) on SGLang V, path P (v1 or v2): issue 18's one command per
+#                  release; KV_CHECKS=exact_kv,crossings runs fewer (3 servers)
 # Any step that unpacks part b also takes the one-part kit instead (gpu-prepare's .gpu/kit-V.tar.xz,
 # where it fits): carry it and .gpu/patched-V, with no kit-a before, on a fresh machine or a warm one.
 #   kv-tput V P [S] (same warm machine; or carry part b and patched-V as for kv-proof) throughput (median
@@ -212,7 +213,7 @@ case $step in
       --throughput-levels 1,4,16,32,64,128 --throughput-repeats 1 ;;
   kv-proof) kit_for "$1"
     proof "proof-$1-$2" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 \
-      --checks "${KV_CHECKS:-equivalence,crossings,exact_kv,metrics}" ;;
+      --checks "${KV_CHECKS:-equivalence,crossings,exact_kv,metrics,refusals}" ;;
   diag) kit_for "$1"
     export TARGET=target8b
     for run in ${DIAG_RUNS:-base dyn-sim:SGLANG_SIMULATE_ACC_LEN=3 upskip-sim:SGLANG_SIMULATE_ACC_LEN=3+SGLANG_SPEC_SKIP_ZERO_STEP_DRAFT_EXTEND=1}; do

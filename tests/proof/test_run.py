@@ -674,6 +674,19 @@ def test_parallel_starts_start_a_group_and_measure_each_server_alone(site, tmp_p
     assert not [p for p in server_pids(out) if alive(p)]
 
 
+KV_PROOF = ("equivalence", "crossings", "exact_kv", "metrics", "refusals")  # h200-runs.sh kv-proof's default
+
+
+def test_kv_proofs_five_checks_make_one_report_per_release(site, tmp_path):
+    """Issue 18's one command per release: the correctness servers, then the refusal cases, one report."""
+    result = run_proof(options(site(), tmp_path / "out", checks=KV_PROOF, parallel_starts=3), lambda m: None)
+    assert result["passed"] is True, reports.summary(result)
+    assert all(result[check]["passed"] for check in KV_PROOF)
+    assert {row["name"] for row in result["refusals"]["cases"]} >= {"topk", "dp-attention", "bad-value"}
+    script = (Path(__file__).resolve().parents[2] / "scripts" / "h200-runs.sh").read_text()
+    assert f'--checks "${{KV_CHECKS:-{",".join(KV_PROOF)}}}"' in script
+
+
 def test_one_start_at_a_time_is_todays_command_line(site, tmp_path):
     """Negative control: without --parallel-starts nothing starts early and no flag is added."""
     notes: list[str] = []
