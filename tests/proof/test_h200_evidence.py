@@ -2635,8 +2635,8 @@ def test_session_31_pooled_over_three_sessions_r_on_0_5_17_sits_on_its_bar(
     """A reading, on the CPU, of the nine interleaved runs of sessions 21, 22 and 26 on 0.5.17's
     zero-step path (r19 / r32 and r22 / r40): per run, R spreads over 6 points, and its median and
     mean sit within half a point of 0.97, so a median of three passes or fails by the draw (session
-    21 passed, 22 and 26 did not). A shift of half a point (docs/design/steady-step-kernels.md's safe
-    trims) would move the centre above the bar; noise alone will not."""
+    21 passed, 22 and 26 did not). A shift of half a point would move the centre above the bar;
+    noise alone will not."""
     runs = [r for evidence in S31_POOLED for r in per_run_envelope(evidence, level)]
     assert len(runs) == 9
     assert (round(statistics.median(runs), 3), round(statistics.mean(runs), 3)) == (median, mean)
