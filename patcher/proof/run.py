@@ -185,6 +185,11 @@ class ProofOptions:
         return launch.AUTO_CEILING if self.auto else int(self.threshold)
 
     @property
+    def feature_sizes(self) -> dict[str, int]:
+        """The feature checks' batch size in each phase (``features.phase_sizes``)."""
+        return features.phase_sizes(self.surely_on_at_most, self.surely_off_above, launch.MAX_RUNNING_REQUESTS)
+
+    @property
     def surely_on_at_most(self) -> int:
         """At or below this batch size it speculates again: the switch-on size, or auto's floor (the
         switch-on size if given, else 1)."""
@@ -268,8 +273,7 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             + " (penalties run on either)"
         )
     if "grammar" in checks:
-        sizes = features.phase_sizes(opts.surely_on_at_most, opts.surely_off_above, launch.MAX_RUNNING_REQUESTS)
-        wave = features.grammar_wave_problem(sizes, launch.MAX_RUNNING_REQUESTS)
+        wave = features.grammar_wave_problem(opts.feature_sizes, launch.MAX_RUNNING_REQUESTS)
         if wave is not None:
             raise ProofUsageError(wave)
     if opts.model == "real" and "exact_kv" in opts.checks:
@@ -1618,7 +1622,7 @@ class Proof:
         with the same requests in a phase where dynspec speculates and one where it is off."""
         opts = self.opts
         shape = opts.shape_for("equivalence")
-        sizes = features.phase_sizes(opts.surely_on_at_most, opts.surely_off_above, launch.MAX_RUNNING_REQUESTS)
+        sizes = opts.feature_sizes
         # with grammar, all load the model's tokenizer (the other checks' requests are served alike)
         plans = [
             Plan(mode, shape, None, f"{SERVER_NAMES[mode]}-features", tokenizer="grammar" in checks)
@@ -1679,9 +1683,10 @@ class Proof:
             for check, role, requests, extra in loads:
                 follower = LogFollower(server.spec.log, logscan.size(server.spec.log))
                 result = run_waves(client, requests, size + extra)
-                got[check][phase][role] = result.replies[: len(requests) - extra]
+                judged = len(requests) - extra
+                got[check][phase][role] = result.replies[:judged]
                 # a ballast reply cut short or failed would undo what it is there for
-                modes[check] += features.failures(result.replies[len(requests) - extra :], f"{phase} {role} ballast")
+                modes[check] += features.failures(result.replies[judged:], f"{phase} {role} ballast")
                 self.progress(
                     f"  {server.spec.name} {check} {role} {phase} (batch {size + extra}): {result.seconds:.1f} s"
                 )
