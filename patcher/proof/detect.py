@@ -158,6 +158,28 @@ def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
     )  # fmt: skip
 
 
+def gpu_memory_mib() -> int | None:
+    """The smallest GPU's total memory in MiB as nvidia-smi reports it (an H100 80GB: 81559, an
+    H200: 143771); None where nvidia-smi is missing or fails."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    try:
+        done = subprocess.run(
+            [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    sizes = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    if done.returncode != 0 or not sizes or not all(s.isdigit() for s in sizes):
+        return None
+    return min(int(s) for s in sizes)
+
+
 def gpu_name() -> str:
     """The GPU model(s) as nvidia-smi names them, e.g. ``NVIDIA H200`` or ``2x NVIDIA H200``."""
     smi = shutil.which("nvidia-smi")

@@ -224,8 +224,11 @@ class ProofOptions:
         return mixed.Schedule(self.mixed_phases, self.mixed_per_phase, self.mixed_new_tokens)
 
 
-def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str, str]]:
-    """The checks to run and the reasons for those skipped. Raises ProofUsageError."""
+def plan(
+    opts: ProofOptions, sglang: detect.SGLang, gpu_memory_mib: int | None = None
+) -> tuple[list[str], dict[str, str]]:
+    """The checks to run and the reasons for those skipped; ``gpu_memory_mib``: the GPU's memory
+    (``detect.gpu_memory_mib``), None where unknown. Raises ProofUsageError."""
     unknown = [c for c in opts.checks if c not in reports.CHECKS]
     if unknown:
         raise ProofUsageError(f"unknown check(s) {', '.join(unknown)}; choose from {', '.join(reports.CHECKS)}")
@@ -354,10 +357,13 @@ def plan(opts: ProofOptions, sglang: detect.SGLang) -> tuple[list[str], dict[str
             raise ProofUsageError(
                 "--parallel-starts needs --tp 1: SGLang checks that its GPUs' free memory is balanced"
             )
-        if {"throughput", "mixed_load"} & set(checks) and opts.parallel_starts > SHARED_GPU_8B_SERVERS:
+        fit = shared_gpu_8b_servers(gpu_memory_mib)
+        if {"throughput", "mixed_load"} & set(checks) and opts.parallel_starts > fit:
+            on = "one GPU" if gpu_memory_mib is None else f"this GPU's {gpu_memory_mib / 1024:.0f} GiB"
             raise ProofUsageError(
                 f"--parallel-starts {opts.parallel_starts}: throughput and mixed_load serve the 8B shape, "
-                f"and {SHARED_GPU_8B_SERVERS} of those fit one GPU"
+                f"and {fit} of those fit {on} (about {SHARED_GPU_8B_SERVER_MIB // 1024} GiB each)"
+                + ("; with fewer, they run one after another" if fit > 1 else "")
             )
     names = [name for name, _ in opts.mixed_variants]
     if len(set(names)) != len(names):
@@ -501,6 +507,16 @@ ORDER_TOGETHER = "interleaved: the servers took turns at each level and pass, th
 ORDER_ALONE = "one server after another"
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
 SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers that fit one H200 side by side (launch.SHARED_GPU_MAX_TOTAL_TOKENS)
+# What one of them holds: session 32's always-on server on an H100 had 34.3 GiB after its weights
+# and pool, before its CUDA graphs (a third server then found 12 GiB and failed to load).
+SHARED_GPU_8B_SERVER_MIB = 36 * 1024
+
+
+def shared_gpu_8b_servers(gpu_memory_mib: int | None) -> int:
+    """How many 8B-shape servers start side by side: an H200 3, an H100 80GB 2; 3 where unknown."""
+    if gpu_memory_mib is None:
+        return SHARED_GPU_8B_SERVERS
+    return max(1, min(SHARED_GPU_8B_SERVERS, gpu_memory_mib // SHARED_GPU_8B_SERVER_MIB))
 
 
 @dataclass(frozen=True)
@@ -626,7 +642,7 @@ class Proof:
     def run(self) -> dict[str, Any]:
         opts = self.opts
         self.sglang = sglang = detect.locate(opts.sglang, opts.python, self.env)
-        checks, skipped = plan(opts, sglang)
+        checks, skipped = plan(opts, sglang, detect.gpu_memory_mib())
         opts.out.mkdir(parents=True, exist_ok=True)
         self.report = {
             "model": self.model_name,

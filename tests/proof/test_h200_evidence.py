@@ -18,7 +18,7 @@ import pytest
 
 from patcher.proof import acceptance, exactkv, metrics, steps
 from patcher.proof.command import DEFAULTS
-from patcher.proof.run import proposals_apart
+from patcher.proof.run import SHARED_GPU_8B_SERVER_MIB, proposals_apart, shared_gpu_8b_servers
 from patches.runtime import dynspec_v2 as v2
 
 PROOF = Path(__file__).resolve().parents[2] / "docs" / "proof"
@@ -2645,3 +2645,93 @@ def test_session_31_pooled_over_three_sessions_r_on_0_5_17_sits_on_its_bar(
     assert (round(statistics.median(runs), 3), round(statistics.mean(runs), 3)) == (median, mean)
     assert sum(r < 0.97 for r in runs) == below
     assert max(runs) - min(runs) > 0.04  # the control: the runs do spread, unlike their medians
+
+
+# -- session 32 (runtime r29 / v2 module r48 / settings r2 at c8b1b3e, an H100): issue 18's full kv-proofs --
+
+S32_PROOF = {
+    "0.5.11-v2": (PROOF / "0.5.11-v2-s32-r29-proof", 1874, 58, 6),
+    "0.5.13-v2": (PROOF / "0.5.13-v2-s32-r29-proof", 1864, 32, 7),
+    "0.5.14-v2": (PROOF / "0.5.14-v2-s32-r29-proof", 1900, 32, 6),
+}
+S32_11_V1 = PROOF / "0.5.11-v1-s32-r29-proof"
+S32_15 = PROOF / "0.5.15-v2-s32-r29-no-cutlass"
+S32_17_TPUT = PROOF / "0.5.17-v2-s32-r29-tput-oom"
+
+
+def refused_all(report: dict, cases: int) -> None:
+    """refusals: ``cases`` servers, each exiting 2 at ServerArgs' check with one line naming it, no traceback."""
+    rows = report["refusals"]["cases"]
+    assert report["refusals"]["passed"] and len(rows) == cases
+    assert all(row["exit_code"] == 2 and not row["problems"] and row["line"].startswith("error: ") for row in rows)
+
+
+@pytest.mark.parametrize("run", sorted(S32_PROOF))
+def test_session_32_one_command_proves_a_release_whole(run: str) -> None:
+    """kv-proof's five checks in one report (issue 18's one command per release) on 0.5.11 v2,
+    0.5.13 v2 and 0.5.14: equivalence, 100 crossings, exact_kv (28 requests, recomputed from the
+    recordings, the no-write control apart), the counters by the 100 switches logged, and every
+    refusal (0.5.11 v2 has no adaptive case: it turns adaptive off itself; 0.5.14 none for auto's
+    version bound)."""
+    evidence, steps, control, cases = S32_PROOF[run]
+    passed_kv_proof_with_metrics(evidence, S31_REVISIONS, S31_GPU, steps)
+    report = report_of(evidence, {}, S31_REVISIONS)
+    assert (report["sglang_version"], report["path"]) == tuple(run.split("-"))
+    assert report["checks"] == ["equivalence", "crossings", "exact_kv", "refusals", "metrics"] and report["passed"]
+    assert report["exact_kv"]["control_mismatches"] == control
+    refused_all(report, cases)
+
+
+def test_session_32_0_5_11_v1_passes_all_but_exact_kv_which_cannot_judge_a_parted_timeline() -> None:
+    """0.5.11 v1 (kv-graph: its draft extend takes no EagleDraftExtendInput, so no direct write and no
+    bit check): equivalence, 100 crossings, metrics and 7 refusals pass; exact_kv fails by the rule
+    it ran with: 1 of 1926 proposals differs (a third draft token), after that request's timeline had
+    parted from the reference's; none of the 252 compared where the timelines matched differ, but
+    the control too differs only where they parted, so those 252 have no teeth: no verdict, as on
+    0.5.12 v1 before its bit check (sessions 12 - 13)."""
+    report = report_of(S32_11_V1, {}, S31_REVISIONS)
+    assert (report["sglang_version"], report["path"], report["gpu"]) == ("0.5.11", "v1", S31_GPU)
+    assert all(report[c]["passed"] for c in ("equivalence", "crossings", "metrics"))
+    counted_100_switches(report)
+    refused_all(report, 7)
+    recs, files = kv_proof_recordings(S32_11_V1)
+    entry = exactkv.judge(recs, {name: ["same"] for name in recs}, 100, [])
+    assert not entry["passed"] and not report["exact_kv"]["passed"]
+    assert (entry["compared_steps"], entry["mismatches"], entry["mismatches_same_history"]) == (1926, 1, 0)
+    assert (entry["compared_steps_same_history"], entry["control_mismatches_same_history"]) == (252, 0)
+    (wrong,) = entry["mismatch_examples"]
+    assert (wrong["reference"], wrong["other"], wrong["same_history"]) == ([2243] * 3, [2243, 2243, 3840], False)
+    # the control: the recording against itself has nothing to differ
+    assert exactkv.judge({**recs, "kv": recs["full"]}, {n: ["same"] for n in recs}, 100, [])["passed"]
+    assert "kv-direct is kv-graph" in files["dynspec.log"]
+
+
+def test_session_32_0_5_15s_kit_lacks_the_cutlass_dsl_its_eagle_worker_imports() -> None:
+    """0.5.15's first start: the three dynspec servers died capturing the draft's CUDA graphs, where
+    the stock EAGLE worker imports the DSA backend, whose package imports nvidia-cutlass-dsl on
+    0.5.15 (0.5.16 defers it): the kit lacks it (a 74 MB wheel). The six refusals, which exit before
+    any graph, passed."""
+    report = report_of(S32_15, {}, S31_REVISIONS)
+    assert report["sglang_version"] == "0.5.15" and not report["equivalence"]["passed"]
+    refused_all(report, 6)
+    logs = members(S32_15 / "logs.tar.xz", "dynspec.log", "dynspec-full.log", "refusal-topk.log")
+    for name in ("dynspec.log", "dynspec-full.log"):
+        assert "from sglang.srt.layers.attention.dsa_backend import" in logs[name]
+        assert "ModuleNotFoundError: No module named 'cutlass'" in logs[name]
+    assert "cutlass" not in logs["refusal-topk.log"]  # the control: a refusal never gets that far
+
+
+def test_session_32_three_8b_servers_overfill_an_h100_and_the_harness_now_says_so_first() -> None:
+    """kv-tput 0.5.17 with --parallel-starts 3 on an H100 80GB: two servers held 32.1 and 34.3 GiB,
+    the third found 12 GiB for its weights and died (exit -9): no throughput, no mixed_load. The
+    harness now reads the GPU's memory and refuses that before any start; two fit."""
+    report = report_of(S32_17_TPUT, {}, S31_REVISIONS)
+    assert "--parallel-starts 3" in report["command"] and not report["throughput"]["passed"]
+    (log,) = members(S32_17_TPUT / "logs.tar.xz", "always-on-sim.log").values()
+    held = re.search(r"capacity of ([\d.]+) GiB .* Process \d+ has ([\d.]+) GiB .* Process \d+ has ([\d.]+) GiB", log)
+    assert held is not None
+    capacity, first, second = (float(x) for x in held.groups())
+    assert (capacity, first, second) == (79.18, 32.09, 34.3)
+    assert max(first, second) * 1024 < SHARED_GPU_8B_SERVER_MIB  # the estimate covers what a server held
+    assert shared_gpu_8b_servers(int(capacity * 1024)) == 2
+    assert shared_gpu_8b_servers(143771) == 3  # the control: an H200 keeps its three

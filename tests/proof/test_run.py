@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.proof import features, metrics, run
+from patcher.proof import detect, features, metrics, run
 from patcher.proof import report as reports
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.run import ProofOptions, run_proof
@@ -761,3 +761,44 @@ def test_a_group_member_that_cannot_launch_fails_at_its_turn(site, tmp_path, mon
     assert result["equivalence"]["problems"][0].startswith("no free port in")
     assert [s["name"] for s in result["servers"]] == ["dynspec"] and result["complete"] is False
     assert not [p for p in server_pids(out) if alive(p)]
+
+
+# -- how many 8B-shape servers share the GPU: its memory decides (session 32: 3 on an H100 ran out) --
+
+
+def fake_nvidia_smi(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stdout: str, code: int = 0) -> None:
+    """An ``nvidia-smi`` first on PATH that prints ``stdout`` whatever it is asked and exits ``code``."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\nprintf '{stdout}'\nexit {code}\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize(
+    ("stdout", "code", "mib"),
+    [("81559\\n", 0, 81559), ("143771\\n81559\\n", 0, 81559), ("81559\\n", 9, None), ("[N/A]\\n", 0, None)],
+    ids=["h100", "smallest-of-two", "failed", "unreadable"],
+)
+def test_the_gpus_memory_is_read_from_nvidia_smi(tmp_path, monkeypatch, stdout, code, mib):
+    fake_nvidia_smi(tmp_path, monkeypatch, stdout, code)
+    assert detect.gpu_memory_mib() == mib
+
+
+def test_three_8b_servers_on_an_h100_are_a_usage_error_before_any_start(site, tmp_path, monkeypatch):
+    """On an 80 GB GPU the third 8B-shape server of throughput's three found 12 GiB and died after a
+    two-minute start (session 32): refused at once, naming the memory; two fit and run one after another."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
+    out = tmp_path / "out"
+    with pytest.raises(
+        ProofUsageError, match=r"^--parallel-starts 3: .* 2 of those fit this GPU's 80 GiB \(about 36 GiB"
+    ):
+        run_proof(options(site(), out, checks=("throughput",), parallel_starts=3), lambda m: None)
+    assert not out.exists()  # nothing started, nothing written
+
+
+@pytest.mark.parametrize(("mib", "fit"), [(81559, 2), (143771, 3), (None, 3), (30000, 1)])
+def test_an_h200_or_an_unknown_gpu_still_takes_three(mib, fit):
+    """The controls: an H200's memory, or none known, keeps the three that sessions 15 - 31 ran."""
+    assert run.shared_gpu_8b_servers(mib) == fit
