@@ -34,6 +34,44 @@ for target in json.loads((source / ".dynspec" / "state.json").read_text())["file
     print(f"  {dest / target}")
 PY
 du -sh ".gpu/kit-$V-a.tar.xz" ".gpu/kit-$V-b.tar.xz" ".gpu/patched-$V"
+# Part c, only where the release's EAGLE worker needs it: 0.5.15's imports the DSA attention backend
+# while it captures the draft's CUDA graphs, and that package imports the CuTe DSL (nvidia-cutlass-dsl,
+# a 74 MB wheel the kit leaves out) at module level; 0.5.16 defers it (session 32's first 0.5.15 start
+# died there). It fills a call of its own: `kit-c V` unpacks it outside /tmp/site, which kits replace.
+dsa="$pristine/sglang/jit_kernel/dsa/__init__.py"
+eager=$(.venv/bin/python - "$dsa" <<'PY'
+import ast, sys
+from pathlib import Path
+
+path = Path(sys.argv[1])
+
+
+def eager(body):
+    """An import of the CuTe DSL module run when the package is: at module level or under if / try."""
+    for node in body:
+        if isinstance(node, ast.ImportFrom) and node.module == "cutedsl_paged_mqa_logits":
+            return True
+        if isinstance(node, ast.If) and eager(node.body + node.orelse):
+            return True
+        if isinstance(node, ast.Try) and eager(node.body + node.orelse + node.finalbody + [s for h in node.handlers for s in h.body]):
+            return True
+    return False
+
+
+print("yes" if path.is_file() and eager(ast.parse(path.read_text()).body) else "no")
+PY
+)
+if [ "$eager" = yes ] && ! [ -f ".gpu/kit-$V-c.tar.xz" ]; then
+  tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" "sglang-$V.dist-info/METADATA"
+  pin=$(grep -i '^Requires-Dist: nvidia-cutlass-dsl' "$pristine/sglang-$V.dist-info/METADATA" | head -1 | sed 's/^Requires-Dist: //; s/\[[^]]*\]//; s/;.*//; s/ //g')
+  cutlass=$(mktemp -d)
+  python3 -m pip --disable-pip-version-check -q install --target "$cutlass" --no-deps --only-binary=:all: \
+    --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64 --platform any \
+    "$pin" "$(sed 's/nvidia-cutlass-dsl/nvidia-cutlass-dsl-libs-base/' <<<"$pin")"
+  (cd "$cutlass" && tar -cf - nvidia_cutlass_dsl | xz -T0 -9e) > ".gpu/kit-$V-c.tar.xz.tmp" && mv ".gpu/kit-$V-c.tar.xz.tmp" ".gpu/kit-$V-c.tar.xz"
+  rm -rf "$cutlass"
+fi
+[ "$eager" = yes ] && echo "part c: .gpu/kit-$V-c.tar.xz ($(du -h ".gpu/kit-$V-c.tar.xz" | cut -f1), the CuTe DSL): call \`kit-c $V\` first" || true
 # The one-part kit, kept only where it fits one call (64 MiB) with the patched files and the tree.
 one=".gpu/kit-$V.tar.xz"
 if ! [ "$one" -nt ".gpu/kit-$V-a.tar.xz" ] || ! [ "$one" -nt ".gpu/kit-$V-b.tar.xz" ]; then  # missing or older than a part

@@ -3,6 +3,8 @@
 # Prepare with scripts/gpu-prepare.sh VERSION. Steps that start servers check the kit's first
 # part is still in /tmp/site (the machine keeps /tmp only while it stays warm).
 #   kit-a V        carry .gpu/kit-V-a.tar.xz (replaces whatever kit /tmp/site held)
+#   kit-c V        carry .gpu/kit-V-c.tar.xz (0.5.15 only, before its kit: gpu-prepare.sh says where it is
+#                  needed): the CuTe DSL, unpacked to /tmp/cutlass, which later kits leave, and put on PYTHONPATH
 #   v2-proof       carry .gpu/kit-0.5.12-b.tar.xz .gpu/patched-0.5.12  (unpacks part b, patches)
 #   v2-tput        carry .gpu/kit (same warm machine); then dynspec without the early fence, C=64,128
 #   v1-proof       (nothing carried)
@@ -114,6 +116,8 @@ pack_out() { [ -n "${OUT:-}" ] && [ -d "$OUT" ] || return 0
     && echo "packed \$OUT into $pack (a call returns at most 8 files)"; }
 trap pack_out EXIT
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
+CUTLASS=/tmp/cutlass/nvidia_cutlass_dsl/python_packages  # kit-c's; its libraries are found from there
+[ ! -d $CUTLASS ] || PYTHONPATH=$PYTHONPATH:$CUTLASS
 need_kit() { [ -d /tmp/site/transformers ] || { echo "kit part a missing: redo kit-a"; exit 3; }; }
 # unpack_kit V: the kit this call carried, then dynspec's patched files: the one-part kit
 # (gpu-prepare's kit-V.tar.xz) into a fresh /tmp/site, or part b over the part a of an earlier kit-a.
@@ -178,6 +182,8 @@ serve_run() { name=${1%%:*}; local envs="" args="$S --speculative-disable-batch-
   env ${envs//+/ } bash "$K/serve.sh" "$name" $args ${SERVE_ARGS:-}; }  # SERVE_ARGS: e.g. --disable-overlap-schedule (v1)
 case $step in
   kit-a) fresh_site ".gpu/kit-$1-a.tar.xz" && echo unpacked a ;;
+  kit-c) rm -rf /tmp/cutlass && mkdir -p /tmp/cutlass && tar -xJf ".gpu/kit-$1-c.tar.xz" -C /tmp/cutlass || exit 3
+    echo "unpacked c: $(ls /tmp/cutlass/nvidia_cutlass_dsl)" ;;  # it imports with the kit's cuda-python, not yet here
   v2-proof) unpack_kit 0.5.12 || exit 3
     proof proof-v2 --path v2 --threshold 8 --levels 1,4,16,48 --ramp-timeout 240 ;;
   v2-tput) need_kit

@@ -357,12 +357,19 @@ def plan(
             raise ProofUsageError(
                 "--parallel-starts needs --tp 1: SGLang checks that its GPUs' free memory is balanced"
             )
-        fit = shared_gpu_8b_servers(gpu_memory_mib)
-        if {"throughput", "mixed_load"} & set(checks) and opts.parallel_starts > fit:
-            on = "one GPU" if gpu_memory_mib is None else f"this GPU's {gpu_memory_mib / 1024:.0f} GiB"
+        # the GPU's memory limits the dummy 8B shape's servers; real weights keep the cap they had
+        eight_b = opts.model_dir is None and opts.shape_for("mixed_load").startswith("8b")
+        memory = gpu_memory_mib if eight_b else None
+        fit = shared_gpu_8b_servers(memory)
+        if {"throughput", "mixed_load", "auto_threshold"} & set(checks) and opts.parallel_starts > fit:
+            held = (
+                ""
+                if memory is None
+                else f" this GPU's {memory / 1024:.0f} GiB (about {SHARED_GPU_8B_SERVER_MIB // 1024} GiB each)"
+            )
             raise ProofUsageError(
-                f"--parallel-starts {opts.parallel_starts}: throughput and mixed_load serve the 8B shape, "
-                f"and {fit} of those fit {on} (about {SHARED_GPU_8B_SERVER_MIB // 1024} GiB each)"
+                f"--parallel-starts {opts.parallel_starts}: throughput, mixed_load and auto_threshold start "
+                f"at most {fit} servers side by side{' in' + held if held else ''}"
                 + ("; with fewer, they run one after another" if fit > 1 else "")
             )
     names = [name for name, _ in opts.mixed_variants]

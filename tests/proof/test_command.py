@@ -70,7 +70,10 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
         (["--exact-kv-cycles", "0"], "0 is not in the range x>=1"),
         (["--exact-kv-tokens", "64", "64"], "--exact-kv-tokens 64 64: the long requests must outlive the short ones"),
         (["--deterministic", "maybe"], "'maybe' is not one of"),
-        (["--checks", "mixed_load", "--parallel-starts", "4"], "--parallel-starts 4: throughput and mixed_load"),
+        (
+            ["--checks", "mixed_load", "--parallel-starts", "4"],
+            "--parallel-starts 4: throughput, mixed_load and auto_threshold start at most 3",
+        ),
         (["--parallel-starts", "2", "--tp", "2"], "--parallel-starts needs --tp 1"),
         (["--parallel-starts", "9"], "9 is not in the range 1<=x<=8"),
         (["--mixed-variant", "prefill-kv"], "start with a name"),

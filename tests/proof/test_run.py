@@ -792,7 +792,8 @@ def test_three_8b_servers_on_an_h100_are_a_usage_error_before_any_start(site, tm
     fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
     out = tmp_path / "out"
     with pytest.raises(
-        ProofUsageError, match=r"^--parallel-starts 3: .* 2 of those fit this GPU's 80 GiB \(about 36 GiB"
+        ProofUsageError,
+        match=r"^--parallel-starts 3: .* at most 2 servers side by side in this GPU.s 80 GiB \(about 36 GiB each\); with fewer",
     ):
         run_proof(options(site(), out, checks=("throughput",), parallel_starts=3), lambda m: None)
     assert not out.exists()  # nothing started, nothing written
@@ -802,3 +803,15 @@ def test_three_8b_servers_on_an_h100_are_a_usage_error_before_any_start(site, tm
 def test_an_h200_or_an_unknown_gpu_still_takes_three(mib, fit):
     """The controls: an H200's memory, or none known, keeps the three that sessions 15 - 31 ran."""
     assert run.shared_gpu_8b_servers(mib) == fit
+
+
+def test_real_weights_keep_three_side_by_side_on_an_h100(site, tmp_path, monkeypatch):
+    """The control of the memory refusal: a real model (135M) is not the 8B shape, so an H100's
+    memory does not lower its cap (real-auto starts 3 at a time); the old cap of 3 still holds."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
+    opts = options(
+        site(), tmp_path / "out", checks=("throughput",), parallel_starts=3, model="real", model_dir=tmp_path / "model"
+    )
+    assert run.plan(opts, detect.locate(str(site()), sys.executable, dict(os.environ)), 81559)[0] == ["throughput"]
+    with pytest.raises(ProofUsageError, match=r"^--parallel-starts 4: .* at most 3 servers side by side; with fewer"):
+        run.plan(replace(opts, parallel_starts=4), detect.locate(str(site()), sys.executable, dict(os.environ)), 81559)
