@@ -158,41 +158,41 @@ def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
     )  # fmt: skip
 
 
-def gpu_memory_mib() -> int | None:
-    """The smallest GPU's total memory in MiB as nvidia-smi reports it (an H100 80GB: 81559, an
-    H200: 143771); None where nvidia-smi is missing or fails."""
+NO_SMI, SMI_FAILED = "no nvidia-smi", "nvidia-smi failed"
+
+
+def query_gpus(field: str) -> list[str] | str:
+    """One value per GPU of ``nvidia-smi --query-gpu=FIELD`` (without units), or why there is none."""
     smi = shutil.which("nvidia-smi")
     if smi is None:
-        return None
+        return NO_SMI
     try:
         done = subprocess.run(
-            [smi, "--query-gpu=memory.total", "--format=csv,noheader,nounits"],
+            [smi, f"--query-gpu={field}", "--format=csv,noheader,nounits"],
             capture_output=True,
             text=True,
             timeout=30,
             check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
-        return None
-    sizes = [line.strip() for line in done.stdout.splitlines() if line.strip()]
-    if done.returncode != 0 or not sizes or not all(s.isdigit() for s in sizes):
+        return SMI_FAILED
+    values = [line.strip() for line in done.stdout.splitlines() if line.strip()]
+    return values if done.returncode == 0 and values else SMI_FAILED
+
+
+def gpu_memory_mib() -> int | None:
+    """The smallest GPU's total memory in MiB (an H100 80GB: 81559, an H200: 143771); None where
+    nvidia-smi is missing, fails or says something else."""
+    sizes = query_gpus("memory.total")
+    if isinstance(sizes, str) or not all(s.isdigit() for s in sizes):
         return None
     return min(int(s) for s in sizes)
 
 
 def gpu_name() -> str:
     """The GPU model(s) as nvidia-smi names them, e.g. ``NVIDIA H200`` or ``2x NVIDIA H200``."""
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return "unknown (no nvidia-smi)"
-    try:
-        done = subprocess.run(
-            [smi, "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True, timeout=30, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return "unknown (nvidia-smi failed)"
-    names = [n.strip() for n in done.stdout.splitlines() if n.strip()]
-    if done.returncode != 0 or not names:
-        return "unknown (nvidia-smi failed)"
+    names = query_gpus("name")
+    if isinstance(names, str):
+        return f"unknown ({names})"
     distinct = sorted(set(names))
     return ", ".join(n if names.count(n) == 1 else f"{names.count(n)}x {n}" for n in distinct)

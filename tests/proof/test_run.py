@@ -786,6 +786,16 @@ def test_the_gpus_memory_is_read_from_nvidia_smi(tmp_path, monkeypatch, stdout, 
     assert detect.gpu_memory_mib() == mib
 
 
+@pytest.mark.parametrize(
+    ("stdout", "code", "name"),
+    [("NVIDIA H200\\nNVIDIA H200\\n", 0, "2x NVIDIA H200"), ("NVIDIA H200\\n", 9, "unknown (nvidia-smi failed)")],
+    ids=["two-alike", "failed"],
+)
+def test_the_gpus_are_named_from_the_same_query(tmp_path, monkeypatch, stdout, code, name):
+    fake_nvidia_smi(tmp_path, monkeypatch, stdout, code)
+    assert detect.gpu_name() == name
+
+
 def test_three_8b_servers_on_an_h100_are_a_usage_error_before_any_start(site, tmp_path, monkeypatch):
     """On an 80 GB GPU the third 8B-shape server of throughput's three found 12 GiB and died after a
     two-minute start (session 32): refused at once, naming the memory; two fit and run one after another."""
