@@ -140,14 +140,15 @@ def server_args(
     adaptive_config_path: Path | None = None,
     real: Path | None = None,
     shared_gpu_nccl_port: int | None = None,
+    shared_gpu_pool_tokens: int = SHARED_GPU_MAX_TOTAL_TOKENS,
     attention_backend: str = "triton",
     tokenizer: bool = False,
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one mode; ``real``: a model dir
     of ``dynspec real prepare`` whose weights are loaded (the shape is then ignored).
     ``shared_gpu_nccl_port``: the server starts beside others on the GPU (--parallel-starts): a
-    fixed KV pool (``SHARED_GPU_MAX_TOTAL_TOKENS``), a port of its own for torch.distributed, and
-    an idle loop that sleeps. ``attention_backend`` replaces Triton, every check's default.
+    fixed KV pool of ``shared_gpu_pool_tokens`` (``SHARED_GPU_MAX_TOTAL_TOKENS`` unless the GPU's
+    memory asks for less), a port of its own for torch.distributed, and an idle loop that sleeps. ``attention_backend`` replaces Triton, every check's default.
     ``tokenizer``: the server loads the model's tokenizer (grammar needs it; a real model's only) and
     writes JSON without free whitespace, so that a schema's output is as short as it can be."""
     if mode not in (*MODES, UPSTREAM_ADAPTIVE, BASE_NO_OVERLAP):
@@ -164,7 +165,7 @@ def server_args(
         args += ["--tp-size", str(tp)]
     if shared_gpu_nccl_port is not None:
         args[args.index("--mem-fraction-static") + 1] = SHARED_GPU_MEM_FRACTION
-        args += ["--max-total-tokens", str(SHARED_GPU_MAX_TOTAL_TOKENS), "--nccl-port", str(shared_gpu_nccl_port)]
+        args += ["--max-total-tokens", str(shared_gpu_pool_tokens), "--nccl-port", str(shared_gpu_nccl_port)]
         args.append("--sleep-on-idle")  # else a server waiting its turn spins a core at 100 % (SGLang's IdleSleeper)
     if mode == BASE_NO_OVERLAP:
         args.append("--disable-overlap-schedule")

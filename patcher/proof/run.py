@@ -197,6 +197,11 @@ class ProofOptions:
             return self.enable_threshold or 1
         return self.dynspec.on_at_most
 
+    @property
+    def serves_8b(self) -> bool:
+        """Whether throughput's and mixed_load's servers run a dummy 8B shape (the memory-bound ones)."""
+        return self.model_dir is None and self.shape_for("mixed_load").startswith("8b")
+
     def shape_for(self, check: str) -> str:
         if self.shape != "auto":
             return self.shape
@@ -358,18 +363,18 @@ def plan(
                 "--parallel-starts needs --tp 1: SGLang checks that its GPUs' free memory is balanced"
             )
         # the GPU's memory limits the dummy 8B shape's servers; real weights keep the cap they had
-        eight_b = opts.model_dir is None and opts.shape_for("mixed_load").startswith("8b")
-        memory = gpu_memory_mib if eight_b else None
-        fit = shared_gpu_8b_servers(memory)
+        memory = gpu_memory_mib if opts.serves_8b else None
+        need = eight_b_slots_needed(opts)
+        fit = shared_gpu_8b_servers(memory, need)
         if {"throughput", "mixed_load", "auto_threshold"} & set(checks) and opts.parallel_starts > fit:
             held = (
                 ""
                 if memory is None
-                else f" this GPU's {memory / 1024:.0f} GiB (about {SHARED_GPU_8B_SERVER_MIB // 1024} GiB each)"
+                else f" in this GPU's {memory / 1024:.0f} GiB with the {need} KV slots their loads need"
             )
             raise ProofUsageError(
                 f"--parallel-starts {opts.parallel_starts}: throughput, mixed_load and auto_threshold start "
-                f"at most {fit} servers side by side{' in' + held if held else ''}"
+                f"at most {fit} server{'s' if fit > 1 else ''} side by side{held}"
                 + ("; with fewer, they run one after another" if fit > 1 else "")
             )
     names = [name for name, _ in opts.mixed_variants]
@@ -513,17 +518,46 @@ def _states(transitions: Sequence[Transition], before: str) -> tuple[str, str]:
 ORDER_TOGETHER = "interleaved: the servers took turns at each level and pass, the order rotated each run"
 ORDER_ALONE = "one server after another"
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
-SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers that fit one H200 side by side (launch.SHARED_GPU_MAX_TOTAL_TOKENS)
-# What one of them holds: session 32's always-on server on an H100 had 34.3 GiB after its weights
-# and pool, before its CUDA graphs (a third server then found 12 GiB and failed to load).
-SHARED_GPU_8B_SERVER_MIB = 36 * 1024
+SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers side by side at most (throughput's and mixed_load's three)
+# What the GPU's memory must hold for each of them besides its KV pool: session 32's always-on server on
+# an H100 held 18.3 GiB after its weights (34.3 with a 16 GiB pool), before ~1.5 GiB of CUDA graphs;
+# a KV slot is the target's 32 layers x 8 heads x 128 x (K, V) in bf16, 128 KiB, and the draft layer's 4;
+# and what the GPU keeps back from them all (the driver, activations, the allocator's slack).
+EIGHT_B_SERVER_MIB = 20 * 1024
+EIGHT_B_SLOT_KIB = 132
+SHARED_GPU_RESERVE_MIB = 3 * 1024
+PROMPT_TOKENS_MAX = 47  # client.prompt's longest
+DRAFT_SLOTS_PER_REQUEST = 8  # slots a speculative request holds beyond its tokens (its draft tree, with room)
 
 
-def shared_gpu_8b_servers(gpu_memory_mib: int | None) -> int:
-    """How many 8B-shape servers start side by side: an H200 3, an H100 80GB 2; 3 where unknown."""
+def eight_b_pool_tokens(gpu_memory_mib: int | None, servers: int) -> int:
+    """Each KV pool of ``servers`` 8B-shape servers side by side: launch.SHARED_GPU_MAX_TOTAL_TOKENS
+    where that fits (an H200) or the memory is unknown, else what the memory leaves each, in whole
+    1024s (an H100 80GB, three: 44032). Session 32's three at 131072 each overfilled an H100."""
     if gpu_memory_mib is None:
-        return SHARED_GPU_8B_SERVERS
-    return max(1, min(SHARED_GPU_8B_SERVERS, gpu_memory_mib // SHARED_GPU_8B_SERVER_MIB))
+        return launch.SHARED_GPU_MAX_TOTAL_TOKENS
+    left = max(0, gpu_memory_mib - SHARED_GPU_RESERVE_MIB - servers * EIGHT_B_SERVER_MIB)
+    fit = left * 1024 // servers // EIGHT_B_SLOT_KIB
+    return min(launch.SHARED_GPU_MAX_TOTAL_TOKENS, fit // 1024 * 1024)
+
+
+def eight_b_slots_needed(opts: ProofOptions) -> int:
+    """The most KV slots one server's 8B loads hold at once: throughput's highest level or mixed_load's
+    highest phase, each request with the longest prompt, its new tokens and its draft's slots."""
+    loads = (
+        (max(opts.throughput_levels), opts.throughput_new_tokens),
+        (max(opts.mixed_phases), opts.mixed_new_tokens),
+    )
+    return max(c * (PROMPT_TOKENS_MAX + new + DRAFT_SLOTS_PER_REQUEST) for c, new in loads)
+
+
+def shared_gpu_8b_servers(gpu_memory_mib: int | None, slots_needed: int) -> int:
+    """How many 8B-shape servers start side by side (at most 3), each with a pool of
+    ``eight_b_pool_tokens`` that holds ``slots_needed``: an H200 or an H100 80GB 3 for the default loads."""
+    for servers in range(SHARED_GPU_8B_SERVERS, 1, -1):
+        if eight_b_pool_tokens(gpu_memory_mib, servers) >= slots_needed:
+            return servers
+    return 1
 
 
 @dataclass(frozen=True)
@@ -623,6 +657,7 @@ class Proof:
         self.report: dict[str, Any] = {}
         self.aborted: str | None = None
         self.sglang: detect.SGLang | None = None
+        self.gpu_memory_mib: int | None = None  # detect.gpu_memory_mib(), read as the run starts
         self.server_info: dict[str, Any] = {}  # the report entry of the server served last
         self._queue: list[Plan] = []  # what ``starting`` was told will be served, not started yet
         self._started: dict[str, tuple[Server, dict[str, Any]]] = {}  # up or starting, not yet served
@@ -649,7 +684,8 @@ class Proof:
     def run(self) -> dict[str, Any]:
         opts = self.opts
         self.sglang = sglang = detect.locate(opts.sglang, opts.python, self.env)
-        checks, skipped = plan(opts, sglang, detect.gpu_memory_mib())
+        self.gpu_memory_mib = detect.gpu_memory_mib()
+        checks, skipped = plan(opts, sglang, self.gpu_memory_mib)
         opts.out.mkdir(parents=True, exist_ok=True)
         self.report = {
             "model": self.model_name,
@@ -658,6 +694,7 @@ class Proof:
             "sglang_dir": str(sglang.package),
             "path": opts.path,
             "gpu": detect.gpu_name(),
+            "gpu_memory_mib": self.gpu_memory_mib,
             "command": opts.command,
             "dynspec_applied": sglang.dynspec_applied,
             "dynspec_revisions": detect.applied_revisions(sglang.package),  # patch id -> revision in the tree
@@ -813,6 +850,11 @@ class Proof:
             adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
             real=opts.model_dir,
             shared_gpu_nccl_port=nccl_port,
+            shared_gpu_pool_tokens=(
+                eight_b_pool_tokens(self.gpu_memory_mib, opts.parallel_starts)
+                if opts.model_dir is None and plan.shape.startswith("8b")
+                else launch.SHARED_GPU_MAX_TOTAL_TOKENS
+            ),
             attention_backend=opts.attention_backend,
             tokenizer=plan.tokenizer,
         )

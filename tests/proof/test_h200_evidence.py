@@ -18,7 +18,7 @@ import pytest
 
 from patcher.proof import acceptance, exactkv, metrics, steps
 from patcher.proof.command import DEFAULTS
-from patcher.proof.run import SHARED_GPU_8B_SERVER_MIB, proposals_apart, shared_gpu_8b_servers
+from patcher.proof.run import EIGHT_B_SERVER_MIB, EIGHT_B_SLOT_KIB, eight_b_pool_tokens, proposals_apart
 from patches.runtime import dynspec_v2 as v2
 
 PROOF = Path(__file__).resolve().parents[2] / "docs" / "proof"
@@ -2721,17 +2721,23 @@ def test_session_32_0_5_15s_kit_lacks_the_cutlass_dsl_its_eagle_worker_imports()
     assert "cutlass" not in logs["refusal-topk.log"]  # the control: a refusal never gets that far
 
 
-def test_session_32_three_8b_servers_overfill_an_h100_and_the_harness_now_says_so_first() -> None:
-    """kv-tput 0.5.17 with --parallel-starts 3 on an H100 80GB: two servers held 32.1 and 34.3 GiB,
-    the third found 12 GiB for its weights and died (exit -9): no throughput, no mixed_load. The
-    harness now reads the GPU's memory and refuses that before any start; two fit."""
+def test_session_32_three_8b_servers_overfill_an_h100_and_now_get_pools_it_holds() -> None:
+    """kv-tput 0.5.17 with --parallel-starts 3 on an H100 80GB: two servers held 32.1 and 34.3 GiB
+    (with 131072-slot pools, 16 GiB of target K/V), the third found 12 GiB for its weights and died
+    (exit -9): no throughput, no mixed_load. The harness now sizes the three pools from the GPU's
+    memory, and its estimate of what a server holds besides its pool covers what these two held."""
     report = report_of(S32_17_TPUT, {}, S31_REVISIONS)
     assert "--parallel-starts 3" in report["command"] and not report["throughput"]["passed"]
+    argv = report["servers"][0]["argv"]
+    assert argv[argv.index("--max-total-tokens") + 1] == "131072"
     (log,) = members(S32_17_TPUT / "logs.tar.xz", "always-on-sim.log").values()
     held = re.search(r"capacity of ([\d.]+) GiB .* Process \d+ has ([\d.]+) GiB .* Process \d+ has ([\d.]+) GiB", log)
     assert held is not None
     capacity, first, second = (float(x) for x in held.groups())
     assert (capacity, first, second) == (79.18, 32.09, 34.3)
-    assert max(first, second) * 1024 < SHARED_GPU_8B_SERVER_MIB  # the estimate covers what a server held
-    assert shared_gpu_8b_servers(int(capacity * 1024)) == 2
-    assert shared_gpu_8b_servers(143771) == 3  # the control: an H200 keeps its three
+    old_pool_mib = 131072 * EIGHT_B_SLOT_KIB // 1024
+    assert max(first, second) * 1024 - old_pool_mib < EIGHT_B_SERVER_MIB  # the estimate covers what they held
+    # three servers and their new pools in what torch saw of the card, the reserve left over
+    pool = eight_b_pool_tokens(81559, 3)
+    assert pool == 44032 and 3 * (EIGHT_B_SERVER_MIB + pool * EIGHT_B_SLOT_KIB // 1024) < capacity * 1024
+    assert 3 * (EIGHT_B_SERVER_MIB + old_pool_mib) > capacity * 1024  # the control: the old pools did not fit

@@ -796,23 +796,43 @@ def test_the_gpus_are_named_from_the_same_query(tmp_path, monkeypatch, stdout, c
     assert detect.gpu_name() == name
 
 
-def test_three_8b_servers_on_an_h100_are_a_usage_error_before_any_start(site, tmp_path, monkeypatch):
-    """On an 80 GB GPU the third 8B-shape server of throughput's three found 12 GiB and died after a
-    two-minute start (session 32): refused at once, naming the memory; two fit and run one after another."""
-    fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
+@pytest.mark.parametrize(("mib", "pool"), [(81559, "44032"), (143771, "131072")], ids=["h100", "h200"])
+def test_three_8b_servers_get_pools_the_gpus_memory_holds(site, tmp_path, monkeypatch, mib, pool):
+    """Session 32's three 8B servers at 131072 slots each overfilled an H100 (the third found 12 GiB and
+    died): on an 80 GB GPU each now gets the pool its share of memory holds; on an H200 (the control)
+    the pool sessions 15 - 31 ran with. The small-shape servers of the same run keep theirs."""
+    fake_nvidia_smi(tmp_path, monkeypatch, f"{mib}\\n")
+    result = run_proof(
+        options(site(), tmp_path / "out", checks=("equivalence", "throughput"), parallel_starts=3), lambda m: None
+    )
+    assert result["gpu_memory_mib"] == mib
+    pools = {s["name"]: s["argv"][s["argv"].index("--max-total-tokens") + 1] for s in result["servers"]}
+    assert {n: v for n, v in pools.items() if n.endswith("-sim")} == {
+        "base-sim": pool, "always-on-sim": pool, "dynspec-sim": pool
+    }  # fmt: skip
+    assert {v for n, v in pools.items() if not n.endswith("-sim")} == {"131072"}
+
+
+def test_8b_servers_a_gpu_cannot_hold_are_a_usage_error_before_any_start(site, tmp_path, monkeypatch):
+    """On a 40 GB GPU not even two 8B servers hold their loads: refused at once, naming the memory and
+    the slots the loads need; nothing started, nothing written."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "40960\\n")
     out = tmp_path / "out"
     with pytest.raises(
         ProofUsageError,
-        match=r"^--parallel-starts 3: .* at most 2 servers side by side in this GPU.s 80 GiB \(about 36 GiB each\); with fewer",
+        match=r"^--parallel-starts 3: .* at most 1 server side by side in this GPU's 40 GiB with the \d+ KV slots",
     ):
         run_proof(options(site(), out, checks=("throughput",), parallel_starts=3), lambda m: None)
-    assert not out.exists()  # nothing started, nothing written
+    assert not out.exists()
 
 
-@pytest.mark.parametrize(("mib", "fit"), [(81559, 2), (143771, 3), (None, 3), (30000, 1)])
-def test_an_h200_or_an_unknown_gpu_still_takes_three(mib, fit):
-    """The controls: an H200's memory, or none known, keeps the three that sessions 15 - 31 ran."""
-    assert run.shared_gpu_8b_servers(mib) == fit
+@pytest.mark.parametrize(("mib", "fit"), [(81559, 3), (143771, 3), (None, 3), (40960, 1), (64000, 2)])
+def test_how_many_8b_servers_fit_side_by_side(mib, fit):
+    """An H100 80GB and an H200 take throughput's three (the H100 with smaller pools); 64 GB two, 40 GB
+    none beside another; unknown memory keeps the three that sessions 15 - 31 ran."""
+    need = run.eight_b_slots_needed(ProofOptions(out=Path("unused")))
+    assert run.shared_gpu_8b_servers(mib, need) == fit
+    assert run.eight_b_pool_tokens(mib, fit) >= need or mib == 40960
 
 
 def test_real_weights_keep_three_side_by_side_on_an_h100(site, tmp_path, monkeypatch):
