@@ -30,6 +30,10 @@ AUTO_CEILING = MAX_RUNNING_REQUESTS - 1
 # its neighbours hold at the moment it looks. The 8B shape (16 GB of weights, 16 GB of pool) fits 3.
 SHARED_GPU_MAX_TOTAL_TOKENS = 131072
 SHARED_GPU_MEM_FRACTION = "0.85"
+# A pool sized to what the GPU's memory leaves each server (an H100 with three 8B ones): SGLang keeps
+# (1 - fraction) x the memory it found free before loading, which for a server that looked before its
+# neighbours loaded is gigabytes it does not need; its pool would come out below the one asked for.
+SHARED_GPU_TIGHT_MEM_FRACTION = "0.95"
 
 BASE_FLAGS = (
     "--load-format", "dummy",
@@ -164,7 +168,10 @@ def server_args(
     if tp is not None:
         args += ["--tp-size", str(tp)]
     if shared_gpu_nccl_port is not None:
-        args[args.index("--mem-fraction-static") + 1] = SHARED_GPU_MEM_FRACTION
+        tight = shared_gpu_pool_tokens < SHARED_GPU_MAX_TOTAL_TOKENS
+        args[args.index("--mem-fraction-static") + 1] = (
+            SHARED_GPU_TIGHT_MEM_FRACTION if tight else SHARED_GPU_MEM_FRACTION
+        )
         args += ["--max-total-tokens", str(shared_gpu_pool_tokens), "--nccl-port", str(shared_gpu_nccl_port)]
         args.append("--sleep-on-idle")  # else a server waiting its turn spins a core at 100 % (SGLang's IdleSleeper)
     if mode == BASE_NO_OVERLAP:

@@ -154,6 +154,15 @@ def scan_file(path: Path, start: int = 0, end: int | None = None) -> Scan:
     return scan(text, first_line)
 
 
+KV_POOL = re.compile(r"max_total_num_tokens=(\d+)")  # SGLang's start-up line with the KV pool it made
+
+
+def kv_pool_tokens(text: str) -> int | None:
+    """The KV pool (slots) a server's start-up log says it made, the last such line; None if none."""
+    found = KV_POOL.findall(text)
+    return int(found[-1]) if found else None
+
+
 def tail(path: Path, lines: int = 30) -> str:
     text, _ = read_window(path)
     return "\n".join(text.splitlines()[-lines:])

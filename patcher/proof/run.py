@@ -362,19 +362,22 @@ def plan(
             raise ProofUsageError(
                 "--parallel-starts needs --tp 1: SGLang checks that its GPUs' free memory is balanced"
             )
-        # the GPU's memory limits the dummy 8B shape's servers; real weights keep the cap they had
-        memory = gpu_memory_mib if opts.serves_8b else None
+        # The GPU's memory limits the dummy 8B shape's servers, whichever checks run them (their pools
+        # are sized from it: eight_b_pool_tokens); throughput's three, of any model, at most 3.
+        eight_b = opts.model_dir is None and any(opts.shape_for(c).startswith("8b") for c in checks)
+        memory = gpu_memory_mib if eight_b else None
         need = eight_b_slots_needed(opts)
         fit = shared_gpu_8b_servers(memory, need)
-        if {"throughput", "mixed_load", "auto_threshold"} & set(checks) and opts.parallel_starts > fit:
+        if (eight_b or {"throughput", "mixed_load", "auto_threshold"} & set(checks)) and opts.parallel_starts > fit:
             held = (
                 ""
                 if memory is None
-                else f" in this GPU's {memory / 1024:.0f} GiB with the {need} KV slots their loads need"
+                else f" in this GPU's {memory / 1024:.0f} GiB, with pools of the {need} KV slots the loads need"
             )
             raise ProofUsageError(
-                f"--parallel-starts {opts.parallel_starts}: throughput, mixed_load and auto_threshold start "
-                f"at most {fit} server{'s' if fit > 1 else ''} side by side{held}"
+                f"--parallel-starts {opts.parallel_starts}: at most {fit} of "
+                + ("the 8B shape's servers" if eight_b else "throughput's, mixed_load's and auto_threshold's servers")
+                + f" start side by side{held}"
                 + ("; with fewer, they run one after another" if fit > 1 else "")
             )
     names = [name for name, _ in opts.mixed_variants]
@@ -519,10 +522,12 @@ ORDER_TOGETHER = "interleaved: the servers took turns at each level and pass, th
 ORDER_ALONE = "one server after another"
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
 SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers side by side at most (throughput's and mixed_load's three)
-# What the GPU's memory must hold for each of them besides its KV pool: session 32's always-on server on
-# an H100 held 18.3 GiB after its weights (34.3 with a 16 GiB pool), before ~1.5 GiB of CUDA graphs;
-# a KV slot is the target's 32 layers x 8 heads x 128 x (K, V) in bf16, 128 KiB, and the draft layer's 4;
-# and what the GPU keeps back from them all (the driver, activations, the allocator's slack).
+# What the GPU's memory must hold for each of them besides its KV pool, on average: in session 32 on an
+# H100 base and dynspec held 40.3 GiB together besides their pools once up (0.5.17 also captures prefill
+# graphs, for the draft too): a speculative server about 21, base about 19; a KV slot is the target's 32
+# layers x 8 heads x 128 x (K, V) in bf16, 128 KiB, and the draft layer's 4; and what the GPU keeps back
+# from them all (the driver, activations, the allocator's slack). On an H100 the three then leave about
+# 3 GiB: thin, and not yet run (a pool SGLang makes smaller stops the check: Proof._wait).
 EIGHT_B_SERVER_MIB = 20 * 1024
 EIGHT_B_SLOT_KIB = 132
 SHARED_GPU_RESERVE_MIB = 3 * 1024
@@ -885,6 +890,19 @@ class Proof:
         server.wait_ready(opts.start_timeout, opts.poll_interval, opts.progress_every)
         info["start_seconds"] = round(server.start_seconds, 1)
         self.progress(f"{name} is up after {server.start_seconds:.0f} s")
+        # --max-total-tokens only caps the pool: SGLang makes it smaller, with a warning, where the
+        # memory it found free as it started was short (neighbours loading beside it), and an 8B
+        # server whose pool cannot hold its load would queue or retract and time something else.
+        pool = logscan.kv_pool_tokens(logscan.read_window(server.spec.log, 0, server.ready_offset)[0])
+        info["kv_pool_tokens"] = pool
+        if pool is not None and opts.serves_8b and str(info.get("shape", "")).startswith("8b"):
+            need = eight_b_slots_needed(opts)
+            if pool < need:
+                beside = " (it found the GPU's memory short, starting beside others: try fewer --parallel-starts)"
+                raise ServerStartError(
+                    f"{name}: SGLang made a KV pool of {pool} slots, fewer than the {need} its loads need"
+                    + (beside if opts.parallel_starts > 1 else "")
+                )
         warm = self.client(server).generate(WARMUP_PROMPT, 8)
         if warm.error:
             raise ServerStartError(f"{name}: the warm-up request failed: {warm.error}")

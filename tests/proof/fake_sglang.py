@@ -21,6 +21,7 @@ logged with the enable threshold's batch size), ``noflush`` (``/flush_cache`` an
 ``DYNSPEC_DRAFT_KV=full``'s), ``nocontrol`` (``DYNSPEC_DRAFT_KV=skip`` drafts what full does),
 ``kvoff`` (a KV-only dynspec server's start-up line says it runs the full draft extend),
 ``autowrong`` (with ``auto``, each switch off names its own batch size as the size it is off above),
+``smallpool`` (its start-up line names a KV pool half the ``--max-total-tokens`` asked for),
 ``thresholdlie`` (with a number N, switch lines name N + 1 as the size speculation is off above),
 ``refusaltraceback`` (a refused start raises the ValueError, as dynspec did before session 27: a
 traceback), ``norefusal`` (nothing is refused), ``metricsdrift`` (the switch counter misses every
@@ -649,6 +650,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--speculative-enable-batch-size", type=int)
     parser.add_argument("--speculative-adaptive", action="store_true")
     parser.add_argument("--speculative-adaptive-config")
+    parser.add_argument("--max-total-tokens", type=int)
     args, _ = parser.parse_known_args(argv)
     if args.dp_size == 1:  # every release turns DP attention off with one DP rank, and serves
         args.enable_dp_attention = False
@@ -670,6 +672,8 @@ def main(argv: list[str]) -> None:
             log("speculative_adaptive disabled: injected. Falling back to static speculative params.")
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     log(f"scheduler pid {child.pid}")
+    pool = args.max_total_tokens or 131072  # SGLang's line; smallpool: the memory it found was short
+    log(f"max_total_num_tokens={pool // 2 if 'smallpool' in faults else pool}, chunked_prefill_size=8192")
     time.sleep(float(os.environ.get("FAKE_SGLANG_START_DELAY", "0.2")))
     threshold = args.speculative_disable_batch_size
     ceiling = args.max_running_requests - 1

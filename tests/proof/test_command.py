@@ -72,7 +72,7 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
         (["--deterministic", "maybe"], "'maybe' is not one of"),
         (
             ["--checks", "mixed_load", "--parallel-starts", "4"],
-            "--parallel-starts 4: throughput, mixed_load and auto_threshold start at most 3",
+            "--parallel-starts 4: at most 3 of the 8B shape's servers start side by side",
         ),
         (["--parallel-starts", "2", "--tp", "2"], "--parallel-starts needs --tp 1"),
         (["--parallel-starts", "9"], "9 is not in the range 1<=x<=8"),

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patcher.proof.logscan import LogFollower, read_window, scan, scan_file, tail
+from patcher.proof.logscan import LogFollower, kv_pool_tokens, read_window, scan, scan_file, tail
 from patches.runtime.dynspec_runtime import SWITCH_LOG
 
 LOG = """\
@@ -106,3 +106,14 @@ def test_the_follower_reads_only_whole_new_lines(tmp_path: Path) -> None:
         f.write("ch size 33\n")
     assert [(t.direction, t.batch_size, t.line) for t in follower.poll()] == [("OFF", 33, 3)]
     assert (follower.off, follower.on) == (1, 1)
+
+
+def test_the_kv_pool_is_read_from_sglangs_start_up_line():
+    """The line as 0.5.17 wrote it in session 32 (two servers of one call); the last one counts."""
+    line = (
+        "[2026-12-06 04:29:06] max_total_num_tokens={}, chunked_prefill_size=8192, max_prefill_tokens=16384, "
+        "max_running_requests=128, context_len=8192, available_gpu_mem=9.28 GB"
+    )
+    assert kv_pool_tokens(line.format(131072)) == 131072
+    assert kv_pool_tokens(line.format(131072) + "\n" + line.format(44032)) == 44032
+    assert kv_pool_tokens("The server is fired up and ready to roll!") is None  # the control

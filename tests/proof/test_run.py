@@ -806,11 +806,38 @@ def test_three_8b_servers_get_pools_the_gpus_memory_holds(site, tmp_path, monkey
         options(site(), tmp_path / "out", checks=("equivalence", "throughput"), parallel_starts=3), lambda m: None
     )
     assert result["gpu_memory_mib"] == mib
+    assert {s["kv_pool_tokens"] for s in result["servers"] if s["name"].endswith("-sim")} == {int(pool)}
     pools = {s["name"]: s["argv"][s["argv"].index("--max-total-tokens") + 1] for s in result["servers"]}
     assert {n: v for n, v in pools.items() if n.endswith("-sim")} == {
         "base-sim": pool, "always-on-sim": pool, "dynspec-sim": pool
     }  # fmt: skip
     assert {v for n, v in pools.items() if not n.endswith("-sim")} == {"131072"}
+    # a pool sized to the memory asks SGLang to keep less back from it (launch.SHARED_GPU_TIGHT_MEM_FRACTION)
+    fractions = {
+        s["argv"][s["argv"].index("--mem-fraction-static") + 1] for s in result["servers"] if s["name"].endswith("-sim")
+    }
+    assert fractions == ({"0.95"} if pool != "131072" else {"0.85"})
+
+
+@pytest.mark.parametrize(("mib", "passed"), [(81559, False), (143771, True)], ids=["h100", "h200"])
+def test_a_pool_sglang_made_too_small_for_the_load_stops_the_check(site, tmp_path, monkeypatch, mib, passed):
+    """--max-total-tokens only caps a pool: SGLang makes a smaller one where the memory it found was
+    short. Each 8B server's start-up line is read, and one whose pool cannot hold the loads stops the
+    check (on an H100, half of 44032 is below the 23424 slots these loads need); on an H200 (the
+    control) half of 131072 still holds them and the check runs."""
+    fake_nvidia_smi(tmp_path, monkeypatch, f"{mib}\\n")
+    opts = options(site(), tmp_path / "out", faults="smallpool", checks=("throughput",), parallel_starts=3)
+    result = run_proof(opts, lambda m: None)
+    assert result["throughput"]["passed"] is passed, reports.summary(result)
+    pools = {s["name"]: s.get("kv_pool_tokens") for s in result["servers"]}
+    if passed:
+        assert set(pools.values()) == {65536}
+    else:
+        (first,) = [name for name, pool in pools.items() if pool is not None]  # the check stopped at it
+        assert pools[first] == 22016
+        assert f"{first}: SGLang made a KV pool of 22016 slots, fewer than the 23424 its loads need" in str(
+            result["throughput"]["problems"]
+        )
 
 
 def test_8b_servers_a_gpu_cannot_hold_are_a_usage_error_before_any_start(site, tmp_path, monkeypatch):
@@ -820,7 +847,7 @@ def test_8b_servers_a_gpu_cannot_hold_are_a_usage_error_before_any_start(site, t
     out = tmp_path / "out"
     with pytest.raises(
         ProofUsageError,
-        match=r"^--parallel-starts 3: .* at most 1 server side by side in this GPU's 40 GiB with the \d+ KV slots",
+        match=r"^--parallel-starts 3: at most 1 of the 8B shape's servers start side by side in this GPU's 40 GiB, with pools of the \d+ KV slots",
     ):
         run_proof(options(site(), out, checks=("throughput",), parallel_starts=3), lambda m: None)
     assert not out.exists()
@@ -835,6 +862,17 @@ def test_how_many_8b_servers_fit_side_by_side(mib, fit):
     assert run.eight_b_pool_tokens(mib, fit) >= need or mib == 40960
 
 
+def test_any_check_on_the_8b_shape_is_held_to_what_the_gpu_holds(site, tmp_path, monkeypatch):
+    """Not only throughput's: equivalence on --shape 8b with four servers at once on an H100 would give
+    each a pool of 0 slots (a review found it); refused. Three fit (the control)."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
+    sglang = detect.locate(str(site()), sys.executable, dict(os.environ))
+    opts = options(site(), tmp_path / "out", checks=("equivalence",), shape="8b", parallel_starts=4)
+    with pytest.raises(ProofUsageError, match=r"^--parallel-starts 4: at most 3 of the 8B shape's servers"):
+        run.plan(opts, sglang, 81559)
+    assert run.plan(replace(opts, parallel_starts=3), sglang, 81559)[0] == ["equivalence"]
+
+
 def test_real_weights_keep_three_side_by_side_on_an_h100(site, tmp_path, monkeypatch):
     """The control of the memory refusal: a real model (135M) is not the 8B shape, so an H100's
     memory does not lower its cap (real-auto starts 3 at a time); the old cap of 3 still holds."""
@@ -843,5 +881,8 @@ def test_real_weights_keep_three_side_by_side_on_an_h100(site, tmp_path, monkeyp
         site(), tmp_path / "out", checks=("throughput",), parallel_starts=3, model="real", model_dir=tmp_path / "model"
     )
     assert run.plan(opts, detect.locate(str(site()), sys.executable, dict(os.environ)), 81559)[0] == ["throughput"]
-    with pytest.raises(ProofUsageError, match=r"^--parallel-starts 4: .* at most 3 servers side by side; with fewer"):
+    with pytest.raises(
+        ProofUsageError,
+        match=r"^--parallel-starts 4: at most 3 of throughput's, mixed_load's and auto_threshold's servers start side by side; with fewer",
+    ):
         run.plan(replace(opts, parallel_starts=4), detect.locate(str(site()), sys.executable, dict(os.environ)), 81559)
