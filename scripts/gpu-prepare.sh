@@ -77,8 +77,10 @@ one=".gpu/kit-$V.tar.xz"
 if ! [ "$one" -nt ".gpu/kit-$V-a.tar.xz" ] || ! [ "$one" -nt ".gpu/kit-$V-b.tar.xz" ]; then  # missing or older than a part
   site=$(mktemp -d)
   tar -xJf ".gpu/kit-$V-a.tar.xz" -C "$site" && tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
+  # Also sgl_kernel's InfLLM-V2 attention (29 MB from 0.5.16), loaded only when that attention runs
+  # (sgl_kernel/infllm_v2/_loader.py, inside its kernels' calls).
   (cd "$site" && tar -cf - --exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen \
-    --exclude='./sglang/srt/grpc/_core*.so' . | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
+    --exclude='./sglang/srt/grpc/_core*.so' --exclude='./sgl_kernel/infllm_ops*.so' . | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
   rm -rf "$site" "$one.tmp"
 fi
 # A packing that failed or was stopped leaves no one-part kit: the two parts still serve.
