@@ -152,7 +152,8 @@ def server_args(
     of ``dynspec real prepare`` whose weights are loaded (the shape is then ignored).
     ``shared_gpu_nccl_port``: the server starts beside others on the GPU (--parallel-starts): a
     fixed KV pool of ``shared_gpu_pool_tokens`` (``SHARED_GPU_MAX_TOTAL_TOKENS`` unless the GPU's
-    memory asks for less), a port of its own for torch.distributed, and an idle loop that sleeps. ``attention_backend`` replaces Triton, every check's default.
+    memory asks for less), a port of its own for torch.distributed, and an idle loop that sleeps.
+    ``attention_backend`` replaces Triton, every check's default.
     ``tokenizer``: the server loads the model's tokenizer (grammar needs it; a real model's only) and
     writes JSON without free whitespace, so that a schema's output is as short as it can be."""
     if mode not in (*MODES, UPSTREAM_ADAPTIVE, BASE_NO_OVERLAP):

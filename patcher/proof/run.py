@@ -197,10 +197,10 @@ class ProofOptions:
             return self.enable_threshold or 1
         return self.dynspec.on_at_most
 
-    @property
-    def serves_8b(self) -> bool:
-        """Whether throughput's and mixed_load's servers run a dummy 8B shape (the memory-bound ones)."""
-        return self.model_dir is None and self.shape_for("mixed_load").startswith("8b")
+    def dummy_8b(self, shape: str) -> bool:
+        """Whether servers of ``shape`` load the dummy 8B pair: started side by side, their KV pools
+        are sized to the GPU's memory (eight_b_pool_tokens)."""
+        return self.model_dir is None and shape.startswith("8b")
 
     def shape_for(self, check: str) -> str:
         if self.shape != "auto":
@@ -364,7 +364,7 @@ def plan(
             )
         # The GPU's memory limits the dummy 8B shape's servers, whichever checks run them (their pools
         # are sized from it: eight_b_pool_tokens); throughput's three, of any model, at most 3.
-        eight_b = opts.model_dir is None and any(opts.shape_for(c).startswith("8b") for c in checks)
+        eight_b = any(opts.dummy_8b(opts.shape_for(c)) for c in checks)
         memory = gpu_memory_mib if eight_b else None
         need = eight_b_slots_needed(opts)
         fit = shared_gpu_8b_servers(memory, need)
@@ -857,7 +857,7 @@ class Proof:
             shared_gpu_nccl_port=nccl_port,
             shared_gpu_pool_tokens=(
                 eight_b_pool_tokens(self.gpu_memory_mib, opts.parallel_starts)
-                if opts.model_dir is None and plan.shape.startswith("8b")
+                if opts.dummy_8b(plan.shape)
                 else launch.SHARED_GPU_MAX_TOTAL_TOKENS
             ),
             attention_backend=opts.attention_backend,
@@ -895,7 +895,7 @@ class Proof:
         # server whose pool cannot hold its load would queue or retract and time something else.
         pool = logscan.kv_pool_tokens(logscan.read_window(server.spec.log, 0, server.ready_offset)[0])
         info["kv_pool_tokens"] = pool
-        if pool is not None and opts.serves_8b and str(info.get("shape", "")).startswith("8b"):
+        if pool is not None and opts.dummy_8b(str(info.get("shape", ""))):
             need = eight_b_slots_needed(opts)
             if pool < need:
                 beside = " (it found the GPU's memory short, starting beside others: try fewer --parallel-starts)"
