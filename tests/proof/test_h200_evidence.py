@@ -2561,15 +2561,21 @@ def test_session_31_r29_gives_stock_tokens_and_counts_100_crossings(run: str) ->
     counted_100_switches(report)
 
 
-@pytest.mark.parametrize(("run", "cases"), [("0.5.12-v2", 7), ("0.5.14-v2", 6)])
-def test_session_31_every_combination_is_refused_with_its_line_and_exit_2(run: str, cases: int) -> None:
-    """refusals (issue 18): each case a server of its own, all exiting 2 at ServerArgs' check with
-    one line naming the combination and no traceback; 0.5.12 has one case more (auto needs 0.5.14)."""
-    report = report_of(S31_REFUSED[run], {}, S31_REVISIONS)
+def refused_all(report: dict, cases: int) -> list[dict]:
+    """refusals: ``cases`` servers, each exiting 2 at ServerArgs' check with one line naming its
+    combination and no traceback; the rows."""
     rows = report["refusals"]["cases"]
     assert report["refusals"]["passed"] and len(rows) == cases
     assert all(row["exit_code"] == 2 and not row["problems"] for row in rows)
     assert all(row["line"].startswith(f"error: {row['says']}") for row in rows)
+    return rows
+
+
+@pytest.mark.parametrize(("run", "cases"), [("0.5.12-v2", 7), ("0.5.14-v2", 6)])
+def test_session_31_every_combination_is_refused_with_its_line_and_exit_2(run: str, cases: int) -> None:
+    """refusals (issue 18): each case a server of its own, all exiting 2 at ServerArgs' check with
+    one line naming the combination and no traceback; 0.5.12 has one case more (auto needs 0.5.14)."""
+    rows = refused_all(report_of(S31_REFUSED[run], {}, S31_REVISIONS), cases)
     assert ("auto" in {row["name"] for row in rows}) is (run == "0.5.12-v2")
 
 
@@ -2657,13 +2663,6 @@ S32_PROOF = {
 S32_11_V1 = PROOF / "0.5.11-v1-s32-r29-proof"
 S32_15 = PROOF / "0.5.15-v2-s32-r29-no-cutlass"
 S32_17_TPUT = PROOF / "0.5.17-v2-s32-r29-tput-oom"
-
-
-def refused_all(report: dict, cases: int) -> None:
-    """refusals: ``cases`` servers, each exiting 2 at ServerArgs' check with one line naming it, no traceback."""
-    rows = report["refusals"]["cases"]
-    assert report["refusals"]["passed"] and len(rows) == cases
-    assert all(row["exit_code"] == 2 and not row["problems"] and row["line"].startswith("error: ") for row in rows)
 
 
 @pytest.mark.parametrize("run", sorted(S32_PROOF))
