@@ -1,13 +1,15 @@
 """``--speculative-disable-batch-size auto`` (``patches/runtime/dynspec_auto.py``) on recorded timings.
 
-The step costs come from a real run: the decode log lines of session 26's 0.5.17 throughput check
-on the H200 (always-on's speculative steps, dynspec's fallback steps, 8B shape, 256 new tokens).
+The step costs come from real runs: the decode log lines of 0.5.17's throughput check (always-on's
+speculative steps, dynspec's fallback steps, 8B shape, 256 new tokens), session 26's on an H200
+and session 33's on an H100, whose crossover lies elsewhere.
 A small simulator replays a load through the runtime's own ``SwitchController``, driven by
 ``AutoDriver`` or by a fixed N, on a clock that advances by those costs (with seeded noise).
 """
 
 from __future__ import annotations
 
+import json
 import random
 import re
 import statistics
@@ -22,7 +24,8 @@ from patches.runtime import dynspec_runtime as runtime
 from patches.runtime.dynspec_auto import AutoDriver, AutoThreshold, Thresholds, bucket_of
 from patches.runtime.dynspec_settings import AUTO, parse_threshold
 
-RECORDED = Path(__file__).parents[2] / "docs/proof/0.5.17-v2-s26-r22-tput/logs.tar.xz"
+PROOF = Path(__file__).parents[2] / "docs/proof"
+RECORDED = {"h200": PROOF / "0.5.17-v2-s26-r22-tput/logs.tar.xz", "h100": PROOF / "0.5.17-v2-s33-r29-tput/logs.tar.xz"}
 DECODE = re.compile(
     r"Decode batch, #running-req: (\d+), .*?(?:accept len: ([\d.]+), .*?)?gen throughput \(token/s\): ([\d.]+)"
 )
@@ -43,19 +46,19 @@ def steady_ms(log: str, speculative: bool) -> dict[int, float]:
 
 
 @cache
-def recorded_ms() -> dict[bool, dict[int, float]]:
+def recorded_ms(gpu: str = "h200") -> dict[bool, dict[int, float]]:
     """Speculation's costs from always-on's log; the fallback's from dynspec's (64 and 128, where it
     ran) and below that from plain decode's, scaled by the fallback's cost over plain decode's at 64."""
-    with tarfile.open(RECORDED) as tar:
+    with tarfile.open(RECORDED[gpu]) as tar:
         logs = {n: tar.extractfile(f"{n}-sim.log").read().decode() for n in ("always-on", "dynspec", "base")}  # type: ignore[union-attr]
     fallback, plain = steady_ms(logs["dynspec"], False), steady_ms(logs["base"], False)
     scale = fallback[64] / plain[64]
     return {True: steady_ms(logs["always-on"], True), False: {**{b: ms * scale for b, ms in plain.items()}, **fallback}}
 
 
-def cost_ms(speculative: bool, size: int) -> float:
+def cost_ms(speculative: bool, size: int, gpu: str = "h200") -> float:
     """Linear between the recorded sizes, flat beyond them."""
-    table = recorded_ms()[speculative]
+    table = recorded_ms(gpu)[speculative]
     sizes = sorted(table)
     if size <= sizes[0] or size >= sizes[-1]:
         return table[sizes[0] if size <= sizes[0] else sizes[-1]]
@@ -67,8 +70,11 @@ def cost_ms(speculative: bool, size: int) -> float:
 class Simulated:
     """A server's decode loop on a virtual clock: closed-loop phases of ``2 x C`` requests."""
 
-    def __init__(self, n: int | str, acceptance: int, *, noise: float = 0.03, seed: int = 0, **auto: object) -> None:
+    def __init__(
+        self, n: int | str, acceptance: int, *, noise: float = 0.03, seed: int = 0, gpu: str = "h200", **auto: object
+    ) -> None:
         self.acceptance = acceptance
+        self.gpu = gpu
         self.rng = random.Random(seed)
         self.noise = noise
         self.now = 0.0
@@ -87,7 +93,7 @@ class Simulated:
                 pending -= 1
             step = self.driver.step(len(running))
             speculative = step == runtime.SPECULATE
-            ms = cost_ms(speculative, len(running)) * (1.15 if step == runtime.RESUME else 1.0)
+            ms = cost_ms(speculative, len(running), self.gpu) * (1.15 if step == runtime.RESUME else 1.0)
             self.now += ms / 1000 * (1 + self.rng.gauss(0, self.noise))
             if speculative and self.threshold is not None:
                 self.threshold.verified([self.acceptance - 1] * len(running))
@@ -99,9 +105,9 @@ class Simulated:
         return sum(self.phase(c, 2 * c) for c in MIXED)
 
 
-def mixed_seconds(n: int | str, acceptance: int, passes: int = 3) -> float:
+def mixed_seconds(n: int | str, acceptance: int, passes: int = 3, gpu: str = "h200") -> float:
     """The median of ``passes`` mixed loads through one server (as the proof's median of passes)."""
-    server = Simulated(n, acceptance)
+    server = Simulated(n, acceptance, gpu=gpu)
     return statistics.median(server.mixed() for _ in range(passes))
 
 
@@ -114,14 +120,48 @@ def test_the_recorded_costs_are_the_runs_own() -> None:
     assert spec[128] / spec[1] > 4 > 1.5 > fallback[128] / fallback[1]
 
 
+def test_an_h100s_steps_cost_more_and_speculation_pays_further_up() -> None:
+    """Session 33's H100 against session 26's H200, same release, shape and load: every step costs
+    more, the fallback's relatively more, so speculation's cost per token meets the fallback's at a
+    larger batch (at 64: 1.19x the fallback's on the H200, 0.99x on the H100)."""
+    h100, h200 = recorded_ms("h100"), recorded_ms("h200")
+    assert all(h100[mode][b] > h200[mode][b] for mode in (True, False) for b in h100[mode])
+    per_token = {gpu: t[True][64] / 3 / t[False][64] for gpu, t in (("h100", h100), ("h200", h200))}
+    assert (round(per_token["h200"], 2), round(per_token["h100"], 2)) == (1.19, 0.99)
+
+
+@pytest.mark.parametrize(
+    ("gpu", "outside_ms"), [("h200", {"always_on": -1, "base": 199}), ("h100", {"always_on": 53, "base": 175})]
+)
+def test_off_its_steady_steps_a_plain_server_loses_more_than_a_speculative_one(gpu: str, outside_ms: dict) -> None:
+    """What auto, timing steady steps only, does not see: a run of 64 requests x 256 tokens takes
+    plain decode ~0.2 s more than 255 of its steady steps, always-on ~0 - 50 ms more than its verifies
+    (the runs' median end-to-end tok/s against each log's median steady step). Not explained yet;
+    it moves the end-to-end crossover above the one the step costs give."""
+    report = json.loads((RECORDED[gpu].parent / "report.json").read_text())["throughput"]
+    at = report["levels"].index(64)
+    with tarfile.open(RECORDED[gpu]) as tar:
+        plain = steady_ms(tar.extractfile("base-sim.log").read().decode(), False)[64]  # type: ignore[union-attr]
+    steps = {
+        "always_on": 255 / report["accept_length"]["always_on"][at] * recorded_ms(gpu)[True][64],
+        "base": 255 * plain,
+    }
+    run_ms = {s: 1000 * 64 * 256 / statistics.median(report["samples"][s][at]) for s in steps}
+    assert {s: round(run_ms[s] - steps[s]) for s in steps} == outside_ms
+    # the control: dynspec, falling back at 64, loses as plain decode does, not as always-on
+    fallback = 1000 * 64 * 256 / statistics.median(report["samples"]["dynspec"][at]) - 255 * recorded_ms(gpu)[False][64]
+    assert fallback > 100 > max(outside_ms["always_on"], 0)
+
+
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
 @pytest.mark.parametrize("acceptance", [2, 3, 4])
-def test_auto_is_within_3_percent_of_the_best_fixed_n_on_the_mixed_load(acceptance: int) -> None:
+def test_auto_is_within_3_percent_of_the_best_fixed_n_on_the_mixed_load(acceptance: int, gpu: str) -> None:
     """auto against the sweep N in {8, 16, 32, 48, 64, 96} at the same acceptance, and against
-    both static servers (N above every batch: always on; N = 0: never)."""
-    fixed = {n: mixed_seconds(n, acceptance) for n in SWEEP}
+    both static servers (N above every batch: always on; N = 0: never), on each GPU's costs."""
+    fixed = {n: mixed_seconds(n, acceptance, gpu=gpu) for n in SWEEP}
     best = min(fixed.values())
-    auto = mixed_seconds(AUTO, acceptance)
-    always_on = mixed_seconds(128, acceptance)
+    auto = mixed_seconds(AUTO, acceptance, gpu=gpu)
+    always_on = mixed_seconds(128, acceptance, gpu=gpu)
     assert auto <= 1.03 * best, (auto, fixed)
     assert auto < always_on
     # The control: the sweep's worst N misses by more than 3 %, so the bound can fail.
@@ -135,9 +175,21 @@ def test_the_best_fixed_n_moves_with_acceptance() -> None:
     assert best[2] <= best[3] < best[4], best
 
 
-@pytest.mark.parametrize(("acceptance", "between"), [(2, (12, 32)), (3, (40, 64)), (4, (64, 127))])
-def test_auto_settles_where_the_recorded_costs_cross(acceptance: int, between: tuple[int, int]) -> None:
-    server = Simulated(AUTO, acceptance)
+@pytest.mark.parametrize(
+    ("gpu", "acceptance", "between"),
+    [
+        ("h200", 2, (12, 32)),
+        ("h200", 3, (40, 56)),
+        ("h200", 4, (64, 127)),
+        ("h100", 2, (16, 40)),
+        ("h100", 3, (57, 72)),
+        ("h100", 4, (64, 127)),
+    ],
+)
+def test_auto_settles_where_the_recorded_costs_cross(gpu: str, acceptance: int, between: tuple[int, int]) -> None:
+    """Where auto puts N after two mixed loads: higher with acceptance, and higher on the H100 than on
+    the H200 at acceptance 3 (ranges that do not overlap: the GPU alone moves the point)."""
+    server = Simulated(AUTO, acceptance, gpu=gpu)
     for _ in range(2):
         server.mixed()
     assert server.threshold is not None
