@@ -163,6 +163,28 @@ def kv_pool_tokens(text: str) -> int | None:
     return int(found[-1]) if found else None
 
 
+# dynspec_auto's Decision.describe(): each threshold change of --speculative-disable-batch-size auto
+AUTO_DECISION = re.compile(
+    r"dynspec auto: off above (\d+), on at or below (\d+) \(([^;]*); acceptance ([0-9.]+|unknown);"
+)
+
+
+@dataclass(frozen=True)
+class AutoDecision:
+    disable_above: int
+    enable_at_or_below: int
+    reason: str  # "estimated", "probe ...", or why the estimates cannot decide yet
+    acceptance: float | None  # the EMA it decided with; None while no verify has been timed
+
+
+def auto_decisions(text: str) -> list[AutoDecision]:
+    """The ``dynspec auto:`` lines of ``text``, in order."""
+    return [
+        AutoDecision(int(off), int(on), reason, None if accept == "unknown" else float(accept))
+        for off, on, reason, accept in AUTO_DECISION.findall(text)
+    ]
+
+
 def tail(path: Path, lines: int = 30) -> str:
     text, _ = read_window(path)
     return "\n".join(text.splitlines()[-lines:])

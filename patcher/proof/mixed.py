@@ -17,6 +17,7 @@ from functools import partial
 from typing import Any
 
 from patcher.proof.client import Client, LevelResult, Request, run_requests, take_turns
+from patcher.proof.logscan import AutoDecision
 
 FIRST_PROMPT = 300_000
 DEFAULT_PHASES = (1, 4, 16, 64, 128, 64, 16, 4, 1)
@@ -166,12 +167,14 @@ def judge_auto(
     acceptances: Sequence[str],
     sweep: Sequence[int],
     max_ratio: float,
+    decisions: Mapping[str, Sequence[AutoDecision]] | None = None,
 ) -> dict[str, Any]:
     """The ``auto_threshold`` report entry. ``runs`` is keyed ``base`` (one server: it does not
     speculate, so acceptance does not touch it) and, per acceptance label ``a`` (a simulated
     acceptance as ``3``, or ``real``), ``always_on@a``, ``auto@a`` and ``n@a`` for each fixed N of ``sweep``. At each acceptance auto's median total
     must be at most ``max_ratio`` x the best fixed N's, and not slower than both static servers.
-    Whether it beat both is reported beside (``faster_than_both``), not judged."""
+    Whether it beat both is reported beside (``faster_than_both``), not judged; nor is where auto
+    put N (``auto_decisions``, from its server's log, by acceptance label), which says why."""
     n = len(schedule.phases)
     problems: list[str] = []
 
@@ -210,6 +213,8 @@ def judge_auto(
                 problems.append(
                     f"acceptance {label}: auto ({auto:.2f} s) is slower than base ({base:.2f}) and always-on ({always_on:.2f})"
                 )
+        if decisions is not None:
+            entry["auto_decisions"] = decided(decisions.get(label, ()))
         by_acceptance[label] = entry
     return {
         "passed": not problems,
@@ -224,4 +229,27 @@ def judge_auto(
             if "auto_over_best_fixed" in e
         )
         or "incomplete",
+    }
+
+
+def decided(decisions: Sequence[AutoDecision]) -> dict[str, Any]:
+    """How often auto changed its thresholds, and the last change, and the last one made from its
+    estimates (not a probe): where it settled (None where it never estimated)."""
+
+    def described(d: AutoDecision | None) -> dict[str, Any] | None:
+        if d is None:
+            return None
+        return {
+            "disable_above": d.disable_above,
+            "enable_at_or_below": d.enable_at_or_below,
+            "reason": d.reason,
+            "acceptance": d.acceptance,
+        }
+
+    estimated = [d for d in decisions if d.reason == "estimated"]
+    return {
+        "count": len(decisions),
+        "estimated": len(estimated),
+        "last": described(decisions[-1] if decisions else None),
+        "last_estimated": described(estimated[-1] if estimated else None),
     }

@@ -269,6 +269,17 @@ def summary(report: Report) -> str:
                 f"{a:>6}  {_fmt(e.get('auto_s'), 2):>7}  {e.get('best_fixed_n', '-')!s:>6}  {_fmt(e.get('best_fixed_s'), 2):>7}  "
                 f"{_fmt(e.get('auto_over_best_fixed'), 3):>6}  {_fmt(e.get('base_s'), 2):>7}  {_fmt(e.get('always_on_s'), 2):>9}"
             )
+        for a, e in auto["by_acceptance"].items():
+            said = e.get("auto_decisions")
+            if said is not None:
+                settled = said["last_estimated"]
+                where = (
+                    f"off above {settled['disable_above']}, on at or below {settled['enable_at_or_below']} "
+                    f"(acceptance {_fmt(settled['acceptance'], 2)})"
+                    if settled
+                    else "never from its estimates"
+                )
+                lines.append(f"    auto at acceptance {a}: {said['count']} threshold changes; settled {where}")
 
     lines.append("")
     out = report.get("out", ".")

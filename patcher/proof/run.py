@@ -1801,13 +1801,17 @@ class Proof:
                 fixed = launch.Dynspec(n, None, opts.switch_min_steps)
                 plans.append((f"{n}@{label}", Plan("dynspec", shape, a, f"dynspec-n{n}-{suffix}", dynspec=fixed)))
         runs: dict[str, list[mixed.Run]] = {}
+        decisions: dict[str, list[logscan.AutoDecision]] = {}
         keys = {plan.name: key for key, plan in plans}
 
         def measure(plan: Plan, server: Server) -> None:
             runs[keys[plan.name]] = self.mixed_load(server, plan.name, warmup=True)
+            mode, _, label = keys[plan.name].partition("@")
+            if mode == "auto":
+                decisions[label] = logscan.auto_decisions(logscan.read_window(server.spec.log)[0])
 
         problems = self.serve_in_turn([plan for _, plan in plans], measure)
-        entry = mixed.judge_auto(runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio)
+        entry = mixed.judge_auto(runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions)
         entry["problems"] = problems + entry["problems"]
         entry["passed"] = not entry["problems"]
         entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats)

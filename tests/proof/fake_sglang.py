@@ -7,8 +7,8 @@ patched server: the batch size is the number of requests in flight, and it logs
 ``dynspec: speculation OFF at batch size B (off above N, on at or below M)`` when that exceeds N,
 ``... ON ...`` when it is back at or below the enable threshold M. With ``auto`` it starts at
 auto's ceiling (``--max-running-requests`` - 1) both ways and, at its first switch off, moves
-to ``FAKE_SGLANG_AUTO`` (``OFF,ON``, default 48,40), logging a ``dynspec auto:`` line, as the
-runtime's driver does once it has timed both modes. Like SGLang it starts a child process
+to ``FAKE_SGLANG_AUTO`` (``OFF,ON``, default 48,40), logging a ``dynspec auto:`` line in the
+runtime's format, as its driver does once it has timed both modes. Like SGLang it starts a child process
 ("scheduler") in its own process group and logs its pid.
 
 Faults, for the tests that must see the harness fail (``FAKE_SGLANG_FAULT``, comma list):
@@ -367,7 +367,11 @@ class State:
                 if self.found is not None:
                     self.disable, self.enable = self.found
                     self.found = None
-                    log(f"dynspec auto: off above {self.disable}, on at or below {self.enable} (as timed)")
+                    accept = f"{self.acc:.2f}" if self.acc > 0 else "unknown"
+                    log(
+                        f"dynspec auto: off above {self.disable}, on at or below {self.enable} (estimated; "
+                        f"acceptance {accept}; speculative / fallback tokens/s by batch size 16: 1.50, 64: 0.87)"
+                    )
             elif not self.on and self.inflight <= self.enable:
                 self.on = True
                 log(

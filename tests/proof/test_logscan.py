@@ -2,7 +2,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from patcher.proof.logscan import LogFollower, kv_pool_tokens, read_window, scan, scan_file, tail
+from patcher.proof.logscan import (
+    AutoDecision,
+    LogFollower,
+    auto_decisions,
+    kv_pool_tokens,
+    read_window,
+    scan,
+    scan_file,
+    tail,
+)
+from patches.runtime.dynspec_auto import Decision, Thresholds
 from patches.runtime.dynspec_runtime import SWITCH_LOG
 
 LOG = """\
@@ -117,3 +127,22 @@ def test_the_kv_pool_is_read_from_sglangs_start_up_line():
     assert kv_pool_tokens(line.format(131072)) == 131072
     assert kv_pool_tokens(line.format(131072) + "\n" + line.format(44032)) == 44032
     assert kv_pool_tokens("The server is fired up and ready to roll!") is None  # the control
+
+
+def test_auto_decisions_are_read_from_the_runtimes_own_line() -> None:
+    """The harness reads auto's threshold changes in the format the runtime writes them
+    (``Decision.describe``), with SGLang's prefix; a decision made before any verify was timed
+    says its acceptance is unknown."""
+    settled = Decision(Thresholds(63, 56), 32, "estimated", 3.0, ((16, 1.5), (64, 0.99)))
+    early = Decision(Thresholds(127, 127), 32, "speculating until both modes are timed", None, ())
+    text = "\n".join(f"[2026-12-06 06:31:22] {d.describe()}" for d in (early, settled)) + "\n"
+    assert auto_decisions(text) == [
+        AutoDecision(127, 127, "speculating until both modes are timed", None),
+        AutoDecision(63, 56, "estimated", 3.0),
+    ]
+    # the controls: a switch line and a line without auto's estimates are not decisions
+    other = (
+        "dynspec: speculation OFF at batch size 64 (off above 63, on at or below 56)\n"
+        "dynspec auto: off above 48, on at or below 40 (as timed)\n"
+    )
+    assert auto_decisions(other) == []

@@ -430,9 +430,11 @@ def test_a_server_without_a_complete_pass_fails_auto_threshold() -> None:
 
 
 def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any, tmp_path: Path) -> None:
+    # 7 requests at most: the fake's auto starts at its ceiling, 6, which the phase of 8 crosses
     opts = mixed_options(
         site(version="0.5.17"), tmp_path / "out", checks=("auto_threshold",), path="v2",
         auto_acceptances=(2.0, 3.0), auto_sweep=(2, 6), max_auto_ratio=100.0,
+        extra_args=("--max-running-requests", "7"),
     )  # fmt: skip
     result = run_proof(opts, lambda m: None)
     names = [s["name"] for s in result["servers"]]
@@ -455,6 +457,16 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
     assert set(entry["by_acceptance"]) == {"2", "3"} and entry["by_acceptance"]["2"]["best_fixed_n"] in (2, 6)
     assert all(isinstance(e["auto_over_best_fixed"], float) for e in entry["by_acceptance"].values())
     assert "auto threshold: mixed-load total s, median of 2" in reports.summary(result)
+    # where auto put N, from its own server's log: the fake's switch point at its first switch off
+    for label, said in ((a, e["auto_decisions"]) for a, e in entry["by_acceptance"].items()):
+        settled = {"disable_above": 48, "enable_at_or_below": 40, "reason": "estimated", "acceptance": float(label)}
+        assert said == {"count": 1, "estimated": 1, "last": settled, "last_estimated": settled}
+    assert "auto at acceptance 3: 1 threshold changes; settled off above 48, on at or below 40" in reports.summary(
+        result
+    )
+    # the control: a fixed N's server logs no decision, and one that never decided says so
+    assert mixed.decided([]) == {"count": 0, "estimated": 0, "last": None, "last_estimated": None}
+    assert not any("dynspec auto:" in Path(s["log"]).read_text() for s in result["servers"] if "-n" in s["name"])
 
 
 def test_on_real_weights_auto_threshold_runs_at_the_models_own_acceptance(site: Any, tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from patcher.proof import exactkv, metrics, mixed, plot, report
 from patcher.proof.client import LevelResult
+from patcher.proof.logscan import AutoDecision
 from patcher.proof.run import Refusal
 
 
@@ -326,3 +327,27 @@ def test_the_summary_gives_each_runs_time_outside_its_steady_steps_when_there_is
     text = report.summary(sample(throughput={**tp, "outside_steady_ms": {"dynspec": {"64": [125, 161, 173]}}}))
     assert "time beyond its tokens at its own steady speed" in text and "dynspec: C=64 125 161 173 ms" in text
     assert "time beyond its tokens" not in report.summary(sample(throughput=tp))  # older reports: no line
+
+
+def test_the_summary_says_where_auto_settled_or_that_it_never_estimated() -> None:
+    n = len(mixed.DEFAULT_PHASES)
+
+    def run(seconds: list[float]) -> list[mixed.Run]:
+        return [mixed.Run([LevelResult(c, 128, s) for c, s in zip(mixed.DEFAULT_PHASES, seconds)])]
+
+    runs = {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)}
+    schedule = mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128)
+    probe = AutoDecision(127, 127, "probe the fallback at 64", 3.0)
+    said = {"3": [AutoDecision(63, 56, "estimated", 2.98), probe]}
+    entry = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, said)
+    text = report.summary(sample(auto_threshold=entry))
+    assert (
+        "    auto at acceptance 3: 2 threshold changes; settled off above 63, on at or below 56 (acceptance 2.98)"
+        in text
+    )
+    # the controls: a server that logged only probes never settled; a run without logs read says nothing
+    never = report.summary(sample(auto_threshold=mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, {"3": [probe]})))
+    assert "auto at acceptance 3: 1 threshold changes; settled never from its estimates" in never
+    assert "auto at acceptance" not in report.summary(
+        sample(auto_threshold=mixed.judge_auto(runs, schedule, ["3"], [32], 1.03))
+    )
