@@ -27,21 +27,33 @@ from patches.runtime.dynspec_settings import AUTO, parse_threshold
 PROOF = Path(__file__).parents[2] / "docs/proof"
 RECORDED = {"h200": PROOF / "0.5.17-v2-s26-r22-tput/logs.tar.xz", "h100": PROOF / "0.5.17-v2-s33-r29-tput/logs.tar.xz"}
 DECODE = re.compile(
-    r"Decode batch, #running-req: (\d+), .*?(?:accept len: ([\d.]+), .*?)?gen throughput \(token/s\): ([\d.]+)"
+    r"Decode batch, #running-req: (\d+), #token: (\d+), .*?(?:accept len: ([\d.]+), .*?)?gen throughput \(token/s\): ([\d.]+)"
 )
 MIXED = (1, 4, 16, 64, 128, 64, 16, 4, 1)  # the proof's mixed_load phases: 2 x C requests of 128 tokens each
 SWEEP = (8, 16, 32, 48, 64, 96)
 
 
-def steady_ms(log: str, speculative: bool) -> dict[int, float]:
+def steady_ms(log: str, speculative: bool, loose: bool = False) -> dict[int, float]:
     """Median milliseconds of a steady decode iteration by batch size, from a server's log lines of
-    that mode: intervals at the same batch size as the one before, time = tokens / throughput."""
+    that mode (time = tokens / throughput): intervals at the same batch size as the line before, with
+    no prefill between them and the KV grown, so none spans the idle time between two runs (each
+    run starts with a prefill). ``loose`` drops those two conditions, as sessions 26 - 32 read the
+    logs: a speculating run logs only about two lines, so an interval across the idle gap was often
+    counted and sped speculation's step cost up by ~10 % at 64 requests (session 33)."""
     samples: dict[int, list[float]] = defaultdict(list)
-    previous = None
-    for size, accept, tput in ((int(b), float(a or 1), float(t)) for b, a, t in DECODE.findall(log)):
-        if previous == size and (accept > 1.5) == speculative:
+    previous: tuple[int, int] | None = None
+    for line in log.splitlines():
+        if "Prefill batch" in line and not loose:
+            previous = None
+            continue
+        m = DECODE.search(line)
+        if m is None:
+            continue
+        size, tokens, accept, tput = int(m.group(1)), int(m.group(2)), float(m.group(3) or 1), float(m.group(4))
+        grew = loose or (previous is not None and tokens > previous[1])
+        if previous is not None and previous[0] == size and grew and (accept > 1.5) == speculative:
             samples[size].append(1000 * size * accept / tput)
-        previous = size
+        previous = (size, tokens)
     return {b: statistics.median(v) for b, v in samples.items() if len(v) >= 3 and b in (1, 4, 16, 32, 64, 128)}
 
 
@@ -116,41 +128,52 @@ def test_the_recorded_costs_are_the_runs_own() -> None:
     the fallback's (session 26, 0.5.17, 8B shape)."""
     spec, fallback = recorded_ms()[True], recorded_ms()[False]
     assert sorted(spec) == sorted(fallback) == [1, 4, 16, 32, 64, 128]
-    assert 7 < spec[1] < 8 and 35 < spec[128] < 36 and 5.5 < fallback[64] < 6 and 6.5 < fallback[128] < 7
+    assert 6.5 < spec[1] < 7 and 34 < spec[128] < 35 and 5.5 < fallback[64] < 6 and 6.5 < fallback[128] < 7
     assert spec[128] / spec[1] > 4 > 1.5 > fallback[128] / fallback[1]
 
 
 def test_an_h100s_steps_cost_more_and_speculation_pays_further_up() -> None:
-    """Session 33's H100 against session 26's H200, same release, shape and load: every step costs
-    more, the fallback's relatively more, so speculation's cost per token meets the fallback's at a
-    larger batch (at 64: 1.19x the fallback's on the H200, 0.99x on the H100)."""
+    """Session 33's H100 against session 26's H200, same release, shape and load: a fallback step
+    costs 24 - 30 % more at every batch size, a speculative one at 64 and 128 at most 11 % more, so
+    speculation's cost per token meets the fallback's at a larger batch (at 64: 1.03x the
+    fallback's on the H200, 0.91x on the H100)."""
     h100, h200 = recorded_ms("h100"), recorded_ms("h200")
-    assert all(h100[mode][b] > h200[mode][b] for mode in (True, False) for b in h100[mode])
+    assert all(1.2 < h100[False][b] / h200[False][b] < 1.35 for b in h100[False])
+    assert all(h100[True][b] / h200[True][b] < 1.15 for b in (64, 128))
     per_token = {gpu: t[True][64] / 3 / t[False][64] for gpu, t in (("h100", h100), ("h200", h200))}
-    assert (round(per_token["h200"], 2), round(per_token["h100"], 2)) == (1.19, 0.99)
+    assert (round(per_token["h200"], 2), round(per_token["h100"], 2)) == (1.03, 0.91)
 
 
 @pytest.mark.parametrize(
-    ("gpu", "outside_ms"), [("h200", {"always_on": -1, "base": 199}), ("h100", {"always_on": 53, "base": 175})]
+    ("gpu", "strict", "loose"),
+    [
+        ("h200", {"always_on": 253, "base": 211}, {"always_on": -1, "base": 199}),
+        ("h100", {"always_on": 210, "base": 182}, {"always_on": 53, "base": 175}),
+    ],
 )
-def test_off_its_steady_steps_a_plain_server_loses_more_than_a_speculative_one(gpu: str, outside_ms: dict) -> None:
-    """What auto, timing steady steps only, does not see: a run of 64 requests x 256 tokens takes
-    plain decode ~0.2 s more than 255 of its steady steps, always-on ~0 - 50 ms more than its verifies
-    (the runs' median end-to-end tok/s against each log's median steady step). Not explained yet;
-    it moves the end-to-end crossover above the one the step costs give."""
+def test_read_strictly_the_steady_steps_leave_both_modes_the_same_time_outside_them(
+    gpu: str, strict: dict, loose: dict
+) -> None:
+    """A run of 64 requests x 256 tokens against 255 tokens' worth of its own steady steps: plain
+    decode and always-on alike spend ~0.2 s outside them (admission, prefill, the last replies), so
+    the step costs alone place the switch point where the runs do. The control: read loosely (an
+    interval across the idle gap between two runs counted), always-on seemed to spend ~0 - 50 ms
+    there, which session 33 first took for a cost of plain decode's that auto could not see."""
     report = json.loads((RECORDED[gpu].parent / "report.json").read_text())["throughput"]
     at = report["levels"].index(64)
     with tarfile.open(RECORDED[gpu]) as tar:
-        plain = steady_ms(tar.extractfile("base-sim.log").read().decode(), False)[64]  # type: ignore[union-attr]
-    steps = {
-        "always_on": 255 / report["accept_length"]["always_on"][at] * recorded_ms(gpu)[True][64],
-        "base": 255 * plain,
-    }
-    run_ms = {s: 1000 * 64 * 256 / statistics.median(report["samples"][s][at]) for s in steps}
-    assert {s: round(run_ms[s] - steps[s]) for s in steps} == outside_ms
-    # the control: dynspec, falling back at 64, loses as plain decode does, not as always-on
-    fallback = 1000 * 64 * 256 / statistics.median(report["samples"]["dynspec"][at]) - 255 * recorded_ms(gpu)[False][64]
-    assert fallback > 100 > max(outside_ms["always_on"], 0)
+        logs = {n: tar.extractfile(f"{n}-sim.log").read().decode() for n in ("base", "always-on")}  # type: ignore[union-attr]
+    accept = report["accept_length"]["always_on"][at]
+    run_ms = {s: 1000 * 64 * 256 / statistics.median(report["samples"][s][at]) for s in ("always_on", "base")}
+
+    def outside(reading_loosely: bool) -> dict[str, int]:
+        steps = {
+            "always_on": 255 / accept * steady_ms(logs["always-on"], True, reading_loosely)[64],
+            "base": 255 * steady_ms(logs["base"], False, reading_loosely)[64],
+        }
+        return {s: round(run_ms[s] - steps[s]) for s in steps}
+
+    assert outside(False) == strict and outside(True) == loose
 
 
 @pytest.mark.parametrize("gpu", ["h200", "h100"])
@@ -178,17 +201,18 @@ def test_the_best_fixed_n_moves_with_acceptance() -> None:
 @pytest.mark.parametrize(
     ("gpu", "acceptance", "between"),
     [
-        ("h200", 2, (12, 32)),
-        ("h200", 3, (40, 56)),
-        ("h200", 4, (64, 127)),
-        ("h100", 2, (16, 40)),
-        ("h100", 3, (57, 72)),
-        ("h100", 4, (64, 127)),
+        ("h200", 2, (16, 40)),
+        ("h200", 3, (52, 72)),
+        ("h200", 4, (96, 127)),
+        ("h100", 2, (24, 48)),
+        ("h100", 3, (96, 127)),
+        ("h100", 4, (96, 127)),
     ],
 )
 def test_auto_settles_where_the_recorded_costs_cross(gpu: str, acceptance: int, between: tuple[int, int]) -> None:
     """Where auto puts N after two mixed loads: higher with acceptance, and higher on the H100 than on
-    the H200 at acceptance 3 (ranges that do not overlap: the GPU alone moves the point)."""
+    the H200 at acceptance 3 (ranges that do not overlap: the GPU alone moves the point; on the H100
+    speculation pays up to auto's ceiling, 127, as always-on beat plain decode at 64 there)."""
     server = Simulated(AUTO, acceptance, gpu=gpu)
     for _ in range(2):
         server.mixed()
@@ -213,7 +237,7 @@ def oscillating(server: Simulated, low: int, high: int, iterations: int) -> int:
 def test_near_its_switch_point_auto_does_not_thrash() -> None:
     """A batch swinging across auto's own switch point (2 requests below it, 3 above) with 10 %
     timing noise: the margin's gap, the medians and the dwell hold the switches to a few. The
-    control, with no margin, one sample per estimate and no dwell, switches over 100 times."""
+    control, with no margin, one sample per estimate and no dwell, switches many times more."""
     calm = Simulated(AUTO, 3, noise=0.10, seed=7)
     calm.mixed()  # learn both modes
     assert calm.threshold is not None
@@ -226,7 +250,8 @@ def test_near_its_switch_point_auto_does_not_thrash() -> None:
     jumpy.controller.min_steps = 1
     jumpy.mixed()
     before = jumpy.controller.switches
-    assert oscillating(jumpy, point.disable_above - 2, point.disable_above + 3, 3000) - before > 100
+    # 47 switches with these costs and seed (153 - 713 with seeds 1 - 3): many times the calm one's bound
+    assert oscillating(jumpy, point.disable_above - 2, point.disable_above + 3, 3000) - before > 5 * 6
 
 
 def test_a_steady_large_batch_probes_the_fallback_then_stays_off_and_probes_speculation_when_stale() -> None:
