@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from patcher.proof.logscan import auto_decisions
+from patcher.proof.mixed import decided
 from patches.runtime import dynspec_runtime as runtime
 from patches.runtime.dynspec_auto import AutoDriver, AutoThreshold, Thresholds, bucket_of
 from patches.runtime.dynspec_settings import AUTO, parse_threshold
@@ -360,6 +362,12 @@ def test_the_decision_names_its_estimates() -> None:
     line = t.decide().describe()
     assert "(estimated; acceptance 3.00;" in line and "16: 1.50" in line and "64: 0.87" in line
     assert t.thresholds == Thresholds(54, 46)  # the gain's line crosses 1.0 at 54.1 and 1.1 at 46.5
+    # dynspec proof's auto_threshold reads the same line back as where auto settled; the control:
+    # the first line, before any estimate, is a decision but not a settling
+    settled = {"disable_above": 54, "enable_at_or_below": 46, "reason": "estimated", "acceptance": 3.0}
+    assert decided(auto_decisions(line))["last_estimated"] == settled
+    first = decided(auto_decisions(AutoThreshold(1, 127).decide().describe()))
+    assert (first["count"], first["last_estimated"]) == (1, None)
 
 
 @pytest.mark.parametrize(("value", "parsed"), [(None, None), ("auto", AUTO), (" Auto ", AUTO), ("32", 32), (32, 32)])
