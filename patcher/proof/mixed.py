@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import statistics
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from functools import partial
 from typing import Any
 
@@ -236,20 +236,10 @@ def decided(decisions: Sequence[AutoDecision]) -> dict[str, Any]:
     """How often auto changed its thresholds, and the last change, and the last one made from its
     estimates (not a probe): where it settled (None where it never estimated)."""
 
-    def described(d: AutoDecision | None) -> dict[str, Any] | None:
-        if d is None:
-            return None
-        return {
-            "disable_above": d.disable_above,
-            "enable_at_or_below": d.enable_at_or_below,
-            "reason": d.reason,
-            "acceptance": d.acceptance,
-        }
-
     estimated = [d for d in decisions if d.reason == "estimated"]
     return {
         "count": len(decisions),
         "estimated": len(estimated),
-        "last": described(decisions[-1] if decisions else None),
-        "last_estimated": described(estimated[-1] if estimated else None),
+        "last": asdict(decisions[-1]) if decisions else None,
+        "last_estimated": asdict(estimated[-1]) if estimated else None,
     }

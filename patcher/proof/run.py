@@ -527,7 +527,8 @@ SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers side by side at most (throughput's
 # graphs, for the draft too): a speculative server about 21, base about 19; a KV slot is the target's 32
 # layers x 8 heads x 128 x (K, V) in bf16, 128 KiB, and the draft layer's 4; and what the GPU keeps back
 # from them all (the driver, activations, the allocator's slack). On an H100 the three then leave about
-# 3 GiB: thin, and not yet run (a pool SGLang makes smaller stops the check: Proof._wait).
+# 3 GiB: thin, but session 33's ran with the pools asked (a pool SGLang makes smaller stops the check:
+# Proof._wait).
 EIGHT_B_SERVER_MIB = 20 * 1024
 EIGHT_B_SLOT_KIB = 132
 SHARED_GPU_RESERVE_MIB = 3 * 1024

@@ -212,6 +212,11 @@ def test_a_real_png_with_four_lines(tmp_path, monkeypatch):
     plt.close(closed[0])
 
 
+def run(seconds: list[float]) -> list[mixed.Run]:
+    """One mixed-load pass of the default phases, taking ``seconds`` each."""
+    return [mixed.Run([LevelResult(c, 128, s) for c, s in zip(mixed.DEFAULT_PHASES, seconds)])]
+
+
 def new_check_entries(mixed_dynspec: float = 1.0) -> dict[str, Any]:
     """exact_kv and mixed_load entries as their judges write them."""
     exact = exactkv.Recording(
@@ -220,9 +225,6 @@ def new_check_entries(mixed_dynspec: float = 1.0) -> dict[str, Any]:
     stale = exactkv.Recording(first_off=exact.first_off, drafts={"dynspec-record-0-long-1": {11: [7], 12: [8]}})
     kv = exactkv.judge({"kv": exact, "full": exact, "skip": stale}, {"kv": ["d"], "full": ["d"], "skip": ["d"]}, 2, [])
     schedule = mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128)
-
-    def run(seconds: list[float]) -> list[mixed.Run]:
-        return [mixed.Run([LevelResult(c, 128, s) for c, s in zip(schedule.phases, seconds)])]
 
     n = len(schedule.phases)
     ml = mixed.judge(
@@ -243,9 +245,6 @@ def test_the_stable_keys_of_the_new_checks_are_what_their_judges_write():
     entries = new_check_entries()
     phases = mixed.DEFAULT_PHASES
     n = len(phases)
-
-    def run(seconds: list[float]) -> list[mixed.Run]:
-        return [mixed.Run([LevelResult(c, 128, s) for c, s in zip(phases, seconds)])]
 
     assert {"passed", "compared_requests", "compared_steps", "control_differs"} <= set(entries["exact_kv"])
     ml = entries["mixed_load"]
@@ -331,9 +330,6 @@ def test_the_summary_gives_each_runs_time_outside_its_steady_steps_when_there_is
 
 def test_the_summary_says_where_auto_settled_or_that_it_never_estimated() -> None:
     n = len(mixed.DEFAULT_PHASES)
-
-    def run(seconds: list[float]) -> list[mixed.Run]:
-        return [mixed.Run([LevelResult(c, 128, s) for c, s in zip(mixed.DEFAULT_PHASES, seconds)])]
 
     runs = {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)}
     schedule = mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128)
