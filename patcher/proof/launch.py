@@ -60,6 +60,7 @@ UPSTREAM_ADAPTIVE = "upstream_adaptive"
 # (e), only with --no-overlap-base: speculation off on the non-overlap scheduler, the plain decode a
 # v1 server (which never overlaps) can be compared with
 BASE_NO_OVERLAP = "base_no_overlap"
+PLAIN_MODES = ("base", BASE_NO_OVERLAP)  # no draft model: the rest speculate
 ADAPTIVE_CONFIG_NAME = "upstream-adaptive.json"
 EAGLE3_STEPS = 3  # --speculative-num-steps in EAGLE3_FLAGS
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}

@@ -522,46 +522,56 @@ ORDER_TOGETHER = "interleaved: the servers took turns at each level and pass, th
 ORDER_ALONE = "one server after another"
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
 SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers side by side at most (throughput's and mixed_load's three)
-# What the GPU's memory must hold for each of them besides its KV pool, on average: in session 32 on an
-# H100 base and dynspec held 40.3 GiB together besides their pools once up (0.5.17 also captures prefill
-# graphs, for the draft too): a speculative server about 21, base about 19; a KV slot is the target's 32
-# layers x 8 heads x 128 x (K, V) in bf16, 128 KiB, and the draft layer's 4; and what the GPU keeps back
-# from them all (the driver, activations, the allocator's slack). On an H100 the three then leave about
-# 3 GiB: thin, but session 33's ran with the pools asked (a pool SGLang makes smaller stops the check:
-# Proof._wait).
-EIGHT_B_SERVER_MIB = 20 * 1024
+# What the GPU's memory must hold for each of them besides its KV pool. Session 34 on an H100: three
+# speculative servers with 44032-slot pools held 21.1 - 21.3 GiB each besides them when the third ran
+# out capturing its graphs (0.5.17 also captures prefill graphs, for the draft too); session 32: base
+# and dynspec held 40.3 GiB together once up, base about 19. A KV slot is the target's 32 layers x 8
+# heads x 128 x (K, V) in bf16, 128 KiB, and the draft layer's 4. The reserve is what torch never sees
+# of the card (an H100: 79.18 of 79.65 GiB) and slack.
+EIGHT_B_PLAIN_MIB = 19 * 1024
+EIGHT_B_SPECULATIVE_MIB = 22 * 1024
 EIGHT_B_SLOT_KIB = 132
-SHARED_GPU_RESERVE_MIB = 3 * 1024
+SHARED_GPU_RESERVE_MIB = 1024
 PROMPT_TOKENS_MAX = 47  # client.prompt's longest
 DRAFT_SLOTS_PER_REQUEST = 8  # slots a speculative request holds beyond its tokens (its draft tree, with room)
 
 
-def eight_b_pool_tokens(gpu_memory_mib: int | None, servers: int) -> int:
-    """Each KV pool of ``servers`` 8B-shape servers side by side: launch.SHARED_GPU_MAX_TOTAL_TOKENS
-    where that fits (an H200) or the memory is unknown, else what the memory leaves each, in whole
-    1024s (an H100 80GB, three: 44032). Session 32's three at 131072 each overfilled an H100."""
+def eight_b_pool_tokens(gpu_memory_mib: int | None, speculative: int, plain: int = 0) -> int:
+    """Each KV pool of 8B-shape servers side by side, ``speculative`` of them speculating and ``plain``
+    not: launch.SHARED_GPU_MAX_TOTAL_TOKENS where that fits (an H200) or the memory is unknown, else
+    what the memory leaves each, in whole 1024s (an H100 80GB: base and two speculating 40960, three
+    speculating 32768). Session 32's three at 131072 each overfilled an H100, session 34's three
+    speculating at 44032 too."""
     if gpu_memory_mib is None:
         return launch.SHARED_GPU_MAX_TOTAL_TOKENS
-    left = max(0, gpu_memory_mib - SHARED_GPU_RESERVE_MIB - servers * EIGHT_B_SERVER_MIB)
+    servers = speculative + plain
+    held = speculative * EIGHT_B_SPECULATIVE_MIB + plain * EIGHT_B_PLAIN_MIB
+    left = max(0, gpu_memory_mib - SHARED_GPU_RESERVE_MIB - held)
     fit = left * 1024 // servers // EIGHT_B_SLOT_KIB
     return min(launch.SHARED_GPU_MAX_TOTAL_TOKENS, fit // 1024 * 1024)
 
 
 def eight_b_slots_needed(opts: ProofOptions) -> int:
-    """The most KV slots one server's 8B loads hold at once: throughput's highest level or mixed_load's
-    highest phase, each request with the longest prompt, its new tokens and its draft's slots."""
-    loads = (
-        (max(opts.throughput_levels), opts.throughput_new_tokens),
-        (max(opts.mixed_phases), opts.mixed_new_tokens),
-    )
-    return max(c * (PROMPT_TOKENS_MAX + new + DRAFT_SLOTS_PER_REQUEST) for c, new in loads)
+    """The most KV slots one server's 8B loads hold at once, each request with the longest prompt, its
+    new tokens and its draft's slots: throughput's highest level where it runs, mixed_load's highest
+    phase where it or auto_threshold runs (both where neither does)."""
+    throughput = (max(opts.throughput_levels), opts.throughput_new_tokens)
+    mixed = (max(opts.mixed_phases), opts.mixed_new_tokens)
+    loads = [
+        load
+        for load, runs in ((throughput, {"throughput"}), (mixed, {"mixed_load", "auto_threshold"}))
+        if runs & set(opts.checks)
+    ]
+    return max(c * (PROMPT_TOKENS_MAX + new + DRAFT_SLOTS_PER_REQUEST) for c, new in loads or (throughput, mixed))
 
 
 def shared_gpu_8b_servers(gpu_memory_mib: int | None, slots_needed: int) -> int:
-    """How many 8B-shape servers start side by side (at most 3), each with a pool of
-    ``eight_b_pool_tokens`` that holds ``slots_needed``: an H200 or an H100 80GB 3 for the default loads."""
+    """How many 8B-shape servers start side by side (at most 3), base and the rest speculating (as a
+    check's first group starts), each with a pool of ``eight_b_pool_tokens`` that holds
+    ``slots_needed``: an H200 or an H100 80GB 3 for the default loads. A later group of speculating
+    servers only is held to its own pools as it starts (Proof._group_pool)."""
     for servers in range(SHARED_GPU_8B_SERVERS, 1, -1):
-        if eight_b_pool_tokens(gpu_memory_mib, servers) >= slots_needed:
+        if eight_b_pool_tokens(gpu_memory_mib, servers - 1, plain=1) >= slots_needed:
             return servers
     return 1
 
@@ -579,6 +589,11 @@ class Plan:
     dynspec: launch.Dynspec | None = None
     extra: tuple[str, ...] = ()  # server flags after the run's (the last of a flag given twice wins)
     tokenizer: bool = False  # loads the model's tokenizer (launch.server_args)
+
+    @property
+    def speculative(self) -> bool:
+        """Whether its server loads a draft model (and so holds more memory than plain decode's)."""
+        return self.mode not in launch.PLAIN_MODES
 
     def entry(self) -> dict[str, Any]:
         """The start of its entry in the report's ``servers``."""
@@ -808,16 +823,27 @@ class Proof:
 
     def _start_group(self, plan: Plan) -> None:
         """Start ``plan`` and, with --parallel-starts N, the next N - 1 queued plans; wait for ``plan``,
-        then for the others (a failure is raised when that plan is served)."""
+        then for the others (a failure is raised when that plan is served). A group whose pools
+        cannot hold the loads is not started (raised now for ``plan``)."""
         waiting = [p for p in self._queue if p.name != plan.name]
         group = [plan, *waiting[: self.opts.parallel_starts - 1]]
-        self._started[plan.name] = self._launch(plan)
+        self._queue = [p for p in self._queue if p.name not in {g.name for g in group}]  # not started yet
+        pool = self._group_pool(group)
+        need = eight_b_slots_needed(self.opts)
+        if any(self.opts.dummy_8b(p.shape) for p in group) and pool < need:
+            error = ServerStartError(
+                f"{len(group)} servers side by side ({sum(p.speculative for p in group)} speculating) leave "
+                f"pools of {pool} slots in this GPU's memory, fewer than the {need} the 8B loads need: "
+                "fewer --parallel-starts"
+            )
+            self._start_errors.update((p.name, error) for p in group[1:])
+            raise error
+        self._started[plan.name] = self._launch(plan, pool)
         for p in group[1:]:
             try:
-                self._started[p.name] = self._launch(p)
+                self._started[p.name] = self._launch(p, pool)
             except ServerStartError as error:  # (no free port) said when its turn comes
                 self._start_errors[p.name] = error
-        self._queue = [p for p in self._queue if p.name not in {g.name for g in group}]  # not started yet
         for p in group:
             if p.name not in self._started:
                 continue  # did not launch
@@ -829,7 +855,15 @@ class Proof:
                 if p is plan:
                     return  # the caller stops here: do not wait for the rest
 
-    def _launch(self, plan: Plan) -> tuple[Server, dict[str, Any]]:
+    def _group_pool(self, group: Sequence[Plan]) -> int:
+        """The KV pool of each 8B-shape server of ``group`` (the others keep SHARED_GPU_MAX_TOTAL_TOKENS):
+        what the GPU's memory leaves each of --parallel-starts servers, every member counted at an
+        8B server's size, and the places the group leaves empty as speculating ones (a server of the
+        last group may still be up beside it; eight_b_pool_tokens)."""
+        plain = sum(not p.speculative for p in group)
+        return eight_b_pool_tokens(self.gpu_memory_mib, self.opts.parallel_starts - plain, plain=plain)
+
+    def _launch(self, plan: Plan, pool: int) -> tuple[Server, dict[str, Any]]:
         opts = self.opts
         shared = opts.parallel_starts > 1
         port = free_port(opts.port, taken=self._ports)
@@ -837,12 +871,12 @@ class Proof:
         nccl_port = free_port(opts.port + NCCL_PORT_OFFSET, taken={*self._ports, port}) if shared else None
         self._ports.update(p for p in (port, nccl_port) if p is not None)
         try:
-            return self._start(plan, port, nccl_port)
+            return self._start(plan, port, nccl_port, pool)
         except BaseException:
             self._ports.difference_update({port, nccl_port})
             raise
 
-    def _start(self, plan: Plan, port: int, nccl_port: int | None) -> tuple[Server, dict[str, Any]]:
+    def _start(self, plan: Plan, port: int, nccl_port: int | None, pool: int) -> tuple[Server, dict[str, Any]]:
         opts = self.opts
         assert self.sglang is not None
         args = launch.server_args(
@@ -856,11 +890,7 @@ class Proof:
             adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
             real=opts.model_dir,
             shared_gpu_nccl_port=nccl_port,
-            shared_gpu_pool_tokens=(
-                eight_b_pool_tokens(self.gpu_memory_mib, opts.parallel_starts)
-                if opts.dummy_8b(plan.shape)
-                else launch.SHARED_GPU_MAX_TOTAL_TOKENS
-            ),
+            shared_gpu_pool_tokens=pool if opts.dummy_8b(plan.shape) else launch.SHARED_GPU_MAX_TOTAL_TOKENS,
             attention_backend=opts.attention_backend,
             tokenizer=plan.tokenizer,
         )
@@ -1654,7 +1684,7 @@ class Proof:
         for case in cases:
             plan = Plan("dynspec", "small", None, f"refusal-{case.name}", dynspec=case.dynspec, extra=case.args)
             try:
-                server, info = self._launch(plan)
+                server, info = self._launch(plan, launch.SHARED_GPU_MAX_TOTAL_TOKENS)  # small: never sized
             except ServerStartError as error:
                 rows.append(case.judge(None, "", 0.0) | {"problems": [f"could not launch: {error}"]})
                 continue

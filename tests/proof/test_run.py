@@ -796,11 +796,12 @@ def test_the_gpus_are_named_from_the_same_query(tmp_path, monkeypatch, stdout, c
     assert detect.gpu_name() == name
 
 
-@pytest.mark.parametrize(("mib", "pool"), [(81559, "44032"), (143771, "131072")], ids=["h100", "h200"])
+@pytest.mark.parametrize(("mib", "pool"), [(81559, "40960"), (143771, "131072")], ids=["h100", "h200"])
 def test_three_8b_servers_get_pools_the_gpus_memory_holds(site, tmp_path, monkeypatch, mib, pool):
     """Session 32's three 8B servers at 131072 slots each overfilled an H100 (the third found 12 GiB and
-    died): on an 80 GB GPU each now gets the pool its share of memory holds; on an H200 (the control)
-    the pool sessions 15 - 31 ran with. The small-shape servers of the same run keep theirs."""
+    died): on an 80 GB GPU each now gets the pool its share of memory holds, base and two speculating
+    servers 40960; on an H200 (the control) the pool sessions 15 - 31 ran with. The small-shape
+    servers of the same run keep theirs."""
     fake_nvidia_smi(tmp_path, monkeypatch, f"{mib}\\n")
     result = run_proof(
         options(site(), tmp_path / "out", checks=("equivalence", "throughput"), parallel_starts=3), lambda m: None
@@ -819,23 +820,25 @@ def test_three_8b_servers_get_pools_the_gpus_memory_holds(site, tmp_path, monkey
     assert fractions == ({"0.95"} if pool != "131072" else {"0.85"})
 
 
-@pytest.mark.parametrize(("mib", "passed"), [(81559, False), (143771, True)], ids=["h100", "h200"])
-def test_a_pool_sglang_made_too_small_for_the_load_stops_the_check(site, tmp_path, monkeypatch, mib, passed):
+@pytest.mark.parametrize(
+    ("checks", "passed"), [(("throughput", "mixed_load"), False), (("throughput",), True)], ids=["mixed", "throughput"]
+)
+def test_a_pool_sglang_made_too_small_for_the_load_stops_the_check(site, tmp_path, monkeypatch, checks, passed):
     """--max-total-tokens only caps a pool: SGLang makes a smaller one where the memory it found was
-    short. Each 8B server's start-up line is read, and one whose pool cannot hold the loads stops the
-    check (on an H100, half of 44032 is below the 23424 slots these loads need); on an H200 (the
-    control) half of 131072 still holds them and the check runs."""
-    fake_nvidia_smi(tmp_path, monkeypatch, f"{mib}\\n")
-    opts = options(site(), tmp_path / "out", faults="smallpool", checks=("throughput",), parallel_starts=3)
+    short. Each 8B server's start-up line is read, and one whose pool cannot hold the loads of the
+    checks asked stops the check: on an H100, half of 40960 is below the 23424 slots mixed_load's
+    phase of 128 needs; throughput alone (the control) needs 504 here and runs."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
+    opts = options(site(), tmp_path / "out", faults="smallpool", checks=checks, parallel_starts=3)
     result = run_proof(opts, lambda m: None)
     assert result["throughput"]["passed"] is passed, reports.summary(result)
     pools = {s["name"]: s.get("kv_pool_tokens") for s in result["servers"]}
     if passed:
-        assert set(pools.values()) == {65536}
+        assert set(pools.values()) == {20480}
     else:
         (first,) = [name for name, pool in pools.items() if pool is not None]  # the check stopped at it
-        assert pools[first] == 22016
-        assert f"{first}: SGLang made a KV pool of 22016 slots, fewer than the 23424 its loads need" in str(
+        assert pools[first] == 20480
+        assert f"{first}: SGLang made a KV pool of 20480 slots, fewer than the 23424 its loads need" in str(
             result["throughput"]["problems"]
         )
 
@@ -855,11 +858,55 @@ def test_8b_servers_a_gpu_cannot_hold_are_a_usage_error_before_any_start(site, t
 
 @pytest.mark.parametrize(("mib", "fit"), [(81559, 3), (143771, 3), (None, 3), (40960, 1), (64000, 2)])
 def test_how_many_8b_servers_fit_side_by_side(mib, fit):
-    """An H100 80GB and an H200 take throughput's three (the H100 with smaller pools); 64 GB two, 40 GB
-    none beside another; unknown memory keeps the three that sessions 15 - 31 ran."""
+    """An H100 80GB and an H200 take throughput's three, base and two speculating (the H100 with
+    smaller pools); 64 GB two, 40 GB none beside another; unknown memory keeps the three that
+    sessions 15 - 31 ran."""
     need = run.eight_b_slots_needed(ProofOptions(out=Path("unused")))
     assert run.shared_gpu_8b_servers(mib, need) == fit
-    assert run.eight_b_pool_tokens(mib, fit) >= need or mib == 40960
+    assert run.eight_b_pool_tokens(mib, fit - 1, plain=1) >= need or mib == 40960
+
+
+def test_auto_thresholds_groups_get_pools_by_how_many_of_them_speculate(site, tmp_path, monkeypatch):
+    """Session 34 on an H100: auto_threshold's second group, three speculating servers, ran out of
+    memory with the 44032-slot pools that base and two speculating servers had held. A group's pools
+    now count its members: base, always-on and auto 40960, the fixed N's 32768; the small loads of
+    this run fit both."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
+    opts = options(
+        site(version="0.5.17"), tmp_path / "out", checks=("auto_threshold",), path="v2", shape="8b",
+        parallel_starts=3, auto_acceptances=(3.0,), auto_sweep=(2, 4, 6), max_auto_ratio=100.0,
+        mixed_phases=(1, 8, 1), mixed_per_phase=1, mixed_new_tokens=4, mixed_repeats=1,
+        extra_args=("--max-running-requests", "7"),
+    )  # fmt: skip
+    result = run_proof(opts, lambda m: None)
+    pools = {s["name"]: s.get("kv_pool_tokens") for s in result["servers"]}
+    assert pools == {
+        "base-auto": 40960, "always-on-acc3": 40960, "dynspec-auto-acc3": 40960,
+        "dynspec-n2-acc3": 32768, "dynspec-n4-acc3": 32768, "dynspec-n6-acc3": 32768,
+    }  # fmt: skip
+    assert "problems" not in result["auto_threshold"] or all(
+        " is slower than " in p or "x the best fixed N" in p for p in result["auto_threshold"]["problems"]
+    ), result["auto_threshold"]["problems"]
+
+
+def test_a_group_whose_pools_cannot_hold_the_loads_is_refused_before_it_starts(tmp_path):
+    """Three speculating 8B servers on an H100 leave 32768-slot pools, fewer than throughput's 39808:
+    their group is refused before any of them launches, naming why; with base among the three (the
+    control) the pools hold the loads."""
+    opts = ProofOptions(out=tmp_path / "out", checks=("throughput", "auto_threshold"), parallel_starts=3, shape="8b")
+    proof = run.Proof(opts, lambda m: None)
+    proof.gpu_memory_mib = 81559
+    speculating = [run.Plan("dynspec", "8b", 3.0, f"dynspec-n{n}") for n in (32, 64, 96)]
+    with proof.starting(speculating):
+        for plan in speculating:  # each is told why when its turn comes
+            with pytest.raises(run.ServerStartError) as refused, proof.serve(plan):
+                pass
+            assert str(refused.value) == (
+                "3 servers side by side (3 speculating) leave pools of 32768 slots in this GPU's memory, "
+                "fewer than the 39808 the 8B loads need: fewer --parallel-starts"
+            )
+    assert not proof._started and not proof._ports  # nothing launched
+    assert proof._group_pool([run.Plan("base", "8b", None, "base"), *speculating[:2]]) == 40960 >= 39808
 
 
 def test_any_check_on_the_8b_shape_is_held_to_what_the_gpu_holds(site, tmp_path, monkeypatch):
