@@ -87,6 +87,16 @@ def complete_passes(name: str, passes: Sequence[Run], phases: int, problems: lis
     return [r for r in passes if not r.failures and len(r.phases) == phases]
 
 
+def phase_medians(good: Sequence[Run], phases: int) -> list[float]:
+    """Per phase, the median of ``good`` passes' times."""
+    return [round(statistics.median(r.phases[i].seconds for r in good), 3) for i in range(phases)]
+
+
+def oracle_phases(base: Sequence[float], always_on: Sequence[float]) -> list[float]:
+    """The oracle, which no pass runs: phase by phase, the faster static server's median."""
+    return [min(b, a) for b, a in zip(base, always_on)]
+
+
 def judge(
     schedule: Schedule,
     runs: Mapping[str, Sequence[Run]],
@@ -108,7 +118,7 @@ def judge(
         good = complete_passes(name, passes, n, problems)
         if not good:
             continue
-        phase_s[name] = [round(statistics.median(r.phases[i].seconds for r in good), 3) for i in range(n)]
+        phase_s[name] = phase_medians(good, n)
         total_s[name] = round(statistics.median(r.seconds for r in good), 3)
         samples[name] = [round(r.seconds, 3) for r in good]
     missing = [m for m in ("base", "always_on", "dynspec") if m not in total_s]
@@ -117,7 +127,7 @@ def judge(
     oracle = None
     phases: list[dict[str, Any]] = []
     if "base" in phase_s and "always_on" in phase_s:
-        best = [min(b, a) for b, a in zip(phase_s["base"], phase_s["always_on"])]
+        best = oracle_phases(phase_s["base"], phase_s["always_on"])
         oracle = round(sum(best), 3)
         for i, c in enumerate(schedule.phases):
             row: dict[str, Any] = {"C": c, "requests": schedule.per_phase * c, "oracle_s": best[i]}
@@ -173,14 +183,19 @@ def judge_auto(
     speculate, so acceptance does not touch it) and, per acceptance label ``a`` (a simulated
     acceptance as ``3``, or ``real``), ``always_on@a``, ``auto@a`` and ``n@a`` for each fixed N of ``sweep``. At each acceptance auto's median total
     must be at most ``max_ratio`` x the best fixed N's, and not slower than both static servers.
-    Whether it beat both is reported beside (``faster_than_both``), not judged; nor is where auto
-    put N (``auto_decisions``, from its server's log, by acceptance label), which says why."""
+    Reported beside, not judged: whether it beat both (``faster_than_both``), how it stands to the
+    per-phase oracle of base and always-on (``oracle_s``, ``auto_over_oracle``: mixed_load's), and
+    where auto put N (``auto_decisions``, from its server's log, by acceptance label), which says why."""
     n = len(schedule.phases)
     problems: list[str] = []
+    phase_s: dict[str, list[float]] = {}
 
     def total(key: str) -> float | None:
         good = complete_passes(key, runs.get(key, []), n, problems)
-        return round(statistics.median(r.seconds for r in good), 3) if good else None
+        if not good:
+            return None
+        phase_s[key] = phase_medians(good, n)
+        return round(statistics.median(r.seconds for r in good), 3)
 
     base = total("base")
     by_acceptance: dict[str, dict[str, Any]] = {}
@@ -199,6 +214,9 @@ def judge_auto(
         if measured:
             best_n = min(measured, key=lambda size: (measured[size], size))
             entry.update(best_fixed_n=best_n, best_fixed_s=measured[best_n])
+        if "base" in phase_s and f"always_on@{label}" in phase_s:
+            oracle = round(sum(oracle_phases(phase_s["base"], phase_s[f"always_on@{label}"])), 3)
+            entry.update(oracle_s=oracle, auto_over_oracle=round(auto / oracle, 4) if auto is not None else None)
         if missing:
             problems.append(f"acceptance {label}: no complete pass on {', '.join(missing)}")
         elif auto is not None and base is not None and always_on is not None:

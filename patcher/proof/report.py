@@ -263,11 +263,13 @@ def summary(report: Report) -> str:
         )
         lines.append(
             f"{'accept':>6}  {'auto':>7}  {'best N':>6}  {'its s':>7}  {'auto/N':>6}  {'base':>7}  {'always-on':>9}"
+            f"  {'oracle':>7}  {'auto/oracle':>11}"
         )
         for a, e in auto["by_acceptance"].items():
             lines.append(
                 f"{a:>6}  {_fmt(e.get('auto_s'), 2):>7}  {e.get('best_fixed_n', '-')!s:>6}  {_fmt(e.get('best_fixed_s'), 2):>7}  "
                 f"{_fmt(e.get('auto_over_best_fixed'), 3):>6}  {_fmt(e.get('base_s'), 2):>7}  {_fmt(e.get('always_on_s'), 2):>9}"
+                f"  {_fmt(e.get('oracle_s'), 2):>7}  {_fmt(e.get('auto_over_oracle'), 3):>11}"
             )
         for a, e in auto["by_acceptance"].items():
             said = e.get("auto_decisions")

@@ -411,6 +411,24 @@ def test_auto_within_the_ratio_of_the_best_fixed_n_passes_and_says_which_n() -> 
     assert "acceptance 3: auto 8.10 s, best N=32 8.00 s (1.012x)" in entry["detail"]
 
 
+def test_auto_is_set_beside_the_per_phase_oracle_of_base_and_always_on() -> None:
+    """Session 34 had auto beat always-on, N = 32 and base with no oracle in its report to say how
+    near the best it came: now mixed_load's oracle (phase by phase the faster static server) is
+    reported beside, not judged. Base and always-on take 5 s each, each faster in other phases, so
+    the oracle (4 s) is below both (the control: not either total); auto at 4.2 s is 1.05x it."""
+    runs = {
+        "base": passes([1.0, 3.0, 1.0], [1.0, 3.0, 1.0]),
+        "always_on@3": passes([0.5, 4.0, 0.5], [0.5, 4.0, 0.5]),
+        "auto@3": passes([0.6, 3.0, 0.6], [0.6, 3.0, 0.6]),
+        "32@3": passes([0.6, 3.2, 0.6], [0.6, 3.2, 0.6]),
+    }
+    row = mixed.judge_auto(runs, SCHEDULE, ["3"], [32], 1.03)["by_acceptance"]["3"]
+    assert (row["base_s"], row["always_on_s"], row["oracle_s"], row["auto_over_oracle"]) == (5.0, 5.0, 4.0, 1.05)
+    assert row["oracle_s"] < min(row["base_s"], row["always_on_s"])
+    del runs["always_on@3"]  # without always-on there is no oracle, and nothing claims one
+    assert "oracle_s" not in mixed.judge_auto(runs, SCHEDULE, ["3"], [32], 1.03)["by_acceptance"]["3"]
+
+
 def test_auto_beyond_the_ratio_or_slower_than_both_static_servers_fails() -> None:
     """The negative controls: 4 % behind the best N; then slower than base and always-on alike."""
     behind = mixed.judge_auto(auto_runs(8.32, {32: 8.0}), SCHEDULE, ["3"], [32], 1.03)
