@@ -36,7 +36,10 @@ ERROR_PATTERNS = (
     re.compile(r'"POST /generate[ ?][^"]*" [45]\d\d\b'),  # uvicorn access log: a failed /generate
 )
 # Lines that match a pattern above but are not errors. Kept short on purpose.
-BENIGN = (re.compile(r"Ignore import error when loading"),)
+BENIGN = (
+    re.compile(r"Ignore import error when loading"),
+    re.compile(r"\bserver_args=ServerArgs\("),  # every flag's name, custom_sigquit_handler among them
+)
 
 
 @dataclass(frozen=True)

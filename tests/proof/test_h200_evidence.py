@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.proof import acceptance, exactkv, metrics, steps
+from patcher.proof import acceptance, exactkv, logscan, metrics, steps
 from patcher.proof.command import DEFAULTS
 from patcher.proof.run import (
     EIGHT_B_PLAIN_MIB,
@@ -2878,6 +2878,9 @@ def test_session_34_three_speculating_servers_overfill_an_h100_at_44032_and_now_
         log,
     )
     assert held is not None and "torch.OutOfMemoryError: CUDA out of memory" in log
+    # the report named the start-up dump first (its custom_sigquit_handler); the scan now names the OOM
+    assert "server_args=ServerArgs(" in report["auto_threshold"]["problems"][1]
+    assert logscan.scan(log).errors[0].text.startswith("[2026-12-06 08:17:23] OutOfMemoryError: CUDA out of memory.")
     capacity, *each = (float(x) for x in held.groups())
     assert (capacity, each) == (79.18, [26.22, 26.43, 26.46])
     old_pool_mib = 44032 * EIGHT_B_SLOT_KIB // 1024

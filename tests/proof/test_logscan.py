@@ -63,6 +63,16 @@ def test_a_clean_log_has_no_errors():
     assert scan(refused + 'INFO:     127.0.0.1:1 - "GET /health HTTP/1.1" 503 Service Unavailable\n').errors == []
 
 
+def test_the_server_args_dump_is_not_an_error_though_it_names_the_sigquit_handler():
+    """Session 34: a server that ran out of memory was reported by its first "error", the start-up
+    dump of its arguments (``custom_sigquit_handler=None``), not by the OOM below it."""
+    dump = "[x] server_args=ServerArgs(model_path='/m', custom_sigquit_handler=None, crash_dump_folder=None)"
+    oom = "[x] torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 210.00 MiB."
+    errors = scan(f"{dump}\n{oom}\n").errors
+    assert [(e.line, e.text) for e in errors] == [(2, oom)]
+    assert scan(dump.replace("server_args=ServerArgs(", "args: ")).errors  # the control: the words alone are one
+
+
 def test_a_traceback_is_one_error_naming_its_exception():
     text = (
         "[x TP0] Scheduler hit an exception: Traceback (most recent call last):\n"
