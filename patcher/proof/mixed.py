@@ -216,7 +216,9 @@ def judge_auto(
             entry.update(best_fixed_n=best_n, best_fixed_s=measured[best_n])
         if "base" in phase_s and f"always_on@{label}" in phase_s:
             oracle = round(sum(oracle_phases(phase_s["base"], phase_s[f"always_on@{label}"])), 3)
-            entry.update(oracle_s=oracle, auto_over_oracle=round(auto / oracle, 4) if auto is not None else None)
+            entry.update(
+                oracle_s=oracle, auto_over_oracle=round(auto / oracle, 4) if auto is not None and oracle else None
+            )
         if missing:
             problems.append(f"acceptance {label}: no complete pass on {', '.join(missing)}")
         elif auto is not None and base is not None and always_on is not None:

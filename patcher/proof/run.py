@@ -205,7 +205,7 @@ class ProofOptions:
     def shape_for(self, check: str) -> str:
         if self.shape != "auto":
             return self.shape
-        return "8b" if check in ("throughput", "mixed_load") else "small"
+        return "8b" if check in ("throughput", "mixed_load", "auto_threshold") else "small"
 
     def shape_named(self, check: str) -> str:
         """What a report calls the weights it ran: a dummy shape, or "real" (the shape then unused)."""
@@ -553,23 +553,32 @@ def eight_b_pool_tokens(gpu_memory_mib: int | None, speculative: int, plain: int
 
 def eight_b_slots_needed(opts: ProofOptions) -> int:
     """The most KV slots one server's 8B loads hold at once, each request with the longest prompt, its
-    new tokens and its draft's slots: throughput's highest level where it runs, mixed_load's highest
-    phase where it or auto_threshold runs (both where neither does)."""
-    throughput = (max(opts.throughput_levels), opts.throughput_new_tokens)
+    new tokens and its draft's slots: the largest load among the checks asked (metrics rides on the
+    crossings' ramp; refusals never start an 8B server; a check this does not know: the largest of all)."""
     mixed = (max(opts.mixed_phases), opts.mixed_new_tokens)
-    loads = [
-        load
-        for load, runs in ((throughput, {"throughput"}), (mixed, {"mixed_load", "auto_threshold"}))
-        if runs & set(opts.checks)
-    ]
-    return max(c * (PROMPT_TOKENS_MAX + new + DRAFT_SLOTS_PER_REQUEST) for c, new in loads or (throughput, mixed))
+    loads = {
+        "throughput": (max(opts.throughput_levels), opts.throughput_new_tokens),
+        "mixed_load": mixed,
+        "auto_threshold": mixed,
+        "equivalence": (max(opts.levels), opts.new_tokens),
+        "crossings": (opts.ramp_high, opts.ramp_new_tokens),
+        "metrics": (opts.ramp_high, opts.ramp_new_tokens),
+    }
+    if not opts.auto:  # (plan() refuses exact_kv with auto)
+        kv = opts.exact_kv_load
+        loads["exact_kv"] = (kv.long + kv.short + kv.joiners, kv.long_tokens)
+    asked = [c for c in opts.checks if c != "refusals"]
+    chosen = [loads[c] for c in asked if c in loads]
+    if len(chosen) < len(asked):
+        chosen = list(loads.values())
+    return max((c * (PROMPT_TOKENS_MAX + new + DRAFT_SLOTS_PER_REQUEST) for c, new in chosen), default=0)
 
 
 def shared_gpu_8b_servers(gpu_memory_mib: int | None, slots_needed: int) -> int:
-    """How many 8B-shape servers start side by side (at most 3), base and the rest speculating (as a
-    check's first group starts), each with a pool of ``eight_b_pool_tokens`` that holds
-    ``slots_needed``: an H200 or an H100 80GB 3 for the default loads. A later group of speculating
-    servers only is held to its own pools as it starts (Proof._group_pool)."""
+    """How many 8B-shape servers can start side by side (at most 3), each with a pool of
+    ``eight_b_pool_tokens`` that holds ``slots_needed``, at best: base among them and the rest
+    speculating (an H200 or an H100 80GB 3 for the default loads). An early refusal of what cannot
+    fit; a group that speculates more is held to its own pools as it starts (Proof._start_group)."""
     for servers in range(SHARED_GPU_8B_SERVERS, 1, -1):
         if eight_b_pool_tokens(gpu_memory_mib, servers - 1, plain=1) >= slots_needed:
             return servers
@@ -830,7 +839,8 @@ class Proof:
         self._queue = [p for p in self._queue if p.name not in {g.name for g in group}]  # not started yet
         pool = self._group_pool(group)
         need = eight_b_slots_needed(self.opts)
-        if any(self.opts.dummy_8b(p.shape) for p in group) and pool < need:
+        shared = self.opts.parallel_starts > 1  # (alone, a server's pool is SGLang's own: _wait reads it)
+        if shared and any(self.opts.dummy_8b(p.shape) for p in group) and pool < need:
             error = ServerStartError(
                 f"{len(group)} servers side by side ({sum(p.speculative for p in group)} speculating) leave "
                 f"pools of {pool} slots in this GPU's memory, fewer than the {need} the 8B loads need: "
@@ -857,11 +867,12 @@ class Proof:
 
     def _group_pool(self, group: Sequence[Plan]) -> int:
         """The KV pool of each 8B-shape server of ``group`` (the others keep SHARED_GPU_MAX_TOTAL_TOKENS):
-        what the GPU's memory leaves each of --parallel-starts servers, every member counted at an
-        8B server's size, and the places the group leaves empty as speculating ones (a server of the
-        last group may still be up beside it; eight_b_pool_tokens)."""
-        plain = sum(not p.speculative for p in group)
-        return eight_b_pool_tokens(self.gpu_memory_mib, self.opts.parallel_starts - plain, plain=plain)
+        what the GPU's memory leaves each of its members and of the servers still up beside them,
+        every one counted at an 8B server's size (eight_b_pool_tokens)."""
+        up = [info["mode"] for _, info in self._started.values()]
+        speculative = sum(p.speculative for p in group) + sum(mode not in launch.PLAIN_MODES for mode in up)
+        plain = len(group) + len(up) - speculative
+        return eight_b_pool_tokens(self.gpu_memory_mib, speculative, plain=plain)
 
     def _launch(self, plan: Plan, pool: int) -> tuple[Server, dict[str, Any]]:
         opts = self.opts

@@ -861,7 +861,7 @@ def test_how_many_8b_servers_fit_side_by_side(mib, fit):
     """An H100 80GB and an H200 take throughput's three, base and two speculating (the H100 with
     smaller pools); 64 GB two, 40 GB none beside another; unknown memory keeps the three that
     sessions 15 - 31 ran."""
-    need = run.eight_b_slots_needed(ProofOptions(out=Path("unused")))
+    need = run.eight_b_slots_needed(ProofOptions(out=Path("unused"), checks=("throughput", "mixed_load")))
     assert run.shared_gpu_8b_servers(mib, need) == fit
     assert run.eight_b_pool_tokens(mib, fit - 1, plain=1) >= need or mib == 40960
 
@@ -907,6 +907,43 @@ def test_a_group_whose_pools_cannot_hold_the_loads_is_refused_before_it_starts(t
             )
     assert not proof._started and not proof._ports  # nothing launched
     assert proof._group_pool([run.Plan("base", "8b", None, "base"), *speculating[:2]]) == 40960 >= 39808
+
+
+def test_the_slots_needed_are_the_largest_load_of_the_checks_asked():
+    """kv-proof's checks at threshold 32 need exact_kv's wave (4 long, 36 short, 2 joiners of up to 128
+    tokens: 42 x 183), not throughput's 128 x 311; asking throughput (the control) or a check with no
+    load known here takes the larger."""
+
+    def need(*checks: str) -> int:
+        return run.eight_b_slots_needed(ProofOptions(out=Path("unused"), checks=checks, threshold=32))
+
+    assert need("equivalence", "crossings", "exact_kv", "refusals", "metrics") == 42 * (47 + 128 + 8)
+    assert need("equivalence", "crossings") == 48 * (47 + 64 + 8)
+    assert need("equivalence", "throughput") == need("backends") == 128 * (47 + 256 + 8)
+    assert need("auto_threshold") == need("mixed_load") == 128 * (47 + 128 + 8)
+
+
+def test_a_servers_pool_counts_the_servers_still_up_beside_it(tmp_path):
+    """A group starting while speculating servers of an earlier one are still up shares the GPU with
+    them too; with nothing up (the control) base alone gets the most an H100 gives."""
+    proof = run.Proof(ProofOptions(out=tmp_path / "out", parallel_starts=3), lambda m: None)
+    proof.gpu_memory_mib = 81559
+    base = run.Plan("base", "8b", None, "base")
+    assert proof._group_pool([base]) == run.launch.SHARED_GPU_MAX_TOTAL_TOKENS
+    for name in ("left-1", "left-2"):
+        proof._started[name] = (None, {"mode": "dynspec"})  # type: ignore[assignment]
+    assert proof._group_pool([base]) == run.eight_b_pool_tokens(81559, 2, plain=1) == 40960
+
+
+def test_one_server_at_a_time_is_never_refused_by_the_shared_pools_sum(site, tmp_path, monkeypatch):
+    """With --parallel-starts 1 a server's pool is SGLang's own (no --max-total-tokens), so the sum
+    that sizes pools side by side does not apply: on a 24 GiB GPU, where two 8B servers could not
+    share, the 8B throughput servers start one after another and get no cap."""
+    fake_nvidia_smi(tmp_path, monkeypatch, "24576\\n")
+    result = run_proof(options(site(), tmp_path / "out", checks=("throughput",), shape="8b"), lambda m: None)
+    assert len(result["servers"]) == 3
+    assert all("--max-total-tokens" not in s["argv"] and "start_error" not in s for s in result["servers"])
+    assert run.eight_b_pool_tokens(24576, 1, plain=1) == 0  # the control: side by side they would not fit
 
 
 def test_any_check_on_the_8b_shape_is_held_to_what_the_gpu_holds(site, tmp_path, monkeypatch):
