@@ -931,7 +931,7 @@ def test_a_servers_pool_counts_the_servers_still_up_beside_it(tmp_path):
     base = run.Plan("base", "8b", None, "base")
     assert proof._group_pool([base]) == run.launch.SHARED_GPU_MAX_TOTAL_TOKENS
     for name in ("left-1", "left-2"):
-        proof._started[name] = (None, {"mode": "dynspec"})  # type: ignore[assignment]
+        proof._started[name] = (None, {"mode": "dynspec"})
     assert proof._group_pool([base]) == run.eight_b_pool_tokens(81559, 2, plain=1) == 40960
 
 
