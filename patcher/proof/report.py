@@ -74,6 +74,28 @@ def envelope_ratio(
     return out
 
 
+def switch_point(
+    levels: Sequence[int], base: Sequence[float | None], always_on: Sequence[float | None]
+) -> dict[str, int | None] | None:
+    """Where speculation stops paying, read from measured tok/s (README "Choosing N"): the largest
+    level up to which always-on was faster at every level, the next level (plain decode faster
+    there), and between them the batch size where always-on / base crosses 1, linear in the ratio:
+    an estimate of N. None where a level lacks a number."""
+    if any(b is None or a is None or not b for b, a in zip(base, always_on)):
+        return None
+    ratios = [a / b for b, a in zip(base, always_on) if a is not None and b]
+    faster = 0
+    while faster < len(levels) and ratios[faster] > 1:
+        faster += 1
+    up_to = levels[faster - 1] if faster else None
+    plain_from = levels[faster] if faster < len(levels) else None
+    estimate = None
+    if up_to is not None and plain_from is not None:
+        above, below = ratios[faster - 1] - 1, 1 - ratios[faster]
+        estimate = int(up_to + (plain_from - up_to) * above / (above + below))
+    return {"speculation_faster_up_to": up_to, "plain_faster_from": plain_from, "crossover_estimate": estimate}
+
+
 def over(numerator: Sequence[float | None], denominator: Sequence[float | None]) -> list[float | None]:
     """numerator / denominator at each level, e.g. dynspec / upstream adaptive; None where missing."""
     if len(numerator) != len(denominator):
@@ -196,6 +218,21 @@ def summary(report: Report) -> str:
             lines.append(
                 line + (f"  {_fmt(no_overlap[i]):>9}  {_fmt(ratio_no_overlap[i], 2):>6}" if no_overlap else "")
             )
+        where = tp.get("switch_point")
+        if where:
+            up_to, plain_from, estimate = (
+                where["speculation_faster_up_to"], where["plain_faster_from"], where["crossover_estimate"]
+            )  # fmt: skip
+            if up_to is None:
+                said = f"plain decode was faster from C={plain_from} on: speculation does not pay here"
+            elif plain_from is None:
+                said = f"always-on was faster at every level, up to C={up_to}: N at least {up_to}"
+            else:
+                said = (
+                    f"always-on faster up to C={up_to}, plain decode from C={plain_from}: N in {up_to} - "
+                    f"{plain_from - 1}, near {estimate} (linear between the two)"
+                )
+            lines.append(f"    switch point on this GPU and load: {said}")
         accepted = tp.get("accept_length") or {}
         if sim is None and accepted:
             lines.append("")

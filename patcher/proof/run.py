@@ -1672,7 +1672,9 @@ class Proof:
             tp["detail"] = f"base and always-on measured at {len(levels)} levels (dynspec not applied)"
         if opts.upstream_adaptive:
             self.judge_upstream(tp, adaptive_config, tok_s.get(launch.UPSTREAM_ADAPTIVE, none), run_problems, problems)
-        # Information, not a pass criterion: the servers' own speed per decode step against base.
+        # Information, not pass criteria: where N belongs on this GPU, and the servers' own speed per
+        # decode step against base.
+        tp["switch_point"] = reports.switch_point(levels, tp["base"], tp["always_on"])
         tp["per_step"] = steps.per_step(logs, "base", levels)
         tp["per_run"] = steps.per_run({m: logs[m][:end] for m, end in levels_end.items() if m in logs}, levels)
         tp["outside_steady_ms"] = steps.outside_steady(

@@ -19,6 +19,7 @@ import pytest
 
 from patcher.proof import acceptance, exactkv, logscan, metrics, steps
 from patcher.proof.command import DEFAULTS
+from patcher.proof.report import switch_point
 from patcher.proof.run import (
     EIGHT_B_PLAIN_MIB,
     EIGHT_B_SLOT_KIB,
@@ -2943,3 +2944,25 @@ def test_session_34_0_5_12_v2_falls_back_at_0_98_and_its_mixed_load_meets_its_or
     assert load["seconds"] == {"base": 16.576, "always_on": 12.568, "dynspec": 11.898}
     assert load["seconds"] == {k: statistics.median(v) for k, v in load["samples"].items()}
     assert all(d < min(a, b) for d, a, b in zip(*(load["samples"][k] for k in ("dynspec", "always_on", "base"))))
+
+
+def test_the_throughput_reports_place_n_by_the_gpu() -> None:
+    """The switch point read from each report's own medians: on the H200 of session 26 always-on was
+    faster up to 32 and plain decode from 64 (the ratio crossing 1 near 58, where the CPU replay of
+    its step costs put auto, 61); on the H100 of sessions 33 and 34 up to 64, from 128, near 75 and
+    72: N = 96 there, as session 34's mixed load used, lies in the H100's range and not the H200's."""
+    where = {}
+    for evidence, revisions in (
+        (S26_17["tput"], S26_REVISIONS),
+        (S33_17_TPUT, S31_REVISIONS),
+        (S34_12_TPUT, S31_REVISIONS),
+    ):
+        tput = report_of(evidence, {}, revisions)["throughput"]
+        where[evidence.name] = switch_point(tput["levels"], tput["base"], tput["always_on"])
+    found = {name: tuple(w.values()) for name, w in where.items() if w is not None}
+    assert found == {
+        S26_17["tput"].name: (32, 64, 58),
+        S33_17_TPUT.name: (64, 128, 75),
+        S34_12_TPUT.name: (64, 128, 72),
+    }
+    assert 64 < 96 < 128 and not 32 < 96 < 64  # the control: 96 is an H100's N, not an H200's

@@ -50,6 +50,32 @@ def test_envelope_ratio_is_dynspec_over_the_better_of_the_other_two():
         report.envelope_ratio([1.0], [1.0, 2.0], [1.0])
 
 
+def test_the_switch_point_is_where_always_on_stops_beating_base():
+    """Always-on 1.3x base at 32 and 0.94x at 64 (an H200, session 26's shape): N in 32 - 63, the
+    ratio crossing 1 near 58 (linear); always-on faster everywhere, nowhere, or ahead again after
+    losing (read up to its first loss); a missing number gives no answer."""
+    levels = [1, 32, 64]
+    assert report.switch_point(levels, [100.0, 100.0, 100.0], [200.0, 130.0, 94.0]) == {
+        "speculation_faster_up_to": 32, "plain_faster_from": 64, "crossover_estimate": 58
+    }  # fmt: skip
+    assert report.switch_point(levels, [1.0, 1.0, 1.0], [2.0, 2.0, 2.0]) == {
+        "speculation_faster_up_to": 64, "plain_faster_from": None, "crossover_estimate": None
+    }  # fmt: skip
+    assert report.switch_point(levels, [2.0, 2.0, 2.0], [1.0, 2.0, 3.0]) == {
+        "speculation_faster_up_to": None, "plain_faster_from": 1, "crossover_estimate": None
+    }  # fmt: skip
+    assert report.switch_point(levels, [1.0, 1.0, 1.0], [2.0, 0.5, 2.0]) == {
+        "speculation_faster_up_to": 1, "plain_faster_from": 32, "crossover_estimate": 21
+    }  # fmt: skip
+    assert report.switch_point(levels, [1.0, None, 1.0], [2.0, 2.0, 2.0]) is None
+    tp = {"levels": levels, "base": [1.0, 1.0, 1.0], "always_on": [2.0, 1.3, 0.94], "shape": "8b", "new_tokens": 8}
+    tp["switch_point"] = report.switch_point(levels, tp["base"], tp["always_on"])
+    assert (
+        "switch point on this GPU and load: always-on faster up to C=32, plain decode from C=64: N in 32 - 63, "
+        "near 58 (linear between the two)"
+    ) in report.summary(sample(throughput=tp))
+
+
 def test_the_verdict_needs_every_check_that_ran_to_pass():
     assert report.exit_code(sample()) == 0
     assert report.exit_code(sample(crossings={"passed": False, "count": 3, "errors": []})) == 1

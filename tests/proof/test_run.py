@@ -835,6 +835,8 @@ def test_a_pool_sglang_made_too_small_for_the_load_stops_the_check(site, tmp_pat
     pools = {s["name"]: s.get("kv_pool_tokens") for s in result["servers"]}
     if passed:
         assert set(pools.values()) == {20480}
+        tp = result["throughput"]  # where N belongs, from the medians it reports (information, not judged)
+        assert tp["switch_point"] == reports.switch_point(tp["levels"], tp["base"], tp["always_on"]) is not None
     else:
         (first,) = [name for name, pool in pools.items() if pool is not None]  # the check stopped at it
         assert pools[first] == 20480
