@@ -80,8 +80,8 @@ def switch_point(
     """Where speculation stops paying, read from measured tok/s (README "Choosing N"): the largest
     level up to which always-on was faster at every level, the next level (plain decode faster
     there), and between them the batch size where always-on / base crosses 1, linear in the ratio:
-    an estimate of N. None where a level lacks a number."""
-    if any(b is None or a is None or not b for b, a in zip(base, always_on)):
+    an estimate of N. None where no level was measured or one lacks a number."""
+    if not levels or any(b is None or a is None or not b for b, a in zip(base, always_on)):
         return None
     ratios = [a / b for b, a in zip(base, always_on) if a is not None and b]
     faster = 0

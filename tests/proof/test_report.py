@@ -68,6 +68,7 @@ def test_the_switch_point_is_where_always_on_stops_beating_base():
         "speculation_faster_up_to": 1, "plain_faster_from": 32, "crossover_estimate": 21
     }  # fmt: skip
     assert report.switch_point(levels, [1.0, None, 1.0], [2.0, 2.0, 2.0]) is None
+    assert report.switch_point([], [], []) is None
     tp = {"levels": levels, "base": [1.0, 1.0, 1.0], "always_on": [2.0, 1.3, 0.94], "shape": "8b", "new_tokens": 8}
     tp["switch_point"] = report.switch_point(levels, tp["base"], tp["always_on"])
     assert (
