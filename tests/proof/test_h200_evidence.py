@@ -2857,8 +2857,8 @@ S34_12_MIXED_96 = PROOF / "0.5.12-v2-s34-r29-mixed-n96"
 def test_session_34_auto_beats_every_server_it_ran_beside_and_settles_where_the_replay_said() -> None:
     """auto_threshold on 0.5.17 at simulated acceptance 3 (an H100; median of 2): auto 11.69 s, below
     always-on (12.17), N = 32 (12.02) and base (16.65). Its log's last estimated decision speculates
-    at 127 requests and below, falling back only at 128, where the CPU replay of the H100's step
-    costs put it (session 33). The check failed: N = 64's server ran out of memory starting beside
+    at 127 requests and below, its ceiling (these servers run at most 128), where the CPU replay of
+    the H100's step costs put it (session 33): it timed speculation faster at 64 and never timed 128. The check failed: N = 64's server ran out of memory starting beside
     N = 32 and 96, so the sweep is incomplete (the next test)."""
     report = report_of(S34_17_AUTO, {}, S31_REVISIONS)
     assert (report["gpu"], report["sglang_version"], report["passed"]) == (S31_GPU, "0.5.17", False)
@@ -2872,6 +2872,10 @@ def test_session_34_auto_beats_every_server_it_ran_beside_and_settles_where_the_
     settled = {"disable_above": 127, "enable_at_or_below": 127, "reason": "estimated", "acceptance": 3.0}
     assert row["auto_decisions"] == {"count": 14, "estimated": 10, "last": settled, "last_estimated": settled}
     assert entry["problems"][-1] == "acceptance 3: no complete pass on N=64, N=96"
+    (log,) = members(S34_17_AUTO / "logs.tar.xz", "dynspec-auto-acc3.log").values()
+    ratios = [float(x) for x in re.findall(r"\(estimated;[^)]* 64: ([\d.]+)\)", log)]
+    assert (len(ratios), min(ratios), max(ratios)) == (8, 1.07, 1.21)  # speculation faster at 64, every estimate
+    assert not re.search(r"by batch size [^)]*\b128: ", log)  # 128 never timed: the ceiling decides there
 
 
 def test_session_34_three_speculating_servers_overfill_an_h100_at_44032_and_now_get_32768() -> None:
