@@ -67,6 +67,11 @@ OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "PYTHONUNBUFF
 SIMULATION_VARS = ("SGLANG_SIMULATE_ACC_LEN", "SGLANG_SIMULATE_ACC_METHOD", "SIMULATE_ACC_LEN", "SIMULATE_ACC_METHOD")
 
 
+def speculates(mode: str) -> bool:
+    """Whether a server of ``mode`` loads a draft model (and so holds more memory than plain decode's)."""
+    return mode not in PLAIN_MODES
+
+
 @dataclass(frozen=True)
 class Dynspec:
     """dynspec's server flags; ``None`` leaves a flag out so the server's default applies."""
@@ -178,7 +183,7 @@ def server_args(
         args.append("--sleep-on-idle")  # else a server waiting its turn spins a core at 100 % (SGLang's IdleSleeper)
     if mode == BASE_NO_OVERLAP:
         args.append("--disable-overlap-schedule")
-    elif mode != "base":
+    elif speculates(mode):
         args += [a.format(draft=draft) for a in (EAGLE3_FLAGS if real is None else without_dummy(EAGLE3_FLAGS))]
         if path == "v1":
             args.append("--disable-overlap-schedule")

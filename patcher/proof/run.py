@@ -601,8 +601,7 @@ class Plan:
 
     @property
     def speculative(self) -> bool:
-        """Whether its server loads a draft model (and so holds more memory than plain decode's)."""
-        return self.mode not in launch.PLAIN_MODES
+        return launch.speculates(self.mode)
 
     def entry(self) -> dict[str, Any]:
         """The start of its entry in the report's ``servers``."""
@@ -870,7 +869,7 @@ class Proof:
         what the GPU's memory leaves each of its members and of the servers still up beside them,
         every one counted at an 8B server's size (eight_b_pool_tokens)."""
         up = [info["mode"] for _, info in self._started.values()]
-        speculative = sum(p.speculative for p in group) + sum(mode not in launch.PLAIN_MODES for mode in up)
+        speculative = sum(launch.speculates(mode) for mode in (*(p.mode for p in group), *up))
         plain = len(group) + len(up) - speculative
         return eight_b_pool_tokens(self.gpu_memory_mib, speculative, plain=plain)
 
