@@ -367,7 +367,7 @@ def plan(
         eight_b = any(opts.dummy_8b(opts.shape_for(c)) for c in checks)
         memory = gpu_memory_mib if eight_b else None
         need = eight_b_slots_needed(opts)
-        fit = shared_gpu_8b_servers(memory, need)
+        fit = shared_gpu_8b_servers(memory, need, opts.attention_backend)
         if (eight_b or {"throughput", "mixed_load", "auto_threshold"} & set(checks)) and opts.parallel_starts > fit:
             held = (
                 ""
@@ -522,30 +522,38 @@ ORDER_TOGETHER = "interleaved: the servers took turns at each level and pass, th
 ORDER_ALONE = "one server after another"
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
 SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers side by side at most (throughput's and mixed_load's three)
-# What the GPU's memory must hold for each of them besides its KV pool. Session 34 on an H100: three
-# speculative servers with 44032-slot pools held 21.1 - 21.3 GiB each besides them when the third ran
-# out capturing its graphs (0.5.17 also captures prefill graphs, for the draft too); session 32: base
-# and dynspec held 40.3 GiB together once up, base about 19. A KV slot is the target's 32 layers x 8
-# heads x 128 x (K, V) in bf16, 128 KiB, and the draft layer's 4. The reserve is what torch never sees
-# of the card (an H100: 79.18 of 79.65 GiB) and slack.
-EIGHT_B_PLAIN_MIB = 19 * 1024
-EIGHT_B_SPECULATIVE_MIB = 22 * 1024
+# What the GPU's memory must hold for each of them besides its KV pool, from what they held on an H100
+# (79.18 GiB that torch sees). Speculating: 22.8 GiB at most (session 35: three with 32768-slot pools
+# held 26.96, 26.88 and 25.30 GiB when one ran out; session 34's three at 44032, 20.7 - 20.9). Plain:
+# base beside two speculating servers, all with 40960-slot pools, left 1.4 GiB free (sessions 34 - 35),
+# which puts base at about 16.7. Another attention backend than Triton takes more (session 35: on
+# FlashInfer base held 17.9 besides its pool and dynspec 23.6 while still capturing graphs, so the three
+# that fit on Triton did not). A KV slot is the target's 32 layers x 8 heads x 128 x (K, V) in bf16,
+# 128 KiB, and the draft layer's 4. The reserve is what torch never sees of the card (an H100: 79.18 of
+# 79.65 GiB) and slack.
+EIGHT_B_PLAIN_MIB = 17 * 1024
+EIGHT_B_SPECULATIVE_MIB = 23 * 1024
+EIGHT_B_NOT_TRITON_MIB = {"plain": 1024, "speculative": 2 * 1024}  # on top of the above, FlashInfer's workspaces
 EIGHT_B_SLOT_KIB = 132
 SHARED_GPU_RESERVE_MIB = 1024
 PROMPT_TOKENS_MAX = 47  # client.prompt's longest
 DRAFT_SLOTS_PER_REQUEST = 8  # slots a speculative request holds beyond its tokens (its draft tree, with room)
 
 
-def eight_b_pool_tokens(gpu_memory_mib: int | None, speculative: int, plain: int = 0) -> int:
+def eight_b_pool_tokens(
+    gpu_memory_mib: int | None, speculative: int, plain: int = 0, attention_backend: str = "triton"
+) -> int:
     """Each KV pool of 8B-shape servers side by side, ``speculative`` of them speculating and ``plain``
     not: launch.SHARED_GPU_MAX_TOTAL_TOKENS where that fits (an H200) or the memory is unknown, else
-    what the memory leaves each, in whole 1024s (an H100 80GB: base and two speculating 40960, three
-    speculating 32768). Session 32's three at 131072 each overfilled an H100, session 34's three
-    speculating at 44032 too."""
+    what the memory leaves each, in whole 1024s (an H100 80GB on Triton: base and two speculating
+    40960, three speculating 24576). Overfilled an H100: session 32's three at 131072 each, three
+    speculating at 44032 (session 34) and 32768 (35), base and two speculating at 40960 on FlashInfer (35)."""
     if gpu_memory_mib is None:
         return launch.SHARED_GPU_MAX_TOTAL_TOKENS
     servers = speculative + plain
     held = speculative * EIGHT_B_SPECULATIVE_MIB + plain * EIGHT_B_PLAIN_MIB
+    if attention_backend != "triton":
+        held += speculative * EIGHT_B_NOT_TRITON_MIB["speculative"] + plain * EIGHT_B_NOT_TRITON_MIB["plain"]
     left = max(0, gpu_memory_mib - SHARED_GPU_RESERVE_MIB - held)
     fit = left * 1024 // servers // EIGHT_B_SLOT_KIB
     return min(launch.SHARED_GPU_MAX_TOTAL_TOKENS, fit // 1024 * 1024)
@@ -574,13 +582,17 @@ def eight_b_slots_needed(opts: ProofOptions) -> int:
     return max((c * (PROMPT_TOKENS_MAX + new + DRAFT_SLOTS_PER_REQUEST) for c, new in chosen), default=0)
 
 
-def shared_gpu_8b_servers(gpu_memory_mib: int | None, slots_needed: int) -> int:
+def shared_gpu_8b_servers(gpu_memory_mib: int | None, slots_needed: int, attention_backend: str = "triton") -> int:
     """How many 8B-shape servers can start side by side (at most 3), each with a pool of
     ``eight_b_pool_tokens`` that holds ``slots_needed``, at best: base among them and the rest
-    speculating (an H200 or an H100 80GB 3 for the default loads). An early refusal of what cannot
-    fit; a group that speculates more is held to its own pools as it starts (Proof._start_group)."""
+    speculating (an H200 or an H100 80GB on Triton 3 for the default loads, an H100 on FlashInfer 2).
+    An early refusal of what cannot fit; a group that speculates more starts fewer at once
+    (Proof._start_group)."""
     for servers in range(SHARED_GPU_8B_SERVERS, 1, -1):
-        if eight_b_pool_tokens(gpu_memory_mib, servers - 1, plain=1) >= slots_needed:
+        if (
+            eight_b_pool_tokens(gpu_memory_mib, servers - 1, plain=1, attention_backend=attention_backend)
+            >= slots_needed
+        ):
             return servers
     return 1
 
@@ -830,23 +842,18 @@ class Proof:
             self._finish(server, info)
 
     def _start_group(self, plan: Plan) -> None:
-        """Start ``plan`` and, with --parallel-starts N, the next N - 1 queued plans; wait for ``plan``,
-        then for the others (a failure is raised when that plan is served). A group whose pools
-        cannot hold the loads is not started (raised now for ``plan``)."""
-        waiting = [p for p in self._queue if p.name != plan.name]
-        group = [plan, *waiting[: self.opts.parallel_starts - 1]]
+        """Start ``plan`` and the queued plans of its group (``_group``); wait for ``plan``, then for the
+        others (a failure is raised when that plan is served). If ``plan``'s own pool cannot hold the
+        loads beside the servers still up, nothing starts (raised now)."""
+        group = self._group(plan)
         self._queue = [p for p in self._queue if p.name not in {g.name for g in group}]  # not started yet
         pool = self._group_pool(group)
-        need = eight_b_slots_needed(self.opts)
-        shared = self.opts.parallel_starts > 1  # (alone, a server's pool is SGLang's own: _wait reads it)
-        if shared and any(self.opts.dummy_8b(p.shape) for p in group) and pool < need:
-            error = ServerStartError(
-                f"{len(group)} servers side by side ({sum(p.speculative for p in group)} speculating) leave "
-                f"pools of {pool} slots in this GPU's memory, fewer than the {need} the 8B loads need: "
+        if self._short(group):
+            raise ServerStartError(
+                f"{plan.name}: beside the {len(self._started)} server(s) still up its pool would be {pool} slots "
+                f"in this GPU's memory, fewer than the {eight_b_slots_needed(self.opts)} the 8B loads need: "
                 "fewer --parallel-starts"
             )
-            self._start_errors.update((p.name, error) for p in group[1:])
-            raise error
         self._started[plan.name] = self._launch(plan, pool)
         for p in group[1:]:
             try:
@@ -864,6 +871,27 @@ class Proof:
                 if p is plan:
                     return  # the caller stops here: do not wait for the rest
 
+    def _group(self, plan: Plan) -> list[Plan]:
+        """``plan`` and, with --parallel-starts N, up to the next N - 1 queued plans: as many as leave
+        8B pools that hold the loads (session 35: three speculating 8B servers overfill an H100 at any
+        pool that holds them); the rest start on their turn."""
+        waiting = [p for p in self._queue if p.name != plan.name]
+        group = [plan, *waiting[: self.opts.parallel_starts - 1]]
+        while len(group) > 1 and self._short(group):
+            group.pop()
+        if len(group) < min(self.opts.parallel_starts, len(waiting) + 1):
+            self.progress(f"starting {len(group)} at once: more would leave 8B pools too small for the loads")
+        return group
+
+    def _short(self, group: Sequence[Plan]) -> bool:
+        """Whether ``group``, sharing the GPU, leaves its 8B servers pools under what the loads need
+        (alone, a server's pool is SGLang's own: _wait reads it)."""
+        return (
+            self.opts.parallel_starts > 1
+            and any(self.opts.dummy_8b(p.shape) for p in group)
+            and self._group_pool(group) < eight_b_slots_needed(self.opts)
+        )
+
     def _group_pool(self, group: Sequence[Plan]) -> int:
         """The KV pool of each 8B-shape server of ``group`` (the others keep SHARED_GPU_MAX_TOTAL_TOKENS):
         what the GPU's memory leaves each of its members and of the servers still up beside them,
@@ -871,7 +899,7 @@ class Proof:
         up = [info["mode"] for _, info in self._started.values()]
         speculative = sum(launch.speculates(mode) for mode in (*(p.mode for p in group), *up))
         plain = len(group) + len(up) - speculative
-        return eight_b_pool_tokens(self.gpu_memory_mib, speculative, plain=plain)
+        return eight_b_pool_tokens(self.gpu_memory_mib, speculative, plain, self.opts.attention_backend)
 
     def _launch(self, plan: Plan, pool: int) -> tuple[Server, dict[str, Any]]:
         opts = self.opts

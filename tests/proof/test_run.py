@@ -868,11 +868,28 @@ def test_how_many_8b_servers_fit_side_by_side(mib, fit):
     assert run.eight_b_pool_tokens(mib, fit - 1, plain=1) >= need or mib == 40960
 
 
+def test_flashinfer_takes_more_of_the_gpu_than_triton(site, tmp_path):
+    """Session 35: base and two speculating 8B servers with 40960-slot pools, which fit an H100 on
+    Triton, overfilled it on FlashInfer. There two start side by side for throughput's loads, and
+    --parallel-starts 3 is refused at once; Triton (the control) keeps three."""
+    need = run.eight_b_slots_needed(ProofOptions(out=Path("unused"), checks=("throughput",)))
+    assert run.shared_gpu_8b_servers(81559, need, "flashinfer") == 2
+    assert run.shared_gpu_8b_servers(81559, need) == 3
+    assert run.eight_b_pool_tokens(81559, 2, 1, "flashinfer") < need <= run.eight_b_pool_tokens(81559, 2, 1)
+    sglang = detect.locate(str(site()), sys.executable, dict(os.environ))
+    opts = options(
+        site(), tmp_path / "out", checks=("throughput",), shape="8b", parallel_starts=3,
+        throughput_levels=(64, 128), throughput_new_tokens=256,
+    )  # fmt: skip
+    with pytest.raises(ProofUsageError, match=r"^--parallel-starts 3: at most 2 of the 8B shape's servers"):
+        run.plan(replace(opts, attention_backend="flashinfer"), sglang, 81559)
+    assert run.plan(opts, sglang, 81559)[0] == ["throughput"]
+
+
 def test_auto_thresholds_groups_get_pools_by_how_many_of_them_speculate(site, tmp_path, monkeypatch):
-    """Session 34 on an H100: auto_threshold's second group, three speculating servers, ran out of
-    memory with the 44032-slot pools that base and two speculating servers had held. A group's pools
-    now count its members: base, always-on and auto 40960, the fixed N's 32768; the small loads of
-    this run fit both."""
+    """Sessions 34 - 35 on an H100: auto_threshold's second group, three speculating servers, ran out of
+    memory with 44032- and then 32768-slot pools. A group's pools count its members: base, always-on
+    and auto 40960, the fixed N's 24576; the small loads of this run fit both."""
     fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
     opts = options(
         site(version="0.5.17"), tmp_path / "out", checks=("auto_threshold",), path="v2", shape="8b",
@@ -884,31 +901,50 @@ def test_auto_thresholds_groups_get_pools_by_how_many_of_them_speculate(site, tm
     pools = {s["name"]: s.get("kv_pool_tokens") for s in result["servers"]}
     assert pools == {
         "base-auto": 40960, "always-on-acc3": 40960, "dynspec-auto-acc3": 40960,
-        "dynspec-n2-acc3": 32768, "dynspec-n4-acc3": 32768, "dynspec-n6-acc3": 32768,
+        "dynspec-n2-acc3": 24576, "dynspec-n4-acc3": 24576, "dynspec-n6-acc3": 24576,
     }  # fmt: skip
     assert "problems" not in result["auto_threshold"] or all(
         " is slower than " in p or "x the best fixed N" in p for p in result["auto_threshold"]["problems"]
     ), result["auto_threshold"]["problems"]
 
 
-def test_a_group_whose_pools_cannot_hold_the_loads_is_refused_before_it_starts(tmp_path):
-    """Three speculating 8B servers on an H100 leave 32768-slot pools, fewer than throughput's 39808:
-    their group is refused before any of them launches, naming why; with base among the three (the
-    control) the pools hold the loads."""
+def test_a_group_starts_as_many_as_leave_pools_that_hold_the_loads(tmp_path):
+    """Three speculating 8B servers on an H100 would leave 24576-slot pools, fewer than throughput's
+    39808: two start together and the third on its turn, and the run says so; base among the three
+    (the control) starts all three."""
+    said: list[str] = []
     opts = ProofOptions(out=tmp_path / "out", checks=("throughput", "auto_threshold"), parallel_starts=3, shape="8b")
-    proof = run.Proof(opts, lambda m: None)
+    proof = run.Proof(opts, said.append)
     proof.gpu_memory_mib = 81559
     speculating = [run.Plan("dynspec", "8b", 3.0, f"dynspec-n{n}") for n in (32, 64, 96)]
+    base = run.Plan("base", "8b", None, "base")
     with proof.starting(speculating):
-        for plan in speculating:  # each is told why when its turn comes
-            with pytest.raises(run.ServerStartError) as refused, proof.serve(plan):
-                pass
-            assert str(refused.value) == (
-                "3 servers side by side (3 speculating) leave pools of 32768 slots in this GPU's memory, "
-                "fewer than the 39808 the 8B loads need: fewer --parallel-starts"
-            )
-    assert not proof._started and not proof._ports  # nothing launched
-    assert proof._group_pool([run.Plan("base", "8b", None, "base"), *speculating[:2]]) == 40960 >= 39808
+        assert [p.name for p in proof._group(speculating[0])] == ["dynspec-n32", "dynspec-n64"]
+    assert said == ["starting 2 at once: more would leave 8B pools too small for the loads"]
+    assert proof._group_pool(speculating) == 24576 < 39808 <= proof._group_pool(speculating[:2])
+    with proof.starting([base, *speculating[:2]]):
+        assert len(proof._group(base)) == 3 and len(said) == 1
+    assert proof._group_pool([base, *speculating[:2]]) == 40960
+
+
+def test_a_server_whose_pool_cannot_hold_the_loads_beside_those_up_is_refused_before_it_starts(tmp_path):
+    """With two speculating 8B servers still up on an H100, a third speculating one would get 24576
+    slots, fewer than throughput's 39808: refused before it launches, naming why; base in its place
+    (the control) would get 40960."""
+    proof = run.Proof(ProofOptions(out=tmp_path / "out", checks=("throughput",), parallel_starts=3), lambda m: None)
+    proof.gpu_memory_mib = 81559
+    third = run.Plan("dynspec", "8b", 3.0, "dynspec-n96")
+    proof._queue = [third]
+    for name in ("left-1", "left-2"):
+        proof._started[name] = (None, {"mode": "dynspec"})
+    with pytest.raises(run.ServerStartError) as refused:
+        proof._start_group(third)
+    assert str(refused.value) == (
+        "dynspec-n96: beside the 2 server(s) still up its pool would be 24576 slots in this GPU's memory, "
+        "fewer than the 39808 the 8B loads need: fewer --parallel-starts"
+    )
+    assert set(proof._started) == {"left-1", "left-2"} and not proof._ports  # nothing launched
+    assert proof._group_pool([run.Plan("base", "8b", None, "base")]) == 40960
 
 
 def test_the_slots_needed_are_the_largest_load_of_the_checks_asked():
