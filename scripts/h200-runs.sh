@@ -333,10 +333,11 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
       --throughput-levels "${TPUT_LEVELS:-1,4,16,32,64,128}" ;;
   kv-auto) kit_for "$1"
     # auto against fixed N on the mixed load (issue 16): per acceptance always-on, auto and the sweep,
-    # base once. Session 34 (an H100): six servers (AUTO_SWEEP=32,64,96) took 419 s, so the full
-    # sweep of nine runs past a call; split it over two calls, each with its own base, always-on and
-    # auto (AUTO_SWEEP=8,16,32 then 48,64,96): auto within 3 % of each half's best is within 3 % of
-    # the whole's. AUTO_ACCEPT=3 (default), AUTO_REPEATS passes (default 2).
+    # base once. Sessions 34 - 35 (an H100): a group of three servers takes about 250 s from its start
+    # to its last pass, so six take about 520 s and the full sweep of nine runs past a call; split it
+    # over two calls, each with its own base, always-on and auto (AUTO_SWEEP=8,16,32 then 48,64,96):
+    # auto within 3 % of each half's best is within 3 % of the whole's. AUTO_ACCEPT=3 (default),
+    # AUTO_REPEATS passes (default 2).
     proof "proof-$1-v2-auto-acc${AUTO_ACCEPT:-3}" --path v2 --checks auto_threshold --threshold 32 \
       --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" \
       --auto-acceptance "${AUTO_ACCEPT:-3}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" ;;

@@ -703,6 +703,7 @@ class Proof:
         self._queue: list[Plan] = []  # what ``starting`` was told will be served, not started yet
         self._started: dict[str, tuple[Server, dict[str, Any]]] = {}  # up or starting, not yet served
         self._start_errors: dict[str, ServerStartError] = {}  # started in a group, failed to come up
+        self._serving: dict[str, dict[str, Any]] = {}  # served and not yet stopped (a check's servers up together)
         self._ports: set[int] = set()  # given to servers that may not listen yet
         self.ramp_final_state = "ON"
         self.prompts: list[list[int]] = []  # real tokenized prompts; none: the synthetic ids of client.prompt
@@ -827,6 +828,7 @@ class Proof:
             self._start_group(plan)
         server, info = self._started.pop(plan.name)
         self.server_info = info
+        self._serving[plan.name] = info
         try:
             error = self._start_errors.pop(plan.name, None)
             if error is not None:
@@ -839,6 +841,7 @@ class Proof:
             info["start_error"] = str(error)
             raise
         finally:
+            del self._serving[plan.name]
             self._finish(server, info)
 
     def _start_group(self, plan: Plan) -> None:
@@ -850,7 +853,7 @@ class Proof:
         pool = self._group_pool(group)
         if self._short(group):
             raise ServerStartError(
-                f"{plan.name}: beside the {len(self._started)} server(s) still up its pool would be {pool} slots "
+                f"{plan.name}: beside the {len(self._up())} server(s) still up its pool would be {pool} slots "
                 f"in this GPU's memory, fewer than the {eight_b_slots_needed(self.opts)} the 8B loads need: "
                 "fewer --parallel-starts"
             )
@@ -896,10 +899,14 @@ class Proof:
         """The KV pool of each 8B-shape server of ``group`` (the others keep SHARED_GPU_MAX_TOTAL_TOKENS):
         what the GPU's memory leaves each of its members and of the servers still up beside them,
         every one counted at an 8B server's size (eight_b_pool_tokens)."""
-        up = [info["mode"] for _, info in self._started.values()]
+        up = [info["mode"] for info in self._up()]
         speculative = sum(launch.speculates(mode) for mode in (*(p.mode for p in group), *up))
         plain = len(group) + len(up) - speculative
         return eight_b_pool_tokens(self.gpu_memory_mib, speculative, plain, self.opts.attention_backend)
+
+    def _up(self) -> list[dict[str, Any]]:
+        """The report entries of the servers on the GPU: started and waiting their turn, or being served."""
+        return [*(info for _, info in self._started.values()), *self._serving.values()]
 
     def _launch(self, plan: Plan, pool: int) -> tuple[Server, dict[str, Any]]:
         opts = self.opts

@@ -8,6 +8,8 @@ import re
 import sys
 from dataclasses import replace
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -908,43 +910,68 @@ def test_auto_thresholds_groups_get_pools_by_how_many_of_them_speculate(site, tm
     ), result["auto_threshold"]["problems"]
 
 
+def stub_servers(proof: run.Proof) -> list[tuple[str, int]]:
+    """Replace ``proof``'s server processes by stand-ins that come up at once: the (name, pool) of each launch."""
+    launched: list[tuple[str, int]] = []
+
+    def launch(plan: run.Plan, pool: int) -> tuple[Any, dict[str, Any]]:
+        launched.append((plan.name, pool))
+        return SimpleNamespace(popen=SimpleNamespace(poll=lambda: None)), {"name": plan.name, "mode": plan.mode}
+
+    proof._launch = launch  # type: ignore[method-assign]
+    proof._wait = lambda server, info: None  # type: ignore[method-assign]
+    proof._finish = lambda server, info: None  # type: ignore[method-assign]
+    return launched
+
+
 def test_a_group_starts_as_many_as_leave_pools_that_hold_the_loads(tmp_path):
     """Three speculating 8B servers on an H100 would leave 24576-slot pools, fewer than throughput's
-    39808: two start together and the third on its turn, and the run says so; base among the three
-    (the control) starts all three."""
+    39808: two start together, the run says so, and the third starts on its turn, alone; base among
+    the three (the control) starts all three with 40960."""
     said: list[str] = []
     opts = ProofOptions(out=tmp_path / "out", checks=("throughput", "auto_threshold"), parallel_starts=3, shape="8b")
     proof = run.Proof(opts, said.append)
     proof.gpu_memory_mib = 81559
+    launched = stub_servers(proof)
     speculating = [run.Plan("dynspec", "8b", 3.0, f"dynspec-n{n}") for n in (32, 64, 96)]
-    base = run.Plan("base", "8b", None, "base")
     with proof.starting(speculating):
-        assert [p.name for p in proof._group(speculating[0])] == ["dynspec-n32", "dynspec-n64"]
-    assert said == ["starting 2 at once: more would leave 8B pools too small for the loads"]
-    assert proof._group_pool(speculating) == 24576 < 39808 <= proof._group_pool(speculating[:2])
+        for plan in speculating:
+            with proof.serve(plan):
+                pass
+    assert launched == [("dynspec-n32", 129024), ("dynspec-n64", 129024), ("dynspec-n96", 131072)]
+    assert "starting 2 at once: more would leave 8B pools too small for the loads" in said
+    assert proof._group_pool(speculating) == 24576 < 39808
+    launched.clear()
+    base = run.Plan("base", "8b", None, "base")
     with proof.starting([base, *speculating[:2]]):
-        assert len(proof._group(base)) == 3 and len(said) == 1
-    assert proof._group_pool([base, *speculating[:2]]) == 40960
+        for plan in (base, *speculating[:2]):
+            with proof.serve(plan):
+                pass
+    assert launched == [("base", 40960), ("dynspec-n32", 40960), ("dynspec-n64", 40960)]
 
 
 def test_a_server_whose_pool_cannot_hold_the_loads_beside_those_up_is_refused_before_it_starts(tmp_path):
-    """With two speculating 8B servers still up on an H100, a third speculating one would get 24576
-    slots, fewer than throughput's 39808: refused before it launches, naming why; base in its place
-    (the control) would get 40960."""
+    """Servers being served count as up (a check's servers up together, as throughput's are): with two
+    speculating 8B servers in use on an H100, a third speculating one would get 24576 slots, fewer
+    than throughput's 39808: refused before it launches, naming why. Base in its place (the control)
+    gets 40960 and is not refused."""
     proof = run.Proof(ProofOptions(out=tmp_path / "out", checks=("throughput",), parallel_starts=3), lambda m: None)
     proof.gpu_memory_mib = 81559
-    third = run.Plan("dynspec", "8b", 3.0, "dynspec-n96")
-    proof._queue = [third]
-    for name in ("left-1", "left-2"):
-        proof._started[name] = (None, {"mode": "dynspec"})
-    with pytest.raises(run.ServerStartError) as refused:
-        proof._start_group(third)
-    assert str(refused.value) == (
-        "dynspec-n96: beside the 2 server(s) still up its pool would be 24576 slots in this GPU's memory, "
-        "fewer than the 39808 the 8B loads need: fewer --parallel-starts"
-    )
-    assert set(proof._started) == {"left-1", "left-2"} and not proof._ports  # nothing launched
-    assert proof._group_pool([run.Plan("base", "8b", None, "base")]) == 40960
+    launched = stub_servers(proof)
+    first, second, third = (run.Plan("dynspec", "8b", 3.0, f"dynspec-n{n}") for n in (32, 64, 96))
+    base = run.Plan("base", "8b", None, "base")
+    with proof.starting([first, second]), proof.serve(first), proof.serve(second):
+        proof._queue = [third, base]
+        with pytest.raises(run.ServerStartError) as refused, proof.serve(third):
+            pass
+        assert str(refused.value) == (
+            "dynspec-n96: beside the 2 server(s) still up its pool would be 24576 slots in this GPU's memory, "
+            "fewer than the 39808 the 8B loads need: fewer --parallel-starts"
+        )
+        assert [name for name, _ in launched] == ["dynspec-n32", "dynspec-n64"]  # nothing more launched
+        assert not proof._short([base]) and proof._group_pool([base]) == 40960
+        with proof.serve(base):
+            assert launched[-1] == ("base", 40960)
 
 
 def test_the_slots_needed_are_the_largest_load_of_the_checks_asked():
