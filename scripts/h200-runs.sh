@@ -28,7 +28,8 @@
 #                  of 3) and mixed_load (median of 3) on V, path P, shape S (default 8b; 8b-32k: a 32k draft
 #                  vocabulary); v1 adds --no-overlap-base (its reference) and runs throughput only: its
 #                  mixed_load is `kv-mixed V v1`, a call of its own. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec;
-#                  TPUT_LEVELS="16,64,128" runs fewer throughput levels (a call that must fit beside another)
+#                  TPUT_LEVELS="16,64,128" runs fewer throughput levels (a call that must fit beside another);
+#                  threshold 96 on an H100, 32 elsewhere (--threshold in PROOF_FLAGS overrides it)
 #   kv-auto V      (as kv-tput, 0.5.14+) --speculative-disable-batch-size auto against the fixed N of
 #                  AUTO_SWEEP (default 8,16,32,48,64,96) on the mixed load at simulated acceptance
 #                  AUTO_ACCEPT (default 3; one per call), base once: the auto_threshold check
@@ -329,7 +330,12 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     [ "$2" = v1 ] && { extra="--no-overlap-base"; checks=throughput; }
     [ "$step" = kv-mixed ] && checks=mixed_load
     [ -n "${3:-}" ] && extra="$extra --shape $3"
-    proof "proof-$1-$2-${step#kv-}${3:+-$3}" --path "$2" --checks "$checks" --threshold 32 $extra \
+    # N at the card's switch point for the 8B shape at acceptance 3 (sessions 33 - 35): an H200's lies
+    # in 32 - 64, an H100's in 64 - 128 (at 96 both v2 paths met their oracle); --threshold in
+    # PROOF_FLAGS, which comes last, overrides it
+    thr=32; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100 && thr=96
+    echo "threshold $thr (this card's switch point)"
+    proof "proof-$1-$2-${step#kv-}${3:+-$3}" --path "$2" --checks "$checks" --threshold "$thr" $extra \
       --throughput-levels "${TPUT_LEVELS:-1,4,16,32,64,128}" ;;
   kv-auto) kit_for "$1"
     # auto against fixed N on the mixed load (issue 16): per acceptance always-on, auto and the sweep,
