@@ -587,7 +587,7 @@ def shared_gpu_8b_servers(gpu_memory_mib: int | None, slots_needed: int, attenti
     ``eight_b_pool_tokens`` that holds ``slots_needed``, at best: base among them and the rest
     speculating (an H200 or an H100 80GB on Triton 3 for the default loads, an H100 on FlashInfer 2).
     An early refusal of what cannot fit; a group that speculates more starts fewer at once
-    (Proof._start_group)."""
+    (Proof._group)."""
     for servers in range(SHARED_GPU_8B_SERVERS, 1, -1):
         if (
             eight_b_pool_tokens(gpu_memory_mib, servers - 1, plain=1, attention_backend=attention_backend)
@@ -876,8 +876,8 @@ class Proof:
 
     def _group(self, plan: Plan) -> list[Plan]:
         """``plan`` and, with --parallel-starts N, up to the next N - 1 queued plans: as many as leave
-        8B pools that hold the loads (session 35: three speculating 8B servers overfill an H100 at any
-        pool that holds them); the rest start on their turn."""
+        8B pools that hold the loads (on an H100 three speculating 8B servers hold auto_threshold's
+        mixed load, 24576 slots each, but not throughput's 39808); the rest start on their turn."""
         waiting = [p for p in self._queue if p.name != plan.name]
         group = [plan, *waiting[: self.opts.parallel_starts - 1]]
         while len(group) > 1 and self._short(group):
