@@ -3102,3 +3102,20 @@ def test_session_35_flashinfer_overfills_an_h100_where_triton_fits() -> None:
     need = eight_b_slots_needed(ProofOptions(out=Path("unused"), checks=("throughput",)))
     assert eight_b_pool_tokens(81559, 2, 1, "flashinfer") < need <= eight_b_pool_tokens(81559, 2, 1) == 40960
     assert shared_gpu_8b_servers(81559, need, "flashinfer") == 2
+
+
+def test_at_128_the_zero_step_path_spends_more_outside_its_steps_than_the_own_fallback() -> None:
+    """The median time a timed run at 128 spends beyond its tokens at its own steady speed, dynspec's
+    less base's: 0.5.17 (zero-step, the stock draft prefill while off) +43 and +73 ms in sessions 33
+    and 35; 0.5.12 v2 (own fallback, the KV-only prefill while off) +21 and +3 ms in sessions 34 and
+    35: every 0.5.17 run above every 0.5.12 one. This is the gap the next session's A/B
+    (DYNSPEC_PREFILL_KV=0 on 0.5.12 v2) is to place."""
+
+    def extra(evidence: Path) -> float:
+        outside = report_of(evidence, {}, S31_REVISIONS)["throughput"]["outside_steady_ms"]
+        return statistics.median(outside["dynspec"]["128"]) - statistics.median(outside["base"]["128"])
+
+    zero_step = [extra(e) for e in (S33_17_TPUT, S35_17_TPUT_96)]
+    own_fallback = [extra(e) for e in (S34_12_TPUT, S35_12_TPUT_96)]
+    assert (zero_step, own_fallback) == ([43, 73], [21, 3])
+    assert min(zero_step) > max(own_fallback)
