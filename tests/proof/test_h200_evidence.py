@@ -3113,7 +3113,9 @@ def test_at_128_the_zero_step_path_spends_more_outside_its_steps_than_the_own_fa
 
     def extra(evidence: Path) -> float:
         outside = report_of(evidence, {}, S31_REVISIONS)["throughput"]["outside_steady_ms"]
-        return statistics.median(outside["dynspec"]["128"]) - statistics.median(outside["base"]["128"])
+        dynspec: list[int] = outside["dynspec"]["128"]
+        base: list[int] = outside["base"]["128"]
+        return statistics.median(dynspec) - statistics.median(base)
 
     zero_step = [extra(e) for e in (S33_17_TPUT, S35_17_TPUT_96)]
     own_fallback = [extra(e) for e in (S34_12_TPUT, S35_12_TPUT_96)]
