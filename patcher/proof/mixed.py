@@ -185,16 +185,20 @@ def judge_auto(
     must be at most ``max_ratio`` x the best fixed N's, and not slower than both static servers.
     Reported beside, not judged: whether it beat both (``faster_than_both``), how it stands to the
     per-phase oracle of base and always-on (``oracle_s``, ``auto_over_oracle``: mixed_load's), and
-    where auto put N (``auto_decisions``, from its server's log, by acceptance label), which says why."""
+    where auto put N (``auto_decisions``, from its server's log, by acceptance label), which says why,
+    and each server's complete passes (``samples``) and phase medians (``phase_medians``), which say
+    where auto gained or lost against the others."""
     n = len(schedule.phases)
     problems: list[str] = []
     phase_s: dict[str, list[float]] = {}
+    pass_s: dict[str, list[float]] = {}
 
     def total(key: str) -> float | None:
         good = complete_passes(key, runs.get(key, []), n, problems)
         if not good:
             return None
         phase_s[key] = phase_medians(good, n)
+        pass_s[key] = [round(r.seconds, 3) for r in good]
         return round(statistics.median(r.seconds for r in good), 3)
 
     base = total("base")
@@ -235,6 +239,10 @@ def judge_auto(
                 )
         if decisions is not None:
             entry["auto_decisions"] = decided(decisions.get(label, ()))
+        names = {"base": "base", f"always_on@{label}": "always_on", f"auto@{label}": "auto"}
+        names.update({f"{size}@{label}": str(size) for size in sweep})
+        entry["samples"] = {name: pass_s[key] for key, name in names.items() if key in pass_s}
+        entry["phase_medians"] = {name: phase_s[key] for key, name in names.items() if key in phase_s}
         by_acceptance[label] = entry
     return {
         "passed": not problems,

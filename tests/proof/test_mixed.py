@@ -425,6 +425,9 @@ def test_auto_is_set_beside_the_per_phase_oracle_of_base_and_always_on() -> None
     row = mixed.judge_auto(runs, SCHEDULE, ["3"], [32], 1.03)["by_acceptance"]["3"]
     assert (row["base_s"], row["always_on_s"], row["oracle_s"], row["auto_over_oracle"]) == (5.0, 5.0, 4.0, 1.05)
     assert row["oracle_s"] < min(row["base_s"], row["always_on_s"])
+    # each server's passes and phase medians, for reading where auto gained: its middle phase is base's
+    assert row["samples"] == {"base": [5.0, 5.0], "always_on": [5.0, 5.0], "auto": [4.2, 4.2], "32": [4.4, 4.4]}
+    assert row["phase_medians"]["auto"] == [0.6, 3.0, 0.6] and row["phase_medians"]["32"] == [0.6, 3.2, 0.6]
     del runs["always_on@3"]  # without always-on there is no oracle, and nothing claims one
     assert "oracle_s" not in mixed.judge_auto(runs, SCHEDULE, ["3"], [32], 1.03)["by_acceptance"]["3"]
 
@@ -445,6 +448,8 @@ def test_a_server_without_a_complete_pass_fails_auto_threshold() -> None:
     entry = mixed.judge_auto(runs, SCHEDULE, ["3"], [32], 1.03)
     assert not entry["passed"] and any("no complete pass on N=32" in p for p in entry["problems"])
     assert entry["detail"] == "incomplete"
+    row = entry["by_acceptance"]["3"]  # a server with no complete pass has no samples to show
+    assert "32" not in row["samples"] and "32" not in row["phase_medians"] and len(row["samples"]["auto"]) == 3
 
 
 def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any, tmp_path: Path) -> None:
