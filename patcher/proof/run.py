@@ -760,6 +760,7 @@ class Proof:
         if not sglang.dynspec_applied:
             self.progress(f"dynspec is not applied to {sglang.package}: checking speculation off vs always on only")
         self._save()
+        ran_through = False  # not stopped by a signal or an error on the way
         try:
             if {"equivalence", "crossings", "exact_kv", "acceptance"} & set(checks):
                 self.correctness(
@@ -792,9 +793,10 @@ class Proof:
                     self.simulated("throughput" in checks, "mixed_load" in checks)
             if "backends" in checks:
                 self.report["backends"] = judge_backends(self.report, opts.attention_backend)
+            ran_through = True
         finally:
             self.report["finished"] = datetime.now(timezone.utc).isoformat(timespec="seconds")
-            self.report["complete"] = self.aborted is None and all(c in self.report for c in checks)
+            self.report["complete"] = ran_through and self.aborted is None and all(c in self.report for c in checks)
             self.report["passed"] = reports.verdict(self.report)
             self._save()
         return self.report
@@ -1888,12 +1890,19 @@ class Proof:
             if mode == "auto":
                 decisions[label] = logscan.auto_decisions(logscan.read_window(server.spec.log)[0])
 
-        problems = self.serve_in_turn([plan for _, plan in plans], measure)
-        entry = mixed.judge_auto(runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions)
-        entry["problems"] = problems + entry["problems"]
-        entry["passed"] = not entry["problems"]
-        entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats)
-        self.report["auto_threshold"] = entry
+        problems: list[str] | None = None
+        try:
+            problems = self.serve_in_turn([plan for _, plan in plans], measure)
+        finally:
+            # A sweep is most of a device call: stopped by the call's time limit (SIGTERM, as
+            # SystemExit) or Ctrl-C, it is judged on the servers it measured, which run() saves.
+            entry = mixed.judge_auto(runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions)
+            if problems is None:
+                problems = [f"interrupted after {len(runs)} of {len(plans)} servers were measured"]
+            entry["problems"] = problems + entry["problems"]
+            entry["passed"] = not entry["problems"]
+            entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats)
+            self.report["auto_threshold"] = entry
 
     def mixed_load(self, server: Server, name: str, *, warmup: bool) -> list[mixed.Run]:
         opts = self.opts

@@ -492,6 +492,39 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
     assert not any("dynspec auto:" in Path(s["log"]).read_text() for s in result["servers"] if "-n" in s["name"])
 
 
+def test_an_auto_sweep_stopped_by_the_calls_time_limit_keeps_what_it_measured(
+    site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A device call's limit stops the proof with SIGTERM (SystemExit) in the middle of a sweep: the
+    report on disk still judges the servers measured before it (base, always-on, auto, N = 2) and says
+    it was interrupted; N = 6, never measured, has no time. Uninterrupted runs (the test above, the
+    control) name no interruption."""
+    measured = Proof.mixed_load
+
+    def limit_reached(self: Proof, server: Any, name: str, *, warmup: bool) -> list[mixed.Run]:
+        if name == "dynspec-n6-acc3":
+            raise SystemExit(143)
+        return measured(self, server, name, warmup=warmup)
+
+    monkeypatch.setattr(Proof, "mixed_load", limit_reached)
+    out = tmp_path / "out"
+    opts = mixed_options(
+        site(version="0.5.17"), out, checks=("auto_threshold",), path="v2",
+        auto_acceptances=(3.0,), auto_sweep=(2, 6), max_auto_ratio=100.0,
+        extra_args=("--max-running-requests", "7"),
+    )  # fmt: skip
+    with pytest.raises(SystemExit):
+        run_proof(opts, lambda m: None)
+    saved = reports.load(out / "report.json")
+    entry = saved["auto_threshold"]
+    assert entry["problems"][0] == "interrupted after 4 of 5 servers were measured" and not entry["passed"]
+    row = entry["by_acceptance"]["3"]
+    assert all(isinstance(row[k], float) for k in ("auto_s", "base_s", "always_on_s"))
+    assert isinstance(row["fixed_s"]["2"], float) and row["fixed_s"]["6"] is None
+    assert not saved["passed"] and not saved["complete"]
+    assert all(s["stopped_by"] for s in saved["servers"])  # every server it started was stopped
+
+
 def test_on_real_weights_auto_threshold_runs_at_the_models_own_acceptance(site: Any, tmp_path: Path) -> None:
     """Issue 16's "the same with the real model": one set of servers, none simulating, keyed ``real``."""
     model = real_dir(tmp_path / "model")
