@@ -319,6 +319,11 @@ def summary(report: Report) -> str:
                     else "never from its estimates"
                 )
                 lines.append(f"    auto at acceptance {a}: {said['count']} threshold changes; settled {where}")
+            phases = e.get("phase_medians", {})
+            best = str(e.get("best_fixed_n"))
+            if "auto" in phases and best in phases:
+                apart = " ".join(f"{x - y:+.2f}" for x, y in zip(phases["auto"], phases[best]))
+                lines.append(f"    auto - N={best} by phase, s, in the schedule's order: {apart}")
 
     lines.append("")
     out = report.get("out", ".")

@@ -374,3 +374,18 @@ def test_the_summary_says_where_auto_settled_or_that_it_never_estimated() -> Non
     assert "auto at acceptance" not in report.summary(
         sample(auto_threshold=mixed.judge_auto(runs, schedule, ["3"], [32], 1.03))
     )
+
+
+def test_the_summary_sets_auto_against_the_best_fixed_n_phase_by_phase() -> None:
+    """Where auto gains or loses against the best fixed N, from the phase medians; an older report
+    without them (the control) prints no such line. Kept to 110 columns."""
+    n = len(mixed.DEFAULT_PHASES)
+    auto = [1.0] * n
+    auto[4] = 1.3  # the 128-phase, say, where auto probes
+    runs = {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run(auto), "32@3": run([1.1] * n)}
+    entry = mixed.judge_auto(runs, mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128), ["3"], [32], 1.03)
+    text = report.summary(sample(auto_threshold=entry))
+    line = "    auto - N=32 by phase, s, in the schedule's order: -0.10 -0.10 -0.10 -0.10 +0.20 -0.10 -0.10 -0.10 -0.10"
+    assert line in text.splitlines() and len(line) <= 110
+    del entry["by_acceptance"]["3"]["phase_medians"]
+    assert "by phase, s" not in report.summary(sample(auto_threshold=entry))
