@@ -823,27 +823,31 @@ def test_three_8b_servers_get_pools_the_gpus_memory_holds(site, tmp_path, monkey
 
 
 @pytest.mark.parametrize(
-    ("checks", "passed"), [(("throughput", "mixed_load"), False), (("throughput",), True)], ids=["mixed", "throughput"]
+    ("checks", "stopped"), [(("throughput", "mixed_load"), True), (("throughput",), False)], ids=["mixed", "throughput"]
 )
-def test_a_pool_sglang_made_too_small_for_the_load_stops_the_check(site, tmp_path, monkeypatch, checks, passed):
+def test_a_pool_sglang_made_too_small_for_the_load_stops_the_check(site, tmp_path, monkeypatch, checks, stopped):
     """--max-total-tokens only caps a pool: SGLang makes a smaller one where the memory it found was
     short. Each 8B server's start-up line is read, and one whose pool cannot hold the loads of the
     checks asked stops the check: on an H100, half of 40960 is below the 23424 slots mixed_load's
-    phase of 128 needs; throughput alone (the control) needs 504 here and runs."""
+    phase of 128 needs; throughput alone (the control) needs 504 here and runs every level (its
+    verdict on speed is the fakes' timing on a CPU, noise: not asserted)."""
     fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
     opts = options(site(), tmp_path / "out", faults="smallpool", checks=checks, parallel_starts=3)
     result = run_proof(opts, lambda m: None)
-    assert result["throughput"]["passed"] is passed, reports.summary(result)
+    tput = result["throughput"]
     pools = {s["name"]: s.get("kv_pool_tokens") for s in result["servers"]}
-    if passed:
+    if not stopped:
+        assert not any("KV pool" in p for p in tput["problems"]), reports.summary(result)
+        assert all(v is not None for mode in ("base", "always_on", "dynspec") for v in tput[mode])
         assert set(pools.values()) == {20480}
         tp = result["throughput"]  # where N belongs, from the medians it reports (information, not judged)
         assert tp["switch_point"] == reports.switch_point(tp["levels"], tp["base"], tp["always_on"]) is not None
     else:
+        assert not tput["passed"]
         (first,) = [name for name, pool in pools.items() if pool is not None]  # the check stopped at it
         assert pools[first] == 20480
         assert f"{first}: SGLang made a KV pool of 20480 slots, fewer than the 23424 its loads need" in str(
-            result["throughput"]["problems"]
+            tput["problems"]
         )
 
 
