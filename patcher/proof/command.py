@@ -414,7 +414,8 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "the others idle: fewer minutes of GPU time for server starts. With N > 1 every server gets "
     "--mem-fraction-static 0.85, --max-total-tokens 131072, an --nccl-port of its own and --sleep-on-idle "
     "so that they share the GPU (the 8B shape's pools smaller, with a fraction of 0.95, where the GPU's memory asks: "
-    "an H100 80GB, 40960 slots for base and two speculating servers, 32768 for three speculating); with "
+    "an H100 80GB on Triton, 40960 slots for base and two speculating servers, 24576 for three speculating; "
+    "a group that would leave pools too small for the loads starts fewer at once); with "
     "throughput, mixed_load or auto_threshold at most 3, as many as hold "
     "their loads; --tp 1 only.",
 )

@@ -611,10 +611,6 @@ class Plan:
     extra: tuple[str, ...] = ()  # server flags after the run's (the last of a flag given twice wins)
     tokenizer: bool = False  # loads the model's tokenizer (launch.server_args)
 
-    @property
-    def speculative(self) -> bool:
-        return launch.speculates(self.mode)
-
     def entry(self) -> dict[str, Any]:
         """The start of its entry in the report's ``servers``."""
         return {"name": self.name, "mode": self.mode, "shape": self.shape}
