@@ -2,7 +2,12 @@
 
 Each phase keeps ``C`` requests in flight (a closed loop) until ``per_phase * C`` have been
 answered; phases follow each other without a pause. Every server gets the same phases with the
-same prompts (numbered from ``FIRST_PROMPT`` on, in order: the "seed" is that numbering). The
+same prompts (numbered from ``FIRST_PROMPT`` on, in order: the "seed" is that numbering), and
+each pass of a server new ones: its k-th pass numbers them on from where pass k - 1's ended, as
+every server's k-th pass does. A pass that repeated the last one's prompts would find them in the
+prefix cache of a server whose KV pool outlasts a pass (session 36: two servers started side by
+side get 129024 slots where three get 24576 – 40960; a pass fills about 100k), and time its prefills
+as nearly free where the others pay them. The
 oracle is, phase by phase, the faster of speculation off (base) and always on: what a perfect
 switch made per phase would take. The check passes when dynspec's total time is at most
 ``max_ratio`` times the oracle's and below both static servers'.
@@ -10,10 +15,10 @@ switch made per phase would take. The check passes when dynspec's total time is 
 
 from __future__ import annotations
 
+import itertools
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from functools import partial
 from typing import Any
 
 from patcher.proof.client import Client, LevelResult, Request, run_requests, take_turns
@@ -29,8 +34,13 @@ class Schedule:
     per_phase: int  # requests per phase = per_phase * C
     new_tokens: int
 
-    def requests(self) -> list[list[Request]]:
-        out, index = [], FIRST_PROMPT
+    @property
+    def prompts_per_pass(self) -> int:
+        return self.per_phase * sum(self.phases)
+
+    def requests(self, pass_index: int = 0) -> list[list[Request]]:
+        """Pass ``pass_index``'s requests, phase by phase (prompts no other pass of the schedule sends)."""
+        out, index = [], FIRST_PROMPT + pass_index * self.prompts_per_pass
         for c in self.phases:
             out.append([Request(index + k, self.new_tokens) for k in range(self.per_phase * c)])
             index += self.per_phase * c
@@ -42,6 +52,7 @@ class Schedule:
             "requests_per_phase": [self.per_phase * c for c in self.phases],
             "new_tokens": self.new_tokens,
             "first_prompt": FIRST_PROMPT,
+            "prompts_per_pass": self.prompts_per_pass,  # pass k's first prompt: first_prompt + k * this
             "closed_loop": True,
         }
 
@@ -61,8 +72,8 @@ class Run:
         return [f"phase {i} (C={p.concurrency}): {f}" for i, p in enumerate(self.phases) for f in p.failures]
 
 
-def run_once(client: Client, schedule: Schedule) -> Run:
-    return Run([run_requests(client, reqs, c) for c, reqs in zip(schedule.phases, schedule.requests())])
+def run_once(client: Client, schedule: Schedule, pass_index: int = 0) -> Run:
+    return Run([run_requests(client, reqs, c) for c, reqs in zip(schedule.phases, schedule.requests(pass_index))])
 
 
 def measure(client: Client, schedule: Schedule, repeats: int, warmup: bool) -> list[Run]:
@@ -74,10 +85,14 @@ def measure_together(
     clients: Mapping[str, Client], schedule: Schedule, repeats: int, warmup: bool
 ) -> dict[str, list[Run]]:
     """``measure`` on several servers that are up at once, taking turns (``take_turns``: every pass
-    goes to each server in turn, the order rotated each pass)."""
-    return take_turns(
-        {name: partial(run_once, client, schedule) for name, client in clients.items()}, warmup=warmup, repeats=repeats
-    )
+    goes to each server in turn, the order rotated each pass). Each server's k-th pass, the warm-up
+    counted, sends pass k's prompts."""
+
+    def passes(client: Client) -> Callable[[], Run]:
+        numbers = itertools.count()
+        return lambda: run_once(client, schedule, next(numbers))
+
+    return take_turns({name: passes(client) for name, client in clients.items()}, warmup=warmup, repeats=repeats)
 
 
 def complete_passes(name: str, passes: Sequence[Run], phases: int, problems: list[str]) -> list[Run]:

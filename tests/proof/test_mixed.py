@@ -58,8 +58,12 @@ def test_the_schedule_numbers_prompts_in_order_and_sizes_phases_by_concurrency()
         "requests_per_phase": [2, 16, 2],
         "new_tokens": 8,
         "first_prompt": mixed.FIRST_PROMPT,
+        "prompts_per_pass": 20,
         "closed_loop": True,
     }
+    second = [r.index for p in SCHEDULE.requests(1) for r in p]
+    assert second == list(range(mixed.FIRST_PROMPT + 20, mixed.FIRST_PROMPT + 40))  # new prompts each pass
+    assert not set(second) & set(indices) and SCHEDULE.requests(0) == phases  # control: pass 0 is the same
 
 
 def test_the_oracle_is_the_faster_static_server_phase_by_phase() -> None:
@@ -240,8 +244,11 @@ def test_servers_taking_turns_rotate_the_order_each_pass_and_a_failing_one_drops
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     sent: list[str] = []
+    first_prompts: dict[str, list[int]] = {}  # each server's passes, by their first prompt
 
     def fake_run_requests(client: Any, requests: Sequence[Request], concurrency: int) -> LevelResult:
+        if concurrency == SCHEDULE.phases[0] and sent.count(client) % len(SCHEDULE.phases) == 0:
+            first_prompts.setdefault(client, []).append(requests[0].index)
         sent.append(client)
         passes_of_b = sent.count("b") // len(SCHEDULE.phases)
         return phase(concurrency, 1.0, failed=client == "b" and passes_of_b == 2 and concurrency == 8)
@@ -254,6 +261,9 @@ def test_servers_taking_turns_rotate_the_order_each_pass_and_a_failing_one_drops
     assert order == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a"]
     assert [len(runs[n]) for n in "abc"] == [3, 2, 3]
     assert runs["b"][-1].failures and not any(r.failures for n in "ac" for r in runs[n])
+    # every server's k-th pass (the warm-up the 0th) sends pass k's prompts, whatever its turn
+    passes_of = [mixed.FIRST_PROMPT + k * SCHEDULE.prompts_per_pass for k in range(4)]
+    assert first_prompts == {"a": passes_of, "b": passes_of[:3], "c": passes_of}
     sent.clear()
     alone = mixed.measure("a", SCHEDULE, repeats=3, warmup=True)  # type: ignore[arg-type]
     assert len(sent) == 4 * len(SCHEDULE.phases) and len(alone) == 3  # negative control: one server, no turns
