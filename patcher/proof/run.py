@@ -43,6 +43,7 @@ from patcher.proof.client import (
 )
 from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
+from patcher.proof.pools import eight_b_pool_tokens, shared_gpu_8b_servers
 from patcher.proof.ramp import RampSchedule, run_ramp
 from patcher.proof.servers import Progress, Server, ServerSpec, free_port, stderr_progress
 
@@ -521,42 +522,8 @@ def _states(transitions: Sequence[Transition], before: str) -> tuple[str, str]:
 ORDER_TOGETHER = "interleaved: the servers took turns at each level and pass, the order rotated each run"
 ORDER_ALONE = "one server after another"
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
-SHARED_GPU_8B_SERVERS = 3  # 8B-shape servers side by side at most (throughput's and mixed_load's three)
-# What the GPU's memory must hold for each of them besides its KV pool, from what they held on an H100
-# (79.18 GiB that torch sees). Speculating: 22.8 GiB at most (session 35: three with 32768-slot pools
-# held 26.96, 26.88 and 25.30 GiB when one ran out; session 34's three at 44032, 20.7 - 20.9). Plain:
-# base beside two speculating servers, all with 40960-slot pools, left 1.4 GiB free (sessions 34 - 35),
-# which puts base at about 16.7. Another attention backend than Triton takes more (session 35: on
-# FlashInfer base held 17.9 besides its pool and dynspec 23.6 while still capturing graphs, so the three
-# that fit on Triton did not). A KV slot is the target's 32 layers x 8 heads x 128 x (K, V) in bf16,
-# 128 KiB, and the draft layer's 4. The reserve is what torch never sees of the card (an H100: 79.18 of
-# 79.65 GiB) and slack.
-EIGHT_B_PLAIN_MIB = 17 * 1024
-EIGHT_B_SPECULATIVE_MIB = 23 * 1024
-EIGHT_B_NOT_TRITON_MIB = {"plain": 1024, "speculative": 2 * 1024}  # on top of the above, FlashInfer's workspaces
-EIGHT_B_SLOT_KIB = 132
-SHARED_GPU_RESERVE_MIB = 1024
 PROMPT_TOKENS_MAX = 47  # client.prompt's longest
 DRAFT_SLOTS_PER_REQUEST = 8  # slots a speculative request holds beyond its tokens (its draft tree, with room)
-
-
-def eight_b_pool_tokens(
-    gpu_memory_mib: int | None, speculative: int, plain: int = 0, attention_backend: str = "triton"
-) -> int:
-    """Each KV pool of 8B-shape servers side by side, ``speculative`` of them speculating and ``plain``
-    not: launch.SHARED_GPU_MAX_TOTAL_TOKENS where that fits (an H200) or the memory is unknown, else
-    what the memory leaves each, in whole 1024s (an H100 80GB on Triton: base and two speculating
-    40960, three speculating 24576). Overfilled an H100: session 32's three at 131072 each, three
-    speculating at 44032 (session 34) and 32768 (35), base and two speculating at 40960 on FlashInfer (35)."""
-    if gpu_memory_mib is None:
-        return launch.SHARED_GPU_MAX_TOTAL_TOKENS
-    servers = speculative + plain
-    held = speculative * EIGHT_B_SPECULATIVE_MIB + plain * EIGHT_B_PLAIN_MIB
-    if attention_backend != "triton":
-        held += speculative * EIGHT_B_NOT_TRITON_MIB["speculative"] + plain * EIGHT_B_NOT_TRITON_MIB["plain"]
-    left = max(0, gpu_memory_mib - SHARED_GPU_RESERVE_MIB - held)
-    fit = left * 1024 // servers // EIGHT_B_SLOT_KIB
-    return min(launch.SHARED_GPU_MAX_TOTAL_TOKENS, fit // 1024 * 1024)
 
 
 def eight_b_slots_needed(opts: ProofOptions) -> int:
@@ -580,21 +547,6 @@ def eight_b_slots_needed(opts: ProofOptions) -> int:
     if len(chosen) < len(asked):
         chosen = list(loads.values())
     return max((c * (PROMPT_TOKENS_MAX + new + DRAFT_SLOTS_PER_REQUEST) for c, new in chosen), default=0)
-
-
-def shared_gpu_8b_servers(gpu_memory_mib: int | None, slots_needed: int, attention_backend: str = "triton") -> int:
-    """How many 8B-shape servers can start side by side (at most 3), each with a pool of
-    ``eight_b_pool_tokens`` that holds ``slots_needed``, at best: base among them and the rest
-    speculating (an H200 or an H100 80GB on Triton 3 for the default loads, an H100 on FlashInfer 2).
-    An early refusal of what cannot fit; a group that speculates more starts fewer at once
-    (Proof._group)."""
-    for servers in range(SHARED_GPU_8B_SERVERS, 1, -1):
-        if (
-            eight_b_pool_tokens(gpu_memory_mib, servers - 1, plain=1, attention_backend=attention_backend)
-            >= slots_needed
-        ):
-            return servers
-    return 1
 
 
 @dataclass(frozen=True)

@@ -19,17 +19,15 @@ import pytest
 
 from patcher.proof import acceptance, exactkv, logscan, metrics, steps
 from patcher.proof.command import DEFAULTS
-from patcher.proof.report import switch_point
-from patcher.proof.run import (
+from patcher.proof.pools import (
     EIGHT_B_PLAIN_MIB,
     EIGHT_B_SLOT_KIB,
     EIGHT_B_SPECULATIVE_MIB,
-    ProofOptions,
     eight_b_pool_tokens,
-    eight_b_slots_needed,
-    proposals_apart,
     shared_gpu_8b_servers,
 )
+from patcher.proof.report import switch_point
+from patcher.proof.run import ProofOptions, eight_b_slots_needed, proposals_apart
 from patches.runtime import dynspec_v2 as v2
 
 PROOF = Path(__file__).resolve().parents[2] / "docs" / "proof"

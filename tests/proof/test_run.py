@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from patcher.proof import detect, features, metrics, run
+from patcher.proof import detect, features, metrics, pools, run
 from patcher.proof import report as reports
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.run import ProofOptions, run_proof
@@ -870,8 +870,8 @@ def test_how_many_8b_servers_fit_side_by_side(mib, fit):
     smaller pools); 64 GB two, 40 GB none beside another; unknown memory keeps the three that
     sessions 15 - 31 ran."""
     need = run.eight_b_slots_needed(ProofOptions(out=Path("unused"), checks=("throughput", "mixed_load")))
-    assert run.shared_gpu_8b_servers(mib, need) == fit
-    assert run.eight_b_pool_tokens(mib, fit - 1, plain=1) >= need or mib == 40960
+    assert pools.shared_gpu_8b_servers(mib, need) == fit
+    assert pools.eight_b_pool_tokens(mib, fit - 1, plain=1) >= need or mib == 40960
 
 
 def test_flashinfer_takes_more_of_the_gpu_than_triton(site, tmp_path):
@@ -879,9 +879,9 @@ def test_flashinfer_takes_more_of_the_gpu_than_triton(site, tmp_path):
     Triton, overfilled it on FlashInfer. There two start side by side for throughput's loads, and
     --parallel-starts 3 is refused at once; Triton (the control) keeps three."""
     need = run.eight_b_slots_needed(ProofOptions(out=Path("unused"), checks=("throughput",)))
-    assert run.shared_gpu_8b_servers(81559, need, "flashinfer") == 2
-    assert run.shared_gpu_8b_servers(81559, need) == 3
-    assert run.eight_b_pool_tokens(81559, 2, 1, "flashinfer") < need <= run.eight_b_pool_tokens(81559, 2, 1)
+    assert pools.shared_gpu_8b_servers(81559, need, "flashinfer") == 2
+    assert pools.shared_gpu_8b_servers(81559, need) == 3
+    assert pools.eight_b_pool_tokens(81559, 2, 1, "flashinfer") < need <= pools.eight_b_pool_tokens(81559, 2, 1)
     sglang = detect.locate(str(site()), sys.executable, dict(os.environ))
     opts = options(
         site(), tmp_path / "out", checks=("throughput",), shape="8b", parallel_starts=3,
@@ -1001,7 +1001,7 @@ def test_a_servers_pool_counts_the_servers_still_up_beside_it(tmp_path):
     assert proof._group_pool([base]) == run.launch.SHARED_GPU_MAX_TOTAL_TOKENS
     for name in ("left-1", "left-2"):
         proof._started[name] = (None, {"mode": "dynspec"})
-    assert proof._group_pool([base]) == run.eight_b_pool_tokens(81559, 2, plain=1) == 40960
+    assert proof._group_pool([base]) == pools.eight_b_pool_tokens(81559, 2, plain=1) == 40960
 
 
 def test_one_server_at_a_time_is_never_refused_by_the_shared_pools_sum(site, tmp_path, monkeypatch):
@@ -1012,7 +1012,7 @@ def test_one_server_at_a_time_is_never_refused_by_the_shared_pools_sum(site, tmp
     result = run_proof(options(site(), tmp_path / "out", checks=("throughput",), shape="8b"), lambda m: None)
     assert len(result["servers"]) == 3
     assert all("--max-total-tokens" not in s["argv"] and "start_error" not in s for s in result["servers"])
-    assert run.eight_b_pool_tokens(24576, 1, plain=1) == 0  # the control: side by side they would not fit
+    assert pools.eight_b_pool_tokens(24576, 1, plain=1) == 0  # the control: side by side they would not fit
 
 
 def test_any_check_on_the_8b_shape_is_held_to_what_the_gpu_holds(site, tmp_path, monkeypatch):
