@@ -35,11 +35,12 @@ it would have been. Real weights and real prompts only: on dummy weights every d
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from patcher.proof import exactkv
 from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE, read_recording, rows_by_line
 
 MIN_RATIO = 0.99
@@ -219,3 +220,37 @@ def judge(
         "problems": problems,
         "detail": f"resumed {resumed} vs full {full}, always-on {always} over {len(starts)} requests{said}",
     }
+
+
+def outputs_differ(digests: Mapping[str, Sequence[str]], real: bool) -> str | None:
+    """The acceptance check's servers' greedy outputs (wave digests by server role), or None if they
+    agree. Dummy weights only: on real weights the servers accept differently by design (skip's
+    drafts are stale, never-off verifies where the others fall back, and the server under test
+    switches off at a large admission where full does not), so batch sizes part, the draft's graphs
+    round apart and a near tie may flip (session 18: kv and full parted in 1 of 5 waves, every
+    differing proposal after the request's timeline had parted). There ``proposals_apart`` judges."""
+    if real:
+        return None
+    if len({tuple(d) for d in digests.values()}) > 1:
+        return f"greedy outputs of the load differ between the servers: {dict(digests)}"
+    return None
+
+
+def proposals_apart(recordings: Mapping[str, exactkv.Recording]) -> tuple[dict[str, Any], str | None]:
+    """Real weights: the server under test's drafts against full's where the request's timeline (step
+    and batch size at each position) matched, as ``exact_kv`` compares them; a counted summary and a
+    problem if any differ there."""
+    entry = exactkv.judge(recordings, {}, 1, [])
+    summary = {
+        k: entry[k] for k in ("compared_steps", "mismatches", "compared_steps_same_history", "mismatches_same_history")
+    }
+    summary["control_mismatches_same_history"] = entry["control_mismatches_same_history"]
+    wrong, compared = entry["mismatches_same_history"], entry["compared_steps_same_history"]
+    if wrong:
+        return (
+            summary,
+            f"{wrong} of {compared} drafts differ from the full extend's where the request's timeline matched",
+        )
+    # None compared (every timeline parted) is reported, not failed: the timelines are the servers'
+    # scheduling, and the acceptance ratios above still judge the run.
+    return summary, None

@@ -41,6 +41,14 @@ from patcher.proof.client import (
     run_waves,
     take_turns,
 )
+from patcher.proof.equivalence import (
+    BASE_REPEAT,
+    first_difference,
+    level_mode,
+    level_states,
+    references,
+    unrepeated,
+)
 from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
 from patcher.proof.pools import eight_b_pool_tokens, shared_gpu_8b_servers
@@ -426,96 +434,6 @@ def judge_backends(report: Mapping[str, Any], backend: str) -> dict[str, Any]:
     if "throughput" in report:
         entry["per_step"] = report["throughput"].get("per_step")
     return entry
-
-
-def outputs_differ(digests: Mapping[str, Sequence[str]], real: bool) -> str | None:
-    """The acceptance check's servers' greedy outputs (wave digests by server role), or None if they
-    agree. Dummy weights only: on real weights the servers accept differently by design (skip's
-    drafts are stale, never-off verifies where the others fall back, and the server under test
-    switches off at a large admission where full does not), so batch sizes part, the draft's graphs
-    round apart and a near tie may flip (session 18: kv and full parted in 1 of 5 waves, every
-    differing proposal after the request's timeline had parted). There ``proposals_apart`` judges."""
-    if real:
-        return None
-    if len({tuple(d) for d in digests.values()}) > 1:
-        return f"greedy outputs of the load differ between the servers: {dict(digests)}"
-    return None
-
-
-def proposals_apart(recordings: Mapping[str, exactkv.Recording]) -> tuple[dict[str, Any], str | None]:
-    """Real weights: the server under test's drafts against full's where the request's timeline (step
-    and batch size at each position) matched, as ``exact_kv`` compares them; a counted summary and a
-    problem if any differ there."""
-    entry = exactkv.judge(recordings, {}, 1, [])
-    summary = {
-        k: entry[k] for k in ("compared_steps", "mismatches", "compared_steps_same_history", "mismatches_same_history")
-    }
-    summary["control_mismatches_same_history"] = entry["control_mismatches_same_history"]
-    wrong, compared = entry["mismatches_same_history"], entry["compared_steps_same_history"]
-    if wrong:
-        return (
-            summary,
-            f"{wrong} of {compared} drafts differ from the full extend's where the request's timeline matched",
-        )
-    # None compared (every timeline parted) is reported, not failed: the timelines are the servers'
-    # scheduling, and the acceptance ratios above still judge the run.
-    return summary, None
-
-
-def first_difference(tokens: Sequence[int], want: Sequence[int]) -> int:
-    return next((k for k, (a, b) in enumerate(zip(tokens, want)) if a != b), min(len(tokens), len(want)))
-
-
-BASE_REPEAT = "base_repeat"  # base's second pass over the levels (real weights)
-
-
-def unrepeated(
-    levels: Sequence[int],
-    first: Sequence[tuple[LevelResult, list[Transition]]],
-    second: Sequence[tuple[LevelResult, list[Transition]]] | None,
-) -> list[tuple[int, int]]:
-    """(C, outputs that differ) for each level where base's second pass gave other tokens than its first."""
-    out = []
-    for c, (a, _), (b, _) in zip(levels, first, second or []):
-        count = sum(1 for prompt, tokens in b.outputs.items() if a.outputs.get(prompt, tokens) != tokens)
-        if count:
-            out.append((c, count))
-    return out
-
-
-def references(base: list[int], always_on: list[int] | None, state: str) -> list[tuple[str, list[int]]]:
-    """The outputs one dynspec output may equal, by server. Where always-on gave base's output (or
-    did not run): base's. Where SGLang's own two modes disagree (on real weights a near tie can
-    round apart in the verify's and the decode's kernels): the output of the server of the mode it
-    ran the level in (``state``: ``ON``, ``OFF``, or both, e.g. ``OFF->ON``), either for a level
-    that crossed."""
-    if always_on is None or always_on == base or state == "OFF":
-        return [("base", base)]
-    if state == "ON":
-        return [("always_on", always_on)]
-    return [("always_on", always_on), ("base", base)]
-
-
-def matches_its_mode(tokens: list[int], base: list[int], always_on: list[int] | None, state: str) -> bool:
-    """Equivalence of one dynspec output (``references``)."""
-    return any(tokens == output for _, output in references(base, always_on, state))
-
-
-def level_mode(transitions: Sequence[Transition], c: int, happened: str, after: str) -> str:
-    """The mode a level ran in, for ``matches_its_mode``: ``happened`` (e.g. ``ON->OFF``), or the
-    state after it where every switch came at the level's first decode (a level is sent in one
-    call, so a batch of ``c`` requests switches before any token but the prefill's)."""
-    if transitions and all(t.batch_size == c for t in transitions):
-        return after
-    return happened
-
-
-def _states(transitions: Sequence[Transition], before: str) -> tuple[str, str]:
-    """(what happened during a level, the state after it), from the switches logged in it."""
-    if not transitions:
-        return before, before
-    seq = [before] + [t.direction for t in transitions]
-    return "->".join(seq), transitions[-1].direction
 
 
 # How throughput's and mixed_load's servers were measured (their reports' ``order``)
@@ -1129,10 +1047,10 @@ class Proof:
             self.report["metrics"] = {"passed": False, "problems": [f"not run: {self.aborted or 'no ramp ran'}"]}
         if accept:
             real = opts.model_dir is not None
-            differ = outputs_differ(kv_digests, real)
+            differ = acceptance.outputs_differ(kv_digests, real)
             proposals: dict[str, Any] | None = None
             if real and {"kv", "full", "skip"} <= recordings.keys():
-                proposals, differ = proposals_apart(recordings)
+                proposals, differ = acceptance.proposals_apart(recordings)
             elif real:
                 differ = f"no recording of {', '.join(sorted({'kv', 'full', 'skip'} - recordings.keys()))}: drafts not compared"
             if differ:
@@ -1361,7 +1279,7 @@ class Proof:
                 row[col] = result.digest
                 failures += [f"{SERVER_NAMES.get(col, col)} C={c}: {f}" for f in result.failures]
                 if col.startswith("dynspec"):
-                    happened, state[col] = _states(transitions, state[col])
+                    happened, state[col] = level_states(transitions, state[col])
                     row[f"{col}_state"] = happened
                     expect = "OFF" if c > n else "ON" if c <= m else None
                     if expect and state[col] != expect:

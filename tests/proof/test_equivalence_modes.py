@@ -1,4 +1,4 @@
-"""Equivalence where SGLang's own two modes disagree (``run.matches_its_mode``).
+"""Equivalence where SGLang's own two modes disagree (``equivalence.matches_its_mode``).
 
 On real weights the verify's kernels and the decode's can round a near tie apart, so always-on may
 give another greedy output than base. There dynspec is held to the server of the mode it ran the
@@ -15,19 +15,13 @@ from typing import Any
 import pytest
 
 from patcher.proof import exactkv
+from patcher.proof.acceptance import outputs_differ, proposals_apart
 from patcher.proof.client import LevelResult, Reply
+from patcher.proof.equivalence import BASE_REPEAT, level_mode, matches_its_mode
 from patcher.proof.exactkv import FALL_BACK, RESUME, RID_PREFIX, SPECULATE
 from patcher.proof.logscan import Transition
 from patcher.proof.report import summary
-from patcher.proof.run import (
-    BASE_REPEAT,
-    Proof,
-    ProofOptions,
-    level_mode,
-    matches_its_mode,
-    outputs_differ,
-    proposals_apart,
-)
+from patcher.proof.run import Proof, ProofOptions
 
 A = f"{RID_PREFIX}0-long-1"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from patcher.proof import acceptance, exactkv, logscan, metrics, steps
+from patcher.proof.acceptance import proposals_apart
 from patcher.proof.command import DEFAULTS
 from patcher.proof.pools import (
     EIGHT_B_PLAIN_MIB,
@@ -27,7 +28,7 @@ from patcher.proof.pools import (
     shared_gpu_8b_servers,
 )
 from patcher.proof.report import switch_point
-from patcher.proof.run import ProofOptions, eight_b_slots_needed, proposals_apart
+from patcher.proof.run import ProofOptions, eight_b_slots_needed
 from patches.runtime import dynspec_v2 as v2
 
 PROOF = Path(__file__).resolve().parents[2] / "docs" / "proof"
