@@ -3,11 +3,12 @@
 Each phase keeps ``C`` requests in flight (a closed loop) until ``per_phase * C`` have been
 answered; phases follow each other without a pause. Every server gets the same phases with the
 same prompts (numbered from ``FIRST_PROMPT`` on, in order: the "seed" is that numbering), and
-each pass of a server new ones: its k-th pass numbers them on from where pass k - 1's ended, as
-every server's k-th pass does. A pass that repeated the last one's prompts would find them in the
-prefix cache of a server whose KV pool outlasts a pass (session 36: two servers started side by
-side get 129024 slots where three get 24576 – 40960; a pass fills about 100k), and time its prefills
-as nearly free where the others pay them. The
+each pass new ones: the warm-up sends prompt set 0 and timed pass j set j, on every server, warmed
+up or not. A pass that repeated an earlier one's prompts would find them in the prefix cache of a
+server whose KV pool outlasts a pass (session 36: two dummy 8B servers started side by side get
+129024 slots where three get 24576 – 40960; a pass fills about 100k), and time its prefills as
+nearly free where the others pay them. (A real model's prepared prompts, fewer than a pass, repeat
+within and across passes; its servers all get one pool size, so each finds the same cached.) The
 oracle is, phase by phase, the faster of speculation off (base) and always on: what a perfect
 switch made per phase would take. The check passes when dynspec's total time is at most
 ``max_ratio`` times the oracle's and below both static servers'.
@@ -52,7 +53,7 @@ class Schedule:
             "requests_per_phase": [self.per_phase * c for c in self.phases],
             "new_tokens": self.new_tokens,
             "first_prompt": FIRST_PROMPT,
-            "prompts_per_pass": self.prompts_per_pass,  # pass k's first prompt: first_prompt + k * this
+            "prompts_per_pass": self.prompts_per_pass,  # warm-up 0, timed pass j: first_prompt + j * this on
             "closed_loop": True,
         }
 
@@ -85,11 +86,12 @@ def measure_together(
     clients: Mapping[str, Client], schedule: Schedule, repeats: int, warmup: bool
 ) -> dict[str, list[Run]]:
     """``measure`` on several servers that are up at once, taking turns (``take_turns``: every pass
-    goes to each server in turn, the order rotated each pass). Each server's k-th pass, the warm-up
-    counted, sends pass k's prompts."""
+    goes to each server in turn, the order rotated each pass). The warm-up sends prompt set 0 and
+    timed pass j set j: a server measured without a warm-up (throughput warmed it) times the same
+    prompts as one measured with it. A second call on the same server would send set 0 again."""
 
     def passes(client: Client) -> Callable[[], Run]:
-        numbers = itertools.count()
+        numbers = itertools.count(0 if warmup else 1)
         return lambda: run_once(client, schedule, next(numbers))
 
     return take_turns({name: passes(client) for name, client in clients.items()}, warmup=warmup, repeats=repeats)

@@ -3161,7 +3161,7 @@ def test_session_36_the_kv_only_prefill_is_not_what_0_5_17_lacked_at_128() -> No
             said,
         )
     assert measured == {"0": (0.978, 6, (False, False)), "1": (0.9828, 8, (True, True))}
-    assert max(extra for _, extra, _ in measured.values()) < 43  # below 0.5.17's in sessions 33 and 35
+    # both below 0.5.17's +43 and +73 of sessions 33 and 35
 
 
 def test_session_36_0_5_17_passes_r_at_128_where_session_35_missed_it() -> None:
@@ -3191,7 +3191,7 @@ def test_session_36_auto_at_acceptance_2_is_within_3_percent_of_every_fixed_n() 
     there) all six N of the issue are measured. Auto's median over the three calls, 14.42, is 1.018x
     the best of all six (N = 16) and below both static servers in every call; it settled at 37 / 26
     and 40 / 28 (34 / 24 in session 35). The control: a server fixed at N = 8 would miss the 3 %.
-    N = 64 and 96 timed their prefills from the prefix cache (the test after the next): their times flatter them."""
+    N = 64 and 96 timed their prefills from the prefix cache (the next test): their times flatter them."""
     rows = {}
     for sweep, evidence in S36_17_AUTO_2.items():
         report = report_of(evidence, {}, S31_REVISIONS)

@@ -261,9 +261,13 @@ def test_servers_taking_turns_rotate_the_order_each_pass_and_a_failing_one_drops
     assert order == ["a", "b", "c", "a", "b", "c", "b", "c", "a", "c", "a"]
     assert [len(runs[n]) for n in "abc"] == [3, 2, 3]
     assert runs["b"][-1].failures and not any(r.failures for n in "ac" for r in runs[n])
-    # every server's k-th pass (the warm-up the 0th) sends pass k's prompts, whatever its turn
+    # the warm-up sends prompt set 0, timed pass j set j, on every server whatever its turn
     passes_of = [mixed.FIRST_PROMPT + k * SCHEDULE.prompts_per_pass for k in range(4)]
     assert first_prompts == {"a": passes_of, "b": passes_of[:3], "c": passes_of}
+    first_prompts.clear()
+    sent.clear()
+    mixed.measure("d", SCHEDULE, repeats=3, warmup=False)  # type: ignore[arg-type]
+    assert first_prompts == {"d": passes_of[1:]}  # without a warm-up: the timed passes' sets all the same
     sent.clear()
     alone = mixed.measure("a", SCHEDULE, repeats=3, warmup=True)  # type: ignore[arg-type]
     assert len(sent) == 4 * len(SCHEDULE.phases) and len(alone) == 3  # negative control: one server, no turns
