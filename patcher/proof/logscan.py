@@ -157,6 +157,14 @@ def scan_file(path: Path, start: int = 0, end: int | None = None) -> Scan:
     return scan(text, first_line)
 
 
+CACHED_TOKENS = re.compile(r"Prefill batch.*#cached-token: (\d+)")  # SGLang's prefill line, what the prefix cache held
+
+
+def cached_prompt_tokens(text: str) -> int:
+    """The prompt tokens the prefills in ``text`` found in the prefix cache instead of computing."""
+    return sum(int(n) for n in CACHED_TOKENS.findall(text))
+
+
 KV_POOL = re.compile(r"max_total_num_tokens=(\d+)")  # SGLang's start-up line with the KV pool it made
 
 

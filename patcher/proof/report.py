@@ -56,6 +56,12 @@ PLOT_NAME = "throughput.png"
 Report = dict[str, Any]
 
 
+# A mixed-load server's entry: the prompt tokens its prefills found cached during its passes. Each
+# pass sends new prompts (mixed.Schedule.requests), so on the dummy 8B servers it is 0; a server
+# whose count stands apart timed prefills the others paid for (session 36's N = 64 / 96).
+MIXED_CACHED = "mixed_cached_prompt_tokens"
+
+
 def weights(shape: str | None) -> str:
     """A report's shape as the summary names it: "8b shape", or "real weights"."""
     return "real weights" if shape == "real" else f"{shape} shape"
@@ -324,6 +330,14 @@ def summary(report: Report) -> str:
             if "auto" in phases and best in phases:
                 apart = " ".join(f"{x - y:+.2f}" for x, y in zip(phases["auto"], phases[best]))
                 lines.append(f"    auto - N={best} by phase, s, in the schedule's order: {apart}")
+
+    cached = {s["name"]: s[MIXED_CACHED] for s in report.get("servers", []) if MIXED_CACHED in s}
+    if any(cached.values()):
+        lines.append("")
+        lines.append(
+            "prompt tokens the mixed-load passes found in the prefix cache, by server (new prompts each pass: 0 expected):"
+        )
+        lines.append("    " + ", ".join(f"{name} {n}" for name, n in cached.items()))
 
     lines.append("")
     out = report.get("out", ".")

@@ -1472,11 +1472,14 @@ class Proof:
                                 for (mode, _, _), s in zip(served, up)
                                 if mode in mixed_modes
                             }
+                            starts = {s.spec.name: logscan.size(s.spec.log) for s in up}
                             passes = mixed.measure_together(
                                 clients, opts.mixed_schedule, opts.mixed_repeats, warmup=not throughput
                             )
-                            for name, runs in passes.items():
-                                self.tell_mixed(name, runs)
+                            for (_, plan, info), s in zip(served, up):
+                                if plan.name in passes:
+                                    self.tell_mixed(plan.name, passes[plan.name])
+                                    info[reports.MIXED_CACHED] = cached_since(s.spec.log, starts[plan.name])
                 except ServerStartError as error:
                     start_failed(served[-1][1].name, error)  # the plan whose serve raised
                     served_ok = False
@@ -1773,8 +1776,10 @@ class Proof:
     def mixed_load(self, server: Server, name: str, *, warmup: bool) -> list[mixed.Run]:
         opts = self.opts
         schedule = opts.mixed_schedule
+        start = logscan.size(server.spec.log)
         runs = mixed.measure(self.client(server), schedule, opts.mixed_repeats, warmup)
         self.tell_mixed(name, runs)
+        self.server_info[reports.MIXED_CACHED] = cached_since(server.spec.log, start)
         return runs
 
     def tell_mixed(self, name: str, runs: Sequence[mixed.Run]) -> None:
@@ -1853,6 +1858,11 @@ class Proof:
             at = ", ".join(f"C={c} ({'-' if r is None else f'{r:.2f}'})" for c, r in failed)
             problems.append(f"dynspec / upstream adaptive below {opts.min_upstream_ratio:g} at {at}")
         tp["detail"] += f"; dynspec >= {opts.min_upstream_ratio:g}x upstream adaptive at C > {opts.surely_off_above}"
+
+
+def cached_since(log: Path, start: int) -> int:
+    """The prompt tokens a server's prefills found cached since byte ``start`` of its log."""
+    return logscan.cached_prompt_tokens(logscan.read_window(log, start)[0])
 
 
 def load_real(model_dir: Path) -> tuple[str, list[list[int]], dict[str, str | None]]:

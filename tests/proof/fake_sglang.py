@@ -303,6 +303,9 @@ class State:
         self.quiet = False
         self.tokenizer = False  # started without --skip-tokenizer-init: replies carry text, grammars apply
         self.flushes = 0
+        # FAKE_SGLANG_PREFIX_CACHE=1: log a prefill line per request, its prompt cached if sent before
+        self.prefix_cache = os.environ.get("FAKE_SGLANG_PREFIX_CACHE") == "1"
+        self.cached: set[tuple[int, ...]] = set()
         self.rids: list[str | None] = []  # the rid of every /generate, in arrival order
         self.draft_kv = draft_kv_mode(os.environ.get("DYNSPEC_DRAFT_KV"))
         self.configured_kv = self.draft_kv  # what its start-up line names, as the runtime's does
@@ -316,6 +319,18 @@ class State:
         self.counted = {"spec": 0, "fallback": 0, "switches": 0}  # dynspec_runtime.DynspecMetrics's
         self.switch_lines = 0
         self.metrics = False  # --enable-metrics
+
+    def prefill(self, input_ids: list[int]) -> None:
+        """SGLang's prefill line for one request, as a radix cache would count its prompt."""
+        if not self.prefix_cache:
+            return
+        with self.lock:
+            hit = tuple(input_ids) in self.cached
+            self.cached.add(tuple(input_ids))
+        new, cached = (0, len(input_ids)) if hit else (len(input_ids), 0)
+        log(
+            f"Prefill batch, #new-seq: 1, #new-token: {new}, #cached-token: {cached}, token usage: 0.00, #running-req: 0"
+        )
 
     def arrive(self, rid: str | None = None) -> tuple[int, bool]:
         """Count a request in; switch like dynspec. Returns (its number, speculation on)."""
@@ -485,6 +500,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             raw = self.rfile.read(length)
             if self.path == "/flush_cache":
                 state.flushes += 1
+                state.cached.clear()
                 self.reply(400 if "noflush" in state.faults else 200, {})
                 return
             body = json.loads(raw)
@@ -545,6 +561,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
         ) -> tuple[int, Any]:
             fields = fields or {}
             number, on = arrival or state.arrive(rid)
+            state.prefill(input_ids)
             faulty = state.disable is not None and not on  # the sampling faults' requests
             try:
                 time.sleep(state.delay)

@@ -3223,11 +3223,6 @@ def test_session_36_auto_at_acceptance_2_is_within_3_percent_of_every_fixed_n() 
     assert auto / best <= 1.03 < fixed[8] / best  # the control: N = 8 as the switch point misses the 3 %
 
 
-def cached_prompt_tokens(log: str) -> int:
-    """The prompt tokens a server's prefills found in its prefix cache, from its log."""
-    return sum(int(n) for n in re.findall(r"#cached-token: (\d+)", log))
-
-
 def test_session_36_n64_and_n96_timed_their_prefills_from_the_prefix_cache() -> None:
     """Why N = 64 and 96 beat plain decode in the 128 phase (2.36 s against 2.415) though they fall back
     there as auto does (2.50): started two side by side they got 129024-slot pools, which outlast a
@@ -3238,7 +3233,7 @@ def test_session_36_n64_and_n96_timed_their_prefills_from_the_prefix_cache() -> 
     report = report_of(S36_17_AUTO_2["64,96"], {}, S31_REVISIONS)
     pools = {s["name"]: s["kv_pool_tokens"] for s in report["servers"]}
     logs = members(S36_17_AUTO_2["64,96"] / "logs.tar.xz", *(f"{name}.log" for name in pools))
-    cached = {name: cached_prompt_tokens(logs[f"{name}.log"]) for name in pools}
+    cached = {name: logscan.cached_prompt_tokens(logs[f"{name}.log"]) for name in pools}
     assert {name: (pools[name], cached[name]) for name in pools} == {
         "base-auto": (40960, 0),
         "always-on-acc2": (40960, 0),
@@ -3251,6 +3246,7 @@ def test_session_36_n64_and_n96_timed_their_prefills_from_the_prefix_cache() -> 
     other = S36_17_AUTO_2["8,32,48"]
     names = [s["name"] for s in report_of(other, {}, S31_REVISIONS)["servers"]]
     assert all(
-        cached_prompt_tokens(log) == 0 for log in members(other / "logs.tar.xz", *(f"{n}.log" for n in names)).values()
+        logscan.cached_prompt_tokens(log) == 0
+        for log in members(other / "logs.tar.xz", *(f"{n}.log" for n in names)).values()
     )
     assert report["auto_threshold"]["schedule"].get("prompts_per_pass") is None  # the old load: one prompt set

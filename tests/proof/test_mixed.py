@@ -12,7 +12,7 @@ import pytest
 
 from patcher.proof import mixed
 from patcher.proof import report as reports
-from patcher.proof.client import LevelResult, Reply, Request
+from patcher.proof.client import LevelResult, Reply, Request, prompt
 from patcher.proof.run import Proof, run_proof
 
 from .conftest import real_dir
@@ -64,6 +64,26 @@ def test_the_schedule_numbers_prompts_in_order_and_sizes_phases_by_concurrency()
     second = [r.index for p in SCHEDULE.requests(1) for r in p]
     assert second == list(range(mixed.FIRST_PROMPT + 20, mixed.FIRST_PROMPT + 40))  # new prompts each pass
     assert not set(second) & set(indices) and SCHEDULE.requests(0) == phases  # control: pass 0 is the same
+
+
+@pytest.mark.parametrize("parallel", [1, 3], ids=["one-after-another", "taking-turns"])
+def test_each_server_reports_the_prompts_its_mixed_passes_found_cached(
+    site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: int
+) -> None:
+    """Fake servers that log SGLang's prefill line as a prefix cache would: with new prompts each pass,
+    no server's mixed passes find any cached, and the summary says nothing; the control, every pass
+    sending pass 0's prompts (as before session 36), has every server's count above 0, said."""
+    monkeypatch.setenv("FAKE_SGLANG_PREFIX_CACHE", "1")
+    opts = mixed_options(site(), tmp_path / "new", parallel_starts=parallel)
+    counts = {s["name"]: s[reports.MIXED_CACHED] for s in run_proof(opts, lambda m: None)["servers"]}
+    assert counts == {"dynspec-sim": 0, "always-on-sim": 0, "base-sim": 0}
+    repeat = mixed.Schedule.requests
+    monkeypatch.setattr(mixed.Schedule, "requests", lambda self, pass_index=0: repeat(self, 0))
+    result = run_proof(mixed_options(site(), tmp_path / "same", parallel_starts=parallel), lambda m: None)
+    counts = {s["name"]: s[reports.MIXED_CACHED] for s in result["servers"]}
+    prompt_tokens = sum(len(prompt(r.index)) for phase in opts.mixed_schedule.requests() for r in phase)
+    assert counts == dict.fromkeys(counts, 2 * prompt_tokens) and len(counts) == 3  # the 2 timed passes
+    assert "found in the prefix cache, by server" in reports.summary(result)
 
 
 def test_the_oracle_is_the_faster_static_server_phase_by_phase() -> None:
