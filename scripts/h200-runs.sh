@@ -326,6 +326,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
   kv-tput|kv-mixed) kit_for "$1"
     # v1 brings a fourth server (plain decode without overlap, its reference): throughput and
     # mixed_load then need a call each (session 12's both-in-one ran past 570 s), kv-tput and kv-mixed.
+    # With --parallel-starts 3 the three a verdict compares take turns, the fourth is measured after them.
     extra=""; checks=throughput,mixed_load
     [ "$2" = v1 ] && { extra="--no-overlap-base"; checks=throughput; }
     [ "$step" = kv-mixed ] && checks=mixed_load

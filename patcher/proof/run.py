@@ -439,9 +439,31 @@ def judge_backends(report: Mapping[str, Any], backend: str) -> dict[str, Any]:
 # How throughput's and mixed_load's servers were measured (their reports' ``order``)
 ORDER_TOGETHER = "interleaved: the servers took turns at each level and pass, the order rotated each run"
 ORDER_ALONE = "one server after another"
+ORDER_FIRST_TOGETHER = "interleaved: {} took turns at each level and pass, the order rotated each run; then {} alone"
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
 PROMPT_TOKENS_MAX = 47  # client.prompt's longest
 DRAFT_SLOTS_PER_REQUEST = 8  # slots a speculative request holds beyond its tokens (its draft tree, with room)
+
+
+def informational_modes(opts: ProofOptions, throughput: bool, mixed_load: bool) -> tuple[str, ...]:
+    """The plain-decode servers of throughput and mixed_load that no verdict compares: with
+    --no-overlap-base, v2's non-overlapping one (information), and v1's overlapping one when throughput
+    alone judges v1 (against the non-overlapping one; mixed_load judges it against the overlapping)."""
+    if not opts.no_overlap_base:
+        return ()
+    if opts.path == "v1" and throughput:
+        return () if mixed_load else ("base",)
+    return (launch.BASE_NO_OVERLAP,)
+
+
+def measuring_order(names: Sequence[str], together: int) -> str:
+    """How throughput's and mixed_load's servers were measured: the first ``together`` of ``names`` up
+    at once, taking turns, the rest one after another."""
+    if together == len(names):
+        return ORDER_TOGETHER
+    if not together:
+        return ORDER_ALONE
+    return ORDER_FIRST_TOGETHER.format(", ".join(names[:together]), ", ".join(names[together:]))
 
 
 def eight_b_slots_needed(opts: ProofOptions) -> int:
@@ -1386,6 +1408,11 @@ class Proof:
         mixed_modes = [m for m in modes if m in ("dynspec", "always_on", "base", launch.BASE_NO_OVERLAP)]
         if not throughput:
             modes = mixed_modes
+        # The servers a verdict compares come first; a plain-decode server only told about is measured
+        # after them, so that with --parallel-starts 3 the compared three take turns (sequential runs
+        # drift: session 37's v1 servers, one after another, differed by up to 8 % from run to run).
+        told_only = informational_modes(opts, throughput, mixed_load)
+        modes = [m for m in modes if m not in told_only] + [m for m in modes if m in told_only]
         tok_s: dict[str, list[float | None]] = {}
         accept: dict[str, list[float | None]] = {}
         samples: dict[str, list[list[float]]] = {}
@@ -1413,8 +1440,13 @@ class Proof:
             )
             for mode, variant in servers
         ]
-        # All of the check's servers up at once: they take turns at every level and pass.
-        together = opts.interleave and not opts.mixed_variants and 1 < len(plans) <= opts.parallel_starts
+        # The check's servers up at once take turns at every level and pass: all of them, or the compared
+        # ones when only those fit --parallel-starts (the rest are then measured one after another).
+        compared = len([m for m in modes if m not in told_only])
+        together = 0
+        if opts.interleave and not opts.mixed_variants:
+            together = next((n for n in (len(plans), compared) if 1 < n <= opts.parallel_starts), 0)
+        order = measuring_order([p.name for p in plans], together)
 
         def note_errors(name: str, info: dict[str, Any]) -> None:
             note = error_note(name, info)
@@ -1446,6 +1478,7 @@ class Proof:
             mixed_problems.append(str(error).splitlines()[0])
             self.progress(f"ERROR: {error}")
 
+        served_ok = True
         with self.starting(plans):
             if together:
                 served: list[tuple[str, Plan, dict[str, Any]]] = []
@@ -1454,7 +1487,7 @@ class Proof:
                 try:
                     with contextlib.ExitStack() as stack:
                         up: list[Server] = []
-                        for (mode, _), plan in zip(servers, plans):
+                        for (mode, _), plan in zip(servers[:together], plans[:together]):
                             try:
                                 up.append(stack.enter_context(self.serve(plan)))
                             finally:
@@ -1491,8 +1524,8 @@ class Proof:
                         account(mode, plan.name, info, level_runs.get(plan.name, []))
                         if plan.name in passes:
                             mixed_runs[mode] = passes[plan.name]
-            else:
-                for (mode, variant), plan in zip(servers, plans):
+            if served_ok:
+                for (mode, variant), plan in zip(servers[together:], plans[together:]):
                     name = plan.name
                     results: list[tuple[LevelResult, list[Transition]]] = []
                     try:
@@ -1520,7 +1553,7 @@ class Proof:
                     account(mode, name, self.server_info, results)
         if mixed_load:
             self.report["mixed_load"] = self.judge_mixed(mixed_runs, mixed_problems, shape, variant_runs)
-            self.report["mixed_load"]["order"] = ORDER_TOGETHER if together else ORDER_ALONE
+            self.report["mixed_load"]["order"] = order
         if not throughput:
             return
         levels = list(opts.throughput_levels)
@@ -1539,7 +1572,7 @@ class Proof:
             "shape": opts.shape_named("throughput"),
             "simulate_acc_len": opts.simulate_acc_len,
             "min_envelope_ratio": opts.min_envelope_ratio,
-            "order": ORDER_TOGETHER if together else ORDER_ALONE,
+            "order": order,
         }
         run_problems = list(problems)
         if opts.no_overlap_base:

@@ -340,6 +340,58 @@ def test_throughput_and_mixed_load_servers_up_at_once_take_turns(
     assert all(s["stopped_by"] == "SIGTERM" for s in result["servers"])
 
 
+THREE_AND_ONE = [
+    # (path, checks, the compared servers, taking turns, then the one only told about, alone)
+    ("v1", ("throughput",), ["dynspec-sim", "always-on-sim", "base-no-overlap-sim"], ["base-sim"]),
+    ("v2", ("throughput",), ["dynspec-sim", "always-on-sim", "base-sim"], ["base-no-overlap-sim"]),
+    ("v1", ("mixed_load",), ["dynspec-sim", "always-on-sim", "base-sim"], ["base-no-overlap-sim"]),
+    # negative control: four compared servers (v1's throughput judged against one base, its mixed
+    # load against the other) do not fit three starts (the most the 8B shape allows)
+    ("v1", ("throughput", "mixed_load"), [], ["dynspec-sim", "always-on-sim", "base-sim", "base-no-overlap-sim"]),
+]
+
+
+@pytest.mark.parametrize(("path", "checks", "together", "alone"), THREE_AND_ONE, ids=["v1", "v2", "v1-mixed", "four"])
+def test_with_a_fourth_plain_server_the_compared_three_take_turns_and_it_follows(
+    site: Any, tmp_path: Path, path: str, checks: tuple[str, ...], together: list[str], alone: list[str]
+) -> None:
+    """--no-overlap-base adds a plain-decode server that a check's verdict may not compare: the three it
+    compares start together and take turns at every level and pass, then that one is measured alone
+    (session 37's v1 servers, one after another, drifted by up to 8 % from run to run)."""
+    from patcher.proof.run import ORDER_ALONE, ORDER_FIRST_TOGETHER
+
+    from .test_run import order_of
+
+    notes: list[str] = []
+    opts = mixed_options(
+        site(), tmp_path / "out", checks=checks, throughput_repeats=2, parallel_starts=3, path=path,
+        no_overlap_base=True, min_envelope_ratio=0.0,
+    )  # fmt: skip
+    result = run_proof(opts, notes.append)
+    events = order_of(notes)
+    assert [e[1:] for e in events if e[0] == "+"] == together + alone
+    if together:
+        # the three up before any is measured or stopped; the fourth starts once they have stopped
+        assert events[:6] == [*(f"+{n}" for n in together), *(f"={n}" for n in together)]
+        assert sorted(events[6:9]) == sorted(f"-{n}" for n in together) and events[9] == f"+{alone[0]}"
+        order = ORDER_FIRST_TOGETHER.format(", ".join(together), alone[0])
+    else:
+        order = ORDER_ALONE  # started three at once, measured one after another
+    if "throughput" in checks:
+        said = level_lines(notes)
+        turns = [f"{n} C={c}" for c in (1, 8) for n in together]
+        assert said == turns + [f"{n} C={c}" for n in alone for c in (1, 8)]
+        tp = result["throughput"]
+        assert tp["order"] == order and tp["passed"], reports.summary(result)
+        assert all(len(s) == 2 for server in tp["samples"].values() for s in server) and len(tp["samples"]) == 4
+    if "mixed_load" in checks:
+        ml = result["mixed_load"]
+        assert ml["order"] == order and all(len(s) == 2 for s in ml["samples"].values())
+        assert ml["no_overlap"]["seconds"]["base"] is not None
+    assert reports.summary(result).count(f"    order: {order}") == len(checks)
+    assert all(s["stopped_by"] == "SIGTERM" for s in result["servers"])
+
+
 def test_a_server_that_cannot_launch_among_those_taking_turns_stops_them_all(
     site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
