@@ -423,9 +423,10 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "--interleave/--one-after-another",
     default=DEFAULTS.interleave,
     show_default=True,
-    help="throughput and mixed_load, where --parallel-starts starts all their servers at once: the servers "
-    "take turns at every level and pass, the order rotated each run, so that the machine's drift over the "
-    "call spreads over all of them; --one-after-another measures each server's levels and passes in one go.",
+    help="throughput and mixed_load, where --parallel-starts starts all their servers at once (or, with "
+    "--no-overlap-base, the three a verdict compares; the fourth follows alone): the servers take turns at "
+    "every level and pass, the order rotated each run, so that the machine's drift over the call spreads "
+    "over all of them; --one-after-another measures each server's levels and passes in one go.",
 )
 @click.option("--tp", type=click.IntRange(1), default=None, help="Pass --tp-size N to every server.")
 @click.option(

@@ -447,8 +447,9 @@ DRAFT_SLOTS_PER_REQUEST = 8  # slots a speculative request holds beyond its toke
 
 def informational_modes(opts: ProofOptions, throughput: bool, mixed_load: bool) -> tuple[str, ...]:
     """The plain-decode servers of throughput and mixed_load that no verdict compares: with
-    --no-overlap-base, v2's non-overlapping one (information), and v1's overlapping one when throughput
-    alone judges v1 (against the non-overlapping one; mixed_load judges it against the overlapping)."""
+    --no-overlap-base, the non-overlapping one (information), except where throughput alone judges v1:
+    v1's throughput is judged against it, so there the overlapping one is told only (mixed_load judges
+    v1 against the overlapping one, so with both checks each base is compared)."""
     if not opts.no_overlap_base:
         return ()
     if opts.path == "v1" and throughput:
@@ -1442,9 +1443,9 @@ class Proof:
         ]
         # The check's servers up at once take turns at every level and pass: all of them, or the compared
         # ones when only those fit --parallel-starts (the rest are then measured one after another).
-        compared = len([m for m in modes if m not in told_only])
+        compared = len([mode for mode, _ in servers if mode not in told_only])
         together = 0
-        if opts.interleave and not opts.mixed_variants:
+        if opts.interleave and not opts.mixed_variants:  # a variant is measured right after its dynspec
             together = next((n for n in (len(plans), compared) if 1 < n <= opts.parallel_starts), 0)
         order = measuring_order([p.name for p in plans], together)
 

@@ -392,6 +392,61 @@ def test_with_a_fourth_plain_server_the_compared_three_take_turns_and_it_follows
     assert all(s["stopped_by"] == "SIGTERM" for s in result["servers"])
 
 
+@pytest.mark.parametrize("path", ["v1", "v2"])
+def test_a_start_failure_among_the_compared_three_starts_no_fourth(
+    site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """always-on gets no port: nothing is measured, and the server that would follow the three alone
+    never starts (the control of the split's failure path; the old code reached it only by a break)."""
+    from patcher.proof import run as proof_run
+
+    from .test_run import alive, order_of, server_pids
+
+    calls: list[int] = []
+    real_free_port = proof_run.free_port
+
+    def free_port(first: int, tries: int = 200, taken: Any = ()) -> int:
+        calls.append(first)
+        if len(calls) == 3:  # dynspec: port and NCCL port; always-on: its port
+            raise proof_run.ServerStartError(f"no free port in {first}..{first + tries - 1}")
+        return int(real_free_port(first, tries, taken))
+
+    monkeypatch.setattr(proof_run, "free_port", free_port)
+    notes: list[str] = []
+    out = tmp_path / "out"
+    opts = mixed_options(
+        site(), out, checks=("throughput",), parallel_starts=3, path=path, no_overlap_base=True,
+        min_envelope_ratio=0.0,
+    )  # fmt: skip
+    result = run_proof(opts, notes.append)
+    started = [e[1:] for e in order_of(notes) if e[0] == "+"]
+    alone = "base-sim" if path == "v1" else "base-no-overlap-sim"
+    assert started and alone not in started
+    assert level_lines(notes) == []
+    assert result["throughput"]["problems"][0].startswith("no free port in")
+    assert result["complete"] is False and result["passed"] is False
+    assert not [p for p in server_pids(out) if alive(p)]
+
+
+def test_a_mixed_load_variant_keeps_every_server_one_after_another(site: Any, tmp_path: Path) -> None:
+    """A --mixed-variant is measured right after its dynspec server, so nothing takes turns: its passes
+    stay its own. The control (checked): counting the compared modes rather than servers, without the
+    variants' guard, put the variant in dynspec's group, whose passes then overwrote dynspec's."""
+    from patcher.proof.run import ORDER_ALONE
+
+    notes: list[str] = []
+    opts = mixed_options(
+        site(), tmp_path / "out", parallel_starts=3, no_overlap_base=True,
+        mixed_variants=(("prefill-kv", (("DYNSPEC_PREFILL_KV", "1"),)),),
+    )  # fmt: skip
+    ml = run_proof(opts, notes.append)["mixed_load"]
+    assert ml["order"] == ORDER_ALONE
+    told = [n.split()[0] for n in notes if "mixed load:" in n]
+    names = ["dynspec-sim", "dynspec-prefill-kv-sim", "always-on-sim", "base-sim", "base-no-overlap-sim"]
+    assert told == [n for n in names for _ in range(2)]
+    assert len(ml["variants"]["prefill-kv"]["samples"]) == 2 and len(ml["samples"]["dynspec"]) == 2
+
+
 def test_a_server_that_cannot_launch_among_those_taking_turns_stops_them_all(
     site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
