@@ -428,6 +428,13 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "every level and pass, the order rotated each run, so that the machine's drift over the call spreads "
     "over all of them; --one-after-another measures each server's levels and passes in one go.",
 )
+@click.option(
+    "--freeze-gc",
+    is_flag=True,
+    help="After each server's warm-up request, POST /freeze_gc (SGLang takes the objects alive then out of "
+    "the garbage collector's reach, as its long-collection warning advises), so that no full collection "
+    "over them stalls a timed run. Off by default: the evidence so far ran without it.",
+)
 @click.option("--tp", type=click.IntRange(1), default=None, help="Pass --tp-size N to every server.")
 @click.option(
     "--port", type=click.IntRange(1024, 65000), default=DEFAULTS.port, show_default=True, help="First port to try."
@@ -504,6 +511,7 @@ def proof(
     auto_sweep: tuple[int, ...],
     parallel_starts: int,
     interleave: bool,
+    freeze_gc: bool,
     tp: int | None,
     attention_backend: str,
     port: int,
@@ -609,6 +617,7 @@ def proof(
         auto_sweep=auto_sweep,
         parallel_starts=parallel_starts,
         interleave=interleave,
+        freeze_gc=freeze_gc,
         tp=tp,
         attention_backend=attention_backend,
         port=port,

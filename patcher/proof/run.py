@@ -155,6 +155,9 @@ class ProofOptions:
     # throughput and mixed_load, where all their servers start at once: the servers take turns at
     # every level and pass (rotating the order), rather than one server's levels after another's
     interleave: bool = True
+    # After each server's warm-up request, POST /freeze_gc: the objects alive then (the start-up's) leave
+    # the garbage collector's reach, so a full collection over them cannot stall a timed run
+    freeze_gc: bool = False
     acceptance_min_verifies: int = 50  # verifies after a switch back on, at least
     sampling_per_prompt: int = features.SAMPLING_PER_PROMPT  # the sampling check's requests per prompt and phase
     refusal_timeout: float = 300.0  # seconds a refused server has to exit (0.5.17 takes ~30 s to reach the check)
@@ -870,9 +873,15 @@ class Proof:
                     f"{name}: SGLang made a KV pool of {pool} slots, fewer than the {need} its loads need"
                     + (beside if opts.parallel_starts > 1 else "")
                 )
-        warm = self.client(server).generate(WARMUP_PROMPT, 8)
+        client = self.client(server)
+        warm = client.generate(WARMUP_PROMPT, 8)
         if warm.error:
             raise ServerStartError(f"{name}: the warm-up request failed: {warm.error}")
+        if opts.freeze_gc:
+            status, body = client.request("POST", "/freeze_gc", timeout=60)
+            if status != 200:
+                raise ServerStartError(f"{name}: --freeze-gc: /freeze_gc answered {status} {body[:100]!r}")
+            info["gc_frozen"] = True
 
     def _finish(self, server: Server, info: dict[str, Any]) -> None:
         """Stop ``server`` and record in ``info`` how it ended and what its log holds."""

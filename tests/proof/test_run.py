@@ -631,6 +631,33 @@ def test_a_v2_run_with_the_non_overlap_base_is_still_judged_against_the_overlap_
     assert "base_no_overlap" in tp
 
 
+FROZE = "Freezing GC in scheduler process."
+
+
+@pytest.mark.parametrize("freeze", [True, False], ids=["freeze-gc", "control"])
+def test_freeze_gc_freezes_each_server_after_its_warm_up_request(site, tmp_path, freeze):
+    """--freeze-gc: every server is asked to freeze its garbage collector once, after the warm-up
+    request and before anything measured; without it (the control) none is."""
+    opts = options(site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=0.0, freeze_gc=freeze)
+    result = run_proof(opts, lambda m: None)
+    assert result["passed"], reports.summary(result)
+    assert len(result["servers"]) == 3
+    for server in result["servers"]:
+        log = Path(server["log"]).read_text()
+        assert log.count(FROZE) == (1 if freeze else 0) and server.get("gc_frozen", False) is freeze
+        if freeze:
+            first_request = log.index('"POST /generate')
+            assert first_request < log.index(FROZE) < log.index('"POST /generate', first_request + 1)
+
+
+def test_freeze_gc_on_a_server_without_the_route_stops_with_one_line(site, tmp_path):
+    opts = options(site(), tmp_path / "out", faults="nofreeze", checks=("throughput",), freeze_gc=True)
+    result = run_proof(opts, lambda m: None)
+    assert result["passed"] is False and result["complete"] is False
+    problem = result["throughput"]["problems"][0]
+    assert problem.startswith("dynspec-sim: --freeze-gc: /freeze_gc answered 404 ") and "\n" not in problem
+
+
 def test_a_throughput_miss_says_so_in_its_detail(site, tmp_path):
     """Session 16's report said 'R(C) >= 0.97 at all 3 levels (min 0.94)' beside its failure."""
     opts = options(site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=100.0)
