@@ -878,7 +878,10 @@ class Proof:
         if warm.error:
             raise ServerStartError(f"{name}: the warm-up request failed: {warm.error}")
         if opts.freeze_gc:
-            status, body = client.request("POST", "/freeze_gc", timeout=60)
+            try:
+                status, body = client.request("POST", "/freeze_gc", timeout=60)
+            except OSError as error:
+                raise ServerStartError(f"{name}: --freeze-gc: /freeze_gc did not answer: {error}") from error
             if status != 200:
                 raise ServerStartError(f"{name}: --freeze-gc: /freeze_gc answered {status} {body[:100]!r}")
             info["gc_frozen"] = True

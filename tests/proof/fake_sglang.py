@@ -31,7 +31,7 @@ that arrives at a dynspec server while speculation is off (others are never affe
 ``logprobdrift`` (every logprob it reports is 0.2 higher, beyond bf16 rounding), ``droppenalty`` (its frequency and
 presence penalties are ignored), ``nologprobs`` (its meta_info lacks ``output_token_logprobs``),
 ``grammarbreak`` (its JSON-schema output loses the closing brace); ``nofreeze`` (``/freeze_gc``
-answers 404, as a release without the route would).
+answers 404, as a release without the route would), ``freezedrop`` (it closes the connection unanswered).
 
 Started without ``--skip-tokenizer-init`` it has a "tokenizer": every reply carries ``text``, a
 character per token id, and a request with a ``json_schema`` gets compact JSON of the proof's schema
@@ -507,6 +507,9 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
             if self.path == "/freeze_gc":  # as SGLang's scheduler logs it; a release without the route: 404
                 if "nofreeze" in state.faults:
                     self.reply(404, {"detail": "Not Found"})
+                    return
+                if "freezedrop" in state.faults:  # the connection closes with no answer
+                    self.close_connection = True
                     return
                 log("Freezing GC in scheduler process. gen0: 120->0, gen1: 40->0, gen2: 9000->0")
                 self.reply(200, {})

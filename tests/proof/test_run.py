@@ -650,12 +650,15 @@ def test_freeze_gc_freezes_each_server_after_its_warm_up_request(site, tmp_path,
             assert first_request < log.index(FROZE) < log.index('"POST /generate', first_request + 1)
 
 
-def test_freeze_gc_on_a_server_without_the_route_stops_with_one_line(site, tmp_path):
-    opts = options(site(), tmp_path / "out", faults="nofreeze", checks=("throughput",), freeze_gc=True)
+@pytest.mark.parametrize(
+    ("fault", "said"), [("nofreeze", "/freeze_gc answered 404 "), ("freezedrop", "/freeze_gc did not answer: ")]
+)
+def test_freeze_gc_on_a_server_that_will_not_stops_with_one_line(site, tmp_path, fault, said):
+    opts = options(site(), tmp_path / "out", faults=fault, checks=("throughput",), freeze_gc=True)
     result = run_proof(opts, lambda m: None)
     assert result["passed"] is False and result["complete"] is False
     problem = result["throughput"]["problems"][0]
-    assert problem.startswith("dynspec-sim: --freeze-gc: /freeze_gc answered 404 ") and "\n" not in problem
+    assert problem.startswith(f"dynspec-sim: --freeze-gc: {said}") and "\n" not in problem
 
 
 def test_a_throughput_miss_says_so_in_its_detail(site, tmp_path):
