@@ -392,26 +392,31 @@ def test_with_a_fourth_plain_server_the_compared_three_take_turns_and_it_follows
     assert all(s["stopped_by"] == "SIGTERM" for s in result["servers"])
 
 
-@pytest.mark.parametrize("path", ["v1", "v2"])
-def test_a_start_failure_among_the_compared_three_starts_no_fourth(
-    site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
-) -> None:
-    """always-on gets no port: nothing is measured, and the server that would follow the three alone
-    never starts (the control of the split's failure path; the old code reached it only by a break)."""
+def no_port_for_always_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The third port asked for (dynspec's port and NCCL port come first) is not to be had."""
     from patcher.proof import run as proof_run
-
-    from .test_run import alive, order_of, server_pids
 
     calls: list[int] = []
     real_free_port = proof_run.free_port
 
     def free_port(first: int, tries: int = 200, taken: Any = ()) -> int:
         calls.append(first)
-        if len(calls) == 3:  # dynspec: port and NCCL port; always-on: its port
+        if len(calls) == 3:
             raise proof_run.ServerStartError(f"no free port in {first}..{first + tries - 1}")
         return int(real_free_port(first, tries, taken))
 
     monkeypatch.setattr(proof_run, "free_port", free_port)
+
+
+@pytest.mark.parametrize("path", ["v1", "v2"])
+def test_a_start_failure_among_the_compared_three_starts_no_fourth(
+    site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, path: str
+) -> None:
+    """always-on gets no port: nothing is measured, and the server that would follow the three alone
+    never starts (the control of the split's failure path; the old code reached it only by a break)."""
+    from .test_run import alive, order_of, server_pids
+
+    no_port_for_always_on(monkeypatch)
     notes: list[str] = []
     out = tmp_path / "out"
     opts = mixed_options(
@@ -452,20 +457,9 @@ def test_a_server_that_cannot_launch_among_those_taking_turns_stops_them_all(
 ) -> None:
     """always-on gets no port: nothing is measured, the failure is the first problem of both checks,
     and no server is left running."""
-    from patcher.proof import run as proof_run
-
     from .test_run import alive, server_pids
 
-    calls: list[int] = []
-    real_free_port = proof_run.free_port
-
-    def free_port(first: int, tries: int = 200, taken: Any = ()) -> int:
-        calls.append(first)
-        if len(calls) == 3:  # dynspec: port and NCCL port; always-on: its port
-            raise proof_run.ServerStartError(f"no free port in {first}..{first + tries - 1}")
-        return int(real_free_port(first, tries, taken))
-
-    monkeypatch.setattr(proof_run, "free_port", free_port)
+    no_port_for_always_on(monkeypatch)
     notes: list[str] = []
     out = tmp_path / "out"
     opts = mixed_options(site(), out, checks=("throughput", "mixed_load"), parallel_starts=3)
