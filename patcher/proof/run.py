@@ -1529,8 +1529,6 @@ class Proof:
                 except ServerStartError as error:
                     start_failed(served[-1][1].name, error)  # the plan whose serve raised
                     served_ok = False
-                else:
-                    served_ok = True
                 for mode, plan, info in served:
                     note_errors(plan.name, info)
                     if served_ok:

@@ -3257,7 +3257,6 @@ def test_session_36_n64_and_n96_timed_their_prefills_from_the_prefix_cache() -> 
 S37_17_TPUT = PROOF / "0.5.17-v2-s37-r29-tput"
 S37_12_V1_TPUT = PROOF / "0.5.12-v1-s37-r29-tput"
 S37_12_V1_MIXED = PROOF / "0.5.12-v1-s37-r29-mixed"
-SWITCH_SAID = re.compile(r"dynspec: speculation (ON|OFF) at batch size (\d+)")
 
 
 def medians(samples: dict[str, list[list[float]]], mode: str) -> list[float]:
@@ -3332,7 +3331,7 @@ def test_session_37_v1_steps_at_the_bar_and_r_at_128_below_it_one_server_after_a
     # the slow run, and the one time speculation turned on above 64 in the whole call
     assert tp["outside_steady_ms"]["dynspec"]["128"] == [182, 186, 1013]
     assert tp["samples"]["dynspec"][-1] == [11726.0, 12049.6, 9536.8]
-    switches = [(m[1], int(m[2])) for m in SWITCH_SAID.finditer(logs["dynspec-sim.log"])]
+    switches = [(t.direction, t.batch_size) for t in logscan.scan(logs["dynspec-sim.log"]).transitions]
     assert switches == [("OFF", 128), ("ON", 95), ("OFF", 128), ("ON", 33)]
     steady = {m: statistics.median(tp["per_run"][m]["128"][1:]) for m in ("dynspec", "base_no_overlap")}
     assert steady == {"dynspec": 12933, "base_no_overlap": 13051}
