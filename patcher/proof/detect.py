@@ -30,6 +30,9 @@ ADAPTIVE_FIELD = re.compile(r"^\s*speculative_adaptive_config\s*:", re.M)
 ADAPTIVE_REASONS = ("srt/speculative/adaptive_spec_params.py", "adaptive_unsupported_reason")
 # SGLang's batch-invariant mode: a request's greedy tokens then do not depend on what it is batched with
 DETERMINISTIC_FIELD = re.compile(r"^\s*enable_deterministic_inference\s*:", re.M)
+# SGLang logs each garbage collection longer than --gc-warning-threshold-secs (0.5.11 - 0.5.17 have it,
+# 0.4.10.post2 not): a stall of a timed run the report can then name (session 38)
+GC_WARNING_FIELD = re.compile(r"^\s*gc_warning_threshold_secs\s*:", re.M)
 WORKERS = {"v1": "speculative/eagle_worker.py", "v2": "speculative/eagle_worker_v2.py"}
 FIND_SPEC = (
     "import importlib.util, json\n"
@@ -47,6 +50,7 @@ class SGLang:
     adaptive_supported: bool = False  # ServerArgs has --speculative-adaptive(-config)
     adaptive_v1_only: bool = False  # and SGLang turns it off itself under the overlap scheduler (v2)
     deterministic_supported: bool = False  # ServerArgs has --enable-deterministic-inference (0.5.3+)
+    gc_warning_supported: bool = False  # ServerArgs has --gc-warning-threshold-secs
 
     def has_worker(self, path: str) -> bool:
         return (self.package / "srt" / WORKERS[path]).is_file()
@@ -131,6 +135,11 @@ def deterministic_supported(package: Path) -> bool:
     return _declares(package, DETERMINISTIC_FIELD)
 
 
+def gc_warning_supported(package: Path) -> bool:
+    """True when ServerArgs declares ``gc_warning_threshold_secs``."""
+    return _declares(package, GC_WARNING_FIELD)
+
+
 def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
     """Resolve ``--sglang``: ``auto`` (what ``python`` imports) or a path to put first on PYTHONPATH."""
     pythonpath = None
@@ -154,7 +163,7 @@ def locate(sglang: str, python: str, env: Mapping[str, str]) -> SGLang:
     version = treefacts.read_version(str(package)) or "unknown"
     return SGLang(
         package, version, dynspec_applied(package), pythonpath, adaptive_supported(package),
-        adaptive_v1_only(package), deterministic_supported(package),
+        adaptive_v1_only(package), deterministic_supported(package), gc_warning_supported(package),
     )  # fmt: skip
 
 

@@ -1,4 +1,5 @@
-"""Read an SGLang server log: dynspec's switch lines, and anything that looks like an error.
+"""Read an SGLang server log: dynspec's switch lines, long garbage collections, and anything that
+looks like an error.
 
 The runtime patch logs one line per switch, ``dynspec: speculation OFF at batch size B (off above
 N, on at or below M)`` or ``... ON ...``, with the thresholds in force when it switched (with
@@ -24,6 +25,8 @@ TRANSITION = re.compile(
     r"dynspec: speculation (OFF|ON) at batch size (\d+)(?: \(off above (\d+), on at or below (\d+)\))?"
 )
 TRACEBACK = "Traceback (most recent call last)"
+# SGLang's line for a garbage collection longer than --gc-warning-threshold-secs (0.5.11 - 0.5.17)
+LONG_GC = re.compile(r"LONG GARBAGE COLLECTION DETECTED \| Generation (\d+) \| Duration: ([\d.]+)s")
 ERROR_PATTERNS = (
     re.compile(r"\b\w*Error\b"),  # RuntimeError, AssertionError, "Error:", ...
     re.compile(r"\bERROR\b"),
@@ -68,6 +71,18 @@ class Transition:
 
 
 @dataclass(frozen=True)
+class Collection:
+    """A garbage collection SGLang logged as longer than its threshold: a stall of every request."""
+
+    line: int
+    generation: int
+    seconds: float
+
+    def entry(self) -> dict[str, int | float]:
+        return {"line": self.line, "generation": self.generation, "seconds": self.seconds}
+
+
+@dataclass(frozen=True)
 class LogError:
     line: int
     text: str
@@ -94,6 +109,7 @@ class SwitchCounts:
 class Scan(SwitchCounts):
     transitions: list[Transition] = field(default_factory=list)
     errors: list[LogError] = field(default_factory=list)
+    collections: list[Collection] = field(default_factory=list)
 
     @property
     def count(self) -> int:
@@ -107,7 +123,7 @@ def is_error(line: str) -> bool:
 
 
 def scan(text: str, first_line: int = 1) -> Scan:
-    """Transitions and errors in ``text``, whose first line is line ``first_line`` of its file.
+    """Transitions, errors and long collections in ``text``, whose first line is line ``first_line`` of its file.
 
     A traceback counts once, reported as its first line joined to its exception line.
     """
@@ -120,6 +136,9 @@ def scan(text: str, first_line: int = 1) -> Scan:
         m = TRANSITION.search(line)
         if m:
             result.transitions.append(Transition.of(m, number))
+        gc = LONG_GC.search(line)
+        if gc:
+            result.collections.append(Collection(number, int(gc.group(1)), float(gc.group(2))))
         if TRACEBACK in line:
             j = i + 1
             while j < len(lines) and (not lines[j].strip() or lines[j][:1].isspace()):

@@ -60,6 +60,10 @@ Report = dict[str, Any]
 # pass sends new prompts (mixed.Schedule.requests), so on the dummy 8B servers it is 0; a server
 # whose count stands apart timed prefills the others paid for (session 36's N = 64 / 96).
 MIXED_CACHED = "mixed_cached_prompt_tokens"
+# A server's entry, where its release logs them: the garbage collections SGLang logged as longer
+# than launch.GC_WARNING_SECS while it served, each a stall of every request in flight. Session 38:
+# one generation-2 collection of ~0.45 s per server, inside whichever run it fell in.
+LONG_GC = "long_gc"
 
 
 def weights(shape: str | None) -> str:
@@ -338,6 +342,14 @@ def summary(report: Report) -> str:
             "prompt tokens the mixed-load passes found in the prefix cache, by server (new prompts each pass: 0 expected):"
         )
         lines.append("    " + ", ".join(f"{name} {n}" for name, n in cached.items()))
+
+    collections = {s["name"]: s[LONG_GC] for s in report.get("servers", []) if LONG_GC in s}
+    if any(collections.values()):
+        lines.append("")
+        lines.append("garbage collections SGLang logged as long while serving, by server (each stalls every request):")
+        for name, found in collections.items():
+            said = ", ".join(f"{c['seconds']:.2f} s (generation {c['generation']}, line {c['line']})" for c in found)
+            lines.append(f"    {name}: {said or 'none'}")
 
     lines.append("")
     out = report.get("out", ".")

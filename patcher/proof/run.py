@@ -825,7 +825,12 @@ class Proof:
             path=opts.path,
             dynspec=plan.dynspec or opts.dynspec,
             tp=opts.tp,
-            extra=(*opts.extra_args, *(launch.DETERMINISTIC_FLAGS if self.deterministic else ()), *plan.extra),
+            extra=(  # the GC threshold before the caller's flags, so that theirs win
+                *(launch.GC_WARNING_FLAGS if self.sglang.gc_warning_supported else ()),
+                *opts.extra_args,
+                *(launch.DETERMINISTIC_FLAGS if self.deterministic else ()),
+                *plan.extra,
+            ),
             adaptive_config_path=opts.out / launch.ADAPTIVE_CONFIG_NAME,
             real=opts.model_dir,
             shared_gpu_nccl_port=nccl_port,
@@ -899,6 +904,8 @@ class Proof:
             info["errors"] = [str(e) for e in serving.errors[:MAX_LISTED]]
             info["error_count"] = len(serving.errors)
             info["switches"] = {"off": serving.off, "on": serving.on}
+            if self.sglang is not None and self.sglang.gc_warning_supported:  # else SGLang logs none: not "none seen"
+                info[reports.LONG_GC] = [c.entry() for c in serving.collections]
         self.progress(f"stopped {spec.name} ({server.stopped_by or 'never started'})")
         self._save()
 

@@ -33,6 +33,7 @@ def make_site(
     version: str = "0.5.12",
     adaptive: bool = False,
     deterministic: bool = True,
+    gc_warning: bool = False,
 ) -> Path:
     """A site dir holding a fake ``sglang`` package whose launch_server is fake_sglang."""
     pkg = root / "sglang"
@@ -45,6 +46,8 @@ def make_site(
         field += "    speculative_adaptive: bool = False\n    speculative_adaptive_config: Optional[str] = None\n"
     if deterministic:  # 0.5.3+
         field += "    enable_deterministic_inference: bool = False\n"
+    if gc_warning:  # 0.5.11 - 0.5.17
+        field += "    gc_warning_threshold_secs: float = 0.0\n"
     (pkg / "srt" / "server_args.py").write_text(
         f"class ServerArgs:\n    speculative_num_draft_tokens: Optional[int] = None\n{field}"
     )

@@ -32,6 +32,8 @@ that arrives at a dynspec server while speculation is off (others are never affe
 presence penalties are ignored), ``nologprobs`` (its meta_info lacks ``output_token_logprobs``),
 ``grammarbreak`` (its JSON-schema output loses the closing brace); ``nofreeze`` (``/freeze_gc``
 answers 404, as a release without the route would), ``freezedrop`` (it closes the connection unanswered).
+With ``--gc-warning-threshold-secs`` it logs SGLang's long-collection line once, on its 3rd /generate,
+unless ``/freeze_gc`` came first (``LONG_GC_SECONDS``).
 
 Started without ``--skip-tokenizer-init`` it has a "tokenizer": every reply carries ``text``, a
 character per token id, and a request with a ``json_schema`` gets compact JSON of the proof's schema
@@ -320,6 +322,8 @@ class State:
         self.counted = {"spec": 0, "fallback": 0, "switches": 0}  # dynspec_runtime.DynspecMetrics's
         self.switch_lines = 0
         self.metrics = False  # --enable-metrics
+        self.gc_warning = 0.0  # --gc-warning-threshold-secs (SGLang's default: 0, no line)
+        self.gc_frozen = False  # /freeze_gc answered
 
     def prefill(self, input_ids: list[int]) -> None:
         """SGLang's prefill line for one request, as a radix cache would count its prompt."""
@@ -465,6 +469,11 @@ class State:
         return DRAFT_KV_WORDS["full" if kv_only and "kvoff" in self.faults else self.configured_kv]
 
 
+# The one collection it logs, on its 3rd /generate where --gc-warning-threshold-secs is at most this
+# and /freeze_gc has not been called: session 38's generation-2 collection of the start-up's objects.
+LONG_GC_SECONDS = 0.4592
+
+
 def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
@@ -512,6 +521,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     self.close_connection = True
                     return
                 log("Freezing GC in scheduler process. gen0: 120->0, gen1: 40->0, gen2: 9000->0")
+                state.gc_frozen = True
                 self.reply(200, {})
                 return
             body = json.loads(raw)
@@ -583,6 +593,12 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                     return 500, {"error": "injected"}
                 if "traceback" in state.faults and number == 3:
                     say('Traceback (most recent call last):\n  File "x.py", line 1\nRuntimeError: injected')
+                if number == 3 and not state.gc_frozen and 0 < state.gc_warning <= LONG_GC_SECONDS:
+                    log(  # SGLang's line; the collection that scans the start-up's objects, unless frozen
+                        f"LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration: {LONG_GC_SECONDS:.4f}s | # Objects: "
+                        "gen0=3, gen1=0, gen2=765481 | This may cause latency jitter. Consider calling the freeze_gc API "
+                        "after sending a few warmup requests."
+                    )
                 return_logprob = bool(fields.get("return_logprob"))
                 top_num = int(fields.get("top_logprobs_num") or 0)
                 chosen: list[tuple[float, int]] = []
@@ -683,6 +699,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--speculative-adaptive", action="store_true")
     parser.add_argument("--speculative-adaptive-config")
     parser.add_argument("--max-total-tokens", type=int)
+    parser.add_argument("--gc-warning-threshold-secs", type=float, default=0.0)
     args, _ = parser.parse_known_args(argv)
     if args.dp_size == 1:  # every release turns DP attention off with one DP rank, and serves
         args.enable_dp_attention = False
@@ -721,6 +738,7 @@ def main(argv: list[str]) -> None:
         found,
     )
     state.metrics = args.enable_metrics
+    state.gc_warning = args.gc_warning_threshold_secs
     state.tokenizer = not args.skip_tokenizer_init
     if state.disable is not None:
         log(

@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 
 from patcher import releases
-from patcher.proof.detect import adaptive_supported, adaptive_v1_only, dynspec_applied, locate
+from patcher.proof.detect import adaptive_supported, adaptive_v1_only, dynspec_applied, gc_warning_supported, locate
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.run import refusal_cases
 from tests.conftest import RELEASES
@@ -153,3 +153,23 @@ def test_the_adaptive_refusal_is_asked_for_where_sglang_keeps_adaptive_on(site):
 
     assert "adaptive" in names("v2", False) and "adaptive" in names("v1", True)
     assert "adaptive" not in names("v2", True)
+
+
+# Where ServerArgs declares the field: the monolithic file, or 0.5.20+'s observability group
+GC_MEMBERS = ["srt/server_args.py", "srt/arg_groups/fields/observability.py"]
+
+
+@pytest.mark.parametrize("version", RELEASES)
+def test_every_release_but_0_4_10_logs_its_long_collections(version):
+    """A release fact: --gc-warning-threshold-secs, which the proof passes where it exists."""
+    package = releases.unpacked(version, GC_MEMBERS) / "sglang"
+    assert gc_warning_supported(package) == (version != "0.4.10.post2")
+
+
+def test_the_gc_warning_support_is_the_field_not_a_mention(site):
+    pkg = site(gc_warning=True) / "sglang"
+    assert gc_warning_supported(pkg) and locate(str(pkg), sys.executable, dict(os.environ)).gc_warning_supported
+    old = site() / "sglang"  # control: a mention is no declaration
+    with (old / "srt" / "server_args.py").open("a") as f:
+        f.write('    x = "--gc-warning-threshold-secs"  # gc_warning_threshold_secs\n')
+    assert not gc_warning_supported(old)

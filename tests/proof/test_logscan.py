@@ -156,3 +156,19 @@ def test_auto_decisions_are_read_from_the_runtimes_own_line() -> None:
         "dynspec auto: off above 48, on at or below 40 (as timed)\n"
     )
     assert auto_decisions(other) == []
+
+
+# Session 38's v1 dynspec server (0.5.12), the line and the two around it, as SGLang wrote them
+GC_LOG = """\
+[2026-12-06 17:15:50] dynspec: speculation ON at batch size 96 (off above 96, on at or below 96)
+[2026-12-06 17:15:50] LONG GARBAGE COLLECTION DETECTED | Generation 2 | Duration: 0.4592s | # Objects: gen0=0, gen1=0, gen2=762126 | This may cause latency jitter. Consider calling the freeze_gc API after sending a few warmup requests.
+[2026-12-06 17:15:50] Freezing GC in scheduler process. gen0: 120->0, gen1: 40->0, gen2: 9000->0
+"""
+
+
+def test_long_collections_are_read_from_sglangs_line_and_are_no_error() -> None:
+    result = scan(GC_LOG, first_line=1065)
+    assert [c.entry() for c in result.collections] == [{"line": 1066, "generation": 2, "seconds": 0.4592}]
+    assert result.errors == [] and result.count == 1
+    # control: the freeze line and a log without the warning hold none
+    assert scan(GC_LOG.splitlines()[2]).collections == [] and scan(LOG).collections == []

@@ -661,6 +661,50 @@ def test_freeze_gc_on_a_server_that_will_not_stops_with_one_line(site, tmp_path,
     assert problem.startswith(f"dynspec-sim: --freeze-gc: {said}") and "\n" not in problem
 
 
+GC_FLAGS = ["--gc-warning-threshold-secs", "0.05"]
+
+
+@pytest.mark.parametrize(
+    ("declared", "freeze", "extra", "found"),
+    [
+        (True, False, (), 1),
+        (True, True, (), 0),  # frozen after the warm-up: the start-up's objects are no longer scanned
+        (True, False, ("--gc-warning-threshold-secs", "1.0"), 0),  # the caller's threshold wins
+        (False, False, (), None),  # control: a release without the flag gets none and is not read
+    ],
+    ids=["logged", "frozen", "callers-threshold", "no-flag"],
+)
+def test_long_collections_are_listed_by_server_where_the_release_logs_them(
+    site, tmp_path, declared, freeze, extra, found
+):
+    """Session 38: the stalls that decided R(128) were one ~0.45 s generation-2 collection per server.
+    Where ServerArgs declares --gc-warning-threshold-secs each server gets 0.05 and its entry lists
+    what SGLang logged while it served (the fake logs one on its 3rd request unless frozen)."""
+    opts = options(
+        site(gc_warning=declared),
+        tmp_path / "out",
+        checks=("throughput",),
+        min_envelope_ratio=0.0,
+        freeze_gc=freeze,
+        extra_args=extra,
+    )
+    result = run_proof(opts, lambda m: None)
+    assert result["passed"], reports.summary(result)
+    for server in result["servers"]:
+        argv = server["argv"]
+        has_flags = any(argv[i : i + 2] == GC_FLAGS for i in range(len(argv)))
+        assert has_flags is declared
+        if found is None:
+            assert reports.LONG_GC not in server
+            continue
+        lines = Path(server["log"]).read_text().splitlines()
+        logged = [n for n, line in enumerate(lines, 1) if "LONG GARBAGE COLLECTION" in line]
+        assert len(logged) == found
+        assert server[reports.LONG_GC] == [{"line": n, "generation": 2, "seconds": 0.4592} for n in logged]
+    said = "garbage collections SGLang logged as long while serving" in reports.summary(result)
+    assert said is bool(found)
+
+
 def test_a_throughput_miss_says_so_in_its_detail(site, tmp_path):
     """Session 16's report said 'R(C) >= 0.97 at all 3 levels (min 0.94)' beside its failure."""
     opts = options(site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=100.0)
