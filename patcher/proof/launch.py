@@ -111,8 +111,9 @@ def model_dirs(shape: str) -> tuple[Path, Path]:
 # SGLang's batch-invariant kernels (0.5.3+): greedy tokens that do not depend on the batch
 DETERMINISTIC_FLAGS = ("--enable-deterministic-inference",)
 
-# Where the release has the flag, SGLang logs each garbage collection longer than this: session 38
-# found the ~0.45 s stalls that had decided R(128) to be one generation-2 collection per server
+# Where the release has the flag, SGLang's HTTP process logs each of its garbage collections longer
+# than this: session 38 found the ~0.45 s stalls that had decided R(128) to be one generation-2
+# collection per server, in whichever run's admission it fell
 GC_WARNING_SECS = 0.05
 GC_WARNING_FLAGS = ("--gc-warning-threshold-secs", str(GC_WARNING_SECS))
 

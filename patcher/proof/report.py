@@ -60,9 +60,11 @@ Report = dict[str, Any]
 # pass sends new prompts (mixed.Schedule.requests), so on the dummy 8B servers it is 0; a server
 # whose count stands apart timed prefills the others paid for (session 36's N = 64 / 96).
 MIXED_CACHED = "mixed_cached_prompt_tokens"
-# A server's entry, where its release logs them: the garbage collections SGLang logged as longer
-# than launch.GC_WARNING_SECS while it served, each a stall of every request in flight. Session 38:
-# one generation-2 collection of ~0.45 s per server, inside whichever run it fell in.
+# A server's entry, where its release logs them: the garbage collections longer than
+# launch.GC_WARNING_SECS that SGLang's HTTP process (the tokenizer manager, the only one that
+# watches them) made while the server served. Each holds back requests arriving and answers
+# leaving, not the GPU's steps: session 38's ~0.45 s generation-2 collection, one per server,
+# cost a run what it did where it fell inside the run's admission.
 LONG_GC = "long_gc"
 
 
@@ -346,7 +348,10 @@ def summary(report: Report) -> str:
     collections = {s["name"]: s[LONG_GC] for s in report.get("servers", []) if LONG_GC in s}
     if any(collections.values()):
         lines.append("")
-        lines.append("garbage collections SGLang logged as long while serving, by server (each stalls every request):")
+        lines.append(
+            "long garbage collections of SGLang's HTTP process while serving, by server (each holds back "
+            "requests arriving and answers leaving; --freeze-gc after the warm-up keeps them out):"
+        )
         for name, found in collections.items():
             said = ", ".join(f"{c['seconds']:.2f} s (generation {c['generation']}, line {c['line']})" for c in found)
             lines.append(f"    {name}: {said or 'none'}")

@@ -677,9 +677,10 @@ GC_FLAGS = ["--gc-warning-threshold-secs", "0.05"]
 def test_long_collections_are_listed_by_server_where_the_release_logs_them(
     site, tmp_path, declared, freeze, extra, found
 ):
-    """Session 38: the stalls that decided R(128) were one ~0.45 s generation-2 collection per server.
-    Where ServerArgs declares --gc-warning-threshold-secs each server gets 0.05 and its entry lists
-    what SGLang logged while it served (the fake logs one on its 3rd request unless frozen)."""
+    """Session 38: the stalls that decided R(128) were one ~0.45 s generation-2 collection per server,
+    in SGLang's HTTP process. Where ServerArgs declares --gc-warning-threshold-secs each server gets
+    0.05 and its entry lists what SGLang logged while it served (the fake logs one on its 3rd request
+    unless frozen)."""
     opts = options(
         site(gc_warning=declared),
         tmp_path / "out",
@@ -701,7 +702,7 @@ def test_long_collections_are_listed_by_server_where_the_release_logs_them(
         logged = [n for n, line in enumerate(lines, 1) if "LONG GARBAGE COLLECTION" in line]
         assert len(logged) == found
         assert server[reports.LONG_GC] == [{"line": n, "generation": 2, "seconds": 0.4592} for n in logged]
-    said = "garbage collections SGLang logged as long while serving" in reports.summary(result)
+    said = "long garbage collections of SGLang's HTTP process" in reports.summary(result)
     assert said is bool(found)
 
 
