@@ -418,6 +418,13 @@ def plan(
     return checks, skipped
 
 
+# The fallback step's bar against plain decode's (issue 13 item 2), which ``backends`` holds every
+# attention backend to where throughput ran beside it: v2 against the overlapping base, v1 against
+# the non-overlapping one (``per_step_no_overlap``, --no-overlap-base; without it v1's is not judged).
+# Session 38: FlashInfer's fallback step ran at 0.55 of a plain one, equivalence and crossings intact.
+MIN_STEP_RATIO = {"v2": 0.98, "v1": 0.97}
+
+
 def judge_backends(report: Mapping[str, Any], backend: str) -> dict[str, Any]:
     """Issue 17's ``backends``: equivalence and crossings, run on ``backend`` (every server's), and
     the fallback step's speed against plain decode where throughput ran too."""
@@ -427,15 +434,27 @@ def judge_backends(report: Mapping[str, Any], backend: str) -> dict[str, Any]:
     if not eq or not cr:
         problems.append("equivalence or crossings did not run")
     entry: dict[str, Any] = {
-        "passed": not problems,
+        "passed": False,  # set below, once the step is judged too
         "attention_backend": backend,
         "equivalence": eq.get("passed"),
         "crossings": cr.get("count"),
-        "problems": problems,
         "detail": f"{backend}: equivalence {'✓' if eq.get('passed') else '✗'}, {cr.get('count', 0)} crossings",
     }
     if "throughput" in report:
-        entry["per_step"] = report["throughput"].get("per_step")
+        tp, path = report["throughput"], str(report.get("path"))
+        entry["per_step"] = tp.get("per_step")
+        bar = MIN_STEP_RATIO.get(path, MIN_STEP_RATIO["v2"])
+        steps_of = (tp.get("per_step_no_overlap" if path == "v1" else "per_step") or {}).get("dynspec", {})
+        entry["min_step_ratio"] = bar
+        for level, ratios in sorted(steps_of.items(), key=lambda item: int(item[0])):
+            if ratios["median"] < bar:
+                problems.append(
+                    f"per_step: dynspec's fallback step at C={level} runs at {ratios['median']} of a plain one "
+                    f"(at least {bar})"
+                )
+        if steps_of:
+            entry["detail"] += ", fallback step " + " / ".join(f"{r['median']}" for r in steps_of.values())
+    entry.update(passed=not problems, problems=problems)
     return entry
 
 

@@ -132,7 +132,8 @@ def log(message: str) -> None:
 
 def log_decode_steps(speculative: bool, dynspec: bool, adaptive: bool) -> None:
     running, interval = 8, 40
-    speed = 1000.0 * (0.85 if dynspec else 0.4 if adaptive else 1.0)
+    fallback = float(os.environ.get("FAKE_SGLANG_FALLBACK_SPEED", "0.85"))  # a fallback step / a plain one
+    speed = 1000.0 * (fallback if dynspec else 0.4 if adaptive else 1.0)
     per_step = 3 if speculative and not (dynspec or adaptive) else 1
     for k in range(3):
         tokens = 100 + k * running * interval * per_step

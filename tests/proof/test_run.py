@@ -417,6 +417,25 @@ def test_backends_judges_equivalence_and_crossings_on_flashinfer(site, tmp_path)
     assert not broken["backends"]["passed"] and broken["backends"]["problems"][0].startswith("equivalence: ")
 
 
+@pytest.mark.parametrize(("speed", "passed"), [(0.99, True), (0.85, False)], ids=["at-the-bar", "slow-step"])
+def test_backends_holds_the_fallback_step_to_issue_13s_bar_where_throughput_ran(site, tmp_path, speed, passed):
+    """Session 38: on FlashInfer equivalence and crossings held while the fallback step ran at 0.55 of a
+    plain one. With throughput beside it, backends judges the step (0.98 on v2); the fake's steps at
+    0.85 of base's are the control."""
+    opts = options(site(), tmp_path / "out", checks=(*BACKEND_CHECKS, "throughput"), attention_backend="flashinfer")
+    opts.env["FAKE_SGLANG_FALLBACK_SPEED"] = str(speed)
+    result = run_proof(replace(opts, min_envelope_ratio=0.0), lambda m: None)
+    backends = result["backends"]
+    assert backends["equivalence"] and backends["min_step_ratio"] == 0.98
+    assert [r["median"] for r in backends["per_step"]["dynspec"].values()] == [speed] * len(
+        backends["per_step"]["dynspec"]
+    )
+    assert backends["passed"] is passed, backends["problems"]
+    if not passed:
+        assert backends["problems"][0].startswith("per_step: dynspec's fallback step at C=")
+        assert backends["problems"][0].endswith("runs at 0.85 of a plain one (at least 0.98)")
+
+
 @pytest.mark.parametrize(
     ("kw", "words"),
     [
