@@ -13,7 +13,7 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecRuntime(NewFilePatch):
-    REVISION = 29
+    REVISION = 30
     TARGET = "srt/speculative/dynspec_runtime.py"
     SGLANG = ">=0.4.10.post2"
     # dynspec_v2, which it imports inside functions, requires it: the one way the two can be ordered.

@@ -272,7 +272,7 @@ def attach_dynspec(worker: Any) -> Optional["DynspecFallback"]:
             f"dynspec: fallback ready in {time.perf_counter() - tic:.2f} s: speculation off above "
             f"{disable_above} requests, on at or below {enable_at_or_below}, at least {min_steps} "
             f"iterations between switches; one-token CUDA graphs for batch sizes {target.capture_bs}; "
-            f"{describe_draft_kv(draft_kv)}"
+            f"{describe_one_token_attention(target.attn_backend)}; {describe_draft_kv(draft_kv)}"
         )
     return fallback
 
@@ -379,19 +379,39 @@ def _new_attention_backend(model_runner: Any) -> Any:
 
 ATTENTION_ENV = "DYNSPEC_ONE_TOKEN_ATTENTION"
 
-# Backends whose decode path dynspec has run a one-token verify through on a GPU (``dynspec
-# proof``). ``DYNSPEC_ONE_TOKEN_ATTENTION=decode`` opts any other backend in, ``=verify`` opts out.
-DECODE_PROVEN_BACKENDS = ("TritonAttnBackend",)
+# Backends whose decode kernel serves the one-token verify under ``auto``. Triton: proven on the
+# GPU since r13. FlashInfer (r30): its verify path re-plans a paged prefill on the host at every
+# replay, which ran the fallback step at 0.55 of a plain one (session 38, an H100); its decode path
+# is the wrapper and plan plain decode replays (``fast_decode_plan``); its GPU proof is pending as of
+# r30. ``DYNSPEC_ONE_TOKEN_ATTENTION=decode`` opts any other backend in, ``=verify`` opts out.
+DECODE_KERNEL_BACKENDS = ("TritonAttnBackend", "FlashInferAttnBackend")
+# A backend whose decode kernel reads a dequantised copy of the KV sized by the batch's own
+# ``seq_lens_cpu`` (FlashInfer with an FP4 KV cache): the layers see the verify batch, whose lengths
+# lack the new token, so its decode path would attend to one key too few. Always the verify path.
+_DEQUANT_WORKSPACE = "decode_uses_dequant_workspace"
+
+
+def one_token_attention_choice(backend: Any) -> Tuple[str, str]:
+    """``("decode" | "verify", why)``: how the one-token target backend computes attention, and the
+    start-up line's words for it."""
+    name = type(backend).__name__
+    setting = os.environ.get(ATTENTION_ENV, "auto").strip().lower() or "auto"
+    if setting not in ("auto", "decode", "verify"):
+        raise ValueError(f"{ATTENTION_ENV} must be auto, decode or verify, not {setting!r}")
+    if getattr(backend, _DEQUANT_WORKSPACE, False):
+        return "verify", f"{name}'s verify path (its decode kernel reads an FP4 dequant workspace)"
+    if setting == "verify":
+        return "verify", f"{name}'s verify path ({ATTENTION_ENV}=verify)"
+    if setting == "decode":
+        return "decode", f"{name}'s decode kernel ({ATTENTION_ENV}=decode)"
+    if name in DECODE_KERNEL_BACKENDS:
+        return "decode", f"{name}'s decode kernel"
+    return "verify", f"{name}'s verify path ({ATTENTION_ENV}=decode would try its decode kernel)"
 
 
 def one_token_attention_mode(backend: Any) -> str:
     """``decode`` or ``verify``: how the one-token target backend computes attention."""
-    setting = os.environ.get(ATTENTION_ENV, "auto").strip().lower() or "auto"
-    if setting in ("decode", "verify"):
-        return setting
-    if setting != "auto":
-        raise ValueError(f"{ATTENTION_ENV} must be auto, decode or verify, not {setting!r}")
-    return "decode" if type(backend).__name__ in DECODE_PROVEN_BACKENDS else "verify"
+    return one_token_attention_choice(backend)[0]
 
 
 def one_token_attention(backend: Any) -> Any:
@@ -399,6 +419,12 @@ def one_token_attention(backend: Any) -> Any:
     if one_token_attention_mode(backend) == "decode":
         return serve_verify_as_decode(backend)
     return backend
+
+
+def describe_one_token_attention(backend: Any) -> str:
+    """The start-up line's words for how ``backend``, made by ``one_token_attention``, verifies: read
+    again from the same inputs (its class name, which the re-classing keeps, and the setting)."""
+    return f"one-token verify through {one_token_attention_choice(backend)[1]}"
 
 
 def serve_verify_as_decode(backend: Any) -> Any:

@@ -185,6 +185,7 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
         SingleTokenTarget,
         capture_twin_of_stock_graph,
         describe_draft_kv,
+        describe_one_token_attention,
     )
 
     _refuse_unsupported(worker)
@@ -218,7 +219,8 @@ def attach_fallback(worker: Any) -> Optional["V2Fallback"]:
             f"dynspec: v2 fallback ready in {time.perf_counter() - tic:.2f} s: speculation off above "
             f"{controller.disable_above} requests, on at or below {controller.enable_at_or_below}, at least "
             f"{controller.min_steps} iterations between switches; one-token target CUDA graphs for batch "
-            f"sizes {target.capture_bs or 'none (eager)'}; {describe_draft_kv(draft_kv)}"
+            f"sizes {target.capture_bs or 'none (eager)'}; {describe_one_token_attention(target.attn_backend)}; "
+            f"{describe_draft_kv(draft_kv)}"
         )
     return fallback
 
@@ -633,26 +635,30 @@ def attach_zero_step_policy(worker: Any) -> Optional["ZeroStepPolicy"]:
 
 
 @contextlib.contextmanager
-def one_token_backends_from(model_runner: Any) -> Iterator[None]:
-    """While building the zero-step state, the target backends it makes verify as a decode.
+def one_token_backends_from(model_runner: Any) -> Iterator[List[Any]]:
+    """While building the zero-step state, the target backends it makes verify as a decode where
+    ``one_token_attention`` says so; yields the list they are added to, for the start-up line.
 
     ``build_adaptive_runtime_state`` takes its target backend from the model runner's
     ``_get_attention_backend``; shadowing that on the instance reaches it without a new anchor.
     """
     from sglang.srt.speculative.dynspec_runtime import one_token_attention
 
+    made: List[Any] = []
     if model_runner is None:
-        yield
+        yield made
         return
     make_backend = model_runner._get_attention_backend
     shadowed = "_get_attention_backend" in vars(model_runner)
 
     def one_token_backend(*args: Any, **kwargs: Any) -> Any:
-        return one_token_attention(make_backend(*args, **kwargs))
+        backend = one_token_attention(make_backend(*args, **kwargs))
+        made.append(backend)
+        return backend
 
     model_runner._get_attention_backend = one_token_backend
     try:
-        yield
+        yield made
     finally:
         if shadowed:
             model_runner._get_attention_backend = make_backend
@@ -692,6 +698,7 @@ class ZeroStepPolicy:
         self.lean_verify: Optional[LeanVerify] = None  # set by attach_zero_step_policy
         self.auto = False  # --speculative-disable-batch-size auto: init_states builds the driver
         self.driver: Any = None  # dynspec_auto.AutoDriver, or None with a fixed N
+        self.one_token_backends: List[Any] = []  # the target backends init_states had made, for its line
         # (speculated, batch size) of the decode iterations whose verify the scheduler has not
         # handed back yet (it does one iteration late, in order): the acceptance comes from those.
         self._unverified: Deque[Tuple[bool, int]] = deque(maxlen=4)
@@ -710,10 +717,11 @@ class ZeroStepPolicy:
         tic = time.perf_counter()
         capture_bs = fallback_capture_sizes(cuda_graph_bs, self.controller.enable_at_or_below)
         if 0 not in self._states:
-            with one_token_backends_from(_target_model_runner(self.worker)):
+            with one_token_backends_from(_target_model_runner(self.worker)) as made:
                 self._states[0] = self.worker.build_adaptive_runtime_state(
                     speculative_num_steps=0, speculative_num_draft_tokens=1, cuda_graph_bs=capture_bs
                 )
+            self.one_token_backends = made
             zero = self._states[0]
             stock_graph = getattr(zero, "cuda_graph_runner_for_draft_extend", None)
             if stock_graph is not None:
@@ -723,14 +731,21 @@ class ZeroStepPolicy:
         if self.auto and self.driver is None:
             self.driver = self._auto_driver(cuda_graph_bs)
         if self.log:
-            from sglang.srt.speculative.dynspec_runtime import describe_draft_kv
+            from sglang.srt.speculative.dynspec_runtime import describe_draft_kv, describe_one_token_attention
 
             graphs = getattr(getattr(self._states[0], "target_graph_runner", None), "capture_bs", None)
+            # the release's state builder made one target backend here (none: it shares the live one)
+            attention = (
+                describe_one_token_attention(self.one_token_backends[0])
+                if self.one_token_backends
+                else "one-token verify through the live target backend"
+            )
             logger.info(
                 f"dynspec: zero-step state ready in {time.perf_counter() - tic:.2f} s: speculation off above "
                 f"{self.controller.disable_above} requests, on at or below {self.controller.enable_at_or_below}, "
                 f"at least {self.controller.min_steps} iterations between switches; one-token target CUDA graphs "
-                f"for batch sizes {list(graphs) if graphs else 'none (eager)'}; {describe_draft_kv(self.draft_kv)}"
+                f"for batch sizes {list(graphs) if graphs else 'none (eager)'}; {attention}; "
+                f"{describe_draft_kv(self.draft_kv)}"
             )
 
     def _auto_driver(self, cuda_graph_bs: Optional[List[int]]) -> Any:

@@ -1654,9 +1654,10 @@ def test_the_proof_reads_the_runtimes_own_start_up_line(
     monkeypatch.setenv(runtime.DRAFT_KV_ENV, mode)
     lines = start_up_lines(attach, caplog)
     how = "from a CUDA graph" if mode == GRAPH and attach.endswith("-graph") else "eagerly"
-    assert [line for line in lines if " ready in " in line][-1].endswith(
-        f"draft KV only while off ({how}), full draft extend at resume"
-    )
+    ready = [line for line in lines if " ready in " in line][-1]
+    assert ready.endswith(f"draft KV only while off ({how}), full draft extend at resume")
+    # every path says how its one-token verify attends (r30), before the draft KV's words
+    assert re.search(r"; one-token verify through \S+'s (decode kernel|verify path)[^;]*; draft KV only", ready)
     log.write_text("\n".join(lines) + "\n")
     problems: list[str] = []
     proof.check_kv_only_path(log, problems)

@@ -638,7 +638,20 @@ class TritonAttnBackend(LegacyBackend):
 
 
 class FlashInferAttnBackend(LegacyBackend):
-    pass
+    """Named like the backend whose decode kernel serves it since r30."""
+
+
+class FlashAttentionBackend(LegacyBackend):
+    """Named like FA3's backend, whose decode kernel has not served a one-token verify on a GPU."""
+
+
+class Fp4FlashInferAttnBackend(FlashInferAttnBackend):
+    """FlashInfer with an FP4 KV cache: its decode kernel reads a workspace sized by the batch's own lengths."""
+
+    decode_uses_dequant_workspace = True
+
+
+Fp4FlashInferAttnBackend.__name__ = "FlashInferAttnBackend"  # the class SGLang has, with the flag set
 
 
 class OutGraphBackend(LegacyBackend):
@@ -687,15 +700,47 @@ def test_triton_verifies_one_token_through_its_decode_path_by_default(attention_
     assert runtime.serve_verify_as_decode(backend) is backend and type(backend) is subclass
 
 
+def test_flashinfer_verifies_one_token_through_its_decode_path_by_default(attention_env: Any) -> None:
+    """r30: session 38 measured FlashInfer's verify path at 0.55 of a plain step."""
+    backend = runtime.one_token_attention(FlashInferAttnBackend())
+    assert runtime.verifies_as_decode(backend) and type(backend).__name__ == "FlashInferAttnBackend"
+    assert (
+        runtime.describe_one_token_attention(backend)
+        == "one-token verify through FlashInferAttnBackend's decode kernel"
+    )
+
+
 def test_other_backends_keep_their_verify_path_unless_asked(attention_env: Any) -> None:
-    assert not runtime.verifies_as_decode(runtime.one_token_attention(FlashInferAttnBackend()))
+    fa3 = runtime.one_token_attention(FlashAttentionBackend())
+    assert not runtime.verifies_as_decode(fa3)
+    assert runtime.describe_one_token_attention(fa3) == (
+        "one-token verify through FlashAttentionBackend's verify path "
+        "(DYNSPEC_ONE_TOKEN_ATTENTION=decode would try its decode kernel)"
+    )
     attention_env("decode")
-    assert runtime.verifies_as_decode(runtime.one_token_attention(FlashInferAttnBackend()))
+    forced = runtime.one_token_attention(FlashAttentionBackend())
+    assert runtime.verifies_as_decode(forced)
+    assert runtime.describe_one_token_attention(forced).endswith("decode kernel (DYNSPEC_ONE_TOKEN_ATTENTION=decode)")
     attention_env("verify")
-    assert not runtime.verifies_as_decode(runtime.one_token_attention(TritonAttnBackend()))
+    kept = runtime.one_token_attention(TritonAttnBackend())
+    assert not runtime.verifies_as_decode(kept)
+    assert runtime.describe_one_token_attention(kept).endswith("verify path (DYNSPEC_ONE_TOKEN_ATTENTION=verify)")
     attention_env("fast")
     with pytest.raises(ValueError, match="DYNSPEC_ONE_TOKEN_ATTENTION must be auto, decode or verify, not 'fast'"):
         runtime.one_token_attention(TritonAttnBackend())
+
+
+@pytest.mark.parametrize("setting", ["auto", "decode"])
+def test_an_fp4_dequant_workspace_keeps_the_verify_path_even_when_asked(attention_env: Any, setting: str) -> None:
+    """Its decode kernel would size the workspace by the verify batch's lengths, one key short."""
+    attention_env(setting)
+    backend = runtime.one_token_attention(Fp4FlashInferAttnBackend())
+    assert not runtime.verifies_as_decode(backend)
+    assert runtime.describe_one_token_attention(backend) == (
+        "one-token verify through FlashInferAttnBackend's verify path (its decode kernel reads an FP4 dequant workspace)"
+    )
+    # the control: the same backend without the workspace decodes
+    assert runtime.verifies_as_decode(runtime.one_token_attention(FlashInferAttnBackend()))
 
 
 def replay_a_verify_of_two(backend: Any) -> None:

@@ -745,7 +745,8 @@ def main(argv: list[str]) -> None:
         log(
             f"dynspec: v2 fallback ready in 0.01 s: speculation off above {state.disable} requests, on at or "
             f"below {state.enable}, at least 8 iterations between switches; one-token target CUDA graphs for "
-            f"batch sizes none (eager); {state.draft_kv_words()}"
+            f"batch sizes none (eager); one-token verify through TritonAttnBackend's decode kernel; "
+            f"{state.draft_kv_words()}"
         )
     if args.speculative_adaptive:
         state.delay = float(os.environ.get("FAKE_SGLANG_ADAPTIVE_DELAY", state.delay))
