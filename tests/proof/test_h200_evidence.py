@@ -3264,6 +3264,21 @@ def medians(samples: dict[str, list[list[float]]], mode: str) -> list[float]:
     return [statistics.median_low(level) for level in samples[mode]]
 
 
+def v1_per_step(evidence: Path, tp: dict, control_level: int) -> tuple[dict[str, str], dict]:
+    """v1's fallback step against the non-overlapping plain step, read again from the run's logs: the
+    report's ``per_step_no_overlap``; the base's log against itself reads 1 (negative control). The
+    logs (dynspec's and that base's) and dynspec's ratios by level."""
+    logs = members(evidence / "logs.tar.xz", "dynspec-sim.log", "base-no-overlap-sim.log")
+    per_step = steps.per_step(
+        {"dynspec": logs["dynspec-sim.log"], "base_no_overlap": logs["base-no-overlap-sim.log"]},
+        "base_no_overlap",
+        tp["levels"],
+    )
+    assert per_step == tp["per_step_no_overlap"]
+    assert ratio_against_itself(logs["base-no-overlap-sim.log"], control_level) == 1.0
+    return logs, per_step["dynspec"]
+
+
 def test_session_37_0_5_17_keeps_up_with_the_better_static_server_at_every_level_in_one_call() -> None:
     """Issue 13 item 3 on 0.5.17, for the first time in one call: kv-tput at --threshold 96 with four
     timed runs a level, the three servers taking turns (an H100): R(C) 1.00 / 1.01 / 1.00 / 1.01 / 0.98
@@ -3319,15 +3334,8 @@ def test_session_37_v1_steps_at_the_bar_and_r_at_128_below_it_one_server_after_a
     assert tp["envelope_ratio_no_overlap"] == no_overlap == [1.0166, 0.9818, 1.042, 0.9966, 0.9988, 0.962]
     assert [c for c, r in zip(tp["levels"], no_overlap) if r is not None and r < 0.97] == [128]
     assert tp["problems"] == ["R(C) against max(non-overlap base, always-on) below 0.97 at C=128: 0.962"]
-    logs = members(S37_12_V1_TPUT / "logs.tar.xz", "dynspec-sim.log", "base-no-overlap-sim.log", "base-sim.log")
-    per_step = steps.per_step(
-        {"dynspec": logs["dynspec-sim.log"], "base_no_overlap": logs["base-no-overlap-sim.log"]},
-        "base_no_overlap",
-        tp["levels"],
-    )
-    assert per_step == tp["per_step_no_overlap"]
-    assert per_step["dynspec"]["128"] == {"pairs": 21, "min": 0.927, "median": 0.97, "max": 1.105}
-    assert ratio_against_itself(logs["base-no-overlap-sim.log"], 128) == 1.0  # negative control
+    logs, per_step = v1_per_step(S37_12_V1_TPUT, tp, 128)
+    assert per_step["128"] == {"pairs": 21, "min": 0.927, "median": 0.97, "max": 1.105}
     # the slow run, and the one time speculation turned on above 64 in the whole call
     assert tp["outside_steady_ms"]["dynspec"]["128"] == [182, 186, 1013]
     assert tp["samples"]["dynspec"][-1] == [11726.0, 12049.6, 9536.8]
@@ -3412,15 +3420,8 @@ def test_session_38_v1_taking_turns_misses_r_at_128_by_one_collection_in_the_htt
     assert tp["order"].startswith("interleaved: dynspec-sim, always-on-sim, base-no-overlap-sim took turns")
     no_overlap = envelope_ratio(*(medians(tp["samples"], m) for m in ("base_no_overlap", "always_on", "dynspec")))
     assert tp["envelope_ratio_no_overlap"] == no_overlap == [1.0146, 1.0103, 1.0451, 1.0024, 1.0134, 0.9554]
-    logs = members(S38_12_V1_TPUT / "logs.tar.xz", "dynspec-sim.log", "base-no-overlap-sim.log")
-    per_step = steps.per_step(
-        {"dynspec": logs["dynspec-sim.log"], "base_no_overlap": logs["base-no-overlap-sim.log"]},
-        "base_no_overlap",
-        tp["levels"],
-    )
-    assert per_step == tp["per_step_no_overlap"]
-    assert per_step["dynspec"]["128"] == {"pairs": 20, "min": 0.893, "median": 0.96, "max": 1.072}
-    assert ratio_against_itself(logs["base-no-overlap-sim.log"], 128) == 1.0  # negative control
+    _, per_step = v1_per_step(S38_12_V1_TPUT, tp, 128)
+    assert per_step["128"] == {"pairs": 20, "min": 0.893, "median": 0.96, "max": 1.072}
     found = collections_by_server(S38_12_V1_TPUT)
     assert {name: [(g, round(s, 2)) for g, s, _ in c] for name, c in found.items()} == {
         "dynspec-sim.log": [(2, 0.46)],
@@ -3448,18 +3449,8 @@ def test_session_38_v1_falls_back_at_0_977_and_0_978_of_a_non_overlapping_step()
     no_overlap = envelope_ratio(*(medians(tp["samples"], m) for m in ("base_no_overlap", "always_on", "dynspec")))
     assert tp["envelope_ratio_no_overlap"] == no_overlap == [0.9402, 0.9826]
     assert medians(tp["samples"], "always_on")[0] > medians(tp["samples"], "base_no_overlap")[0]
-    logs = members(S38_12_V1_TPUT_32 / "logs.tar.xz", "dynspec-sim.log", "base-no-overlap-sim.log")
-    per_step = steps.per_step(
-        {"dynspec": logs["dynspec-sim.log"], "base_no_overlap": logs["base-no-overlap-sim.log"]},
-        "base_no_overlap",
-        [64, 128],
-    )
-    assert per_step == tp["per_step_no_overlap"]
-    assert {c: (r["median"], r["pairs"]) for c, r in per_step["dynspec"].items()} == {
-        "64": (0.977, 21),
-        "128": (0.978, 21),
-    }
-    assert ratio_against_itself(logs["base-no-overlap-sim.log"], 64) == 1.0  # negative control
+    _, per_step = v1_per_step(S38_12_V1_TPUT_32, tp, 64)
+    assert {c: (r["median"], r["pairs"]) for c, r in per_step.items()} == {"64": (0.977, 21), "128": (0.978, 21)}
     found = collections_by_server(S38_12_V1_TPUT_32)
     assert [(n, len(c)) for n, c in found.items() if c] == [("dynspec-sim.log", 1)]
     assert found["dynspec-sim.log"][0][2] == 3 and tp["outside_steady_ms"]["dynspec"]["128"] == [183, 221, 723]
