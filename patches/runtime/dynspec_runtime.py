@@ -379,8 +379,8 @@ def _new_attention_backend(model_runner: Any) -> Any:
 
 ATTENTION_ENV = "DYNSPEC_ONE_TOKEN_ATTENTION"
 
-# Backends whose decode kernel serves the one-token verify under ``auto``. Triton: proven on the
-# GPU since r13. FlashInfer (r30): its verify path re-plans a paged prefill on the host at every
+# Backends whose decode kernel serves the one-token verify under ``auto``. Triton: since r2, in
+# every GPU proof. FlashInfer (r30): its verify path re-plans a paged prefill on the host at every
 # replay, which ran the fallback step at 0.55 of a plain one (session 38, an H100); its decode path
 # is the wrapper and plan plain decode replays (``fast_decode_plan``); its GPU proof is pending as of
 # r30. ``DYNSPEC_ONE_TOKEN_ATTENTION=decode`` opts any other backend in, ``=verify`` opts out.
