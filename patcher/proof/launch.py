@@ -117,6 +117,22 @@ DETERMINISTIC_FLAGS = ("--enable-deterministic-inference",)
 GC_WARNING_SECS = 0.05
 GC_WARNING_FLAGS = ("--gc-warning-threshold-secs", str(GC_WARNING_SECS))
 
+
+def gc_warning_secs(argv: Sequence[str]) -> float:
+    """The threshold a server's command line gives SGLang's collection warning (the last one wins,
+    as in its parser); 0, SGLang's default, where it gives none or one that is not a number."""
+    flag = GC_WARNING_FLAGS[0]
+    values = [
+        arg.split("=", 1)[1] if arg.startswith(flag + "=") else argv[i + 1]
+        for i, arg in enumerate(argv)
+        if arg.startswith(flag + "=") or (arg == flag and i + 1 < len(argv))
+    ]
+    try:
+        return max(0.0, float(values[-1])) if values else 0.0
+    except ValueError:
+        return 0.0
+
+
 REAL_TARGET, REAL_DRAFT, REAL_PROMPTS, REAL_INFO = "target", "draft", "prompts.json", "model.json"
 
 

@@ -66,6 +66,7 @@ MIXED_CACHED = "mixed_cached_prompt_tokens"
 # leaving, not the GPU's steps: session 38's ~0.45 s generation-2 collection, one per server,
 # cost a run what it did where it fell inside the run's admission.
 LONG_GC = "long_gc"
+LONG_GC_OVER = "long_gc_over_secs"  # the threshold it was logged over (the caller's flag wins)
 
 
 def weights(shape: str | None) -> str:

@@ -414,17 +414,28 @@ def one_token_attention_mode(backend: Any) -> str:
     return one_token_attention_choice(backend)[0]
 
 
+_ATTENTION_WORDS = "_dynspec_attention_words"  # one_token_attention's reason, kept for the start-up line
+
+
 def one_token_attention(backend: Any) -> Any:
-    """The one-token target backend, set to serve TARGET_VERIFY as a DECODE when that is on."""
-    if one_token_attention_mode(backend) == "decode":
-        return serve_verify_as_decode(backend)
+    """The one-token target backend, set to serve TARGET_VERIFY as a DECODE when that is on; it keeps
+    the words of its choice for ``describe_one_token_attention``."""
+    mode, words = one_token_attention_choice(backend)
+    if mode == "decode":
+        backend = serve_verify_as_decode(backend)
+    with contextlib.suppress(AttributeError):  # no instance dict: the line says the mode, not the reason
+        setattr(backend, _ATTENTION_WORDS, words)
     return backend
 
 
 def describe_one_token_attention(backend: Any) -> str:
-    """The start-up line's words for how ``backend``, made by ``one_token_attention``, verifies: read
-    again from the same inputs (its class name, which the re-classing keeps, and the setting)."""
-    return f"one-token verify through {one_token_attention_choice(backend)[1]}"
+    """The start-up line's words for how ``backend`` verifies: the reason ``one_token_attention``
+    kept, else the mode the backend's class says it runs. Reads no setting, so it cannot raise."""
+    words = getattr(backend, _ATTENTION_WORDS, None)
+    if not isinstance(words, str):
+        kernel = "decode kernel" if verifies_as_decode(backend) else "verify path"
+        words = f"{type(backend).__name__}'s {kernel}"
+    return f"one-token verify through {words}"
 
 
 def serve_verify_as_decode(backend: Any) -> Any:

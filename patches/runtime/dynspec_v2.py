@@ -734,11 +734,11 @@ class ZeroStepPolicy:
             from sglang.srt.speculative.dynspec_runtime import describe_draft_kv, describe_one_token_attention
 
             graphs = getattr(getattr(self._states[0], "target_graph_runner", None), "capture_bs", None)
-            # the release's state builder made one target backend here (none: it shares the live one)
+            # the release's state builder made one target backend here; none: it kept the server's own
             attention = (
                 describe_one_token_attention(self.one_token_backends[0])
                 if self.one_token_backends
-                else "one-token verify through the live target backend"
+                else "one-token verify through the server's own target backend (no one-token backend made)"
             )
             logger.info(
                 f"dynspec: zero-step state ready in {time.perf_counter() - tic:.2f} s: speculation off above "

@@ -730,6 +730,22 @@ def test_other_backends_keep_their_verify_path_unless_asked(attention_env: Any) 
         runtime.one_token_attention(TritonAttnBackend())
 
 
+def test_the_start_up_words_are_the_choice_made_not_the_setting_read_again(attention_env: Any) -> None:
+    """The line is logged on rank 0 after the backends are built: it must say what was done, and
+    never raise there (a setting changed or broken since would stop only rank 0)."""
+    attention_env("decode")
+    backend = runtime.one_token_attention(FlashAttentionBackend())
+    attention_env("fast")  # invalid now: one_token_attention would raise
+    assert runtime.describe_one_token_attention(backend) == (
+        "one-token verify through FlashAttentionBackend's decode kernel (DYNSPEC_ONE_TOKEN_ATTENTION=decode)"
+    )
+    # a backend that keeps no words (no instance dict) is described by the mode its class runs
+    slotted = type("SlotAttnBackend", (), {"__slots__": ()})()
+    attention_env("verify")
+    assert runtime.one_token_attention(slotted) is slotted
+    assert runtime.describe_one_token_attention(slotted) == "one-token verify through SlotAttnBackend's verify path"
+
+
 @pytest.mark.parametrize("setting", ["auto", "decode"])
 def test_an_fp4_dequant_workspace_keeps_the_verify_path_even_when_asked(attention_env: Any, setting: str) -> None:
     """Its decode kernel would size the workspace by the verify batch's lengths, one key short."""

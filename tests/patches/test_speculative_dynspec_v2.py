@@ -491,6 +491,35 @@ def test_policy_builds_the_zero_step_state_for_graph_sizes_above_the_switch_on_s
     assert len(worker.built) == 1
 
 
+class SharingAdaptiveWorker(FakeAdaptiveWorker):
+    """A release whose state builder keeps the server's own target backend instead of making one."""
+
+    def build_adaptive_runtime_state(
+        self, speculative_num_steps: int, speculative_num_draft_tokens: int, cuda_graph_bs: Any = None
+    ) -> Any:
+        self.built.append((speculative_num_steps, speculative_num_draft_tokens, cuda_graph_bs))
+        return SimpleNamespace(speculative_num_steps=speculative_num_steps, target_graph_runner=None)
+
+
+@pytest.mark.parametrize("worker_class", [FakeAdaptiveWorker, SharingAdaptiveWorker])
+def test_the_zero_step_line_names_the_one_token_verify_it_built(
+    worker_class: type, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.delenv(runtime.ATTENTION_ENV, raising=False)
+    worker = worker_class(speculative_disable_batch_size=32)
+    policy = v2.attach_zero_step_policy(worker)
+    with caplog.at_level(logging.INFO, logger=v2.__name__):
+        worker.init_cuda_graphs(GRAPH_SIZES)
+    made = worker_class is FakeAdaptiveWorker
+    assert len(policy.one_token_backends) == (1 if made else 0)
+    said = (
+        "; one-token verify through TritonAttnBackend's decode kernel; "
+        if made
+        else "; one-token verify through the server's own target backend (no one-token backend made); "
+    )
+    assert said in caplog.text
+
+
 def test_the_zero_step_state_verifies_through_the_decode_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(runtime.ATTENTION_ENV, raising=False)
     worker = FakeAdaptiveWorker(speculative_disable_batch_size=32)

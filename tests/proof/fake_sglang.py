@@ -470,6 +470,8 @@ class State:
         return DRAFT_KV_WORDS["full" if kv_only and "kvoff" in self.faults else self.configured_kv]
 
 
+BACKEND_CLASSES = {"triton": "TritonAttnBackend", "flashinfer": "FlashInferAttnBackend"}  # what its line names
+
 # The one collection it logs, on its 3rd /generate where --gc-warning-threshold-secs is at most this
 # and /freeze_gc has not been called: session 38's generation-2 collection of the start-up's objects.
 LONG_GC_SECONDS = 0.4592
@@ -701,6 +703,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--speculative-adaptive-config")
     parser.add_argument("--max-total-tokens", type=int)
     parser.add_argument("--gc-warning-threshold-secs", type=float, default=0.0)
+    parser.add_argument("--attention-backend", default="triton")
     args, _ = parser.parse_known_args(argv)
     if args.dp_size == 1:  # every release turns DP attention off with one DP rank, and serves
         args.enable_dp_attention = False
@@ -745,7 +748,8 @@ def main(argv: list[str]) -> None:
         log(
             f"dynspec: v2 fallback ready in 0.01 s: speculation off above {state.disable} requests, on at or "
             f"below {state.enable}, at least 8 iterations between switches; one-token target CUDA graphs for "
-            f"batch sizes none (eager); one-token verify through TritonAttnBackend's decode kernel; "
+            f"batch sizes none (eager); one-token verify through {BACKEND_CLASSES.get(args.attention_backend, '?')}'s "
+            "decode kernel; "
             f"{state.draft_kv_words()}"
         )
     if args.speculative_adaptive:

@@ -2,6 +2,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from patcher.proof import launch
 from patcher.proof.launch import MODELS, Dynspec, apply_env, env_changes, server_args, server_argv
 
@@ -102,3 +104,18 @@ def test_upstream_adaptive_is_always_on_plus_the_adaptive_flags(tmp_path):
             adaptive_config_path=cfg,
         )  # fmt: skip
         assert up == [*on[:-1], "--speculative-adaptive", "--speculative-adaptive-config", str(cfg), "--x"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "secs"),
+    [
+        ([], 0.0),
+        (["--gc-warning-threshold-secs", "0.05"], 0.05),
+        (["--gc-warning-threshold-secs", "0.05", "--port", "1", "--gc-warning-threshold-secs=1.5"], 1.5),
+        (["--gc-warning-threshold-secs=2", "--gc-warning-threshold-secs", "0"], 0.0),  # the last wins
+        (["--gc-warning-threshold-secs", "x"], 0.0),
+        (["--gc-warning-threshold-secs"], 0.0),  # a flag without its value
+    ],
+)
+def test_the_gc_warning_threshold_is_the_command_lines_last(argv: list[str], secs: float) -> None:
+    assert launch.gc_warning_secs(argv) == secs

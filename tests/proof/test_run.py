@@ -417,23 +417,47 @@ def test_backends_judges_equivalence_and_crossings_on_flashinfer(site, tmp_path)
     assert not broken["backends"]["passed"] and broken["backends"]["problems"][0].startswith("equivalence: ")
 
 
-@pytest.mark.parametrize(("speed", "passed"), [(0.99, True), (0.85, False)], ids=["at-the-bar", "slow-step"])
-def test_backends_holds_the_fallback_step_to_issue_13s_bar_where_throughput_ran(site, tmp_path, speed, passed):
+@pytest.mark.parametrize(
+    ("path", "no_overlap", "speed", "bar"),
+    [
+        ("v2", False, 0.99, 0.98),
+        ("v2", False, 0.85, 0.98),  # the control: the fake's steps at 0.85 of base's
+        ("v1", True, 0.99, 0.97),
+        ("v1", True, 0.85, 0.97),
+        ("v1", False, 0.85, None),  # v1 against the overlapping base: not judged, and said so
+    ],
+    ids=["v2-at-the-bar", "v2-slow-step", "v1-at-the-bar", "v1-slow-step", "v1-overlap-base"],
+)
+def test_backends_holds_the_fallback_step_to_issue_13s_bar_where_throughput_ran(
+    site, tmp_path, path, no_overlap, speed, bar
+):
     """Session 38: on FlashInfer equivalence and crossings held while the fallback step ran at 0.55 of a
-    plain one. With throughput beside it, backends judges the step (0.98 on v2); the fake's steps at
-    0.85 of base's are the control."""
-    opts = options(site(), tmp_path / "out", checks=(*BACKEND_CHECKS, "throughput"), attention_backend="flashinfer")
-    opts.env["FAKE_SGLANG_FALLBACK_SPEED"] = str(speed)
-    result = run_proof(replace(opts, min_envelope_ratio=0.0), lambda m: None)
-    backends = result["backends"]
-    assert backends["equivalence"] and backends["min_step_ratio"] == 0.98
-    assert [r["median"] for r in backends["per_step"]["dynspec"].values()] == [speed] * len(
-        backends["per_step"]["dynspec"]
+    plain one. With throughput beside it, backends judges the step against the base throughput judged
+    against: 0.98 on v2, 0.97 on v1 against plain decode without overlap."""
+    opts = options(
+        site(),
+        tmp_path / "out",
+        checks=(*BACKEND_CHECKS, "throughput"),
+        attention_backend="flashinfer",
+        path=path,
+        no_overlap_base=no_overlap,
+        min_envelope_ratio=0.0,
     )
-    assert backends["passed"] is passed, backends["problems"]
-    if not passed:
+    opts.env["FAKE_SGLANG_FALLBACK_SPEED"] = str(speed)
+    backends = run_proof(opts, lambda m: None)["backends"]
+    assert backends["equivalence"] and backends["per_step"]["dynspec"]
+    if bar is None:
+        assert backends["passed"] and "min_step_ratio" not in backends and not backends["problems"]
+        assert backends["detail"].endswith(
+            "fallback step not judged (v1's bar is against plain decode without overlap: --no-overlap-base)"
+        )
+        return
+    assert backends["min_step_ratio"] == bar
+    assert backends["passed"] is (speed >= bar), backends["problems"]
+    assert f", fallback step {speed} at C=" in backends["detail"]
+    if speed < bar:
         assert backends["problems"][0].startswith("per_step: dynspec's fallback step at C=")
-        assert backends["problems"][0].endswith("runs at 0.85 of a plain one (at least 0.98)")
+        assert backends["problems"][0].endswith(f"runs at {speed} of a plain one (at least {bar})")
 
 
 @pytest.mark.parametrize(
@@ -690,8 +714,9 @@ GC_FLAGS = ["--gc-warning-threshold-secs", "0.05"]
         (True, True, (), 0),  # frozen after the warm-up: the start-up's objects are no longer scanned
         (True, False, ("--gc-warning-threshold-secs", "1.0"), 0),  # the caller's threshold wins
         (False, False, (), None),  # control: a release without the flag gets none and is not read
+        (True, False, ("--gc-warning-threshold-secs", "0"), None),  # the caller turned it off: not read
     ],
-    ids=["logged", "frozen", "callers-threshold", "no-flag"],
+    ids=["logged", "frozen", "callers-threshold", "no-flag", "callers-off"],
 )
 def test_long_collections_are_listed_by_server_where_the_release_logs_them(
     site, tmp_path, declared, freeze, extra, found
@@ -715,12 +740,13 @@ def test_long_collections_are_listed_by_server_where_the_release_logs_them(
         has_flags = any(argv[i : i + 2] == GC_FLAGS for i in range(len(argv)))
         assert has_flags is declared
         if found is None:
-            assert reports.LONG_GC not in server
+            assert reports.LONG_GC not in server and reports.LONG_GC_OVER not in server
             continue
         lines = Path(server["log"]).read_text().splitlines()
         logged = [n for n, line in enumerate(lines, 1) if "LONG GARBAGE COLLECTION" in line]
         assert len(logged) == found
         assert server[reports.LONG_GC] == [{"line": n, "generation": 2, "seconds": 0.4592} for n in logged]
+        assert server[reports.LONG_GC_OVER] == (1.0 if extra else 0.05)
     said = "long garbage collections of SGLang's HTTP process" in reports.summary(result)
     assert said is bool(found)
 
