@@ -745,15 +745,19 @@ class DraftKV:
         ``backend`` is the draft-extend attention backend both runners use. A runner allocates
         the backend's CUDA-graph buffers when it is built, and the stock graph was captured on
         the ones there now: the twin must capture on those too (same sizes), not replace them.
+        A backend may also keep per-size planning objects (FlashInfer's ``*_cuda_graph_metadata``
+        wrappers): the twin's capture would put its own in their place, and the stock graph's next
+        replay would plan into wrappers its captured kernels never read. The twin's go into copies.
         """
         if self.mode not in _GRAPH_MODES:
             return
         tic = time.perf_counter()
-        keep_buffers = (
-            shadowed(backend, "init_cuda_graph_state", _already_done)
-            if backend is not None
-            else contextlib.nullcontext()
-        )
+        keep_buffers = contextlib.ExitStack()
+        if backend is not None:
+            keep_buffers.enter_context(shadowed(backend, "init_cuda_graph_state", _already_done))
+            for name, value in list(getattr(backend, "__dict__", {}).items()):
+                if name.endswith(_PER_SIZE_PLANS) and isinstance(value, dict):
+                    keep_buffers.enter_context(shadowed(backend, name, dict(value)))
         try:
             with self._stand_in(), keep_buffers:
                 graph = build()
@@ -897,6 +901,9 @@ def shadowed(owner: Any, name: str, value: Any) -> Iterator[None]:
 
 
 _MISSING = object()
+# Where attention backends keep objects planned per captured batch size (FlashInfer's decode, verify
+# and draft-extend wrappers); Triton keeps none.
+_PER_SIZE_PLANS = "_cuda_graph_metadata"
 
 
 def kv_only_unsupported(model: Any) -> Optional[str]:

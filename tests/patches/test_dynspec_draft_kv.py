@@ -650,6 +650,28 @@ def test_a_second_runner_built_plainly_would_leave_the_stock_graph_on_stale_buff
         stack.extend()
 
 
+def test_the_twin_plans_into_copies_of_the_backends_per_size_wrappers() -> None:
+    """FlashInfer keeps a planning object per captured size (``draft_extend_cuda_graph_metadata[bs]``);
+    the twin's capture must not replace the stock graph's, which its next replay plans into."""
+    stack = draft_stack()
+    stock = {8: "stock wrappers 8"}
+    stack.backend.draft_extend_cuda_graph_metadata = stock
+    stack.backend.graph_metadata_note = "a str, not a dict"
+    draft_kv = draft_kv_for(stack, GRAPH)
+
+    def build() -> Any:
+        backend = stack.backend
+        assert backend.draft_extend_cuda_graph_metadata == stock  # a copy holding the stock's
+        assert backend.draft_extend_cuda_graph_metadata is not stock
+        backend.draft_extend_cuda_graph_metadata.update({8: "twin wrappers 8", 16: "twin wrappers 16"})
+        return EAGLEDraftExtendCudaGraphRunner(stack.worker)
+
+    draft_kv.capture_graph(build, stack.backend)
+    assert draft_kv.graph is not None
+    assert stack.backend.draft_extend_cuda_graph_metadata is stock and stock == {8: "stock wrappers 8"}
+    assert stack.backend.graph_metadata_note == "a str, not a dict"
+
+
 def test_the_backends_buffers_are_its_own_again_when_the_build_fails() -> None:
     stack = draft_stack()
     draft_kv = draft_kv_for(stack, GRAPH, log=False)
