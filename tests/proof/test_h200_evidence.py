@@ -3264,6 +3264,11 @@ def medians(samples: dict[str, list[list[float]]], mode: str) -> list[float]:
     return [statistics.median_low(level) for level in samples[mode]]
 
 
+def r_of_medians(tp: dict, base: str = "base") -> list[float | None]:
+    """R(C) recomputed from each level's median run, against max(``base``, always-on)."""
+    return envelope_ratio(*(medians(tp["samples"], m) for m in (base, "always_on", "dynspec")))
+
+
 def v1_per_step(evidence: Path, tp: dict, control_level: int) -> tuple[dict[str, str], dict]:
     """v1's fallback step against the non-overlapping plain step, read again from the run's logs: the
     report's ``per_step_no_overlap``; the base's log against itself reads 1 (negative control). The
@@ -3297,8 +3302,7 @@ def test_session_37_0_5_17_keeps_up_with_the_better_static_server_at_every_level
     tp = report["throughput"]
     assert tp["levels"] == [1, 4, 16, 32, 64, 128] and tp["repeats"] == 4 and tp["order"].startswith("interleaved")
     assert all(len(level) == 4 for runs in tp["samples"].values() for level in runs)
-    modes = ("base", "always_on", "dynspec")
-    recomputed = envelope_ratio(*(medians(tp["samples"], m) for m in modes))
+    recomputed = r_of_medians(tp)
     assert tp["envelope_ratio"] == recomputed == [1.0, 1.0072, 0.9962, 1.0076, 0.9828, 0.9813]
     assert min(recomputed) >= tp["min_envelope_ratio"] == 0.97
     published_per_step(S37_17_TPUT, tp, {"128": (0.988, 28)})
@@ -3330,7 +3334,7 @@ def test_session_37_v1_steps_at_the_bar_and_r_at_128_below_it_one_server_after_a
     )
     tp = report["throughput"]
     assert tp["order"] == "one server after another" and tp["judged_against"] == "base_no_overlap"
-    no_overlap = envelope_ratio(*(medians(tp["samples"], m) for m in ("base_no_overlap", "always_on", "dynspec")))
+    no_overlap = r_of_medians(tp, "base_no_overlap")
     assert tp["envelope_ratio_no_overlap"] == no_overlap == [1.0166, 0.9818, 1.042, 0.9966, 0.9988, 0.962]
     assert [c for c, r in zip(tp["levels"], no_overlap) if r is not None and r < 0.97] == [128]
     assert tp["problems"] == ["R(C) against max(non-overlap base, always-on) below 0.97 at C=128: 0.962"]
@@ -3418,7 +3422,7 @@ def test_session_38_v1_taking_turns_misses_r_at_128_by_one_collection_in_the_htt
     )
     tp = report["throughput"]
     assert tp["order"].startswith("interleaved: dynspec-sim, always-on-sim, base-no-overlap-sim took turns")
-    no_overlap = envelope_ratio(*(medians(tp["samples"], m) for m in ("base_no_overlap", "always_on", "dynspec")))
+    no_overlap = r_of_medians(tp, "base_no_overlap")
     assert tp["envelope_ratio_no_overlap"] == no_overlap == [1.0146, 1.0103, 1.0451, 1.0024, 1.0134, 0.9554]
     _, per_step = v1_per_step(S38_12_V1_TPUT, tp, 128)
     assert per_step["128"] == {"pairs": 20, "min": 0.893, "median": 0.96, "max": 1.072}
@@ -3446,7 +3450,7 @@ def test_session_38_v1_falls_back_at_0_977_and_0_978_of_a_non_overlapping_step()
     assert (report["gpu"], report["path"], report["threshold"], report["passed"]) == (S31_GPU, "v1", 32, False)
     tp = report["throughput"]
     assert tp["levels"] == [64, 128]
-    no_overlap = envelope_ratio(*(medians(tp["samples"], m) for m in ("base_no_overlap", "always_on", "dynspec")))
+    no_overlap = r_of_medians(tp, "base_no_overlap")
     assert tp["envelope_ratio_no_overlap"] == no_overlap == [0.9402, 0.9826]
     assert medians(tp["samples"], "always_on")[0] > medians(tp["samples"], "base_no_overlap")[0]
     _, per_step = v1_per_step(S38_12_V1_TPUT_32, tp, 64)
@@ -3470,7 +3474,7 @@ def test_session_38_a_32k_draft_vocabulary_keeps_up_on_r29() -> None:
     )
     tp = report["throughput"]
     assert tp["shape"] == "8b-32k" and tp["levels"] == [1, 64, 128] and tp["order"].startswith("interleaved")
-    recomputed = envelope_ratio(*(medians(tp["samples"], m) for m in ("base", "always_on", "dynspec")))
+    recomputed = r_of_medians(tp)
     assert tp["envelope_ratio"] == recomputed == [0.9865, 0.999, 0.9718]
     assert min(recomputed) >= tp["min_envelope_ratio"]
     published_per_step(S38_17_TPUT_32K, tp, {"128": (0.987, 24)})
