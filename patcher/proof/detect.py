@@ -30,8 +30,8 @@ ADAPTIVE_FIELD = re.compile(r"^\s*speculative_adaptive_config\s*:", re.M)
 ADAPTIVE_REASONS = ("srt/speculative/adaptive_spec_params.py", "adaptive_unsupported_reason")
 # SGLang's batch-invariant mode: a request's greedy tokens then do not depend on what it is batched with
 DETERMINISTIC_FIELD = re.compile(r"^\s*enable_deterministic_inference\s*:", re.M)
-# SGLang logs each garbage collection longer than --gc-warning-threshold-secs (0.5.11 - 0.5.17 have it,
-# 0.4.10.post2 not): a stall of a timed run the report can then name (session 38)
+# SGLang logs each garbage collection longer than --gc-warning-threshold-secs (every release since
+# 0.5.1; 0.4.10.post2 lacks it): a stall of a timed run the report can then name (session 38)
 GC_WARNING_FIELD = re.compile(r"^\s*gc_warning_threshold_secs\s*:", re.M)
 WORKERS = {"v1": "speculative/eagle_worker.py", "v2": "speculative/eagle_worker_v2.py"}
 FIND_SPEC = (

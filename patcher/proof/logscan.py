@@ -25,7 +25,7 @@ TRANSITION = re.compile(
     r"dynspec: speculation (OFF|ON) at batch size (\d+)(?: \(off above (\d+), on at or below (\d+)\))?"
 )
 TRACEBACK = "Traceback (most recent call last)"
-# SGLang's line for a garbage collection longer than --gc-warning-threshold-secs (0.5.11 - 0.5.17)
+# SGLang's line for a garbage collection longer than --gc-warning-threshold-secs (as 0.5.12 and 0.5.17 write it)
 LONG_GC = re.compile(r"LONG GARBAGE COLLECTION DETECTED \| Generation (\d+) \| Duration: ([\d.]+)s")
 ERROR_PATTERNS = (
     re.compile(r"\b\w*Error\b"),  # RuntimeError, AssertionError, "Error:", ...
@@ -72,7 +72,7 @@ class Transition:
 
 @dataclass(frozen=True)
 class Collection:
-    """A garbage collection SGLang logged as longer than its threshold: a stall of every request."""
+    """A garbage collection SGLang logged as longer than its threshold: a stall of the process that made it."""
 
     line: int
     generation: int

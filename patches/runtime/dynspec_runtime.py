@@ -409,11 +409,6 @@ def one_token_attention_choice(backend: Any) -> Tuple[str, str]:
     return "verify", f"{name}'s verify path ({ATTENTION_ENV}=decode would try its decode kernel)"
 
 
-def one_token_attention_mode(backend: Any) -> str:
-    """``decode`` or ``verify``: how the one-token target backend computes attention."""
-    return one_token_attention_choice(backend)[0]
-
-
 _ATTENTION_WORDS = "_dynspec_attention_words"  # one_token_attention's reason, kept for the start-up line
 
 
