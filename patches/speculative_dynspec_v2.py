@@ -10,7 +10,7 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecV2(NewFilePatch):
-    REVISION = 49
+    REVISION = 50
     TARGET = "srt/speculative/dynspec_v2.py"
     SGLANG = ">=0.5.4"
     # The modules dynspec_v2 imports.

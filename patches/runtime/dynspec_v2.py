@@ -2002,9 +2002,11 @@ class DirectKVWrite:
     # Pools whose KV write goes to ``out_cache_loc`` as given. SWA and unified pools translate the
     # slots when the attention metadata is built, which the direct write does not rebuild.
     POOLS = ("MHATokenToKVPool",)
-    # Draft-extend attention backends whose extend writes the KV first, with the slots as given,
-    # and with which a direct write has run on the H200.
-    BACKENDS = ("TritonAttnBackend",)
+    # Draft-extend attention backends whose extend writes the KV with the slots as given, before any
+    # kernel that reads the attention metadata the direct write does not rebuild. Triton's has run on
+    # a GPU; FlashInfer's (its graphed draft extend writes, then attends paged) is read from 0.5.17's
+    # source: without it a fallback step re-plans that extend on the host every iteration.
+    BACKENDS = ("TritonAttnBackend", "FlashInferAttnBackend")
     WIDTHS: Tuple[str, ...] = ("captured_req_width", "num_tokens_per_bs")  # where runners keep it
 
     def __init__(self, twin: Any, log: bool = True, batch_steps: int = 1) -> None:
@@ -2062,7 +2064,7 @@ class DirectKVWrite:
         if getattr(backend, "_translate_kv_loc", None) is not None:
             return "the draft-extend backend translates its cache slots with the attention metadata"
         if type(backend).__name__ not in cls.BACKENDS:
-            return f"the direct write has run with {', '.join(cls.BACKENDS)} only, not {type(backend).__name__}"
+            return f"the direct write takes {', '.join(cls.BACKENDS)} only, not {type(backend).__name__}"
         return None
 
     def write(self, batch: Any, batch_result: Any) -> bool:

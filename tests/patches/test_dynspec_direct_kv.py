@@ -164,7 +164,11 @@ class TritonAttnBackend:
 
 
 class FlashInferAttnBackend(TritonAttnBackend):
-    """Another backend: not one the direct write has run with."""
+    """FlashInfer's: its graphed draft extend writes the KV with the slots as given, then attends."""
+
+
+class FlashAttentionBackend(TritonAttnBackend):
+    """FA3's: not a backend the direct write takes."""
 
 
 def input_buffers(rows: int) -> SimpleNamespace:
@@ -397,7 +401,7 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
     elif case == "translated-slots":
         twin.draft_extend_attn_backend._translate_kv_loc = lambda loc: loc
     elif case == "another-backend":
-        twin.draft_extend_attn_backend = FlashInferAttnBackend()
+        twin.draft_extend_attn_backend = FlashAttentionBackend()
     elif case == "no-width":
         del twin.captured_req_width
     elif case == "mrope":  # 0.5.14+ keep the flag on the model config
@@ -412,7 +416,7 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         ("a-size-not-captured", "has not captured a graph for every batch size it lists"),
         ("zero-width", "holds 0 tokens per request"),
         ("no-width", "holds None tokens per request"),
-        ("another-backend", "the direct write has run with TritonAttnBackend only, not FlashInferAttnBackend"),
+        ("another-backend", "the direct write takes TritonAttnBackend, FlashInferAttnBackend only, not FlashAttentionBackend"),
         ("dp-gather", "gathers across data-parallel ranks"),
         ("no-stub", "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"),
         ("dsa-seed", "the draft extend seeds the DSA indexer's top-k"),
@@ -428,6 +432,19 @@ def test_build_refuses_a_twin_it_cannot_feed_and_says_why(case: str, why: str) -
     damage(case, twin, worker)
     direct, why_not = v2.ZeroStepDirectWrite.build(twin, worker)
     assert direct is None and why in why_not
+
+
+@pytest.mark.parametrize("backend", [TritonAttnBackend, FlashInferAttnBackend])
+def test_both_writers_take_the_draft_extend_backends_that_write_the_kv_as_given(backend: type) -> None:
+    """Triton and FlashInfer (v2 module r50): a twin on either is fed directly on both kinds of release."""
+    zero_step, worker = ZeroStepTwin(MHATokenToKVPool([]), []), Worker()
+    zero_step.draft_extend_attn_backend = backend()
+    own = FallbackTwin(MHATokenToKVPool([]), [])
+    own.draft_extend_attn_backend = backend()
+    direct, why_not = v2.ZeroStepDirectWrite.build(zero_step, worker)
+    assert isinstance(direct, v2.ZeroStepDirectWrite) and why_not == ""
+    direct, why_not = v2.FallbackDirectWrite.build(own, Worker(), fallback_draft_kv())
+    assert isinstance(direct, v2.FallbackDirectWrite) and why_not == ""
 
 
 # -- the zero-step policy: direct at fall back, the stock extend everywhere else -----------------------
@@ -815,7 +832,7 @@ def damage_fallback_twin(case: str, twin: FallbackTwin, worker: Worker) -> None:
         del twin.num_tokens_per_bs
         twin.captured_req_width = 4  # type: ignore[attr-defined]
     elif case == "another-backend":
-        twin.draft_extend_attn_backend = FlashInferAttnBackend()
+        twin.draft_extend_attn_backend = FlashAttentionBackend()
     elif case == "mrope":
         twin.model_runner.model_is_mrope = True
     elif case == "backend-of-the-worker":  # 0.5.10: the runner reads eagle_worker.draft_extend_attn_backend
@@ -827,7 +844,7 @@ def damage_fallback_twin(case: str, twin: FallbackTwin, worker: Worker) -> None:
     [
         ("mrope", "the draft takes multimodal rope positions (mrope_positions)"),
         ("no-width", "holds None tokens per request"),
-        ("another-backend", "has run with TritonAttnBackend only, not FlashInferAttnBackend"),
+        ("another-backend", "takes TritonAttnBackend, FlashInferAttnBackend only, not FlashAttentionBackend"),
         ("backend-of-the-worker", "keeps no draft-extend attention backend of its own"),
         ("no-buffers", "EAGLEDraftExtendCudaGraphRunner has no input_ids buffer"),
         ("a-size-not-captured", "has not captured a graph for every batch size it lists"),
@@ -873,7 +890,7 @@ def test_the_own_fallbacks_auto_is_kv_direct_where_the_stock_runner_can_be_fed_a
         assert v2.own_fallback_draft_kv_default(sharded, log=False) == runtime.DRAFT_KV_ONLY
     assert caplog.messages == [
         "dynspec: FallbackTwin has no input_ids buffer; by default the fallback writes the draft KV eagerly (kv)",
-        "dynspec: the direct write has run with TritonAttnBackend only, not FlashInferAttnBackend; by default the "
+        "dynspec: the direct write takes TritonAttnBackend, FlashInferAttnBackend only, not FlashAttentionBackend; by default the "
         "fallback writes the draft KV eagerly (kv)",
     ]
 
