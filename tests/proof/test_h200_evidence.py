@@ -3523,3 +3523,81 @@ def test_session_38_on_flashinfer_the_one_token_verify_costs_nearly_two_plain_st
     # did not say which; since r30 FlashInfer decodes too and the line names the choice
     ready = [line for line in logs["dyn-sim"].splitlines() if "zero-step state ready" in line]
     assert len(ready) == 1 and "one-token verify through" not in ready[0]
+
+
+# -- session 39 (runtime r30 / v2 module r50 at 959eb9a, an H200): FlashInfer's one-token verify through
+# its decode kernel and its draft KV written directly; Triton's kv-proof again on the new revisions ------
+
+S39_REVISIONS = {"speculative_dynspec_runtime": 30, "speculative_dynspec_v2": 50, "speculative_dynspec_settings": 2}
+S39_GPU = "NVIDIA H200"
+S39_17_FLASHINFER_PROOF = PROOF / "0.5.17-v2-s39-r30-flashinfer-proof"
+S39_17_PROOF = PROOF / "0.5.17-v2-s39-r30-proof"
+S39_17_FLASHINFER_TPUT = {
+    32: PROOF / "0.5.17-v2-s39-r30-flashinfer-tput-n32",
+    96: PROOF / "0.5.17-v2-s39-r30-flashinfer-tput-n96",
+}
+FLASHINFER_DECODES = "one-token verify through FlashInferAttnBackend's decode kernel"
+
+
+def test_session_39_on_flashinfer_the_fallback_is_exact_and_writes_the_draft_kv_directly() -> None:
+    """Issue 17's `backends` on 0.5.17 with r30 / r50: equivalence, 100 crossings and exact_kv (1894 of
+    1894 proposals; the no-write control differs at 32), every server on FlashInfer. What ran is read
+    from dynspec's own log: the decode kernel for the one-token verify (r30) and the direct write
+    (r50), where session 38's r29 / r48 ran the verify path and the stock-prepared extend."""
+    report_of(S39_17_FLASHINFER_PROOF, {}, S39_REVISIONS)
+    report, files, counts = passed_kv_proof(S39_17_FLASHINFER_PROOF)
+    assert (report["gpu"], report["attention_backend"]) == (S39_GPU, "flashinfer")
+    assert counts == {"compared_requests": 28, "compared_steps": 1894, "control_differs": True}
+    assert report["backends"]["passed"] and report["backends"]["crossings"] == 100
+    assert report["exact_kv"]["kv_only_extend"] == "from a CUDA graph, replayed directly"
+    for name in ("dynspec", "dynspec-full", "dynspec-skip"):
+        assert "attention_backend='flashinfer'" in files[f"{name}.log"]
+    ready = [line for line in files["dynspec.log"].splitlines() if "zero-step state ready" in line]
+    assert len(ready) == 1 and FLASHINFER_DECODES in ready[0]
+    assert "the direct write" not in files["dynspec.log"]  # no refusal of the backend
+    # control: session 38's dynspec on FlashInfer (r29 / r48) refused the direct write and said so
+    before = members(S38_17_FLASHINFER / "logs.tar.xz", "dynspec-sim.log")["dynspec-sim.log"]
+    assert "the direct write has run with TritonAttnBackend only, not FlashInferAttnBackend" in before
+
+
+def test_session_39_triton_keeps_its_kv_proof_on_r30_and_r50() -> None:
+    """The default backend on the revisions that changed FlashInfer's: equivalence, 100 crossings,
+    exact_kv 1920 / 1920 (control differs at 32), refusals 6 / 6, metrics; the ready line names Triton's
+    decode kernel."""
+    report_of(S39_17_PROOF, {}, S39_REVISIONS)
+    report, files, counts = passed_kv_proof(S39_17_PROOF)
+    assert (report["gpu"], report["attention_backend"], report["passed"]) == (S39_GPU, "triton", True)
+    assert counts == {"compared_requests": 28, "compared_steps": 1920, "control_differs": True}
+    assert report["refusals"]["passed"] and report["metrics"]["passed"]
+    ready = [line for line in files["dynspec.log"].splitlines() if "zero-step state ready" in line]
+    assert len(ready) == 1 and "one-token verify through TritonAttnBackend's decode kernel" in ready[0]
+
+
+def test_session_39_on_flashinfer_a_fallback_step_costs_a_plain_one() -> None:
+    """The fix of session 38's finding: at --threshold 32 dynspec's fallback step is 0.976 / 0.991 of
+    plain decode's at 64 / 128 (28 / 25 pairs; r29: 0.569 / 0.546 on an H100). R(64) is 0.77 and the
+    mixed load 1.035 x its oracle because on FlashInfer speculation stays faster up to about 121
+    requests on an H200: N = 32 is the wrong switch point there, not a slow fallback. At N = 96 the
+    mixed load is 1.005 x its oracle, and 0.01 s slower than always-on, which is itself within 0.4 %
+    of the oracle on this load: nothing there for a switch to win."""
+    at_32 = report_of(S39_17_FLASHINFER_TPUT[32], {}, S39_REVISIONS)
+    at_96 = report_of(S39_17_FLASHINFER_TPUT[96], {}, S39_REVISIONS)
+    assert [(r["gpu"], r["attention_backend"], r["threshold"]) for r in (at_32, at_96)] == [
+        (S39_GPU, "flashinfer", 32),
+        (S39_GPU, "flashinfer", 96),
+    ]
+    tp = at_32["throughput"]
+    published_per_step(S39_17_FLASHINFER_TPUT[32], tp, {"64": (0.976, 28), "128": (0.991, 25)})
+    assert tp["envelope_ratio"] == [0.7663, 0.9855] == r_of_medians(tp)
+    assert tp["switch_point"]["crossover_estimate"] == 121
+    mixed = at_32["mixed_load"]
+    assert (mixed["dynspec_over_oracle"], mixed["passed"]) == (1.0348, False)
+    sixty_four = [p for p in mixed["phases"] if p["C"] == 64]
+    assert len(sixty_four) == 2 and all(p["dynspec_s"] > p["always_on_s"] * 1.2 for p in sixty_four)
+    tp96 = at_96["throughput"]
+    assert tp96["per_step"]["dynspec"]["128"]["median"] == 0.991 and "64" not in tp96["per_step"]["dynspec"]
+    assert tp96["envelope_ratio"] == [0.9398, 0.9772] == r_of_medians(tp96)
+    mixed = at_96["mixed_load"]
+    assert (mixed["dynspec_over_oracle"], mixed["passed"]) == (1.0046, False)
+    assert mixed["problems"] == ["dynspec is not faster than always_on (9.29 s): 9.30 s"]
+    assert mixed["seconds"]["always_on"] / mixed["oracle_seconds"] < 1.004
