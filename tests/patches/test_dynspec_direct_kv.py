@@ -416,7 +416,10 @@ def damage(case: str, twin: ZeroStepTwin, worker: Worker) -> None:
         ("a-size-not-captured", "has not captured a graph for every batch size it lists"),
         ("zero-width", "holds 0 tokens per request"),
         ("no-width", "holds None tokens per request"),
-        ("another-backend", "the direct write takes TritonAttnBackend, FlashInferAttnBackend only, not FlashAttentionBackend"),
+        (
+            "another-backend",
+            "the direct write takes TritonAttnBackend, FlashInferAttnBackend only, not FlashAttentionBackend",
+        ),
         ("dp-gather", "gathers across data-parallel ranks"),
         ("no-stub", "this EAGLEWorkerV2 has no _stub_skipped_draft_extend"),
         ("dsa-seed", "the draft extend seeds the DSA indexer's top-k"),
