@@ -229,8 +229,8 @@ def own_fallback_draft_kv_default(worker: Any, log: bool) -> str:
     """``auto`` on dynspec's own fallback: ``kv-direct`` where the draft worker's stock draft-extend
     graph runner is one ``FallbackDirectWrite`` can feed (its KV-only twin is another instance of
     that class), else the eager ``kv``. Asked before the twin is captured: ``kv-graph`` alone has
-    never run on this path, so a release the direct write cannot feed (0.5.4 - 0.5.10, a backend it
-    has not run with) keeps the eager extend rather than capturing a graph nobody replays directly;
+    never run on this path, so a release the direct write cannot feed (0.5.4 - 0.5.10, a backend
+    whose draft extend the release does not graph or the writer does not take) keeps the eager extend rather than capturing a graph nobody replays directly;
     so does tensor parallelism, with which no KV-only graph has run."""
     from sglang.srt.speculative.dynspec_runtime import (
         DRAFT_KV_DEFAULT_OWN_FALLBACK,
@@ -2004,8 +2004,9 @@ class DirectKVWrite:
     POOLS = ("MHATokenToKVPool",)
     # Draft-extend attention backends whose extend writes the KV with the slots as given, before any
     # kernel that reads the attention metadata the direct write does not rebuild. Triton's has run on
-    # a GPU; FlashInfer's (its graphed draft extend writes, then attends paged) is read from 0.5.17's
-    # source: without it a fallback step re-plans that extend on the host every iteration.
+    # a GPU; FlashInfer's graphed draft extend writes, then attends paged (read in 0.5.12 - 0.5.23; its
+    # graph exists on v1 0.5.12 and v2 0.5.14+ only; 0.5.17 ran it). Without it a fallback step
+    # re-plans that extend on the host every iteration.
     BACKENDS = ("TritonAttnBackend", "FlashInferAttnBackend")
     WIDTHS: Tuple[str, ...] = ("captured_req_width", "num_tokens_per_bs")  # where runners keep it
 
