@@ -6,7 +6,8 @@ markers in the tree name}, ``passed``, ``equivalence`` {``passed``,
 ``levels``}, ``crossings`` {``count``, ``errors``}, ``exact_kv`` {``passed``,
 ``compared_requests``, ``compared_steps``, ``control_differs``}, ``throughput`` {``levels``,
 ``base``, ``always_on``, ``dynspec``, ``envelope_ratio``} with lists aligned with ``levels``, and
-``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} and ``per_run`` {server
+``per_step`` {server mode: {level: {``pairs``, ``min``, ``median``, ``max``}}} (``per_step_speculating``:
+the same for dynspec's speculating steps against always-on's) and ``per_run`` {server
 mode: {level: [each run's median steady tok/s]}} and ``outside_steady_ms`` {server mode: {level: [each
 timed run's milliseconds beyond its tokens at its steady speed]}} (``steps``),
 ``mixed_load`` {``passed``, ``seconds`` {``base``, ``always_on``, ``dynspec``},
@@ -261,6 +262,12 @@ def summary(report: Report) -> str:
             lines.append("")
             lines.append("per decode step, speed / base's at the same batch and KV size (steady log intervals):")
             lines += [f"    {line}" for line in per_step]
+        speculating = describe(tp.get("per_step_speculating") or {})
+        if speculating:
+            lines.append(
+                "per speculative step, speed / always-on's at the same batch and KV size (steady log intervals):"
+            )
+            lines += [f"    {line}" for line in speculating]
         per_run = describe_runs(tp.get("per_run") or {})
         if per_run:
             lines.append("per run, the median steady tok/s of each (the warm-up first):")

@@ -1662,6 +1662,10 @@ class Proof:
         # decode step against base.
         tp["switch_point"] = reports.switch_point(levels, tp["base"], tp["always_on"])
         tp["per_step"] = steps.per_step(logs, "base", levels)
+        # dynspec's speculating steps against always-on's: what dynspec costs where it leaves speculation on
+        tp["per_step_speculating"] = steps.per_step(
+            {m: logs[m] for m in ("dynspec", "always_on") if m in logs}, "always_on", levels, speculating=True
+        )
         tp["per_run"] = steps.per_run({m: logs[m][:end] for m, end in levels_end.items() if m in logs}, levels)
         tp["outside_steady_ms"] = steps.outside_steady(
             tp["per_run"], tp.get("samples") or {}, levels, tp["new_tokens"], warmup=tp["warmup"]

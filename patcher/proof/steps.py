@@ -14,6 +14,13 @@ with a prefill in them and speculating intervals (which add more than one token 
 so what is compared is plain decode against fallback (or zero-step) decode, at the same batch
 size and about the same KV size.
 
+``speculating=True`` reads the other half: a speculating interval is steady when the running
+requests stayed and the token count grew by ``running x interval x`` the line's acceptance length
+(above 1; within its two-decimal rounding), so every iteration verified. Its speed per step is the
+line's tok/s over that acceptance length, which compares dynspec's speculating steps with
+always-on's even where their acceptances differ (session 39: on FlashInfer dynspec's R(64) at
+N = 96, where it speculated, read 0.94 one server after another, and its steps were the question).
+
 ``per_run`` keeps each run apart: a ``Prefill batch`` line starts one (a level's requests are
 admitted, then decode), and a run's speed is the median of its steady intervals. Session 19 found a
 small model's fallback runs bimodal that way (0.75 or 0.965 of base's, set at admission), which one
@@ -35,6 +42,7 @@ from typing import Any
 
 PREFILL_LINE = "Prefill batch"
 DECODE_LINE = re.compile(r"Decode batch[.,] #running-req: (\d+), #token: (\d+),.*gen throughput \(token/s\): ([0-9.]+)")
+ACCEPT_LEN = re.compile(r"accept len: ([0-9.]+)")
 LOG_INTERVAL = re.compile(r"decode_log_interval=(\d+)")
 DEFAULT_LOG_INTERVAL = 40  # SGLang's default --decode-log-interval
 
@@ -44,6 +52,12 @@ class Step:
     running: int  # requests in the batch
     tokens: int  # tokens in the KV cache at the end of the interval
     tok_s: float  # generation speed over the interval
+    accept: float = 1.0  # tokens a request gained per iteration (1 unless read as speculating)
+
+    @property
+    def steps_s(self) -> float:
+        """Iterations a second, in tokens of one per request: the speed of the step itself."""
+        return self.tok_s / self.accept
 
 
 def log_interval(text: str) -> int:
@@ -52,14 +66,14 @@ def log_interval(text: str) -> int:
     return int(m.group(1)) if m else DEFAULT_LOG_INTERVAL
 
 
-def steady_steps(text: str) -> list[Step]:
+def steady_steps(text: str, speculating: bool = False) -> list[Step]:
     """The steady intervals of one server log (see the module docstring)."""
-    return [step for _, step in steady_by_run(text)]
+    return [step for _, step in steady_by_run(text, speculating)]
 
 
-def steady_by_run(text: str) -> Iterator[tuple[int, Step]]:
+def steady_by_run(text: str, speculating: bool = False) -> Iterator[tuple[int, Step]]:
     """The steady intervals of one server log, each with the number of its run: the count of
-    ``Prefill batch`` lines before it."""
+    ``Prefill batch`` lines before it. ``speculating``: the speculating ones instead."""
     interval = log_interval(text)
     run = 0
     previous: Step | None = None
@@ -71,18 +85,24 @@ def steady_by_run(text: str) -> Iterator[tuple[int, Step]]:
         if not m:
             continue
         step = Step(int(m.group(1)), int(m.group(2)), float(m.group(3)))
-        if (
-            previous is not None
-            and previous.running == step.running
-            and step.tokens - previous.tokens == step.running * interval
-        ):
-            yield run, step
+        if speculating:
+            accept = ACCEPT_LEN.search(line)
+            step = Step(step.running, step.tokens, step.tok_s, float(accept.group(1)) if accept else 1.0)
+        if previous is not None and previous.running == step.running:
+            one_each = step.running * interval  # the growth at one token a request an iteration
+            grew = step.tokens - previous.tokens
+            if speculating:  # the logged acceptance is rounded to 0.01: its product may miss by that much
+                steady = step.accept > 1 and abs(grew - one_each * step.accept) <= one_each * 0.005 + 1
+            else:
+                steady = grew == one_each
+            if steady:
+                yield run, step
         previous = step
 
 
 def paired_ratios(steps: Iterable[Step], base: Sequence[Step], running: int, interval: int) -> list[float]:
-    """``steps`` / ``base`` speed at ``running`` requests, each step against the base step with the
-    nearest KV size, if it is within half an interval's growth."""
+    """``steps`` / ``base`` speed per step at ``running`` requests, each step against the base step
+    with the nearest KV size, if it is within half an interval's growth."""
     tolerance = running * interval / 2
     candidates = [b for b in base if b.running == running and b.tok_s > 0]
     ratios = []
@@ -91,22 +111,25 @@ def paired_ratios(steps: Iterable[Step], base: Sequence[Step], running: int, int
             continue
         nearest = min(candidates, key=lambda b: abs(b.tokens - step.tokens))
         if abs(nearest.tokens - step.tokens) <= tolerance:
-            ratios.append(step.tok_s / nearest.tok_s)
+            ratios.append(step.steps_s / nearest.steps_s)
     return ratios
 
 
-def per_step(logs: dict[str, str], base: str, levels: Sequence[int]) -> dict[str, dict[str, Any]]:
+def per_step(
+    logs: dict[str, str], base: str, levels: Sequence[int], speculating: bool = False
+) -> dict[str, dict[str, Any]]:
     """For each server other than ``base`` that has any: at each level with steady intervals in both
-    logs, how many pairs there were and the min / median / max of the speed ratio to ``base``."""
+    logs, how many pairs there were and the min / median / max of the speed ratio to ``base``
+    (``speculating``: of the speculating intervals, per step)."""
     if base not in logs:
         return {}
     interval = log_interval(logs[base])
-    base_steps = steady_steps(logs[base])
+    base_steps = steady_steps(logs[base], speculating)
     out: dict[str, dict[str, Any]] = {}
     for name, text in logs.items():
         if name == base:
             continue
-        steps = steady_steps(text)
+        steps = steady_steps(text, speculating)
         by_level = {}
         for c in levels:
             ratios = paired_ratios(steps, base_steps, c, interval)

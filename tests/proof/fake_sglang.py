@@ -80,7 +80,9 @@ write differs; ``nobitscontrol``: the control does not).
 
 Once up it logs three ``Decode batch`` lines at 8 running requests, 40 iterations apart, as SGLang
 does every ``decode_log_interval``: plain decode at 1000 tok/s, dynspec's fallback at 0.85x that,
-upstream's adaptive mode at 0.4x, and always-on speculation 3 tokens per request and step.
+upstream's adaptive mode at 0.4x, and always-on speculation 3 tokens per request and step (a
+speculative server's lines carry its acceptance length). With ``FAKE_SGLANG_SPECULATING_SPEED`` a
+dynspec server logs three lines more, speculating as always-on does at that fraction of its speed.
 
 With ``--speculative-adaptive`` it logs the config file given by ``--speculative-adaptive-config``
 and waits ``FAKE_SGLANG_ADAPTIVE_DELAY`` seconds per request (default: ``FAKE_SGLANG_DELAY``), so
@@ -135,12 +137,18 @@ def log_decode_steps(speculative: bool, dynspec: bool, adaptive: bool) -> None:
     fallback = float(os.environ.get("FAKE_SGLANG_FALLBACK_SPEED", "0.85"))  # a fallback step / a plain one
     speed = 1000.0 * (fallback if dynspec else 0.4 if adaptive else 1.0)
     per_step = 3 if speculative and not (dynspec or adaptive) else 1
-    for k in range(3):
-        tokens = 100 + k * running * interval * per_step
-        log(
-            f"Decode batch, #running-req: {running}, #token: {tokens}, token usage: 0.00, cuda graph: True, "
-            f"gen throughput (token/s): {speed * per_step:.2f}, #queue-req: 0"
-        )
+    steps = [(per_step, speed)]
+    speculating = os.environ.get("FAKE_SGLANG_SPECULATING_SPEED")  # dynspec's speculative step / always-on's
+    if dynspec and speculating:  # then three lines speculating, as always-on's
+        steps.append((3, 1000.0 * float(speculating)))
+    for accepted, tok_s in steps:
+        accept = f"accept len: {accepted:.2f}, " if speculative else ""  # as SGLang logs a speculative server
+        for k in range(3):
+            tokens = 100 + k * running * interval * accepted
+            log(
+                f"Decode batch, #running-req: {running}, #token: {tokens}, token usage: 0.00, {accept}"
+                f"cuda graph: True, gen throughput (token/s): {tok_s * accepted:.2f}, #queue-req: 0"
+            )
 
 
 def outputs(input_ids: list[int], n: int) -> list[int]:

@@ -3601,3 +3601,25 @@ def test_session_39_on_flashinfer_a_fallback_step_costs_a_plain_one() -> None:
     assert (mixed["dynspec_over_oracle"], mixed["passed"]) == (1.0046, False)
     assert mixed["problems"] == ["dynspec is not faster than always_on (9.29 s): 9.30 s"]
     assert mixed["seconds"]["always_on"] / mixed["oracle_seconds"] < 1.004
+
+
+def test_session_39_dynspecs_speculating_steps_against_always_ons_triton_and_flashinfer() -> None:
+    """Where dynspec speculates (C <= N), its steps against always-on's (`per_step_speculating`, read
+    from the logs after the runs): on Triton (session 37, 0.5.17, N = 96, taking turns) 0.999 - 1.000
+    at every level to 64; on FlashInfer (session 39, N = 96, one after another) 0.987 at 64 over 4
+    pairs (0.942 - 1.009), where R(64) read 0.94: most of that gap is outside the steady steps (the
+    admissions), and 4 pairs settle nothing. The control: always-on's log against itself reads 1."""
+
+    def speculating(evidence: Path, levels: list[int]) -> tuple[dict, dict[str, str]]:
+        logs = members(evidence / "logs.tar.xz", "dynspec-sim.log", "always-on-sim.log")
+        pair = {"always_on": logs["always-on-sim.log"], "dynspec": logs["dynspec-sim.log"]}
+        control = {"always_on": logs["always-on-sim.log"], "same": logs["always-on-sim.log"]}
+        assert all(
+            r["median"] == 1.0 for r in steps.per_step(control, "always_on", levels, speculating=True)["same"].values()
+        )
+        return steps.per_step(pair, "always_on", levels, speculating=True)["dynspec"], logs
+
+    triton, _ = speculating(S37_17_TPUT, [1, 4, 16, 32, 64])
+    assert {c: r["median"] for c, r in triton.items()} == {"1": 0.999, "4": 1.0, "16": 1.0, "32": 0.999, "64": 1.0}
+    flashinfer, _ = speculating(S39_17_FLASHINFER_TPUT[96], [64])
+    assert flashinfer == {"64": {"pairs": 4, "min": 0.942, "median": 0.987, "max": 1.009}}

@@ -417,6 +417,23 @@ def test_backends_judges_equivalence_and_crossings_on_flashinfer(site, tmp_path)
     assert not broken["backends"]["passed"] and broken["backends"]["problems"][0].startswith("equivalence: ")
 
 
+@pytest.mark.parametrize("speed", [1.0, 0.9])
+def test_throughput_reports_dynspecs_speculating_steps_against_always_ons(site, tmp_path, speed):
+    """Session 39: where dynspec speculates, its R(C) is against always-on; its steps are read against
+    always-on's from the logs (``per_step_speculating``), not judged. The control: none without them."""
+    opts = options(site(), tmp_path / "out", checks=("throughput",), min_envelope_ratio=0.0)
+    opts.env["FAKE_SGLANG_SPECULATING_SPEED"] = str(speed)
+    saved = run_proof(opts, lambda m: None)
+    tp = saved["throughput"]
+    assert tp["per_step_speculating"] == {"dynspec": {"8": {"pairs": 2, "min": speed, "median": speed, "max": speed}}}
+    assert f"dynspec: C=8 {speed:.2f}-{speed:.2f} (median {speed:.2f}, 2 pairs)" in reports.summary(saved)
+    assert "per speculative step, speed / always-on's" in reports.summary(saved)
+    assert tp["per_step"]["dynspec"]["8"]["median"] == 0.85  # the fallback lines, read as before
+    del opts.env["FAKE_SGLANG_SPECULATING_SPEED"]
+    opts.out = tmp_path / "control"
+    assert run_proof(opts, lambda m: None)["throughput"]["per_step_speculating"] == {}
+
+
 @pytest.mark.parametrize(
     ("path", "no_overlap", "speed", "bar"),
     [

@@ -65,6 +65,34 @@ def test_per_step_summarises_each_server_against_base_at_each_level() -> None:
     assert steps.per_step({"dynspec": logs["dynspec"]}, "base", [8]) == {}
 
 
+def test_speculating_intervals_are_steady_when_every_iteration_verified_and_compare_per_step() -> None:
+    """``speculating=True``: the token count grew by running x interval x the line's acceptance (to
+    its rounding); the ratio is of steps a second, so a server accepting more is not called faster."""
+    log = "\n".join(
+        [
+            "server_args=ServerArgs(decode_log_interval=10)",
+            decode(4, 100, 50.0, "accept len: 3.00, "),  # nothing before it
+            decode(4, 220, 1200.0, "accept len: 3.00, "),  # +4 x 10 x 3: steady
+            decode(4, 315, 950.0, "accept len: 2.37, "),  # +95, 4 x 10 x 2.37 = 94.8: steady, to the rounding
+            decode(4, 355, 400.0, "accept len: 1.00, "),  # +4 x 10 at acceptance 1: a fallback interval
+            decode(4, 455, 900.0, "accept len: 2.00, "),  # +100, not 80: requests finished and others joined
+            decode(4, 575, 1180.0),  # no acceptance logged: plain decode
+        ]
+    )
+    assert steps.steady_steps(log, speculating=True) == [
+        steps.Step(4, 220, 1200.0, 3.0),
+        steps.Step(4, 315, 950.0, 2.37),
+    ]
+    assert steps.steady_steps(log) == [steps.Step(4, 355, 400.0)]  # control: the fallback reading keeps only that one
+    assert steps.Step(4, 315, 950.0, 2.37).steps_s == pytest.approx(950.0 / 2.37)
+    # per step: 1200 tok/s at 3 accepted against 900 at 2.25 is the same step rate
+    on = "\n".join([decode(8, 340, 1.0, "accept len: 2.25, "), decode(8, 1060, 900.0, "accept len: 2.25, ")])
+    dyn = "\n".join([decode(8, 100, 1.0, "accept len: 3.00, "), decode(8, 1060, 1200.0, "accept len: 3.00, ")])
+    result = steps.per_step({"always_on": on, "dynspec": dyn}, "always_on", [8], speculating=True)
+    assert result == {"dynspec": {"8": {"pairs": 1, "min": 1.0, "median": 1.0, "max": 1.0}}}
+    assert steps.per_step({"always_on": on, "dynspec": dyn}, "always_on", [8]) == {}  # control: none steady as fallback
+
+
 def read_logs(archive: Path) -> dict[str, str]:
     with tarfile.open(archive) as tar:
         return {
