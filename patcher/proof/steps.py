@@ -56,7 +56,7 @@ class Step:
 
     @property
     def steps_s(self) -> float:
-        """Iterations a second, in tokens of one per request: the speed of the step itself."""
+        """The speed of the step itself: tok/s over the tokens a request gained per iteration."""
         return self.tok_s / self.accept
 
 
