@@ -27,7 +27,12 @@ from patches.runtime.dynspec_auto import AutoDriver, AutoThreshold, Thresholds, 
 from patches.runtime.dynspec_settings import AUTO, parse_threshold
 
 PROOF = Path(__file__).parents[2] / "docs/proof"
-RECORDED = {"h200": PROOF / "0.5.17-v2-s26-r22-tput/logs.tar.xz", "h100": PROOF / "0.5.17-v2-s33-r29-tput/logs.tar.xz"}
+RECORDED = {
+    "h200": PROOF / "0.5.17-v2-s26-r22-tput/logs.tar.xz",
+    "h100": PROOF / "0.5.17-v2-s33-r29-tput/logs.tar.xz",
+    # session 39, every server on FlashInfer (r30 / r50), C = 64 and 128 only
+    "h200-flashinfer": PROOF / "0.5.17-v2-s39-r30-flashinfer-tput-n32/logs.tar.xz",
+}
 DECODE = re.compile(
     r"Decode batch, #running-req: (\d+), #token: (\d+), .*?(?:accept len: ([\d.]+), .*?)?gen throughput \(token/s\): ([\d.]+)"
 )
@@ -222,6 +227,30 @@ def test_auto_settles_where_the_recorded_costs_cross(gpu: str, acceptance: int, 
     settled = server.threshold.thresholds
     assert between[0] <= settled.disable_above <= between[1], settled
     assert settled.enable_at_or_below <= settled.disable_above
+
+
+def test_on_flashinfer_auto_speculates_up_to_its_ceiling_where_the_runs_put_the_switch_point() -> None:
+    """Session 39's FlashInfer costs on an H200: a speculative step 12.8 / 21.2 ms at 64 / 128
+    requests, a fallback step 6.1 / 7.1, so at acceptance 3 the two meet near 128 (18.07 against
+    18.15 tokens a millisecond there; the runs said 121). Replayed, auto speculates up to its ceiling
+    (127) at acceptance 3 and 4 and takes the mixed load within 0.1 % of N = 127, at least 5 % ahead
+    of the issue's N = 32. The run timed no speculative step below 64, so the replay holds 64's cost
+    there: that understates speculation at small batches, so the result stands for acceptance 3 and
+    up. The control: at acceptance 2, the same costs, auto does not reach the ceiling."""
+    spec, fallback = recorded_ms("h200-flashinfer")[True], recorded_ms("h200-flashinfer")[False]
+    assert sorted(spec) == [64, 128] and 12.7 < spec[64] < 12.8 and 21.2 < spec[128] < 21.3
+    assert 6.0 < fallback[64] < 6.1 and 7.0 < fallback[128] < 7.1
+    assert 3 * 128 / spec[128] < 128 / fallback[128] < 1.01 * 3 * 128 / spec[128]
+    for acceptance in (3, 4):
+        server = Simulated(AUTO, acceptance, gpu="h200-flashinfer")
+        auto_s = statistics.median(server.mixed() for _ in range(3))
+        assert server.threshold is not None and server.threshold.thresholds == Thresholds(127, 127)
+        assert auto_s <= 1.001 * mixed_seconds(127, acceptance, gpu="h200-flashinfer")
+        assert 1.05 * auto_s <= mixed_seconds(32, acceptance, gpu="h200-flashinfer")
+    control = Simulated(AUTO, 2, gpu="h200-flashinfer")
+    control.mixed()
+    control.mixed()
+    assert control.threshold is not None and control.threshold.thresholds.disable_above < 127
 
 
 def oscillating(server: Simulated, low: int, high: int, iterations: int) -> int:
