@@ -84,10 +84,8 @@ def steady_by_run(text: str, speculating: bool = False) -> Iterator[tuple[int, S
         m = DECODE_LINE.search(line)
         if not m:
             continue
-        step = Step(int(m.group(1)), int(m.group(2)), float(m.group(3)))
-        if speculating:
-            accept = ACCEPT_LEN.search(line)
-            step = Step(step.running, step.tokens, step.tok_s, float(accept.group(1)) if accept else 1.0)
+        accept = ACCEPT_LEN.search(line) if speculating else None
+        step = Step(int(m.group(1)), int(m.group(2)), float(m.group(3)), float(accept.group(1)) if accept else 1.0)
         if previous is not None and previous.running == step.running:
             one_each = step.running * interval  # the growth at one token a request an iteration
             grew = step.tokens - previous.tokens
