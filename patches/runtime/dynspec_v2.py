@@ -230,8 +230,9 @@ def own_fallback_draft_kv_default(worker: Any, log: bool) -> str:
     graph runner is one ``FallbackDirectWrite`` can feed (its KV-only twin is another instance of
     that class), else the eager ``kv``. Asked before the twin is captured: ``kv-graph`` alone has
     never run on this path, so a release the direct write cannot feed (0.5.4 - 0.5.10, a backend
-    whose draft extend the release does not graph or the writer does not take) keeps the eager extend rather than capturing a graph nobody replays directly;
-    so does tensor parallelism, with which no KV-only graph has run."""
+    whose draft extend the release does not graph or the writer does not take) keeps the eager
+    extend rather than capturing a graph nobody replays directly; so does tensor parallelism, with
+    which no KV-only graph has run."""
     from sglang.srt.speculative.dynspec_runtime import (
         DRAFT_KV_DEFAULT_OWN_FALLBACK,
         DRAFT_KV_DEFAULT_OWN_FALLBACK_UNFED,
