@@ -3264,6 +3264,11 @@ def medians(samples: dict[str, list[list[float]]], mode: str) -> list[float]:
     return [statistics.median_low(level) for level in samples[mode]]
 
 
+def run_of(report: dict) -> tuple:
+    """What ran, on which card, and the verdict: the GPU, SGLang's version, the path, the threshold, passed."""
+    return (report["gpu"], report["sglang_version"], report["path"], report["threshold"], report["passed"])
+
+
 def r_of_medians(tp: dict, base: str = "base") -> list[float | None]:
     """R(C) recomputed from each level's median run, against max(``base``, always-on)."""
     return envelope_ratio(*(medians(tp["samples"], m) for m in (base, "always_on", "dynspec")))
@@ -3292,13 +3297,7 @@ def test_session_37_0_5_17_keeps_up_with_the_better_static_server_at_every_level
     against an oracle of 11.53, below always-on (12.26) and plain decode (16.23). The control: session
     35's call, the same command with three runs, missed at 128 (0.969)."""
     report = report_of(S37_17_TPUT, {}, S31_REVISIONS)
-    assert (report["gpu"], report["sglang_version"], report["path"], report["threshold"], report["passed"]) == (
-        S31_GPU,
-        "0.5.17",
-        "v2",
-        96,
-        True,
-    )
+    assert run_of(report) == (S31_GPU, "0.5.17", "v2", 96, True)
     tp = report["throughput"]
     assert tp["levels"] == [1, 4, 16, 32, 64, 128] and tp["repeats"] == 4 and tp["order"].startswith("interleaved")
     assert all(len(level) == 4 for runs in tp["samples"].values() for level in runs)
@@ -3325,13 +3324,7 @@ def test_session_37_v1_steps_at_the_bar_and_r_at_128_below_it_one_server_after_a
     at 128, its first speculative steps above 64 requests; the other two (11726, 12050) against base's
     11525 / 12189 / 12440, whose later runs ran faster. Steady speeds, run by run, within 1 %."""
     report = report_of(S37_12_V1_TPUT, {}, S31_REVISIONS)
-    assert (report["gpu"], report["sglang_version"], report["path"], report["threshold"], report["passed"]) == (
-        S31_GPU,
-        "0.5.12",
-        "v1",
-        96,
-        False,
-    )
+    assert run_of(report) == (S31_GPU, "0.5.12", "v1", 96, False)
     tp = report["throughput"]
     assert tp["order"] == "one server after another" and tp["judged_against"] == "base_no_overlap"
     no_overlap = r_of_medians(tp, "base_no_overlap")
@@ -3413,13 +3406,7 @@ def test_session_38_v1_taking_turns_misses_r_at_128_by_one_collection_in_the_htt
     the admission of their third timed run at 128: the slow runs, 616 and 528 ms beyond their tokens
     against 211 - 263. So session 37's slow first switch back on was a collection, not a compile."""
     report = report_of(S38_12_V1_TPUT, {}, S31_REVISIONS)
-    assert (report["gpu"], report["sglang_version"], report["path"], report["threshold"], report["passed"]) == (
-        S31_GPU,
-        "0.5.12",
-        "v1",
-        96,
-        False,
-    )
+    assert run_of(report) == (S31_GPU, "0.5.12", "v1", 96, False)
     tp = report["throughput"]
     assert tp["order"].startswith("interleaved: dynspec-sim, always-on-sim, base-no-overlap-sim took turns")
     no_overlap = r_of_medians(tp, "base_no_overlap")
