@@ -3610,3 +3610,98 @@ def test_session_39_dynspecs_speculating_steps_against_always_ons_triton_and_fla
     assert {c: r["median"] for c, r in triton.items()} == {"1": 0.999, "4": 1.0, "16": 1.0, "32": 0.999, "64": 1.0}
     flashinfer, _ = speculating(S39_17_FLASHINFER_TPUT[96], [64])
     assert flashinfer == {"64": {"pairs": 4, "min": 0.942, "median": 0.987, "max": 1.009}}
+
+
+# -- session 40 (runtime r30 / v2 module r50 at d927541, an H100): issue 13's Triton evidence on r30,
+# v1 with every server's collector frozen after its warm-up ---------------------------------------------
+
+S40_GPU = S31_GPU
+S40_12_V1_TPUT = PROOF / "0.5.12-v1-s40-r30-tput"
+S40_17_TPUT = PROOF / "0.5.17-v2-s40-r30-tput"
+S40_CROSSED = {
+    "0.5.12-v2": (PROOF / "0.5.12-v2-s40-r30-proof", 1986),
+    "0.5.12-v1": (PROOF / "0.5.12-v1-s40-r30-proof", 1982),
+    "0.5.13-v2": (PROOF / "0.5.13-v2-s40-r30-proof", 1934),
+}
+S40_REFUSED = ("0.5.12-v2", "0.5.12-v1", "0.5.13-v2")
+TRITON_DECODES = "one-token verify through TritonAttnBackend's decode kernel"
+
+
+def no_long_collections(report: dict) -> None:
+    """--freeze-gc ran, and no server's HTTP process logged a collection over the report's bound."""
+    assert "--freeze-gc" in report["command"]
+    assert [(s["name"], s["long_gc"]) for s in report["servers"]] == [(s["name"], []) for s in report["servers"]]
+
+
+def test_session_40_v1_with_its_collector_frozen_keeps_up_at_every_level() -> None:
+    """Issue 13 items 2 and 3 for v1 on r30 (0.5.12, --disable-overlap-schedule, --threshold 96, the
+    three taking turns, --freeze-gc, an H100): R(C) against max(plain decode without overlap,
+    always-on) 1.01 / 1.01 / 1.00 / 1.00 / 1.01 / 1.00, every level at or above 0.97; the fallback step
+    0.987 of a non-overlapping plain step at 128 (22 pairs). No server logged a long collection. The
+    control: session 38's same command without --freeze-gc, whose servers each logged one and whose
+    R(128) missed (0.955)."""
+    report = report_of(S40_12_V1_TPUT, {}, S39_REVISIONS)
+    assert run_of(report) == (S40_GPU, "0.5.12", "v1", 96, True)
+    tp = report["throughput"]
+    assert tp["order"].startswith("interleaved: dynspec-sim, always-on-sim, base-no-overlap-sim took turns")
+    no_overlap = r_of_medians(tp, "base_no_overlap")
+    assert tp["envelope_ratio_no_overlap"] == no_overlap == [1.0104, 1.0134, 0.9973, 0.9993, 1.0121, 0.9983]
+    assert min(no_overlap) >= tp["min_envelope_ratio"] == 0.97 and tp["problems"] == []
+    _, per_step = v1_per_step(S40_12_V1_TPUT, tp, 128)
+    assert per_step == {"128": {"pairs": 22, "min": 0.946, "median": 0.987, "max": 1.035}}
+    no_long_collections(report)
+    assert not any(collections_by_server(S40_12_V1_TPUT).values())
+    before = report_of(S38_12_V1_TPUT, {}, S31_REVISIONS)
+    assert "--freeze-gc" not in before["command"] and all(collections_by_server(S38_12_V1_TPUT).values())
+    assert before["throughput"]["envelope_ratio_no_overlap"][-1] < 0.97
+
+
+def test_session_40_0_5_17_on_r30_keeps_up_at_every_level_and_beats_both_static_servers_mixed() -> None:
+    """Issue 13 items 2 - 4 on 0.5.17 with r30 / r50 (--threshold 96, taking turns, --freeze-gc, an
+    H100): R(C) 1.00 / 1.00 / 1.00 / 0.99 / 1.03 / 0.98, recomputed from the runs' medians; the fallback
+    step 0.986 of plain decode's at 128 (32 pairs; at 64 dynspec speculates at this N); its speculating
+    steps 0.997 - 0.999 of always-on's; the mixed load 11.54 s against an oracle of 11.46 (1.007 x),
+    below always-on (12.10) and plain decode (16.61), no prompt cached, no long collection."""
+    report = report_of(S40_17_TPUT, {}, S39_REVISIONS)
+    assert run_of(report) == (S40_GPU, "0.5.17", "v2", 96, True)
+    tp = report["throughput"]
+    assert tp["levels"] == [1, 4, 16, 32, 64, 128] and tp["order"].startswith("interleaved")
+    recomputed = r_of_medians(tp)
+    assert tp["envelope_ratio"] == recomputed == [1.0009, 0.999, 1.0037, 0.9928, 1.0259, 0.977]
+    assert min(recomputed) >= tp["min_envelope_ratio"] == 0.97
+    published_per_step(S40_17_TPUT, tp, {"128": (0.986, 32)})
+    speculating = tp["per_step_speculating"]["dynspec"]
+    assert sorted(speculating) == ["1", "16", "32", "4", "64"]
+    assert all(0.997 <= r["median"] <= 0.999 for r in speculating.values())
+    ml = report["mixed_load"]
+    assert ml["passed"] and ml["seconds"] == {"base": 16.605, "always_on": 12.101, "dynspec": 11.535}
+    assert (ml["oracle_seconds"], ml["dynspec_over_oracle"]) == (11.458, 1.0067)
+    assert ml["seconds"]["dynspec"] < min(ml["seconds"]["base"], ml["seconds"]["always_on"])
+    assert [s["mixed_cached_prompt_tokens"] for s in report["servers"]] == [0, 0, 0]
+    no_long_collections(report)
+
+
+@pytest.mark.parametrize("run", sorted(S40_CROSSED))
+def test_session_40_every_path_of_issue_13_keeps_its_draft_kv_exact_on_r30(run: str) -> None:
+    """Issue 13 item 1 on r30 / r50 (0.5.17's ran in session 39): equivalence, 100 crossings and
+    exact_kv, recomputed from the recordings with the no-write control, on 0.5.12 v2 and v1 and
+    0.5.13; the KV-only graph replayed directly and the one-token verify on Triton's decode kernel."""
+    evidence, compared = S40_CROSSED[run]
+    report = report_of(evidence, {}, S39_REVISIONS)
+    assert (report["sglang_version"], report["path"], report["gpu"]) == (*run.split("-"), S40_GPU)
+    assert report["checks"] == ["equivalence", "crossings", "exact_kv"] and report["passed"]
+    _, files, counts = passed_kv_proof(evidence)
+    assert counts == {"compared_requests": 28, "compared_steps": compared, "control_differs": True}
+    assert report["exact_kv"]["kv_only_extend"] == "from a CUDA graph, replayed directly"
+    ready = [line for line in files["dynspec.log"].splitlines() if "fallback ready in" in line]
+    assert len(ready) == 1 and TRITON_DECODES in ready[0]
+
+
+@pytest.mark.parametrize("run", S40_REFUSED)
+def test_session_40_refusals_on_r30(run: str) -> None:
+    """refusals on r30: 7 of 7 cases refused at start-up with one line and no traceback, on 0.5.12 v2 and
+    v1 and 0.5.13 (auto's refusal is the seventh: it needs 0.5.14)."""
+    report = report_of(PROOF / f"{run}-s40-r30-refusals", {}, S39_REVISIONS)
+    assert (report["sglang_version"], report["path"], report["gpu"]) == (*run.split("-"), S40_GPU)
+    rows = refused_all(report, 7)
+    assert "auto" in {row["name"] for row in rows}
