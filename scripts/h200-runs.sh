@@ -29,7 +29,8 @@
 #                  vocabulary); v1 adds --no-overlap-base (its reference) and runs throughput only: its
 #                  mixed_load is `kv-mixed V v1`, a call of its own. DYNSPEC_DRAFT_KV in the caller's env reaches dynspec;
 #                  TPUT_LEVELS="16,64,128" runs fewer throughput levels (a call that must fit beside another);
-#                  threshold 96 on an H100, 32 elsewhere (--threshold in PROOF_FLAGS overrides it)
+#                  threshold 96 on an H100, 32 elsewhere (--threshold in PROOF_FLAGS overrides it); --freeze-gc
+#                  unless FREEZE_GC=0 (as kv-auto and real-auto)
 #   kv-auto V      (as kv-tput, 0.5.14+) --speculative-disable-batch-size auto against the fixed N of
 #                  AUTO_SWEEP (default 8,16,32,48,64,96) on the mixed load at simulated acceptance
 #                  AUTO_ACCEPT (default 3; one per call), base once: the auto_threshold check
@@ -162,6 +163,10 @@ proof() { local out=$OUT/$1; shift; mkdir -p "$out"
   # what the server under test chose at start-up (kv-direct, batching and its rounding groups)
   grep -h "dynspec: .*\(kv-direct\|DYNSPEC_KV_BATCH\|replayed directly\)" "$out"/dynspec.log 2>/dev/null | cut -c1-400 | head -4
   finish "$out"; }
+# The timed steps (kv-tput, kv-mixed, kv-auto) freeze each server's collector after its warm-up: sessions
+# 37 and 38 lost v1's R(128) to one 0.45 s collection in a timed run; session 40, frozen, met it.
+# FREEZE_GC=0 measures without, as before session 40.
+freeze_gc() { [ "${FREEZE_GC:-1}" = 0 ] || echo --freeze-gc; }
 # The kit's own servers (serve.sh): the 8B shape's EAGLE-3 flags, as dynspec proof starts them
 K=$PWD/.gpu/kit; LIMITS="--max-running-requests 128 --cuda-graph-max-bs 128"
 S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $K/models/draft8b --speculative-draft-load-format dummy"
@@ -337,7 +342,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     thr=32; nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | grep -q H100 && thr=96
     echo "threshold $thr (this card's switch point)"
     proof "proof-$1-$2-${step#kv-}${3:+-$3}" --path "$2" --checks "$checks" --threshold "$thr" $extra \
-      --throughput-levels "${TPUT_LEVELS:-1,4,16,32,64,128}" ;;
+      --throughput-levels "${TPUT_LEVELS:-1,4,16,32,64,128}" $(freeze_gc) ;;
   kv-auto) kit_for "$1"
     # auto against fixed N on the mixed load (issue 16): per acceptance always-on, auto and the sweep,
     # base once. Sessions 34 - 35 (an H100): a group of three servers takes about 250 s from its start
@@ -347,7 +352,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     # AUTO_REPEATS passes (default 2).
     proof "proof-$1-v2-auto-acc${AUTO_ACCEPT:-3}" --path v2 --checks auto_threshold --threshold 32 \
       --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" \
-      --auto-acceptance "${AUTO_ACCEPT:-3}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" ;;
+      --auto-acceptance "${AUTO_ACCEPT:-3}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" $(freeze_gc) ;;
   refusals) kit_for "$1"
     proof "proof-$1-$2-refusals" --path "$2" --threshold 8 --checks refusals ;;
   features) kit_for "$1"
@@ -361,7 +366,8 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
   real-auto) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     # issue 16 on real weights: auto against the fixed N on the mixed load at the model's own acceptance
     proof "real-$1-v2-auto" --path v2 --model real --model-dir /tmp/real/model --checks auto_threshold \
-      --threshold 8 --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" ;;
+      --threshold 8 --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" \
+      $(freeze_gc) ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
   real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \

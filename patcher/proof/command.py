@@ -433,7 +433,8 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     is_flag=True,
     help="After each server's warm-up request, POST /freeze_gc (SGLang takes the objects alive then out of "
     "the garbage collector's reach, as its long-collection warning advises), so that no full collection "
-    "over them stalls a timed run. Off by default: the evidence so far ran without it.",
+    "over them stalls a timed run. Off by default; scripts/h200-runs.sh's timed steps turn it on (session "
+    "40: it kept v1's R(128) from the one collection that had cost it twice).",
 )
 @click.option("--tp", type=click.IntRange(1), default=None, help="Pass --tp-size N to every server.")
 @click.option(

@@ -1,9 +1,11 @@
-"""scripts/h200-runs.sh's kv-tput / kv-mixed threshold: the card's switch point for the 8B shape
-(sessions 33 - 35), read from nvidia-smi, run by bash here against a stand-in nvidia-smi."""
+"""scripts/h200-runs.sh's timed steps: kv-tput / kv-mixed's threshold, the card's switch point for the
+8B shape (sessions 33 - 35), read from nvidia-smi, run by bash here against a stand-in nvidia-smi;
+and the frozen collector (session 40)."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -46,3 +48,30 @@ def test_the_threshold_reaches_the_proof_and_proof_flags_come_after_it() -> None
     script = SCRIPT.read_text()
     assert '--threshold "$thr"' in script and "--threshold 32 $extra" not in script
     assert 'set -- "$@" ${PROOF_FLAGS:-}' in script
+
+
+def freeze_flag(freeze_gc: str | None) -> str:
+    """What the script's ``freeze_gc`` prints with ``FREEZE_GC`` set to ``freeze_gc`` (None: unset)."""
+    (line,) = [line for line in SCRIPT.read_text().splitlines() if line.startswith("freeze_gc() {")]
+    env = {k: v for k, v in os.environ.items() if k != "FREEZE_GC"}
+    if freeze_gc is not None:
+        env["FREEZE_GC"] = freeze_gc
+    done = subprocess.run(["bash", "-c", f"{line}; freeze_gc"], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+@pytest.mark.parametrize(("freeze_gc", "flag"), [(None, "--freeze-gc"), ("1", "--freeze-gc"), ("0", "")])
+def test_the_timed_steps_freeze_the_collector_unless_told_not_to(freeze_gc: str | None, flag: str) -> None:
+    """Session 40: v1's R(128), missed twice by one collection in a timed run, met its bar with every
+    server's collector frozen after its warm-up; FREEZE_GC=0 measures as before."""
+    assert freeze_flag(freeze_gc) == flag
+
+
+def test_every_timed_step_asks_for_it() -> None:
+    """kv-tput / kv-mixed, kv-auto and real-auto pass it; the correctness steps (kv-proof) do not."""
+    arms = re.split(r"^  ([\w|-]+)\) ", SCRIPT.read_text(), flags=re.M)  # the case's arms, name then body
+    by_step = dict(zip(arms[1::2], arms[2::2]))
+    timed = ("kv-tput|kv-mixed", "kv-auto", "real-auto")
+    assert all("$(freeze_gc)" in by_step[name] for name in timed)
+    assert "$(freeze_gc)" not in by_step["kv-proof"]
