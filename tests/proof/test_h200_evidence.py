@@ -3397,6 +3397,21 @@ def collections_by_server(evidence: Path) -> dict[str, list[tuple[int, float, in
     return out
 
 
+def v1_taking_turns(
+    evidence: Path, revisions: dict[str, int], card_and_verdict: tuple[str, bool], published: list[float]
+) -> tuple[dict, dict, dict]:
+    """A v1 kv-tput at threshold 96 with the three compared taking turns: its report, throughput entry
+    and dynspec's per-step ratios against the non-overlapping base (read again from the logs), once
+    R against that base, recomputed from the runs' medians, is the ``published`` one."""
+    report = report_of(evidence, {}, revisions)
+    gpu, passed = card_and_verdict
+    assert run_of(report) == (gpu, "0.5.12", "v1", 96, passed)
+    tp = report["throughput"]
+    assert tp["order"].startswith("interleaved: dynspec-sim, always-on-sim, base-no-overlap-sim took turns")
+    assert tp["envelope_ratio_no_overlap"] == r_of_medians(tp, "base_no_overlap") == published
+    return report, tp, v1_per_step(evidence, tp, 128)[1]
+
+
 def test_session_38_v1_taking_turns_misses_r_at_128_by_one_collection_in_the_http_process() -> None:
     """Issue 13 item 3 for v1 with the compared three taking turns (0.5.12, --threshold 96, an H100,
     every server with SGLang's --gc-warning-threshold-secs 0.05): R(C) against max(plain decode without
@@ -3405,13 +3420,9 @@ def test_session_38_v1_taking_turns_misses_r_at_128_by_one_collection_in_the_htt
     objects: the start-up's) in its HTTP process, and dynspec's and the non-overlapping base's fell in
     the admission of their third timed run at 128: the slow runs, 616 and 528 ms beyond their tokens
     against 211 - 263. So session 37's slow first switch back on was a collection, not a compile."""
-    report = report_of(S38_12_V1_TPUT, {}, S31_REVISIONS)
-    assert run_of(report) == (S31_GPU, "0.5.12", "v1", 96, False)
-    tp = report["throughput"]
-    assert tp["order"].startswith("interleaved: dynspec-sim, always-on-sim, base-no-overlap-sim took turns")
-    no_overlap = r_of_medians(tp, "base_no_overlap")
-    assert tp["envelope_ratio_no_overlap"] == no_overlap == [1.0146, 1.0103, 1.0451, 1.0024, 1.0134, 0.9554]
-    _, per_step = v1_per_step(S38_12_V1_TPUT, tp, 128)
+    report, tp, per_step = v1_taking_turns(
+        S38_12_V1_TPUT, S31_REVISIONS, (S31_GPU, False), [1.0146, 1.0103, 1.0451, 1.0024, 1.0134, 0.9554]
+    )
     assert per_step["128"] == {"pairs": 20, "min": 0.893, "median": 0.96, "max": 1.072}
     found = collections_by_server(S38_12_V1_TPUT)
     assert {name: [(g, round(s, 2)) for g, s, _ in c] for name, c in found.items()} == {
@@ -3640,14 +3651,10 @@ def test_session_40_v1_with_its_collector_frozen_keeps_up_at_every_level() -> No
     0.987 of a non-overlapping plain step at 128 (22 pairs). No server logged a long collection. The
     control: session 38's same command without --freeze-gc, whose servers each logged one and whose
     R(128) missed (0.955)."""
-    report = report_of(S40_12_V1_TPUT, {}, S39_REVISIONS)
-    assert run_of(report) == (S40_GPU, "0.5.12", "v1", 96, True)
-    tp = report["throughput"]
-    assert tp["order"].startswith("interleaved: dynspec-sim, always-on-sim, base-no-overlap-sim took turns")
-    no_overlap = r_of_medians(tp, "base_no_overlap")
-    assert tp["envelope_ratio_no_overlap"] == no_overlap == [1.0104, 1.0134, 0.9973, 0.9993, 1.0121, 0.9983]
-    assert min(no_overlap) >= tp["min_envelope_ratio"] == 0.97 and tp["problems"] == []
-    _, per_step = v1_per_step(S40_12_V1_TPUT, tp, 128)
+    report, tp, per_step = v1_taking_turns(
+        S40_12_V1_TPUT, S39_REVISIONS, (S40_GPU, True), [1.0104, 1.0134, 0.9973, 0.9993, 1.0121, 0.9983]
+    )
+    assert min(tp["envelope_ratio_no_overlap"]) >= tp["min_envelope_ratio"] == 0.97 and tp["problems"] == []
     assert per_step == {"128": {"pairs": 22, "min": 0.946, "median": 0.987, "max": 1.035}}
     no_long_collections(report)
     assert not any(collections_by_server(S40_12_V1_TPUT).values())
