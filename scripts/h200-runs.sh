@@ -163,8 +163,9 @@ proof() { local out=$OUT/$1; shift; mkdir -p "$out"
   # what the server under test chose at start-up (kv-direct, batching and its rounding groups)
   grep -h "dynspec: .*\(kv-direct\|DYNSPEC_KV_BATCH\|replayed directly\)" "$out"/dynspec.log 2>/dev/null | cut -c1-400 | head -4
   finish "$out"; }
-# The timed steps (kv-tput, kv-mixed, kv-auto) freeze each server's collector after its warm-up: sessions
-# 37 and 38 lost v1's R(128) to one 0.45 s collection in a timed run; session 40, frozen, met it.
+# The timed steps (kv-tput, kv-mixed, kv-auto, real-auto) freeze each server's collector after its
+# warm-up: sessions 37 and 38 lost v1's R(128) to one 0.45 s collection in a timed run; session 40,
+# frozen, met it.
 # FREEZE_GC=0 measures without, as before session 40.
 freeze_gc() { [ "${FREEZE_GC:-1}" = 0 ] || echo --freeze-gc; }
 # The kit's own servers (serve.sh): the 8B shape's EAGLE-3 flags, as dynspec proof starts them
