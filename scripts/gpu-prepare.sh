@@ -9,7 +9,7 @@
 #     PYTHONPATH=/tmp/site:$PWD python3 -m patcher proof --sglang auto --path v2 --out $OUT/proof
 # Also .gpu/kit-V.tar.xz, the kit in one part, where it fits one call with .gpu/patched-V and the
 # working tree: both parts less what a server never loads (xgrammar's static library, the diffusion
-# runtime, the native gRPC server), at xz -9e (~2 min). A call that carries it and .gpu/patched-V
+# runtime, the native gRPC server, 0.5.17's opt-in Rust extensions, PyCryptodome), at xz -9e (~2 min). A call that carries it and .gpu/patched-V
 # needs no earlier kit-a, so a machine that went back costs its start and nothing else
 # (scripts/h200-runs.sh's steps take either).
 set -euo pipefail
@@ -78,9 +78,15 @@ if ! [ "$one" -nt ".gpu/kit-$V-a.tar.xz" ] || ! [ "$one" -nt ".gpu/kit-$V-b.tar.
   site=$(mktemp -d)
   tar -xJf ".gpu/kit-$V-a.tar.xz" -C "$site" && tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
   # Also sgl_kernel's InfLLM-V2 attention (29 MB from 0.5.16), loaded only when that attention runs
-  # (sgl_kernel/infllm_v2/_loader.py, inside its kernels' calls).
+  # (sgl_kernel/infllm_v2/_loader.py, inside its kernels' calls). And 0.5.17's two Rust extensions,
+  # each imported only behind an opt-in switch: the embedded server (SGLANG_RUST_SERVER,
+  # managers/rust_server.py) and Inkling's image processor (SGLANG_INKLING_RS_MM_PREPROCESS). And
+  # PyCryptodome, which only blobfile's signing for a GCS service account imports (blobfile/_gcp.py).
   (cd "$site" && tar -cf - --exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen \
-    --exclude='./sglang/srt/grpc/_core*.so' --exclude='./sgl_kernel/infllm_ops*.so' . | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
+    --exclude='./sglang/srt/grpc/_core*.so' --exclude='./sgl_kernel/infllm_ops*.so' \
+    --exclude='./sglang/srt/server/_core*.so' --exclude='./sglang/srt/multimodal/_core*.so' \
+    --exclude=./Cryptodome . \
+    | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
   rm -rf "$site" "$one.tmp"
 fi
 # A packing that failed or was stopped leaves no one-part kit: the two parts still serve.
