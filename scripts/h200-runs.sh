@@ -3,6 +3,9 @@
 # Prepare with scripts/gpu-prepare.sh VERSION. Steps that start servers check the kit's first
 # part is still in /tmp/site (the machine keeps /tmp only while it stays warm).
 #   kit-a V        carry .gpu/kit-V-a.tar.xz (replaces whatever kit /tmp/site held)
+#   fa3 V          carry one .gpu/fa3-V.part-I-of-K (scripts/gpu-fa3.sh V), a call a part on one warm
+#                  machine: FA3's flash_ops in /tmp/fa3-V, which every later kit of V gets (add_fa3), so that
+#                  PROOF_FLAGS="--attention-backend fa3" runs
 #   kit-c V        carry .gpu/kit-V-c.tar.xz (0.5.15 only, before its kit: gpu-prepare.sh says where it is
 #                  needed): the CuTe DSL, unpacked to /tmp/cutlass, which later kits leave, and put on PYTHONPATH
 #   v2-proof       carry .gpu/kit-0.5.12-b.tar.xz .gpu/patched-0.5.12  (unpacks part b, patches)
@@ -132,7 +135,10 @@ jit_load() { (set -o pipefail; cat .gpu/jit/jit.tar.xz.part-* | xz -d | tar -C /
 unpack_kit() {
   if [ -f ".gpu/kit-$1.tar.xz" ]; then fresh_site ".gpu/kit-$1.tar.xz" || return 1
   else need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site || return 1; fi
-  patch_site "$1"; }
+  add_fa3 "$1"; patch_site "$1"; }
+# add_fa3 V: FA3's flash_ops, which the fa3 steps of this machine unpacked, beside V's kit in /tmp/site
+FA3=${FA3_HOME:-/tmp}/fa3 FA3_SO=sgl_kernel/flash_ops.abi3.so  # FA3_HOME: the tests' own place
+add_fa3() { [ ! -f "$FA3-$1/$FA3_SO" ] || [ ! -d /tmp/site/sgl_kernel ] || { cp "$FA3-$1/$FA3_SO" "/tmp/site/$FA3_SO" && echo "FA3 added"; }; }
 # patch_site V: dynspec's patched files of V over the kit in /tmp/site
 patch_site() { cp -r ".gpu/patched-$1/sglang/." /tmp/site/sglang/ && echo "patched $1"; }
 # kit_for V: the kit this call carried (unpack_kit), else the one an earlier call left (need_kit).
@@ -189,6 +195,18 @@ serve_run() { name=${1%%:*}; local envs="" args="$S --speculative-disable-batch-
   env ${envs//+/ } bash "$K/serve.sh" "$name" $args ${SERVE_ARGS:-}; }  # SERVE_ARGS: e.g. --disable-overlap-schedule (v1)
 case $step in
   kit-a) fresh_site ".gpu/kit-$1-a.tar.xz" && echo unpacked a ;;
+  fa3) part=$(ls .gpu/fa3-"$1".part-*-of-* 2>/dev/null | tail -1)
+    [ -n "$part" ] || { echo "no .gpu/fa3-$1.part-I-of-K carried: scripts/gpu-fa3.sh $1 makes them"; exit 3; }
+    # the part this call carried and any an earlier call left in the machine's copy of .gpu/
+    mkdir -p "$FA3-$1" && cp .gpu/fa3-"$1".part-*-of-* "$FA3-$1/" && k=${part##*-of-}
+    have=$(ls "$FA3-$1"/fa3-"$1".part-*-of-"$k" | wc -l); echo "FA3: $have of $k parts here"
+    if [ "$have" -eq "$k" ]; then  # xz checks its own CRC: a damaged or missing byte fails here
+      rm -rf "$FA3-$1/new" && mkdir "$FA3-$1/new"  # a part-unpacked flash_ops never reaches a kit
+      (set -o pipefail; for i in $(seq "$k"); do cat "$FA3-$1/fa3-$1.part-$i-of-$k"; done \
+        | xz -d | tar -xf - -C "$FA3-$1/new") || { echo "FA3 parts do not unpack"; exit 3; }
+      rm -rf "$FA3-$1/sgl_kernel" && mv "$FA3-$1/new/sgl_kernel" "$FA3-$1/" && rmdir "$FA3-$1/new"
+      rm -f "$FA3-$1"/*.part-*; echo "FA3 unpacked: $(du -h "$FA3-$1/$FA3_SO" | cut -f1)"; add_fa3 "$1"
+    fi ;;
   kit-c) rm -rf /tmp/cutlass && mkdir -p /tmp/cutlass && tar -xJf ".gpu/kit-$1-c.tar.xz" -C /tmp/cutlass || exit 3
     echo "unpacked c: $(ls /tmp/cutlass/nvidia_cutlass_dsl)" ;;  # it imports with the kit's cuda-python, not yet here
   v2-proof) unpack_kit 0.5.12 || exit 3
