@@ -43,7 +43,7 @@
 #   features V P   (as kv-proof) issue 17's penalties on dummy weights: base, always-on and dynspec (small shape,
 #                  N 8, started together) with the same requests in waves of 8 (speculating) and 16 (off)
 #   backends V P   (as kv-proof) issue 17's backends: equivalence and crossings with every server on FlashInfer
-#                  (3 servers started together)
+#                  (3 servers started together); BACKEND=fa3 (after the fa3 step's parts) on FA3 instead
 #   real-features V P (as real-proof) sampling, logprobs, penalties and grammar on real weights (grammar needs the
 #                  model's tokenizer) (dummy weights' flat logits
 #                  leave the first two's controls blind: session 28); FEATURE_CHECKS picks fewer
@@ -377,8 +377,8 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
   features) kit_for "$1"
     proof "proof-$1-$2-features" --path "$2" --threshold 8 --checks penalties --parallel-starts 3 ;;
   backends) kit_for "$1"
-    proof "proof-$1-$2-flashinfer" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 \
-      --attention-backend flashinfer --checks equivalence,crossings,backends --parallel-starts 3 ;;
+    proof "proof-$1-$2-${BACKEND:-flashinfer}" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 \
+      --attention-backend "${BACKEND:-flashinfer}" --checks equivalence,crossings,backends --parallel-starts 3 ;;
   real-features) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     proof "real-$1-$2-features" --path "$2" --model real --model-dir /tmp/real/model --threshold 8 \
       --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties,grammar}" --parallel-starts 3 ;;
