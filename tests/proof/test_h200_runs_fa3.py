@@ -32,12 +32,7 @@ def parts_of(library: bytes, count: int) -> list[bytes]:
     return [data[i * size : (i + 1) * size] for i in range(count)]
 
 
-def carry(work: Path, index: int, parts: list[bytes], part: bytes | None = None) -> subprocess.CompletedProcess[str]:
-    """One device call that carried part ``index`` (1-based) and nothing else of the set."""
-    gpu = work / ".gpu"
-    shutil.rmtree(gpu, ignore_errors=True)
-    gpu.mkdir(parents=True)
-    (gpu / f"fa3-{VERSION}.part-{index}-of-{len(parts)}").write_bytes(parts[index - 1] if part is None else part)
+def fa3_step(work: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         ["bash", str(SCRIPT), "fa3", VERSION],
         cwd=work,
@@ -46,6 +41,15 @@ def carry(work: Path, index: int, parts: list[bytes], part: bytes | None = None)
         text=True,
         timeout=120,
     )
+
+
+def carry(work: Path, index: int, parts: list[bytes], part: bytes | None = None) -> subprocess.CompletedProcess[str]:
+    """One device call that carried part ``index`` (1-based) and nothing else of the set."""
+    gpu = work / ".gpu"
+    shutil.rmtree(gpu, ignore_errors=True)
+    gpu.mkdir(parents=True)
+    (gpu / f"fa3-{VERSION}.part-{index}-of-{len(parts)}").write_bytes(parts[index - 1] if part is None else part)
+    return fa3_step(work)
 
 
 def unpacked(work: Path) -> Path:
@@ -82,12 +86,5 @@ def test_a_damaged_part_unpacks_nothing_until_a_sound_one_replaces_it(tmp_path: 
 
 def test_a_call_without_a_part_says_how_to_make_them(tmp_path: Path) -> None:
     (tmp_path / ".gpu").mkdir()
-    call = subprocess.run(
-        ["bash", str(SCRIPT), "fa3", VERSION],
-        cwd=tmp_path,
-        env={**os.environ, "FA3_HOME": str(tmp_path / "tmp")},
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    call = fa3_step(tmp_path)
     assert call.returncode == 3 and f"scripts/gpu-fa3.sh {VERSION}" in call.stdout
