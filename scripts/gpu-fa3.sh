@@ -3,7 +3,8 @@
 # sgl-kernel's flash_ops (FA3, 1.1 GB; ../shared/gpu/build-kit.sh), so `--attention-backend fa3`
 # cannot start from it. At xz -9e it is about 130 MB: this packs it from the sgl-kernel wheel that
 # SGLang VERSION pins into .gpu/fa3-VERSION.part-I-of-K, each as large as one call carries beside the
-# working tree. Then, on one warm machine, one call a part (any order; the last one unpacks them):
+# working tree as it is now (run it again once commits have grown the tree). Then, on one warm
+# machine, one call a part (any order; the last one unpacks them):
 #   carry .gpu/fa3-V.part-I-of-K:  bash scripts/h200-runs.sh fa3 V
 # The parts land in /tmp/fa3-V, outside /tmp/site, so a later kit keeps them: every step that
 # unpacks V's kit puts flash_ops beside it, and PROOF_FLAGS="--attention-backend fa3" then runs.
