@@ -1,7 +1,7 @@
 #!/bin/bash
 # scripts/gpu-fa3.sh VERSION: FA3 for the device, in parts that each fit a call. The kit leaves out
 # sgl-kernel's flash_ops (FA3, 1.1 GB; ../shared/gpu/build-kit.sh), so `--attention-backend fa3`
-# cannot start from it. At xz -9e it is about 130 MB: this packs it from the sgl-kernel wheel that
+# cannot start from it. At xz -9e it is 52 MB (0.5.12) to 127 MB (0.5.17): this packs it from the wheel that
 # SGLang VERSION pins into .gpu/fa3-VERSION.part-I-of-K, each as large as one call carries beside the
 # working tree as it is now (run it again once commits have grown the tree). Then, on one warm
 # machine, one call a part (any order; the last one unpacks them):
