@@ -1,10 +1,10 @@
 #!/bin/bash
 # scripts/gpu-fa3.sh VERSION: FA3 for the device, in parts that each fit a call. The kit leaves out
 # sgl-kernel's flash_ops (FA3, 1.1 GB; ../shared/gpu/build-kit.sh), so `--attention-backend fa3`
-# cannot start from it. At xz -9e it is 52 MB (0.5.12) to 127 MB (0.5.17): this packs it from the wheel that
-# SGLang VERSION pins into .gpu/fa3-VERSION.part-I-of-K, each as large as one call carries beside the
-# working tree as it is now (run it again once commits have grown the tree). Then, on one warm
-# machine, one call a part (any order; the last one unpacks them):
+# cannot start from it. At xz -9e it is 52 MB (0.5.12) to 127 MB (0.5.17): this packs it from the
+# wheel that SGLang VERSION pins into .gpu/fa3-VERSION.part-I-of-K, each as large as one call
+# carries beside the working tree as it is now (run it again once commits have grown the tree).
+# Then, on one warm machine, one call a part (any order; the last one unpacks them):
 #   carry .gpu/fa3-V.part-I-of-K:  bash scripts/h200-runs.sh fa3 V
 # The parts land in /tmp/fa3-V, outside /tmp/site, so a later kit keeps them: every step that
 # unpacks V's kit puts flash_ops beside it, and PROOF_FLAGS="--attention-backend fa3" then runs.
@@ -22,9 +22,9 @@ python3 -m pip --disable-pip-version-check -q download --no-deps --only-binary=:
   --implementation cp --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 \
   --platform manylinux_2_28_x86_64 -d "$work" "$pin"
 unzip -q -d "$work/site" "$work"/*.whl 'sgl_kernel/flash_ops.abi3.so'
-# Each part fills what a call carries beside the tree (tracked files; as gpu-prepare.sh counts it).
-tree=$( (git ls-files -z | xargs -0 du -cb 2>/dev/null || true) | tail -1 | cut -f1)
-part=$(( (64 * 1024 * 1024 - 512 * 1024 - tree) / 1024 / 1024 ))
+# Each part fills what a call carries beside the tree.
+. scripts/call-size.sh
+part=$(( (CALL_MAX_BYTES - $(tree_bytes)) / 1024 / 1024 ))
 (cd "$work/site" && tar -cf - sgl_kernel/flash_ops.abi3.so | xz -T0 -9e) > "$work/fa3.tar.xz"
 rm -f ".gpu/fa3-$V".part-*
 split -b "${part}M" -d -a 1 "$work/fa3.tar.xz" "$work/part-"

@@ -9,8 +9,8 @@
 #     PYTHONPATH=/tmp/site:$PWD python3 -m patcher proof --sglang auto --path v2 --out $OUT/proof
 # Also .gpu/kit-V.tar.xz, the kit in one part, where it fits one call with .gpu/patched-V and the
 # working tree: both parts less what a server never loads (xgrammar's static library, the diffusion
-# runtime, the native gRPC server, 0.5.17's opt-in Rust extensions, PyCryptodome), at xz -9e (~2 min). A call that carries it and .gpu/patched-V
-# needs no earlier kit-a, so a machine that went back costs its start and nothing else
+# runtime, the native gRPC server, 0.5.17's opt-in Rust extensions, PyCryptodome), at xz -9e
+# (~2 min). A call that carries it and .gpu/patched-V needs no earlier kit-a, so a machine that went back costs its start and nothing else
 # (scripts/h200-runs.sh's steps take either).
 set -euo pipefail
 V=${1:?usage: scripts/gpu-prepare.sh VERSION}
@@ -91,10 +91,9 @@ if ! [ "$one" -nt ".gpu/kit-$V-a.tar.xz" ] || ! [ "$one" -nt ".gpu/kit-$V-b.tar.
 fi
 # A packing that failed or was stopped leaves no one-part kit: the two parts still serve.
 [ -f "$one" ] || { echo "one-part kit: not made; use kit-a and part b"; exit 0; }
-# (a tracked file deleted in the work tree does not travel: du's complaint about it is not an error here)
-tree=$( (git ls-files -z | xargs -0 du -cb 2>/dev/null || true) | tail -1 | cut -f1)
-total=$(( $(stat -c %s "$one") + $(du -sb ".gpu/patched-$V" | cut -f1) + tree ))
-if [ "$total" -le $(( 64 * 1024 * 1024 - 512 * 1024 )) ]; then
+. scripts/call-size.sh
+total=$(( $(stat -c %s "$one") + $(du -sb ".gpu/patched-$V" | cut -f1) + $(tree_bytes) ))
+if [ "$total" -le "$CALL_MAX_BYTES" ]; then
   echo "one-part kit: $one ($(( total / 1024 / 1024 )) MiB with .gpu/patched-$V and the tree): one call, no kit-a"
 else
   echo "one-part kit: $(( total / 1024 / 1024 )) MiB with the tree is over a call's 64 MiB; use kit-a and part b"
