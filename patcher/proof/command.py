@@ -242,7 +242,8 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     "--model-dir",
     type=click.Path(file_okay=False, path_type=Path),
     default=None,
-    help="With --model real: a dir made by `dynspec real prepare` (target/, draft/, prompts.json, model.json).",
+    help="With --model real: a dir made by `dynspec real prepare`, or by `dynspec real own` for your own target "
+    "and EAGLE-3 head (target/, draft/, prompts.json, model.json).",
 )
 @choice_option(
     "--deterministic",

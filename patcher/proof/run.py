@@ -278,7 +278,9 @@ def plan(
     if opts.model not in ("dummy", "real"):
         raise ProofUsageError(f"--model {opts.model!r}: choose dummy or real")
     if (opts.model == "real") != (opts.model_dir is not None):
-        raise ProofUsageError("--model real needs --model-dir (the output of `dynspec real prepare`), and only it")
+        raise ProofUsageError(
+            "--model real needs --model-dir (the output of `dynspec real prepare` or `dynspec real own`), and only it"
+        )
     if opts.simulate_acc_len is None and opts.model_dir is None:
         raise ProofUsageError("--simulate-acc-len off needs --model real: dummy weights' drafts are all rejected")
     if opts.deterministic not in ("auto", "on", "off"):
@@ -1952,7 +1954,7 @@ def cached_since(log: Path, start: int) -> int:
 
 def load_real(model_dir: Path) -> tuple[str, list[list[int]], dict[str, str | None]]:
     """(the model's name, its tokenized prompts, the digests of its weights: ``gguf``, ``head``) from a
-    ``dynspec real prepare`` dir; raises ProofUsageError."""
+    ``dynspec real prepare`` or ``dynspec real own`` dir; raises ProofUsageError."""
     try:
         info = json.loads((model_dir / launch.REAL_INFO).read_text())
         prompts = json.loads((model_dir / launch.REAL_PROMPTS).read_text())["prompts"]
@@ -1960,7 +1962,9 @@ def load_real(model_dir: Path) -> tuple[str, list[list[int]], dict[str, str | No
         name = str(info["name"])
         digests = {part: info.get(f"{part}_sha256") for part in ("gguf", "head")}
     except (OSError, ValueError, KeyError, TypeError) as error:
-        raise ProofUsageError(f"--model-dir {model_dir}: not made by `dynspec real prepare` ({error})") from error
+        raise ProofUsageError(
+            f"--model-dir {model_dir}: not made by `dynspec real prepare` or `real own` ({error})"
+        ) from error
     missing = [str(d) for d in launch.real_dirs(model_dir) if not (d / "config.json").is_file()]
     if missing or not ids or not all(ids):
         raise ProofUsageError(

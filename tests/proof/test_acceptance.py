@@ -195,6 +195,26 @@ def test_model_real_serves_the_dirs_weights_and_sends_its_prompts(site: Any, tmp
     assert Client("127.0.0.1", 1).prompt(0)[0] >= 100  # without real prompts: the synthetic ids
 
 
+def test_a_dir_of_real_own_serves_the_users_weights_through_its_links(site: Any, tmp_path: Path) -> None:
+    """``dynspec real own``'s dir: every server is given its links, the report names the model."""
+    from patcher.real import prepare
+
+    weights = real_dir(tmp_path / "weights")
+    draft_config = {"architectures": ["LlamaForCausalLMEagle3"]}
+    (weights / launch.REAL_DRAFT / "config.json").write_text(json.dumps(draft_config))
+    model = tmp_path / "mine"
+    prepare.own(
+        model, weights / launch.REAL_TARGET, weights / launch.REAL_DRAFT, weights / launch.REAL_PROMPTS, "my 8B"
+    )
+    result = run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=model), lambda m: None)
+    assert result["model"] == "my 8B" and result["acceptance"]["passed"], reports.summary(result)
+    assert "model: my 8B (sha256: not recorded)" in reports.summary(result)
+    for server in result["servers"]:
+        argv = server["argv"]
+        assert Path(argv[argv.index("--model-path") + 1]).resolve() == weights / launch.REAL_TARGET
+        assert Path(argv[argv.index("--speculative-draft-model-path") + 1]).resolve() == weights / launch.REAL_DRAFT
+
+
 def test_real_weights_run_every_server_deterministic_where_the_release_can(site: Any, tmp_path: Path) -> None:
     model = real_dir(tmp_path / "model")
     result = run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=model), lambda m: None)
