@@ -137,7 +137,8 @@ REAL_TARGET, REAL_DRAFT, REAL_PROMPTS, REAL_INFO = "target", "draft", "prompts.j
 
 
 def real_dirs(model_dir: Path) -> tuple[Path, Path]:
-    """``dynspec real prepare``'s layout: the converted target and the trained EAGLE-3 head."""
+    """The layout of ``dynspec real prepare`` (the converted target, the trained EAGLE-3 head) and of
+    ``dynspec real own`` (links to the user's)."""
     return model_dir / REAL_TARGET, model_dir / REAL_DRAFT
 
 
@@ -177,7 +178,7 @@ def server_args(
     tokenizer: bool = False,
 ) -> list[str]:
     """The arguments after ``python -m sglang.launch_server`` for one mode; ``real``: a model dir
-    of ``dynspec real prepare`` whose weights are loaded (the shape is then ignored).
+    of ``dynspec real prepare`` or ``real own`` whose weights are loaded (the shape is then ignored).
     ``shared_gpu_nccl_port``: the server starts beside others on the GPU (--parallel-starts): a
     fixed KV pool of ``shared_gpu_pool_tokens`` (``SHARED_GPU_MAX_TOTAL_TOKENS`` unless the GPU's
     memory asks for less), a port of its own for torch.distributed, and an idle loop that sleeps.

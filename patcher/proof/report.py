@@ -16,7 +16,8 @@ statistic for every server, reported, not judged), and with ``--mixed-variant`` 
 ``seconds``, ``over_dynspec``, ``dynspec_over_oracle``}}}, ``acceptance`` {``passed``, ``always_on``, ``dynspec_resumed``,
 ``skip_resumed``, ``full_resumed``, ``requests``, ``resumed_over_full``, ``resumed_over_always_on``, ``skip_over_full``
 ({``ratio``, ``ci95``}), ``control_drops``, with real weights ``proposals``}, ``model`` (``dummy``, or the real model's name) and ``model_sha256`` (real weights: {``gguf``, ``head``}, the
-SHA-256 of the weights that ran; else null), ``sampling``, ``logprobs``, ``penalties`` and ``grammar`` (issue 17) {``passed``,
+SHA-256 of the weights that ran; else null), ``model_paths`` (weights of `dynspec real own`: {``target``, ``head``},
+the dirs that ran; else null), ``sampling``, ``logprobs``, ``penalties`` and ``grammar`` (issue 17) {``passed``,
 ``phases`` {``on``, ``off``: each with ``batch``; sampling's ``dynspec`` and ``control`` G-tests, logprobs'
 ``compared`` and ``max_abs_diff``, penalties' ``differ`` and ``control_changed``, grammar's ``valid`` and
 ``differ``}}, ``backends`` {``passed``, ``attention_backend``, ``equivalence``, ``crossings``}, ``attention_backend``. A check that was not run is absent and named in ``skipped``
@@ -172,8 +173,10 @@ def summary(report: Report) -> str:
             lines.append("dynspec revisions: " + ", ".join(f"{name} r{rev}" for name, rev in revisions.items()))
     else:
         lines.append("dynspec applied: no (only speculation off vs always on)")
-    digests = report.get("model_sha256")
-    if digests:
+    digests, paths = report.get("model_sha256"), report.get("model_paths")
+    if paths:  # the user's own weights: no digests taken, the dirs say what ran
+        lines.append(f"model: {report.get('model')} (target {paths['target']}, head {paths['head']})")
+    elif digests:
         named = ", ".join(f"{part} {digest[:12]}" for part, digest in digests.items() if digest)
         lines.append(f"model: {report.get('model')} (sha256: {named or 'not recorded'})")
     lines.append("")

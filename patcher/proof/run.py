@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from packaging.version import InvalidVersion, Version
 
@@ -162,7 +162,7 @@ class ProofOptions:
     sampling_per_prompt: int = features.SAMPLING_PER_PROMPT  # the sampling check's requests per prompt and phase
     refusal_timeout: float = 300.0  # seconds a refused server has to exit (0.5.17 takes ~30 s to reach the check)
     model: str = "dummy"  # "dummy" (config-only dirs of this package) or "real" (model_dir)
-    model_dir: Path | None = None  # dynspec real prepare's output: target/, draft/, prompts.json, model.json
+    model_dir: Path | None = None  # dynspec real prepare's or own's: target/, draft/, prompts.json, model.json
     # SGLang's batch-invariant mode on every server: "auto" turns it on for --model real where the
     # release has it. Without it, real weights round near ties by batch (session 16: dynspec at 48
     # requests, off throughout, gave other tokens than base and than itself a minute later).
@@ -631,8 +631,9 @@ class Proof:
         self.prompts: list[list[int]] = []  # real tokenized prompts; none: the synthetic ids of client.prompt
         self.model_name = "dummy"
         self.model_sha256: dict[str, str | None] | None = None  # real weights: which GGUF and head ran
+        self.model_paths: dict[str, str] | None = None  # the user's own weights (`dynspec real own`): where
         if opts.model_dir is not None:
-            self.model_name, self.prompts, self.model_sha256 = load_real(opts.model_dir)
+            self.model_name, self.prompts, self.model_sha256, self.model_paths = load_real(opts.model_dir)
 
     # -- running ------------------------------------------------------------------------------
 
@@ -654,6 +655,7 @@ class Proof:
         self.report = {
             "model": self.model_name,
             "model_sha256": self.model_sha256,
+            "model_paths": self.model_paths,
             "sglang_version": sglang.version,
             "sglang_dir": str(sglang.package),
             "path": opts.path,
@@ -1952,15 +1954,22 @@ def cached_since(log: Path, start: int) -> int:
     return logscan.cached_prompt_tokens(logscan.read_window(log, start)[0])
 
 
-def load_real(model_dir: Path) -> tuple[str, list[list[int]], dict[str, str | None]]:
-    """(the model's name, its tokenized prompts, the digests of its weights: ``gguf``, ``head``) from a
-    ``dynspec real prepare`` or ``dynspec real own`` dir; raises ProofUsageError."""
+class RealModel(NamedTuple):
+    name: str
+    prompts: list[list[int]]  # tokenized
+    sha256: dict[str, str | None]  # the weights' digests, ``gguf`` and ``head`` (None: not taken)
+    paths: dict[str, str] | None  # ``dynspec real own``'s: the ``target`` and ``head`` its links point to
+
+
+def load_real(model_dir: Path) -> RealModel:
+    """What a ``dynspec real prepare`` or ``dynspec real own`` dir serves; raises ProofUsageError."""
     try:
         info = json.loads((model_dir / launch.REAL_INFO).read_text())
         prompts = json.loads((model_dir / launch.REAL_PROMPTS).read_text())["prompts"]
         ids = [[int(t) for t in p["input_ids"]] for p in prompts]
         name = str(info["name"])
         digests = {part: info.get(f"{part}_sha256") for part in ("gguf", "head")}
+        paths = {part: str(info[part]) for part in ("target", "head")} if info.get("own") is True else None
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ProofUsageError(
             f"--model-dir {model_dir}: not made by `dynspec real prepare` or `real own` ({error})"
@@ -1972,7 +1981,7 @@ def load_real(model_dir: Path) -> tuple[str, list[list[int]], dict[str, str | No
             if missing
             else f"--model-dir {model_dir}: no prompts"
         )
-    return name, ids, digests
+    return RealModel(name, ids, digests, paths)
 
 
 def run_proof(opts: ProofOptions, progress: Progress = stderr_progress) -> dict[str, Any]:

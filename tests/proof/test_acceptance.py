@@ -208,7 +208,9 @@ def test_a_dir_of_real_own_serves_the_users_weights_through_its_links(site: Any,
     )
     result = run_proof(acceptance_options(site(), tmp_path / "out", model="real", model_dir=model), lambda m: None)
     assert result["model"] == "my 8B" and result["acceptance"]["passed"], reports.summary(result)
-    assert "model: my 8B (sha256: not recorded)" in reports.summary(result)
+    target, draft = weights / launch.REAL_TARGET, weights / launch.REAL_DRAFT
+    assert result["model_paths"] == {"target": str(target.resolve()), "head": str(draft.resolve())}
+    assert f"model: my 8B (target {target.resolve()}, head {draft.resolve()})" in reports.summary(result)
     for server in result["servers"]:
         argv = server["argv"]
         assert Path(argv[argv.index("--model-path") + 1]).resolve() == weights / launch.REAL_TARGET

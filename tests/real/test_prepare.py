@@ -30,7 +30,8 @@ def test_prepare_makes_the_dir_the_proof_reads(tmp_path: Path) -> None:
     prompts.write_text(json.dumps({"prompts": [{"id": "a", "input_ids": [1, 5, 6]}]}))
     info = prepare.prepare(tmp_path / "model", gguf_file, head, prompts)
     assert info["name"].startswith("SmolLM2-135M-Instruct (tiny.gguf)")
-    name, ids, digests = load_real(tmp_path / "model")
+    name, ids, digests, paths = load_real(tmp_path / "model")
+    assert paths is None  # converted and copied here: the digests say what ran
     assert name == info["name"] and ids == [[1, 5, 6]]
     assert digests == {"gguf": info["gguf_sha256"], "head": info["head_sha256"]} and len(digests["head"]) == 64
     target, draft = launch.real_dirs(tmp_path / "model")
