@@ -163,7 +163,7 @@ def own(out: Path, target: Path, head: Path, prompts_file: Path | None, name: st
         "head_sha256": None,
     }
     out.mkdir(parents=True, exist_ok=True)
-    staged = [(out / f".{PROMPTS}.new", out / PROMPTS), (out / f".{INFO}.new", out / INFO)]
+    staged = [(out / f".{PROMPTS}.new", out / PROMPTS), (out / f".{INFO}.new", out / INFO)]  # _check_out's staging
     staged[0][0].write_text(json.dumps(data) + "\n")
     staged[1][0].write_text(json.dumps(info, indent=1) + "\n")
     for link, to in ((TARGET, target), (DRAFT, head)):
@@ -192,7 +192,9 @@ def _check_out(out: Path, weights: tuple[Path, ...]) -> None:
         return
     if not out.is_dir():
         raise UsageError(f"{out}: not a directory")
-    names = sorted(p.name for p in out.iterdir() if not (p.name.startswith(".") and p.name.endswith(".new")))
+    staging = {f".{n}.new" for n in OWN_NAMES}  # what an own stopped before its renames left
+    left = [p for p in out.iterdir() if p.name in staging and (p.is_symlink() or p.is_file())]
+    names = sorted(p.name for p in out.iterdir() if p not in left)
     foreign = [n for n in names if n not in OWN_NAMES]
     if foreign:
         raise UsageError(

@@ -137,9 +137,17 @@ def test_a_head_that_cannot_serve_the_target_is_refused_and_out_untouched(
             "not made by `dynspec real own`",
         ),
         (lambda out: out.write_text("x"), "not a directory"),
+        (lambda out: out.mkdir() or (out / ".target.new").mkdir(), "holds .target.new, which"),
         (lambda out: out.symlink_to(out.with_name("nowhere")), "a link to nothing"),
     ],
-    ids=["a-prepare-dir", "someone-elses-dir", "model-json-not-owns", "a-file", "a-dangling-link"],
+    ids=[
+        "a-prepare-dir",
+        "someone-elses-dir",
+        "model-json-not-owns",
+        "a-file",
+        "a-staging-name-a-dir",
+        "a-dangling-link",
+    ],
 )
 def test_an_out_that_is_not_owns_to_replace_is_refused_and_left_as_it_was(tmp_path, weights, make, says) -> None:
     target, head, prompts_file = weights
@@ -161,6 +169,17 @@ def test_an_out_inside_the_weights_is_refused_and_nothing_lands_there(tmp_path, 
             tmp_path / where.replace("target", target.name).replace("head", head.name), target, head, prompts_file
         )
     assert listing(root) == before
+
+
+def test_what_an_interrupted_own_left_is_replaced_by_the_next(tmp_path, weights) -> None:
+    target, head, prompts_file = weights
+    out = tmp_path / "mine"
+    out.mkdir()
+    (out / ".model.json.new").write_text("half")
+    (out / ".draft.new").symlink_to(tmp_path)
+    prepare.own(out, target, head, prompts_file)
+    assert sorted(p.name for p in out.iterdir()) == ["draft", "model.json", "prompts.json", "target"]
+    assert (out / "draft").resolve() == head
 
 
 def test_a_rerun_that_reads_the_prompts_it_wrote_replaces_everything_together(tmp_path, weights) -> None:
