@@ -3663,21 +3663,28 @@ def test_session_40_v1_with_its_collector_frozen_keeps_up_at_every_level() -> No
     assert before["throughput"]["envelope_ratio_no_overlap"][-1] < 0.97
 
 
+def r30_at_every_level(evidence: Path, release: str, r: list[float], step_128: tuple[float, int]) -> dict:
+    """A v2 kv-tput run on r30 / r50 at threshold 96, an H100, taking turns: R(C) at the six levels
+    recomputed from the runs' medians, each at or above 0.97, and the step at 128 from the logs. Its report."""
+    report = report_of(evidence, {}, S39_REVISIONS)
+    assert run_of(report) == (S31_GPU, release, "v2", 96, True)
+    tp = report["throughput"]
+    assert tp["levels"] == [1, 4, 16, 32, 64, 128] and tp["order"].startswith("interleaved")
+    recomputed = r_of_medians(tp)
+    assert tp["envelope_ratio"] == recomputed == r
+    assert min(recomputed) >= tp["min_envelope_ratio"] == 0.97
+    published_per_step(evidence, tp, {"128": step_128})
+    return report
+
+
 def test_session_40_0_5_17_on_r30_keeps_up_at_every_level_and_beats_both_static_servers_mixed() -> None:
     """Issue 13 items 2 - 4 on 0.5.17 with r30 / r50 (--threshold 96, taking turns, --freeze-gc, an
     H100): R(C) 1.00 / 1.00 / 1.00 / 0.99 / 1.03 / 0.98, recomputed from the runs' medians; the fallback
     step 0.986 of plain decode's at 128 (32 pairs; at 64 dynspec speculates at this N); its speculating
     steps 0.997 - 0.999 of always-on's; the mixed load 11.54 s against an oracle of 11.46 (1.007 x),
     below always-on (12.10) and plain decode (16.61), no prompt cached, no long collection."""
-    report = report_of(S40_17_TPUT, {}, S39_REVISIONS)
-    assert run_of(report) == (S40_GPU, "0.5.17", "v2", 96, True)
-    tp = report["throughput"]
-    assert tp["levels"] == [1, 4, 16, 32, 64, 128] and tp["order"].startswith("interleaved")
-    recomputed = r_of_medians(tp)
-    assert tp["envelope_ratio"] == recomputed == [1.0009, 0.999, 1.0037, 0.9928, 1.0259, 0.977]
-    assert min(recomputed) >= tp["min_envelope_ratio"] == 0.97
-    published_per_step(S40_17_TPUT, tp, {"128": (0.986, 32)})
-    speculating = tp["per_step_speculating"]["dynspec"]
+    report = r30_at_every_level(S40_17_TPUT, "0.5.17", [1.0009, 0.999, 1.0037, 0.9928, 1.0259, 0.977], (0.986, 32))
+    speculating = report["throughput"]["per_step_speculating"]["dynspec"]
     assert sorted(speculating) == ["1", "16", "32", "4", "64"]
     assert all(0.997 <= r["median"] <= 0.999 for r in speculating.values())
     ml = report["mixed_load"]
@@ -3727,14 +3734,7 @@ def test_session_43_0_5_12_v2_on_r30_keeps_up_at_every_level_and_beats_both_stat
     above 0.97; the fallback step 0.984 of plain decode's at 128 (32 pairs); the mixed load 11.84 s
     against an oracle of 11.76 (1.006 x), below always-on (12.49) and plain decode (16.49), no prompt
     cached, no long collection."""
-    report = report_of(S43_12_TPUT, {}, S39_REVISIONS)
-    assert run_of(report) == (S31_GPU, "0.5.12", "v2", 96, True)
-    tp = report["throughput"]
-    assert tp["levels"] == [1, 4, 16, 32, 64, 128] and tp["order"].startswith("interleaved")
-    recomputed = r_of_medians(tp)
-    assert tp["envelope_ratio"] == recomputed == [1.0235, 1.0155, 1.0097, 1.0077, 1.0105, 0.9745]
-    assert min(recomputed) >= tp["min_envelope_ratio"] == 0.97
-    published_per_step(S43_12_TPUT, tp, {"128": (0.984, 32)})
+    report = r30_at_every_level(S43_12_TPUT, "0.5.12", [1.0235, 1.0155, 1.0097, 1.0077, 1.0105, 0.9745], (0.984, 32))
     ml = report["mixed_load"]
     assert ml["passed"] and ml["seconds"] == {"base": 16.49, "always_on": 12.49, "dynspec": 11.837}
     assert (ml["oracle_seconds"], ml["dynspec_over_oracle"]) == (11.763, 1.0063) and ml["dynspec_over_oracle"] <= 1.03
