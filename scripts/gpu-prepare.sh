@@ -10,8 +10,8 @@
 # Also .gpu/kit-V.tar.xz, the kit in one part, where it fits one call with .gpu/patched-V and the
 # working tree: both parts less what a server never loads (xgrammar's static library, the diffusion
 # runtime, the native gRPC server, 0.5.17's opt-in Rust extensions, PyCryptodome), at xz -9e
-# (~2 min). A call that carries it and .gpu/patched-V needs no earlier kit-a, so a machine that went back costs its start and nothing else
-# (scripts/h200-runs.sh's steps take either).
+# (~2 min). A call that carries it and .gpu/patched-V needs no earlier kit-a, so a machine that
+# went back costs its start and nothing else (scripts/h200-runs.sh's steps take either).
 set -euo pipefail
 V=${1:?usage: scripts/gpu-prepare.sh VERSION}
 cd "$(dirname "$0")/.."

@@ -28,13 +28,6 @@ TARGET, DRAFT, PROMPTS, INFO = "target", "draft", "prompts.json", "model.json"
 
 def write_prompts(target: Path, out: Path, split: str = "held_out") -> int:
     """The held-out (or training) prompts of both sets, tokenized with ``target``'s tokenizer.json."""
-    data = tokenized_prompts(target, split)
-    out.write_text(json.dumps(data) + "\n")
-    return len(data["prompts"])
-
-
-def tokenized_prompts(target: Path, split: str = "held_out") -> dict[str, Any]:
-    """``write_prompts``' file as data: written by the caller once everything else is checked."""
     if split not in SPLITS:
         raise ValueError(split)
     from tokenizers import Tokenizer
@@ -52,7 +45,8 @@ def tokenized_prompts(target: Path, split: str = "held_out") -> dict[str, Any]:
     data = {"tokenizer": str(file), "split": split, f"{split}_of": len(everything), "prompts": rows}
     if split == "train":  # the chat template's two halves, for queries the target writes itself (--self-prompts)
         data["chat"] = chat_ids(tok)
-    return data
+    out.write_text(json.dumps(data) + "\n")
+    return len(rows)
 
 
 def chat_ids(tok: Any) -> dict[str, list[int]]:
@@ -163,11 +157,11 @@ def own(out: Path, target: Path, head: Path, prompts_file: Path | None, name: st
         "head_sha256": None,
     }
     out.mkdir(parents=True, exist_ok=True)
-    staged = [(out / f".{PROMPTS}.new", out / PROMPTS), (out / f".{INFO}.new", out / INFO)]  # _check_out's staging
+    staged = [(out / _staged(PROMPTS), out / PROMPTS), (out / _staged(INFO), out / INFO)]
     staged[0][0].write_text(json.dumps(data) + "\n")
     staged[1][0].write_text(json.dumps(info, indent=1) + "\n")
     for link, to in ((TARGET, target), (DRAFT, head)):
-        fresh = out / f".{link}.new"
+        fresh = out / _staged(link)
         fresh.unlink(missing_ok=True)
         fresh.symlink_to(to, target_is_directory=True)
         staged.append((fresh, out / link))
@@ -177,6 +171,11 @@ def own(out: Path, target: Path, head: Path, prompts_file: Path | None, name: st
 
 
 OWN_NAMES = (TARGET, DRAFT, PROMPTS, INFO)
+
+
+def _staged(name: str) -> str:
+    """Where ``own`` makes ``name`` before renaming it in (an interrupted own leaves it behind)."""
+    return f".{name}.new"
 
 
 def _check_out(out: Path, weights: tuple[Path, ...]) -> None:
@@ -192,9 +191,9 @@ def _check_out(out: Path, weights: tuple[Path, ...]) -> None:
         return
     if not out.is_dir():
         raise UsageError(f"{out}: not a directory")
-    staging = {f".{n}.new" for n in OWN_NAMES}  # what an own stopped before its renames left
-    left = [p for p in out.iterdir() if p.name in staging and (p.is_symlink() or p.is_file())]
-    names = sorted(p.name for p in out.iterdir() if p not in left)
+    staging = {_staged(n) for n in OWN_NAMES}
+    entries = list(out.iterdir())
+    names = sorted(p.name for p in entries if not (p.name in staging and (p.is_symlink() or p.is_file())))
     foreign = [n for n in names if n not in OWN_NAMES]
     if foreign:
         raise UsageError(
@@ -207,8 +206,8 @@ def _check_out(out: Path, weights: tuple[Path, ...]) -> None:
         made_by_own = json.loads(info.read_text()).get("own") is True
     except (OSError, ValueError, AttributeError):
         made_by_own = False
-    links = all((out / n).is_symlink() for n in (TARGET, DRAFT) if (out / n).exists() or (out / n).is_symlink())
-    if not made_by_own or not links:
+    linked = not any((out / n).exists() and not (out / n).is_symlink() for n in (TARGET, DRAFT))
+    if not made_by_own or not linked:
         raise UsageError(f"{out}: not made by `dynspec real own` (a `dynspec real prepare` dir?): choose another OUT")
 
 
@@ -230,7 +229,7 @@ def own_prompts(target: Path) -> dict[str, Any]:
     tok = AutoTokenizer.from_pretrained(str(target))
     if not getattr(tok, "chat_template", None):
         raise ModelInvalid(
-            f"{target}: its tokenizer has no chat template (give --prompts, made by `dynspec real prompts`)"
+            f"{target}: its tokenizer has no chat template (give --prompts: your own prompts as token ids)"
         )
     everything = prompts.humaneval(fetch.extracted(fetch.HUMANEVAL)) + prompts.writingbench(
         fetch.extracted(fetch.WRITINGBENCH), template=None
