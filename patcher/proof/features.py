@@ -1,8 +1,9 @@
 """What users send through the fallback (issue 17): sampling, logprobs and penalties.
 
-Each check sends the same requests to a plain server (``base``), an always-on speculative one
-(``always_on``) and a dynspec server, in two phases: at a batch size where dynspec speculates
-(``on``) and one where it has switched off (``off``). In each phase dynspec is judged against the
+Each check sends the same requests to a plain server (``base``; on v1 on v1's non-overlap
+scheduler, ``run.plain_reference``), an always-on speculative one (``always_on``) and a dynspec
+server, in two phases: at a batch size where dynspec speculates (``on``) and one where it has
+switched off (``off``). In each phase dynspec is judged against the
 static server of its mode (``REFERENCE``): while on it must serve what always-on speculation serves
 (SGLang's verify samples and penalizes by rules of its own, and on real weights rounds near ties
 apart), while off what plain decode serves. Greedy checks compare request by request; sampling

@@ -478,6 +478,13 @@ PROMPT_TOKENS_MAX = 47  # client.prompt's longest
 DRAFT_SLOTS_PER_REQUEST = 8  # slots a speculative request holds beyond its tokens (its draft tree, with room)
 
 
+def plain_reference(path: str) -> str:
+    """The plain-decode server the feature checks judge dynspec against while off (their ``base``):
+    on v1, which never overlaps, plain decode on the non-overlap scheduler, since SGLang penalizes a
+    token late under overlap (0.5.12's ``prepare_for_decode``; session 44: 1 of 16 requests apart)."""
+    return launch.BASE_NO_OVERLAP if path == "v1" else "base"
+
+
 def informational_modes(opts: ProofOptions, throughput: bool, mixed_load: bool) -> tuple[str, ...]:
     """The plain-decode servers of throughput and mixed_load that no verdict compares: with
     --no-overlap-base, the non-overlapping one (information), except where throughput alone judges v1:
@@ -1744,16 +1751,20 @@ class Proof:
         opts = self.opts
         shape = opts.shape_for("equivalence")
         sizes = opts.feature_sizes
+        plain = plain_reference(opts.path)
         # with grammar, all load the model's tokenizer (the other checks' requests are served alike)
         plans = [
             Plan(mode, shape, None, f"{SERVER_NAMES[mode]}-features", tokenizer="grammar" in checks)
-            for mode in ("base", "always_on", "dynspec")
+            for mode in (plain, "always_on", "dynspec")
         ]
         got: dict[str, dict[str, dict[str, list[Reply]]]] = {c: {p: {} for p in features.PHASES} for c in checks}
         # by check, what went wrong while serving: dynspec not in its phase's mode, a ballast reply failed
         modes: dict[str, list[str]] = {c: [] for c in checks}
         problems = self.serve_in_turn(
-            plans, lambda plan, server: self.feature_loads(server, plan.mode, checks, sizes, got, modes)
+            plans,
+            lambda plan, server: self.feature_loads(
+                server, "base" if plan.mode == plain else plan.mode, checks, sizes, got, modes
+            ),
         )
         judges = {
             "sampling": features.judge_sampling,
@@ -1764,7 +1775,7 @@ class Proof:
         for check in checks:
             entry = judges[check](got[check], sizes)
             entry["problems"] = problems + modes[check] + entry["problems"]
-            entry.update(passed=not entry["problems"], shape=opts.shape_named("equivalence"))
+            entry.update(passed=not entry["problems"], shape=opts.shape_named("equivalence"), base_mode=plain)
             self.report[check] = entry
         self._save()
 

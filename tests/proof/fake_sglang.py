@@ -47,7 +47,8 @@ token model instead (``decode``); other requests get ``outputs()``. The next tok
 function of the context: 64 distinct candidate ids from a hash of the prompt and the context's
 length modulo 4 (``candidates``), with logits 3.0 - 0.05 j, so greedy decoding repeats its 4 tokens
 and a penalty of 0.5 changes it at the 5th. As in SGLang, penalties come off the logits (frequency x
-count in the output + presence if counted), the temperature divides them (greedy: argmax, logprobs
+count in the output + presence if counted; a server without ``--disable-overlap-schedule`` counts
+late, as the overlap scheduler does), the temperature divides them (greedy: argmax, logprobs
 at temperature 1; an absent temperature is 1.0), top_k then top_p (on the untruncated mass) truncate,
 and a ``random.Random`` samples (seeded by the request's ``sampling_seed`` where it has one). ``return_logprob`` adds ``output_token_logprobs``
 (``[[logprob, id, null], ...]``, under the full distribution) and ``top_logprobs_num`` k > 0
@@ -240,11 +241,16 @@ def decode(
     *,
     skew: float = 1.0,
     penalties: bool = True,
+    late_penalties: bool = False,
     rng: random.Random | None = None,
 ) -> tuple[list[int], list[tuple[float, int]], list[list[tuple[float, int]]]]:
     """``n`` tokens of the token model: (tokens, (logprob, id) of each, its ranked distribution).
 
-    ``skew`` scales the temperature, ``penalties`` False ignores them (the faults' servers)."""
+    ``skew`` scales the temperature, ``penalties`` False ignores them (the faults' servers).
+    ``late_penalties``: a token is counted ``MODEL_PERIOD`` steps after it was drawn. SGLang's overlap
+    scheduler counts it one step late (0.5.12's ``prepare_for_decode`` cumulates ``req.output_ids[-1]``
+    while the newest token is still in flight); here a step's candidates are those of a period before,
+    so only a lag of a whole period changes the tokens, as one step does now and then on real weights."""
     temperature = float(params.get("temperature", 1.0))
     greedy = temperature < SAMPLING_EPS
     temperature = 1.0 if greedy else temperature * skew  # SGLang: greedy is temperature 1, top_k 1
@@ -260,6 +266,9 @@ def decode(
     ranked_all: list[list[tuple[float, int]]] = []
     counts: dict[int, int] = {}
     for k in range(n):
+        drawn = k - 1 - (MODEL_PERIOD if late_penalties else 0)  # the token the penalties count from now on
+        if drawn >= 0:
+            counts[tokens[drawn]] = counts.get(tokens[drawn], 0) + 1
         length = len(input_ids) + k
         ranked = distribution(
             candidates(input_ids, length), counts, temperature, frequency, presence, logit_step(length)
@@ -272,7 +281,6 @@ def decode(
         tokens.append(pick[1])
         chosen.append(pick)
         ranked_all.append(ranked)
-        counts[pick[1]] = counts.get(pick[1], 0) + 1
     return tokens, chosen, ranked_all
 
 
@@ -314,6 +322,9 @@ class State:
         self.acc = float(os.environ.get("SGLANG_SIMULATE_ACC_LEN", "-1"))
         self.quiet = False
         self.tokenizer = False  # started without --skip-tokenizer-init: replies carry text, grammars apply
+        # without --disable-overlap-schedule, speculating or not: penalties counted a token late (decode's
+        # late_penalties); the proof needs only that a plain server there penalizes unlike v1's scheduler
+        self.overlap = True
         self.flushes = 0
         # FAKE_SGLANG_PREFIX_CACHE=1: log a prefill line per request, its prompt cached if sent before
         self.prefix_cache = os.environ.get("FAKE_SGLANG_PREFIX_CACHE") == "1"
@@ -625,6 +636,7 @@ def make_handler(state: State) -> type[BaseHTTPRequestHandler]:
                         params,
                         skew=0.7 if faulty and "skewsampling" in state.faults else 1.0,
                         penalties=not (faulty and "droppenalty" in state.faults),
+                        late_penalties=state.overlap,
                     )
                 else:
                     tokens = [100] * n if state.acc > 0 else outputs(input_ids, n)
@@ -712,6 +724,7 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--max-total-tokens", type=int)
     parser.add_argument("--gc-warning-threshold-secs", type=float, default=0.0)
     parser.add_argument("--attention-backend", default="triton")
+    parser.add_argument("--disable-overlap-schedule", action="store_true")
     args, _ = parser.parse_known_args(argv)
     if args.dp_size == 1:  # every release turns DP attention off with one DP rank, and serves
         args.enable_dp_attention = False
@@ -752,6 +765,7 @@ def main(argv: list[str]) -> None:
     state.metrics = args.enable_metrics
     state.gc_warning = args.gc_warning_threshold_secs
     state.tokenizer = not args.skip_tokenizer_init
+    state.overlap = not args.disable_overlap_schedule
     if state.disable is not None:
         log(
             f"dynspec: v2 fallback ready in 0.01 s: speculation off above {state.disable} requests, on at or "

@@ -116,7 +116,25 @@ def test_penalties_change_greedy_outputs(fake_server, penalty):
         assert len(set(plain)) <= 4  # unpenalized greedy decoding repeats itself
         penalized = generate(port, i, 16, {penalty: 0.5})["output_ids"]
         assert plain != penalized
-        assert penalized == decode(prompt(i), 16, {"temperature": 0, penalty: 0.5})[0]
+        assert penalized == decode(prompt(i), 16, {"temperature": 0, penalty: 0.5}, late_penalties=True)[0]
+
+
+@pytest.mark.parametrize("penalty", ["frequency_penalty", "presence_penalty"])
+def test_only_penalties_tell_the_overlap_scheduler_from_v1s(fake_server, penalty):
+    """As in SGLang, a server on the overlap scheduler counts a token late: penalized outputs differ
+    from one with --disable-overlap-schedule, unpenalized ones and sampled distributions do not."""
+    overlap, _ = fake_server(delay=0)
+    v1_port, v1 = fake_server(delay=0)
+    v1.overlap = False
+    apart = 0
+    for i in range(8):
+        assert generate(overlap, i, 16, {penalty: 0.0}) == generate(v1_port, i, 16, {penalty: 0.0})
+        late, counted = (generate(port, i, 16, {penalty: 0.5})["output_ids"] for port in (overlap, v1_port))
+        assert counted == decode(prompt(i), 16, {"temperature": 0, penalty: 0.5})[0]
+        apart += late != counted
+    assert apart == 8
+    sampled = {**SAMPLED, "sampling_seed": 7}
+    assert generate(overlap, 1, 8, sampled) == generate(v1_port, 1, 8, sampled)
 
 
 def skewed(reply: Any) -> Any:
@@ -141,7 +159,8 @@ def test_a_fault_hits_only_requests_that_arrive_while_off(fake_server, fault):
     sampling, fields, observe = FAULTS[fault]
 
     def seen(port: int) -> Any:
-        return observe(generate(port, 3, 8, sampling, **fields))
+        # 16 tokens: an overlap server's penalties count a period late (fake_sglang.decode)
+        return observe(generate(port, 3, 16, sampling, **fields))
 
     reference = seen(fake_server(delay=0)[0])
     base, _ = fake_server(delay=0, faults=fault)
@@ -155,7 +174,7 @@ def test_a_fault_hits_only_requests_that_arrive_while_off(fake_server, fault):
     assert on_state.on and not off_state.on  # the requests arrived while on, and while off
     assert broken != reference
     if fault == "skewsampling":  # the distribution of 0.7x the temperature
-        expected = decode(prompt(3), 8, {**sampling, "temperature": 0.7})[2]
+        expected = decode(prompt(3), 16, {**sampling, "temperature": 0.7})[2]
         assert [[t for _, t, _ in ranked] for ranked in broken] == [[t for _, t in r[:5]] for r in expected]
         assert [lp for ranked in broken for lp, _, _ in ranked] == pytest.approx(
             [lp for r in expected for lp, _ in r[:5]]
@@ -168,6 +187,6 @@ def test_a_fault_hits_only_requests_that_arrive_while_off(fake_server, fault):
         for got, want in zip(meta["output_top_logprobs"], reference[1]["output_top_logprobs"]):
             assert [e[0] for e in got] == pytest.approx([e[0] + 0.2 for e in want])
     elif fault == "droppenalty":
-        assert broken[0] == decode(prompt(3), 8, {"temperature": 0})[0]
+        assert broken[0] == decode(prompt(3), 16, {"temperature": 0})[0]
     else:
         assert broken[0] == reference[0] and "output_token_logprobs" not in broken[1]

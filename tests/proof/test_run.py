@@ -312,6 +312,25 @@ def test_sampling_logprobs_and_penalties_pass_on_servers_that_serve_them_alike(s
     assert sampled["off"]["dynspec"]["samples"] == [1200, 1200] and sampled["off"]["control"]["p_value"] < 0.01
     assert result["logprobs"]["phases"]["off"]["compared"] > 0
     assert {s["name"] for s in result["servers"]} == {"base-features", "always-on-features", "dynspec-features"}
+    assert all(result[c]["base_mode"] == "base" for c in FEATURES)  # v2: plain decode overlaps, as dynspec's
+
+
+def test_v1_is_judged_while_off_against_plain_decode_on_its_own_scheduler(site, tmp_path, monkeypatch):
+    """v1 never overlaps, and penalties count late on the overlap scheduler (0.5.12 v1, session 44:
+    1 of 16 requests apart from the overlapping base): v1's base runs --disable-overlap-schedule.
+    The control, judged against the overlapping base, fails the phase off and only it."""
+    v1 = fast_features(options(site(), tmp_path / "a", checks=("penalties",), path="v1"))
+    result = run_proof(v1, lambda m: None)
+    assert result["penalties"]["passed"] and result["penalties"]["base_mode"] == "base_no_overlap", reports.summary(
+        result
+    )
+    argv = {s["name"]: s["argv"] for s in result["servers"]}
+    assert set(argv) == {"base-no-overlap-features", "always-on-features", "dynspec-features"}
+    assert all("--disable-overlap-schedule" in a for a in argv.values())
+    monkeypatch.setattr(run, "plain_reference", lambda path: "base")
+    control = run_proof(replace(v1, out=tmp_path / "b"), lambda m: None)
+    assert not control["penalties"]["passed"]
+    assert [p.split(" requests")[0] for p in control["penalties"]["problems"]] == ["off: 12 of 12"]
 
 
 @pytest.mark.parametrize(
