@@ -12,7 +12,10 @@ difference fails instead of passing:
 
 * ``sampling``: the last of a few sampled tokens per request (its prompt, its token) must be
   indistinguishable from base's by a G-test (p > ``sampling.ALPHA``); base sampling the same
-  requests at ``CONTROL_TEMPERATURE`` must be distinguishable.
+  requests at ``CONTROL_TEMPERATURE`` must be distinguishable. While off, dynspec also samples with
+  base's seeds (``SAME_SEEDS``): under deterministic inference a draw is a function of seed,
+  position and logits, so the requests whose tokens part from base's are reported (not judged),
+  beside how many part with dynspec's own seeds, which shows the comparison can tell.
 * ``logprobs``: with ``return_logprob`` and top logprobs, dynspec's greedy tokens equal base's and
   every logprob is within ``LOGPROB_ATOL`` + ``LOGPROB_RTOL`` x |base's| while off (the issue's
   target; while on the same comparison with always-on is reported, not judged); the control compares
@@ -38,6 +41,7 @@ from patcher.proof.client import Reply, Request
 
 CHECKS = ("sampling", "logprobs", "penalties", "grammar")
 ROLES = ("base", "always_on", "dynspec", "control")  # control: base, with the check's control requests
+SAME_SEEDS = "dynspec_with_base_seeds"  # dynspec's sampling requests of the phase off, with base's seeds
 REFERENCE = {"on": "always_on", "off": "base"}  # what dynspec must serve in each phase
 # Why a check needs --model real. Dummy weights' logits are nearly flat: another temperature samples
 # alike and neighbouring positions' logprobs are alike, so those controls are blind there (0.5.17,
@@ -107,17 +111,18 @@ def out_of_mode(phase: str, before: str, switches: Sequence[str]) -> str | None:
     return None
 
 
-def sampling_requests(role: str, per_prompt: int = SAMPLING_PER_PROMPT) -> list[Request]:
+def sampling_requests(role: str, per_prompt: int = SAMPLING_PER_PROMPT, seeds_of: str | None = None) -> list[Request]:
     """``per_prompt`` requests of each of ``SAMPLING_PROMPTS`` prompts, interleaved, at the control's
     temperature for ``control``, each with a ``sampling_seed`` of its own (without deterministic
-    inference SGLang does not use it)."""
+    inference SGLang does not use it): the role's, or ``seeds_of``'s."""
     temperature = CONTROL_TEMPERATURE if role == "control" else SAMPLING_PARAMS["temperature"]
     params = {**SAMPLING_PARAMS, "temperature": temperature}
+    first_seed = SEED_BASE[seeds_of or role]
     return [
         Request(
             SAMPLING_FIRST_PROMPT + k % SAMPLING_PROMPTS,
             SAMPLING_NEW_TOKENS,
-            sampling={**params, "sampling_seed": SEED_BASE[role] + k},
+            sampling={**params, "sampling_seed": first_seed + k},
         )
         for k in range(SAMPLING_PROMPTS * per_prompt)
     ]
@@ -286,6 +291,8 @@ def judge_sampling(samples: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: 
             "control": control.entry(),
             "upstream": upstream.entry(),
         }
+        if got.get(SAME_SEEDS):
+            phases[phase]["same_seeds"] = same_seeds(got["base"], got["dynspec"], got[SAME_SEEDS])
         if not stats.indistinguishable(dynspec):
             problems.append(
                 f"{phase}: dynspec's tokens are distributed unlike {reference}'s (G-test p = {dynspec.p_value:.2g} "
@@ -309,8 +316,20 @@ def judge_sampling(samples: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: 
         "detail": "; ".join(
             f"{p} (batch {e['batch']}, against {e['reference']}): p = {e['dynspec']['p_value']:.3g}, "
             f"control p = {e['control']['p_value']:.2g}"
+            + (f", with base's seeds {s['apart']} of {s['requests']} apart" if (s := e.get("same_seeds")) else "")
             for p, e in phases.items()
         ),
+    }
+
+
+def same_seeds(base: Sequence[Reply], own: Sequence[Reply], with_base_seeds: Sequence[Reply]) -> dict[str, Any]:
+    """Request by request, how many of dynspec's draws with base's seeds part from base's, and (that
+    the comparison can tell) how many of its draws with its own seeds do."""
+    answered = [(b, d) for b, d in zip(base, with_base_seeds) if b.error is None and d.error is None]
+    return {
+        "requests": len(answered),
+        "apart": len(apart(*zip(*answered))) if answered else 0,
+        "own_seeds_apart": len(apart(base, own)),
     }
 
 

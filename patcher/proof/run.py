@@ -1805,6 +1805,9 @@ class Proof:
             for role in roles:
                 if "sampling" in checks:
                     loads.append(("sampling", role, features.sampling_requests(role, per_prompt), 0))
+                    if role == "dynspec" and phase == "off":
+                        with_base_seeds = features.sampling_requests(role, per_prompt, seeds_of="base")
+                        loads.append(("sampling", features.SAME_SEEDS, with_base_seeds, 0))
                 if "logprobs" in checks and role != "control":
                     loads.append(("logprobs", role, features.greedy_requests(size, logprobs=True), 0))
                 if "penalties" in checks:

@@ -28,6 +28,8 @@ def test_sampling_requests_interleave_their_prompts_with_seeds_of_their_role():
     seeds = {role: {r.sampling["sampling_seed"] for r in features.sampling_requests(role)} for role in features.ROLES}
     assert all(len(s) == len(requests) for s in seeds.values())
     assert not seeds["base"] & seeds["dynspec"] and not seeds["base"] & seeds["control"]
+    borrowed = features.sampling_requests("dynspec", seeds_of="base")
+    assert [r.sampling for r in borrowed] == [r.sampling for r in features.sampling_requests("base")]
 
 
 def sampled(rng: random.Random, temperature: float) -> list[Reply]:
@@ -65,6 +67,27 @@ def test_sampling_passes_a_server_that_samples_as_its_reference_and_fails_one_th
     assert not skewed["passed"]
     assert skewed["problems"][0].startswith("on: dynspec's tokens are distributed unlike always_on's")
     assert skewed["problems"][1].startswith("off: dynspec's tokens are distributed unlike base's")
+
+
+def test_draws_with_base_seeds_are_compared_request_by_request_and_reported():
+    """The phase off's draws with base's seeds: those apart from base's counted, beside how many of
+    the draws with dynspec's own seeds part (the comparison can tell); reported, not judged."""
+    phases = sampling_phases(1.0, 0.7)
+    base = phases["off"]["base"]
+    moved = [Reply(r.index, 200, [*r.output_ids[:-1], r.output_ids[-1] + 1], {}, 0.1) for r in base[:3]]
+    phases["off"][features.SAME_SEEDS] = moved + base[3:]
+    judged = features.judge_sampling(phases, SIZES)
+    assert judged["passed"] and "same_seeds" not in judged["phases"]["on"]
+    entry = judged["phases"]["off"]["same_seeds"]
+    assert (entry["requests"], entry["apart"]) == (1200, 3) and entry["own_seeds_apart"] > 1000
+    assert judged["detail"].endswith("with base's seeds 3 of 1200 apart")
+    failed = Reply(0, 0, [], {}, 0.1, error="connection reset")
+    phases["off"][features.SAME_SEEDS] = [failed, *base[1:]]
+    assert features.judge_sampling(phases, SIZES)["phases"]["off"]["same_seeds"] == {
+        "requests": 1199,
+        "apart": 0,
+        "own_seeds_apart": entry["own_seeds_apart"],
+    }
 
 
 def test_sampling_without_a_control_that_differs_has_no_teeth():

@@ -310,6 +310,10 @@ def test_sampling_logprobs_and_penalties_pass_on_servers_that_serve_them_alike(s
     sampled = result["sampling"]["phases"]
     assert {p: sampled[p]["batch"] for p in sampled} == {"on": 4, "off": 12}
     assert sampled["off"]["dynspec"]["samples"] == [1200, 1200] and sampled["off"]["control"]["p_value"] < 0.01
+    # the fake draws by seed: with base's seeds dynspec's draws are base's, with its own most are not
+    same = sampled["off"]["same_seeds"]
+    assert (same["requests"], same["apart"]) == (1200, 0) and same["own_seeds_apart"] > 600
+    assert "same_seeds" not in sampled["on"]
     assert result["logprobs"]["phases"]["off"]["compared"] > 0
     assert {s["name"] for s in result["servers"]} == {"base-features", "always-on-features", "dynspec-features"}
     assert all(result[c]["base_mode"] == "base" for c in FEATURES)  # v2: plain decode overlaps, as dynspec's
@@ -348,6 +352,8 @@ def test_a_fallback_that_skews_sampling_logprobs_or_penalties_fails(site, tmp_pa
     assert not result[check]["passed"]
     assert re.match(problem, result[check]["problems"][0]), result[check]["problems"]
     assert not any(p.startswith("on:") for p in result[check]["problems"])
+    if fault == "skewsampling":  # with base's seeds too, another temperature parts the draws
+        assert result["sampling"]["phases"]["off"]["same_seeds"]["apart"] > 600
 
 
 BACKEND_CHECKS = ("equivalence", "crossings", "backends")
