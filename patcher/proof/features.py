@@ -328,7 +328,7 @@ def same_seeds(base: Sequence[Reply], own: Sequence[Reply], with_base_seeds: Seq
     answered = [(b, d) for b, d in zip(base, with_base_seeds) if b.error is None and d.error is None]
     return {
         "requests": len(answered),
-        "apart": len(apart(*zip(*answered))) if answered else 0,
+        "apart": len(apart([b for b, _ in answered], [d for _, d in answered])),
         "own_seeds_apart": len(apart(base, own)),
     }
 
