@@ -92,7 +92,7 @@ fi
 # A packing that failed or was stopped leaves no one-part kit: the two parts still serve.
 [ -f "$one" ] || { echo "one-part kit: not made; use kit-a and part b"; exit 0; }
 . scripts/call-size.sh
-total=$(( $(stat -c %s "$one") + $(du -sb ".gpu/patched-$V" | cut -f1) + $(tree_bytes) ))
+total=$(( $(stat -c %s "$one") + $(du -s --block-size=1 ".gpu/patched-$V" | cut -f1) + $(tree_bytes) ))
 if [ "$total" -le "$CALL_MAX_BYTES" ]; then
   echo "one-part kit: $one ($(( total / 1024 / 1024 )) MiB with .gpu/patched-$V and the tree): one call, no kit-a"
 else
