@@ -18,7 +18,7 @@ import click
 from click.core import ParameterSource
 
 from patcher.options import choice_option
-from patcher.proof import plot, report
+from patcher.proof import combine, plot, report
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.launch import ATTENTION_BACKENDS, AUTO, MAX_RUNNING_REQUESTS
 from patcher.proof.run import ProofOptions, default_out, run_proof
@@ -160,6 +160,19 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
         click.echo(f"no plot: {why}", err=True)
         sys.exit(1)
     click.echo(str(png))
+
+
+def _combine_only(paths: tuple[Path, ...], sweep: tuple[int, ...], out: Path | None) -> int:
+    try:
+        joined = combine.combine([(str(p), report.load(p)) for p in paths], sweep)
+    except (OSError, ValueError) as error:  # CombineError is a ValueError, as a report that is not JSON
+        raise click.UsageError(f"--combine: {error}") from error
+    text = report.summary(joined)
+    if out is not None:
+        report.write(joined, out)
+        (out / report.SUMMARY_NAME).write_text(text)
+    click.echo(text, nl=False)
+    return report.exit_code(joined)
 
 
 @click.command("proof", context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -469,6 +482,15 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
     default=None,
     help="Only draw the PNG from an existing report.json (into --out, or beside it).",
 )
+@click.option(
+    "--combine",
+    "combine_reports",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    multiple=True,
+    help="Only join the auto_threshold reports of device calls that each ran part of the sweep (give it "
+    "once per report.json) and judge them as one sweep of --auto-sweep: report.json and summary.txt "
+    "into --out, the summary to stdout.",
+)
 @click.pass_context
 def proof(
     ctx: click.Context,
@@ -522,6 +544,7 @@ def proof(
     extra_args: str,
     out: Path | None,
     plot_report: Path | None,
+    combine_reports: tuple[Path, ...],
 ) -> None:
     """Start SGLang servers with weight-free models and prove dynspec on this GPU.
 
@@ -562,6 +585,8 @@ def proof(
     if plot_report is not None:
         _plot_only(plot_report, out)
         return
+    if combine_reports:
+        ctx.exit(_combine_only(combine_reports, auto_sweep, out))
     chosen = tuple(c.strip() for c in checks.split(",") if c.strip())
     if throughput and "throughput" not in chosen:
         chosen += ("throughput",)

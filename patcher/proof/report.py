@@ -179,6 +179,8 @@ def summary(report: Report) -> str:
     elif digests:
         named = ", ".join(f"{part} {digest[:12]}" for part, digest in digests.items() if digest)
         lines.append(f"model: {report.get('model')} (sha256: {named or 'not recorded'})")
+    for part in report.get("combined_from", []):  # dynspec proof --combine: the parts judged as one
+        lines.append(f"part: {part}")
     lines.append("")
     lines.append(f"{'check':<12} {'result':<6} detail")
     lines += [_check_line(name, report) for name in CHECKS]
@@ -332,6 +334,11 @@ def summary(report: Report) -> str:
                 f"  {_fmt(e.get('oracle_s'), 2):>7}  {_fmt(e.get('auto_over_oracle'), 3):>11}"
             )
         for a, e in auto["by_acceptance"].items():
+            for part in e.get("parts", []):  # a combined report: each part's own comparison
+                lines.append(
+                    f"    acceptance {a}, part {part['source']}: N in {part['sweep']}, auto {_fmt(part['auto_s'], 2)} s, "
+                    f"best N={part['best_fixed_n']} {_fmt(part['best_fixed_s'], 2)} s ({_fmt(part['auto_over_best_fixed'], 3)}x)"
+                )
             said = e.get("auto_decisions")
             if said is not None:
                 settled = said["last_estimated"]
@@ -368,8 +375,8 @@ def summary(report: Report) -> str:
             lines.append(f"    {name}: {said or 'none'}")
 
     lines.append("")
-    out = report.get("out", ".")
-    lines.append(f"logs and report in {out}")
+    if "out" in report or "combined_from" not in report:
+        lines.append(f"logs and report in {report.get('out', '.')}")
     verdict_ok = verdict(report)
     lines.append(f"RESULT: {'PASS' if verdict_ok else 'FAIL'} (exit {0 if verdict_ok else 1})")
     return "\n".join(lines) + "\n"

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from patcher.proof import acceptance, exactkv, features, logscan, metrics, steps
+from patcher.proof import acceptance, combine, exactkv, features, logscan, metrics, steps
 from patcher.proof.acceptance import proposals_apart
 from patcher.proof.command import DEFAULTS
 from patcher.proof.pools import (
@@ -3870,3 +3870,89 @@ def test_session_44_0_5_12_v2_on_flashinfer_is_exact_with_its_draft_kv_written_e
     assert "draft KV only while off (eagerly)" in ready[0]
     assert "KV-only draft-extend CUDA graph captured" not in files["dynspec.log"]
     assert "kv-direct does not write this server's draft KV" in files["dynspec.log"]
+
+
+# -- session 45 (runtime r30 / v2 module r50 / auto r6, the patched files of 2476018; runs at f23dfbb, an
+# H100): issue 16's auto on r30 at acceptance 4 (the whole sweep, two calls) and 3 (N = 8, 16, 32) ---------
+
+S45_17_AUTO = {
+    ("4", "8,16,32"): PROOF / "0.5.17-v2-s45-r30-auto-acc4-n8-16-32",
+    ("4", "48,64,96"): PROOF / "0.5.17-v2-s45-r30-auto-acc4-n48-64-96",
+    ("3", "8,16,32"): PROOF / "0.5.17-v2-s45-r30-auto-acc3-n8-16-32",
+}
+S45_17_AUTO_4 = PROOF / "0.5.17-v2-s45-r30-auto-acc4-combined"
+AUTO_R6 = {**S39_REVISIONS, "speculative_dynspec_auto": 6}
+
+
+def auto_part(acceptance: str, sweep: str) -> dict:
+    """One kv-auto call on r30: what ran (0.5.17 v2 on an H100, the sweep asked, two passes a server, the
+    collectors frozen, nothing cached), its row at ``acceptance``, its totals the medians of its passes."""
+    report = report_of(S45_17_AUTO[acceptance, sweep], {}, AUTO_R6)
+    assert (report["gpu"], report["sglang_version"], report["path"], report["passed"]) == (
+        S31_GPU,
+        "0.5.17",
+        "v2",
+        True,
+    )
+    entry = report["auto_threshold"]
+    assert ",".join(map(str, entry["sweep"])) == sweep and entry["problems"] == [] and entry["repeats"] == 2
+    no_long_collections(report)
+    assert all(s["mixed_cached_prompt_tokens"] == 0 for s in report["servers"])
+    row = entry["by_acceptance"][acceptance]
+    for name, samples in row["samples"].items():
+        total = row["auto_s"] if name == "auto" else row["fixed_s"].get(name, row.get(f"{name}_s"))
+        assert abs(total - statistics.median(samples)) <= 0.001, name  # the samples are rounded too
+    return report
+
+
+def test_session_45_auto_at_acceptance_4_is_within_3_percent_of_the_best_of_six_fixed_n() -> None:
+    """auto_threshold at simulated acceptance 4 on r30, in two calls with their own base, always-on
+    and auto: N = 8, 16, 32 (auto 9.51 s, best N = 32 10.93, 0.870x) and N = 48, 64, 96 (auto 9.70,
+    best N = 64 9.50, 1.021x). Joined by `dynspec proof --combine` (the committed report is what it
+    writes from the two): best of all six N = 64, auto 1.021x it in the same call, faster than plain
+    decode (16.7 s) in both, and 0.6 % / 2.9 % behind always-on (9.45 / 9.43), which at acceptance 4
+    wins even the 128 phase on an H100 where auto's ceiling (127) falls back. The control: a switch
+    point of 32, the best of the first call, would be 15 % behind."""
+    rows = {sweep: auto_part("4", sweep)["auto_threshold"]["by_acceptance"]["4"] for _, sweep in list(S45_17_AUTO)[:2]}
+    assert {s: (r["auto_s"], r["best_fixed_n"], r["auto_over_best_fixed"]) for s, r in rows.items()} == {
+        "8,16,32": (9.51, 32, 0.8703),
+        "48,64,96": (9.7, 64, 1.0211),
+    }
+    assert all(r["auto_s"] < r["base_s"] and r["always_on_s"] < r["auto_s"] for r in rows.values())
+    parts = [(f"{S45_17_AUTO['4', s].name}/report.json", report_of(S45_17_AUTO["4", s], {}, AUTO_R6)) for s in rows]
+    joined = combine.combine(parts, DEFAULTS.auto_sweep)
+    assert joined == json.loads((S45_17_AUTO_4 / "report.json").read_text())
+    row = joined["auto_threshold"]["by_acceptance"]["4"]
+    assert joined["passed"] and (row["best_fixed_n"], row["best_fixed_s"], row["auto_over_best_fixed"]) == (
+        64,
+        9.5,
+        1.0211,
+    )
+    assert row["auto_over_best_fixed"] <= 1.03 < row["fixed_s"]["32"] / row["best_fixed_s"]  # the control
+    # every phase at 128 (the fifth): always-on beats plain decode there at acceptance 4; auto, at its
+    # ceiling, falls back as every fixed N does
+    for r in rows.values():
+        phases = r["phase_medians"]
+        assert phases["always_on"][4] < phases["base"][4] <= phases["auto"][4]
+        assert r["auto_decisions"]["last_estimated"]["disable_above"] == 127
+
+
+def test_session_45_auto_at_acceptance_3_beats_n_8_16_32_and_both_static_servers() -> None:
+    """Half of acceptance 3's sweep on r30: auto 11.64 s, N = 32 12.19 (0.955x), always-on 12.21, plain
+    decode 16.66; 1.004x the per-phase oracle. Auto speculated up to 127 and fell back at 128, where
+    always-on is 24 % slower than plain decode at acceptance 3 (3.09 s against 2.48): the control to
+    acceptance 4's 128 phase above, where always-on wins, so the best fixed N differs between the two."""
+    report = auto_part("3", "8,16,32")
+    row = report["auto_threshold"]["by_acceptance"]["3"]
+    assert (row["auto_s"], row["best_fixed_n"], row["best_fixed_s"], row["auto_over_oracle"]) == (
+        11.641,
+        32,
+        12.186,
+        1.0036,
+    )
+    assert row["faster_than_both"]
+    phases = row["phase_medians"]
+    assert phases["base"][4] < phases["auto"][4] < phases["always_on"][4]
+    assert (phases["always_on"][4], phases["base"][4]) == (3.088, 2.481)
+    said = row["auto_decisions"]
+    assert (said["count"], said["estimated"]) == (6, 3) and said["last_estimated"]["disable_above"] == 127
