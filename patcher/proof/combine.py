@@ -45,8 +45,7 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int]) -> Report
         raise CombineError("--combine needs the reports of two or more parts of one sweep")
     (first_name, first), *rest = parts
     for name, part in parts:
-        if not isinstance(part.get("auto_threshold"), Mapping) or "by_acceptance" not in part["auto_threshold"]:
-            raise CombineError(f"{name}: no auto_threshold entry (a report of --checks auto_threshold)")
+        _check_shape(name, part)
     for name, part in rest:
         for key in SAME_RUN:
             if part.get(key) != first.get(key):
@@ -65,6 +64,22 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int]) -> Report
     )
     out["passed"] = entry["passed"]
     return out
+
+
+def _check_shape(name: str, part: Report) -> None:
+    """Refuse what mixed.judge_auto did not write: no entry, or rows without their numbers."""
+    entry = part.get("auto_threshold")
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("by_acceptance"), Mapping):
+        raise CombineError(f"{name}: no auto_threshold entry (a report of --checks auto_threshold)")
+    if not isinstance(entry.get("max_ratio"), (int, float)):
+        raise CombineError(f"{name}: auto_threshold has no max_ratio")
+    for label, row in entry["by_acceptance"].items():
+        numbers = [row.get(k) for k in ("auto_s", "base_s", "always_on_s")] if isinstance(row, Mapping) else []
+        fixed = row.get("fixed_s") if isinstance(row, Mapping) else None
+        if not isinstance(fixed, Mapping) or not all(
+            v is None or isinstance(v, (int, float)) for v in [*numbers, *fixed.values()]
+        ):
+            raise CombineError(f"{name}: acceptance {label}'s row is not judge_auto's (numbers or fixed_s missing)")
 
 
 def combine_entries(entries: Sequence[tuple[str, Mapping[str, Any]]], sweep: Sequence[int]) -> dict[str, Any]:

@@ -148,3 +148,20 @@ def test_bad_parts_exit_2_with_one_line_and_write_nothing(tmp_path: Path) -> Non
     junk.write_text("not json")
     result = CliRunner().invoke(main, ["proof", "--combine", str(a), "--combine", str(junk)])
     assert result.exit_code == 2 and "--combine: " in result.output
+
+
+def test_a_row_without_its_numbers_is_refused_not_a_traceback() -> None:
+    """A hand-edited part: a time as text, a row without fixed_s, no max_ratio."""
+    texts = part(7.9, {64: 7.8})
+    texts["auto_threshold"]["by_acceptance"]["3"]["auto_s"] = "7.9"
+    bare = part(7.9, {64: 7.8})
+    del bare["auto_threshold"]["by_acceptance"]["3"]["fixed_s"]
+    unbounded = part(7.9, {64: 7.8})
+    del unbounded["auto_threshold"]["max_ratio"]
+    for broken, message in (
+        (texts, "row is not judge_auto's"),
+        (bare, "row is not judge_auto's"),
+        (unbounded, "no max_ratio"),
+    ):
+        with pytest.raises(combine.CombineError, match=f"b: .*{message}"):
+            combine.combine([("a", part(8.1, {8: 8.5})), ("b", broken)], SWEEP)
