@@ -19,19 +19,13 @@ from typing import Any
 
 from patcher.proof.report import Report
 
-# What the parts must share to be one sweep: the same release, path, card, runtime and model, and
-# the same load measured the same way.
-SAME_RUN = (
-    "sglang_version",
-    "path",
-    "gpu",
-    "dynspec_applied",
-    "dynspec_revisions",
-    "model",
-    "model_sha256",
-    "attention_backend",
-)
-SAME_LOAD = ("shape", "schedule", "repeats", "max_ratio")
+# What every part must share to be one sweep: the same release, path, card and runtime, and the same
+# load measured the same way. The weights (a dummy shape with simulated acceptances, or a real model
+# at its own, labelled "real") need only be the same among the parts of one acceptance: the issue's
+# report holds both kinds.
+SAME_RUN = ("sglang_version", "path", "gpu", "dynspec_applied", "dynspec_revisions", "attention_backend")
+SAME_LOAD = ("schedule", "repeats", "max_ratio")
+SAME_WEIGHTS = ("model", "model_sha256")
 
 
 class CombineError(ValueError):
@@ -54,8 +48,24 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int]) -> Report
             ours, theirs = part["auto_threshold"].get(key), first["auto_threshold"].get(key)
             if ours != theirs:
                 raise CombineError(f"{name}: auto_threshold {key} {ours!r} differs from {first_name}'s {theirs!r}")
+    weights: dict[str, tuple[str, dict[str, Any]]] = {}  # by acceptance: the first part's name and weights
+    for name, part in parts:
+        ours = {key: part.get(key) for key in SAME_WEIGHTS}
+        ours["shape"] = part["auto_threshold"].get("shape")
+        for label in part["auto_threshold"]["by_acceptance"]:
+            seen, theirs = weights.setdefault(label, (name, ours))
+            for key, value in ours.items():
+                if value != theirs[key]:
+                    raise CombineError(
+                        f"{name}: acceptance {label}'s {key} {value!r} differs from {seen}'s {theirs[key]!r}"
+                    )
     entry = combine_entries([(name, part["auto_threshold"]) for name, part in parts], sweep)
+    entry["weights"] = {label: w for label, (_, w) in weights.items()}
     out: Report = {key: first.get(key) for key in SAME_RUN}
+    kinds = list(entry["weights"].values())
+    if all(w == kinds[0] for w in kinds):  # one model throughout: named as a part names it
+        out.update({key: first.get(key) for key in SAME_WEIGHTS})
+        entry["shape"] = kinds[0]["shape"]
     out.update(
         dynspec_flags=first.get("dynspec_flags"),  # the dynspec server's flags, which auto's and each N's override
         combined_from=[name for name, _ in parts],
@@ -100,7 +110,6 @@ def combine_entries(entries: Sequence[tuple[str, Mapping[str, Any]]], sweep: Seq
         "required_sweep": list(sweep),
         "max_ratio": first["max_ratio"],
         "repeats": first.get("repeats"),
-        "shape": first.get("shape"),
         "schedule": first.get("schedule"),
         "problems": problems,
         "detail": "; ".join(

@@ -165,3 +165,36 @@ def test_a_row_without_its_numbers_is_refused_not_a_traceback() -> None:
     ):
         with pytest.raises(combine.CombineError, match=f"b: .*{message}"):
             combine.combine([("a", part(8.1, {8: 8.5})), ("b", broken)], SWEEP)
+
+
+def relabelled(report: dict, label: str, **weights: Any) -> dict:
+    """``report`` with its one acceptance row under ``label`` and other weights (a real model's part)."""
+    entry = report["auto_threshold"]
+    (row,) = entry["by_acceptance"].values()
+    entry["by_acceptance"] = {label: row}
+    entry["shape"] = weights.pop("shape", entry["shape"])
+    return {**report, **weights}
+
+
+def test_a_real_models_part_joins_the_simulated_ones_under_its_own_label() -> None:
+    """The issue's one report holds acceptances 2 – 4 on dummy weights and ``real`` on the real model:
+    weights must agree only within a label. The control: two parts of one label on other models."""
+    real = {"model": "SmolLM2-135M-Instruct", "model_sha256": {"gguf": "b179", "head": "8379"}, "shape": "real"}
+    parts = [
+        ("a", part(8.1, {8: 8.5, 32: 8.0})),
+        ("b", part(7.9, {64: 7.8, 96: 8.2})),
+        ("r1", relabelled(part(5.0, {8: 5.2, 32: 5.1}), "real", **real)),
+        ("r2", relabelled(part(5.0, {64: 5.3, 96: 5.4}), "real", **real)),
+    ]
+    joined = combine.combine(parts, SWEEP)
+    assert joined["passed"] and set(joined["auto_threshold"]["by_acceptance"]) == {"3", "real"}
+    assert joined["auto_threshold"]["weights"]["real"]["model"] == "SmolLM2-135M-Instruct"
+    assert joined["auto_threshold"]["weights"]["3"] == {"model": "dummy", "model_sha256": None, "shape": "8b"}
+    assert "model" not in joined and "shape" not in joined["auto_threshold"]  # two kinds: no one name for both
+    alone = combine.combine(parts[:2], SWEEP)
+    assert alone["model"] == "dummy" and alone["auto_threshold"]["shape"] == "8b"
+    other = relabelled(
+        part(5.0, {64: 5.3, 96: 5.4}), "real", **{**real, "model_sha256": {"gguf": "b179", "head": "ffff"}}
+    )
+    with pytest.raises(combine.CombineError, match="r2: acceptance real's model_sha256 .* differs from r1's"):
+        combine.combine([*parts[:3], ("r2", other)], SWEEP)
