@@ -325,11 +325,18 @@ def judge_sampling(samples: Mapping[str, Mapping[str, Sequence[Reply]]], sizes: 
 def same_seeds(base: Sequence[Reply], own: Sequence[Reply], with_base_seeds: Sequence[Reply]) -> dict[str, Any]:
     """Request by request, how many of dynspec's draws with base's seeds part from base's, and (that
     the comparison can tell) how many of its draws with its own seeds do."""
-    answered = [(b, d) for b, d in zip(base, with_base_seeds) if b.error is None and d.error is None]
+
+    def answered(dynspec: Sequence[Reply]) -> tuple[list[Reply], list[Reply]]:
+        pairs = [(b, d) for b, d in zip(base, dynspec) if b.error is None and d.error is None]
+        return [b for b, _ in pairs], [d for _, d in pairs]
+
+    # a failed request is left out of both counts: else it would count as apart in the control alone
+    same, own_pairs = answered(with_base_seeds), answered(own)
     return {
-        "requests": len(answered),
-        "apart": len(apart([b for b, _ in answered], [d for _, d in answered])),
-        "own_seeds_apart": len(apart(base, own)),
+        "requests": len(same[0]),
+        "apart": len(apart(*same)),
+        "own_seeds_requests": len(own_pairs[0]),
+        "own_seeds_apart": len(apart(*own_pairs)),
     }
 
 

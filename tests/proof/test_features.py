@@ -86,8 +86,16 @@ def test_draws_with_base_seeds_are_compared_request_by_request_and_reported():
     assert features.judge_sampling(phases, SIZES)["phases"]["off"]["same_seeds"] == {
         "requests": 1199,
         "apart": 0,
+        "own_seeds_requests": 1200,
         "own_seeds_apart": entry["own_seeds_apart"],
     }
+    # and one of dynspec's own draws failing leaves the control's count, not one more apart
+    phases["off"][features.SAME_SEEDS] = base
+    first = phases["off"]["dynspec"][0]
+    phases["off"]["dynspec"] = [failed, *phases["off"]["dynspec"][1:]]
+    own = features.judge_sampling(phases, SIZES)["phases"]["off"]["same_seeds"]
+    was_apart = first.output_ids != base[0].output_ids
+    assert (own["own_seeds_requests"], own["own_seeds_apart"]) == (1199, entry["own_seeds_apart"] - was_apart)
 
 
 def test_sampling_without_a_control_that_differs_has_no_teeth():
