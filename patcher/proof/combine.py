@@ -3,43 +3,60 @@ of the sweep.
 
 A whole sweep is nine servers (base, always-on, auto and six fixed N); an H100 holds three 8B ones
 at a time and a device call about six, so the sweep runs in parts, each with its own base,
-always-on and auto. Servers are compared only within their call. A part passes at an acceptance
-when its auto is within ``max_ratio`` of every fixed N it ran and not slower than both static
-servers, so parts that all pass put auto within ``max_ratio`` of the best N of the whole sweep.
-The combined numbers are medians over the parts (an N run in two parts: the median of both), under
-the issue's report keys; ``auto_over_best_fixed`` is the same-call ratio of the part that ran the
-best N.
+always-on and auto. Servers are compared only within their call (two starts of one server differ
+by about 2 %: session 45). A part passes at an acceptance when its auto is within ``max_ratio`` of
+every fixed N it ran and not slower than both static servers, so parts that all pass put auto
+within ``max_ratio`` of the best N of the whole sweep. Each part's verdict is recomputed from its
+times, not read from it. The best N is the one with the lowest median over the parts that ran it;
+the combined row is the call that compared auto with it (where several did, the one where auto
+fared worst), so its times and ratios come from one call. Medians over the parts stand beside.
 """
 
 from __future__ import annotations
 
+import math
+import shlex
 import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from patcher.proof.report import Report
 
-# What every part must share to be one sweep: the same release, path, card and runtime, and the same
-# load measured the same way. The weights (a dummy shape with simulated acceptances, or a real model
-# at its own, labelled "real") need only be the same among the parts of one acceptance: the issue's
-# report holds both kinds.
-SAME_RUN = ("sglang_version", "path", "gpu", "dynspec_applied", "dynspec_revisions", "attention_backend")
-SAME_LOAD = ("schedule", "repeats", "max_ratio")
+# What every part must share to be one sweep: the same release, path, card, runtime and server
+# settings, and the same load measured the same way. The weights (a dummy shape with simulated
+# acceptances, or a real model at its own, labelled "real") and the servers' extra flags need only
+# be the same among the parts of one acceptance: the issue's report holds both kinds.
+SAME_RUN = (
+    "sglang_version",
+    "path",
+    "gpu",
+    "dynspec_applied",
+    "dynspec_revisions",
+    "dynspec_env",
+    "attention_backend",
+    "tp",
+    "deterministic",
+    "enable_threshold",
+    "switch_min_steps",
+)
+SAME_LOAD = ("schedule", "repeats")
 SAME_WEIGHTS = ("model", "model_sha256")
+ROW_TIMES = ("auto_s", "base_s", "always_on_s", "oracle_s")
 
 
 class CombineError(ValueError):
-    """Parts that cannot be one sweep; the message names the part and what differs."""
+    """Parts that cannot be one sweep; the message names the part and what is wrong."""
 
 
-def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int]) -> Report:
-    """The report of ``parts`` (each a name and its report) as one run of ``sweep``: the shared run
-    fields, ``combined_from`` and an ``auto_threshold`` entry judged over all of them."""
+def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int], max_ratio: float) -> Report:
+    """The report of ``parts`` (each a name and its report) as one run of ``sweep``, judged at
+    ``max_ratio``: the shared run fields, ``combined_from`` and an ``auto_threshold`` entry."""
     if len(parts) < 2:
         raise CombineError("--combine needs the reports of two or more parts of one sweep")
-    (first_name, first), *rest = parts
     for name, part in parts:
-        _check_shape(name, part)
+        _check_part(name, part)
+    (first_name, first), *rest = parts
+    started: dict[Any, str] = {first.get("started"): first_name}
     for name, part in rest:
         for key in SAME_RUN:
             if part.get(key) != first.get(key):
@@ -48,10 +65,13 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int]) -> Report
             ours, theirs = part["auto_threshold"].get(key), first["auto_threshold"].get(key)
             if ours != theirs:
                 raise CombineError(f"{name}: auto_threshold {key} {ours!r} differs from {first_name}'s {theirs!r}")
+        if part.get("started") is not None and part.get("started") in started:
+            raise CombineError(f"{name}: the same run as {started[part['started']]} (started {part['started']})")
+        started[part.get("started")] = name
     weights: dict[str, tuple[str, dict[str, Any]]] = {}  # by acceptance: the first part's name and weights
     for name, part in parts:
         ours = {key: part.get(key) for key in SAME_WEIGHTS}
-        ours["shape"] = part["auto_threshold"].get("shape")
+        ours.update(shape=part["auto_threshold"].get("shape"), server_flags=server_flags(part))
         for label in part["auto_threshold"]["by_acceptance"]:
             seen, theirs = weights.setdefault(label, (name, ours))
             for key, value in ours.items():
@@ -59,40 +79,65 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int]) -> Report
                     raise CombineError(
                         f"{name}: acceptance {label}'s {key} {value!r} differs from {seen}'s {theirs[key]!r}"
                     )
-    entry = combine_entries([(name, part["auto_threshold"]) for name, part in parts], sweep)
+    entry = combine_entries([(name, part["auto_threshold"]) for name, part in parts], sweep, max_ratio)
     entry["weights"] = {label: w for label, (_, w) in weights.items()}
     out: Report = {key: first.get(key) for key in SAME_RUN}
     kinds = list(entry["weights"].values())
     if all(w == kinds[0] for w in kinds):  # one model throughout: named as a part names it
         out.update({key: first.get(key) for key in SAME_WEIGHTS})
         entry["shape"] = kinds[0]["shape"]
-    out.update(
-        dynspec_flags=first.get("dynspec_flags"),  # the dynspec server's flags, which auto's and each N's override
-        combined_from=[name for name, _ in parts],
-        checks=["auto_threshold"],
-        auto_threshold=entry,
-    )
+    out.update(combined_from=[name for name, _ in parts], checks=["auto_threshold"], auto_threshold=entry)
     out["passed"] = entry["passed"]
     return out
 
 
-def _check_shape(name: str, part: Report) -> None:
-    """Refuse what mixed.judge_auto did not write: no entry, or rows without their numbers."""
-    entry = part.get("auto_threshold")
+def server_flags(part: Report) -> dict[str, Any]:
+    """What the part's command gave every server beyond the proof's own flags: --extra-args (split)
+    and whether --freeze-gc froze their collectors."""
+    try:
+        words = shlex.split(str(part.get("command", "")))
+    except ValueError as error:
+        raise CombineError(f"its command line does not parse ({error})") from error
+    extra = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--extra-args"]
+    return {"extra_args": shlex.split(extra[-1]) if extra else [], "freeze_gc": "--freeze-gc" in words}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _check_part(name: str, part: Any) -> None:
+    """Refuse what mixed.judge_auto did not write, by name: a traceback here would hide which file."""
+    entry = part.get("auto_threshold") if isinstance(part, Mapping) else None
     if not isinstance(entry, Mapping) or not isinstance(entry.get("by_acceptance"), Mapping):
         raise CombineError(f"{name}: no auto_threshold entry (a report of --checks auto_threshold)")
-    if not isinstance(entry.get("max_ratio"), (int, float)):
-        raise CombineError(f"{name}: auto_threshold has no max_ratio")
+    problems = entry.get("problems", [])
+    if not isinstance(problems, list) or not all(isinstance(p, str) for p in problems):
+        raise CombineError(f"{name}: auto_threshold's problems are not a list of lines")
     for label, row in entry["by_acceptance"].items():
-        numbers = [row.get(k) for k in ("auto_s", "base_s", "always_on_s")] if isinstance(row, Mapping) else []
-        fixed = row.get("fixed_s") if isinstance(row, Mapping) else None
-        if not isinstance(fixed, Mapping) or not all(
-            v is None or isinstance(v, (int, float)) for v in [*numbers, *fixed.values()]
+        bad = f"{name}: acceptance {label}'s row is not judge_auto's"
+        if not isinstance(row, Mapping) or not isinstance(row.get("fixed_s"), Mapping):
+            raise CombineError(f"{bad} (no fixed_s)")
+        for key in ROW_TIMES:
+            if row.get(key) is not None and not _number(row[key]):
+                raise CombineError(f"{bad} ({key} {row[key]!r} is not a time)")
+        for n, seconds in row["fixed_s"].items():
+            if not (isinstance(n, str) and n.isdigit() and int(n) > 0) or not (seconds is None or _number(seconds)):
+                raise CombineError(f"{bad} (fixed_s {n!r}: {seconds!r})")
+        said = row.get("auto_decisions")
+        if said is not None and not (
+            isinstance(said, Mapping) and isinstance(said.get("last_estimated"), (Mapping, type(None)))
         ):
-            raise CombineError(f"{name}: acceptance {label}'s row is not judge_auto's (numbers or fixed_s missing)")
+            raise CombineError(f"{bad} (auto_decisions {said!r})")
+    try:
+        server_flags(part)
+    except CombineError as error:
+        raise CombineError(f"{name}: {error}") from error
 
 
-def combine_entries(entries: Sequence[tuple[str, Mapping[str, Any]]], sweep: Sequence[int]) -> dict[str, Any]:
+def combine_entries(
+    entries: Sequence[tuple[str, Mapping[str, Any]]], sweep: Sequence[int], max_ratio: float
+) -> dict[str, Any]:
     """The combined ``auto_threshold`` entry of ``entries`` (each a part's name and entry, as
     mixed.judge_auto made it); every N of ``sweep`` must have run in some part."""
     first = entries[0][1]
@@ -101,20 +146,20 @@ def combine_entries(entries: Sequence[tuple[str, Mapping[str, Any]]], sweep: Seq
     by_acceptance = {}
     for label in labels:
         rows = [(name, entry["by_acceptance"][label]) for name, entry in entries if label in entry["by_acceptance"]]
-        by_acceptance[label] = _acceptance(label, rows, sweep, first["max_ratio"], problems)
+        by_acceptance[label] = _acceptance(label, rows, sweep, max_ratio, problems)
     ran = sorted({int(n) for _, e in entries for row in e["by_acceptance"].values() for n in row["fixed_s"]})
     return {
         "passed": not problems,
         "by_acceptance": by_acceptance,
         "sweep": ran,
         "required_sweep": list(sweep),
-        "max_ratio": first["max_ratio"],
+        "max_ratio": max_ratio,
         "repeats": first.get("repeats"),
         "schedule": first.get("schedule"),
         "problems": problems,
         "detail": "; ".join(
             f"acceptance {a}: auto {e['auto_s']:.2f} s, best N={e['best_fixed_n']} {e['best_fixed_s']:.2f} s "
-            f"({e['auto_over_best_fixed']:.3f}x, {len(e['parts'])} parts)"
+            f"({e['auto_over_best_fixed']:.3f}x in one call of {len(e['parts'])} parts)"
             for a, e in by_acceptance.items()
             if e.get("auto_over_best_fixed") is not None
         )
@@ -122,9 +167,8 @@ def combine_entries(entries: Sequence[tuple[str, Mapping[str, Any]]], sweep: Seq
     }
 
 
-def _median(values: Sequence[float | None]) -> float | None:
-    known = [v for v in values if v is not None]
-    return round(statistics.median(known), 3) if known else None
+def _ratio(numerator: float | None, denominator: float | None) -> float | None:
+    return round(numerator / denominator, 4) if numerator is not None and denominator else None
 
 
 def _acceptance(
@@ -136,59 +180,51 @@ def _acceptance(
 ) -> dict[str, Any]:
     """One acceptance over the parts that ran it; appends what fails to ``problems``."""
     parts = []
-    fixed: dict[int, list[float]] = {}
     for name, row in rows:
-        for n, seconds in row["fixed_s"].items():
-            if seconds is not None:
-                fixed.setdefault(int(n), []).append(seconds)
-        ratio = row.get("auto_over_best_fixed")
-        auto, base, always_on = row.get("auto_s"), row.get("base_s"), row.get("always_on_s")
-        if ratio is None or auto is None or base is None or always_on is None:
+        fixed = {int(n): s for n, s in row["fixed_s"].items() if s is not None}
+        auto, base, always_on = (row.get(k) for k in ("auto_s", "base_s", "always_on_s"))
+        best = min(fixed, key=lambda n: (fixed[n], n)) if fixed else None
+        part: dict[str, Any] = {"source": name, "sweep": sorted(int(n) for n in row["fixed_s"]), "fixed": fixed}
+        if best is None or auto is None or base is None or always_on is None:
             problems.append(f"acceptance {label}: {name} has no complete comparison")
         else:
+            ratio = auto / fixed[best]
             if ratio > max_ratio:
                 problems.append(
-                    f"acceptance {label}: {name}'s auto is {ratio:.3f}x its best fixed N (N={row['best_fixed_n']}; "
+                    f"acceptance {label}: {name}'s auto is {ratio:.3f}x its best fixed N (N={best}; "
                     f"at most {max_ratio:g}x)"
                 )
             if auto > base and auto > always_on:
                 problems.append(f"acceptance {label}: {name}'s auto is slower than base and always-on")
-        settled = (row.get("auto_decisions") or {}).get("last_estimated")
-        parts.append(
-            {
-                "source": name,
-                "sweep": sorted(int(n) for n in row["fixed_s"]),
-                **{k: row.get(k) for k in ("auto_s", "best_fixed_n", "best_fixed_s", "auto_over_best_fixed")},
-                **{k: row.get(k) for k in ("base_s", "always_on_s", "faster_than_both")},
-                "settled": settled,
-            }
-        )
-    missing = [n for n in sweep if n not in fixed]
+            part.update(best_fixed_n=best, best_fixed_s=fixed[best], auto_over_best_fixed=round(ratio, 4))
+            part["faster_than_both"] = auto < min(base, always_on)
+        part.update({k: row.get(k) for k in ROW_TIMES})
+        part["settled"] = (row.get("auto_decisions") or {}).get("last_estimated")
+        parts.append(part)
+    ran: dict[int, list[float]] = {}
+    for part in parts:
+        for n, seconds in part["fixed"].items():
+            ran.setdefault(n, []).append(seconds)
+    missing = [n for n in sweep if n not in ran]
     if missing:
         problems.append(f"acceptance {label}: N={', '.join(map(str, missing))} ran in no part")
-    medians = {n: _median(v) for n, v in sorted(fixed.items())}
-    entry: dict[str, Any] = {
-        "auto_s": _median([row.get("auto_s") for _, row in rows]),
-        "base_s": _median([row.get("base_s") for _, row in rows]),
-        "always_on_s": _median([row.get("always_on_s") for _, row in rows]),
-        "oracle_s": _median([row.get("oracle_s") for _, row in rows]),
-        "fixed_s": {str(n): s for n, s in medians.items()},
-    }
+    medians = {n: round(statistics.median(s), 3) for n, s in sorted(ran.items())}
+    entry: dict[str, Any] = dict.fromkeys((*ROW_TIMES, "best_fixed_n", "best_fixed_s", "auto_over_best_fixed"))
+    entry.update(fixed_s={str(n): s for n, s in medians.items()}, compared_in=None)
     if medians:
         best = min(medians, key=lambda n: (medians[n], n))
-        # the same-call ratio: each part that ran the best N, its auto against that N (the worst of them)
-        same_call = [
-            row["auto_s"] / row["fixed_s"][str(best)]
-            for _, row in rows
-            if row.get("auto_s") is not None and row["fixed_s"].get(str(best))
-        ]
-        entry.update(
-            best_fixed_n=best,
-            best_fixed_s=medians[best],
-            auto_over_best_fixed=round(max(same_call), 4) if same_call else None,
-        )
-    auto, oracle = entry["auto_s"], entry["oracle_s"]
-    entry["auto_over_oracle"] = round(auto / oracle, 4) if auto is not None and oracle else None
-    entry["faster_than_both"] = all(p["faster_than_both"] is True for p in parts)
+        judged = [p for p in parts if best in p["fixed"] and p.get("auto_s") is not None]
+        if judged:
+            row = max(judged, key=lambda p: p["auto_s"] / p["fixed"][best])
+            entry.update({k: row[k] for k in ROW_TIMES}, compared_in=row["source"])
+            entry.update(best_fixed_n=best, best_fixed_s=row["fixed"][best])
+            entry["auto_over_best_fixed"] = _ratio(row["auto_s"], row["fixed"][best])
+    entry["auto_over_oracle"] = _ratio(entry["auto_s"], entry["oracle_s"])
+    entry["faster_than_both"] = bool(parts) and all(p.get("faster_than_both") is True for p in parts)
+    for key in ("auto_s", "base_s", "always_on_s"):  # beside the one call's: the medians over every part
+        known = [p[key] for p in parts if p.get(key) is not None]
+        entry[f"{key}_median"] = round(statistics.median(known), 3) if known else None
+    for part in parts:
+        part["fixed"] = {str(n): s for n, s in part["fixed"].items()}
     entry["parts"] = parts
     return entry

@@ -163,8 +163,14 @@ def _plot_only(report_path: Path, out: Path | None) -> None:
 
 
 def _combine_only(paths: tuple[Path, ...], sweep: tuple[int, ...], out: Path | None) -> int:
+    resolved = [p.resolve() for p in paths]
+    twice = next((p for i, p in enumerate(paths) if resolved[i] in resolved[:i]), None)
+    if twice is not None:
+        raise click.UsageError(f"--combine: {twice} is given twice")
+    if out is not None and (out / report.REPORT_NAME).resolve() in resolved:
+        raise click.UsageError(f"--combine: --out {out} would overwrite a part's own {report.REPORT_NAME}")
     try:
-        joined = combine.combine([(str(p), report.load(p)) for p in paths], sweep)
+        joined = combine.combine([(str(p), report.load(p)) for p in paths], sweep, DEFAULTS.max_auto_ratio)
     except (OSError, ValueError) as error:  # CombineError is a ValueError, as a report that is not JSON
         raise click.UsageError(f"--combine: {error}") from error
     text = report.summary(joined)

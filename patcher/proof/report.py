@@ -336,8 +336,9 @@ def summary(report: Report) -> str:
         for a, e in auto["by_acceptance"].items():
             for part in e.get("parts", []):  # a combined report: each part's own comparison
                 lines.append(
-                    f"    acceptance {a}, part {part['source']}: N in {part['sweep']}, auto {_fmt(part['auto_s'], 2)} s, "
-                    f"best N={part['best_fixed_n']} {_fmt(part['best_fixed_s'], 2)} s ({_fmt(part['auto_over_best_fixed'], 3)}x)"
+                    f"    acceptance {a}, part {part['source']}: N in {part['sweep']}, auto {_fmt(part.get('auto_s'), 2)} s, "
+                    f"best N={part.get('best_fixed_n', '-')} {_fmt(part.get('best_fixed_s'), 2)} s "
+                    f"({_fmt(part.get('auto_over_best_fixed'), 3)}x)"
                 )
             said = e.get("auto_decisions")
             if said is not None:

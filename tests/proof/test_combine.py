@@ -17,11 +17,12 @@ from patcher.proof import report as reports
 from .test_mixed import SCHEDULE, auto_runs
 
 SWEEP = (8, 32, 64, 96)
+BOUND = 1.03
 
 
 def part(auto: float, fixed: dict[int, float], base: float = 10.0, always_on: float = 9.0, **run: Any) -> dict:
     """A part's report: the run fields of one card and runtime, and judge_auto's entry at acceptance 3."""
-    entry = mixed.judge_auto(auto_runs(auto, fixed, base, always_on), SCHEDULE, ["3"], sorted(fixed), 1.03)
+    entry = mixed.judge_auto(auto_runs(auto, fixed, base, always_on), SCHEDULE, ["3"], sorted(fixed), BOUND)
     entry.update(shape="8b", repeats=3)
     fields = {
         "sglang_version": "0.5.17",
@@ -29,67 +30,86 @@ def part(auto: float, fixed: dict[int, float], base: float = 10.0, always_on: fl
         "gpu": "NVIDIA H100 80GB HBM3",
         "dynspec_applied": True,
         "dynspec_revisions": {"speculative_dynspec_runtime": 30},
+        "dynspec_env": {},
         "model": "dummy",
         "model_sha256": None,
         "attention_backend": "triton",
-        "dynspec_flags": "--speculative-disable-batch-size 32",
+        "command": "python -m patcher proof --checks auto_threshold --freeze-gc",
     }
     return {**fields, **run, "checks": ["auto_threshold"], "auto_threshold": entry, "passed": entry["passed"]}
+
+
+def joined_of(*parts: tuple[str, dict], sweep: tuple[int, ...] = SWEEP) -> dict:
+    return combine.combine(list(parts), sweep, BOUND)
 
 
 def test_parts_that_each_pass_make_one_sweep_with_the_best_n_of_all() -> None:
     """N = 8, 32 in one call (auto 8.1, its best N = 32 at 8.0) and N = 64, 96 in another (auto 7.9,
     N = 64 at 7.8, the best of all): every N of the sweep ran, auto is within 3 % of each call's N,
-    and the combined ratio is the same-call one of the part that ran N = 64, not auto's median
-    against a server of another call."""
-    joined = combine.combine([("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", part(7.9, {64: 7.8, 96: 8.2}))], SWEEP)
+    and the combined row is the call that compared auto with N = 64 (auto 7.9, not the parts' median
+    8.0 against a server of another call), with the medians beside."""
+    joined = joined_of(("a", part(8.1, {8: 8.5, 32: 8.0}, base=10.2)), ("b", part(7.9, {64: 7.8, 96: 8.2})))
     assert joined["passed"] and joined["combined_from"] == ["a", "b"] and joined["gpu"] == "NVIDIA H100 80GB HBM3"
     entry = joined["auto_threshold"]
     assert entry["sweep"] == [8, 32, 64, 96] and entry["problems"] == [] and entry["repeats"] == 3
     row = entry["by_acceptance"]["3"]
     assert (row["best_fixed_n"], row["best_fixed_s"], row["auto_over_best_fixed"]) == (64, 7.8, 1.0128)
-    assert (row["auto_s"], row["base_s"], row["always_on_s"]) == (8.0, 10.0, 9.0)  # medians over the parts
+    assert (row["compared_in"], row["auto_s"], row["base_s"], row["always_on_s"]) == ("b", 7.9, 10.0, 9.0)
+    assert (row["auto_s_median"], row["base_s_median"]) == (8.0, 10.1)
     assert row["fixed_s"] == {"8": 8.5, "32": 8.0, "64": 7.8, "96": 8.2}
     assert [(p["source"], p["sweep"], p["best_fixed_n"]) for p in row["parts"]] == [
         ("a", [8, 32], 32),
         ("b", [64, 96], 64),
     ]
-    assert row["faster_than_both"]
+    assert row["faster_than_both"] and entry["max_ratio"] == BOUND
     text = reports.summary(joined)
-    assert "part: a" in text and "auto_threshold PASS   acceptance 3: auto 8.00 s, best N=64 7.80 s" in text
+    assert "part: a" in text and "auto_threshold PASS   acceptance 3: auto 7.90 s, best N=64 7.80 s" in text
     assert "logs and report in" not in text  # a combined report has no logs of its own
 
 
-def test_an_n_run_in_two_parts_counts_at_its_median_and_the_worse_same_call_ratio() -> None:
-    joined = combine.combine(
-        [("a", part(8.0, {32: 7.9})), ("b", part(8.3, {32: 8.1, 64: 9.0})), ("c", part(8.1, {8: 9.9, 96: 9.0}))], SWEEP
+def test_an_n_run_in_two_parts_counts_at_its_median_and_the_call_where_auto_fared_worst() -> None:
+    joined = joined_of(
+        ("a", part(8.0, {32: 7.9})), ("b", part(8.3, {32: 8.1, 64: 9.0})), ("c", part(8.1, {8: 9.9, 96: 9.0}))
     )
     row = joined["auto_threshold"]["by_acceptance"]["3"]
     assert row["fixed_s"]["32"] == 8.0 and row["best_fixed_n"] == 32
-    assert row["auto_over_best_fixed"] == round(8.3 / 8.1, 4)  # b's, the worse of a's (8.0 / 7.9) and b's
+    # b's, the worse of a's (8.0 / 7.9) and b's (8.3 / 8.1): its row, its N = 32
+    assert (row["compared_in"], row["best_fixed_s"], row["auto_over_best_fixed"]) == ("b", 8.1, round(8.3 / 8.1, 4))
 
 
 def test_a_part_beyond_the_ratio_or_slower_than_both_fails_the_whole() -> None:
     """The negative controls: one part's auto 4 % behind its own best N; one slower than both
-    static servers; the same numbers within the ratio pass (above)."""
-    behind = combine.combine([("a", part(8.32, {8: 8.5, 32: 8.0})), ("b", part(7.9, {64: 7.8, 96: 8.2}))], SWEEP)
+    static servers; one between them passes but is not faster than both."""
+    behind = joined_of(("a", part(8.32, {8: 8.5, 32: 8.0})), ("b", part(7.9, {64: 7.8, 96: 8.2})))
     assert not behind["passed"]
     assert (
         "acceptance 3: a's auto is 1.040x its best fixed N (N=32; at most 1.03x)"
         in behind["auto_threshold"]["problems"]
     )
-    slow = combine.combine(
-        [("a", part(9.5, {8: 9.5, 32: 9.4}, base=9.0, always_on=8.9)), ("b", part(7.9, {64: 7.8, 96: 8.2}))], SWEEP
-    )
+    slow = joined_of(("a", part(9.5, {8: 9.5, 32: 9.4}, base=9.0, always_on=8.9)), ("b", part(7.9, {64: 7.8, 96: 8.2})))
     assert "acceptance 3: a's auto is slower than base and always-on" in slow["auto_threshold"]["problems"]
+    between = joined_of(("a", part(9.5, {8: 9.5, 32: 9.4})), ("b", part(7.9, {64: 7.8, 96: 8.2})))
+    row = between["auto_threshold"]["by_acceptance"]["3"]
+    assert between["passed"] and not row["faster_than_both"] and not row["parts"][0]["faster_than_both"]
+
+
+def test_a_parts_own_ratio_is_recomputed_not_trusted() -> None:
+    """A hand-edited part claiming 1.0 where its times say 1.04 fails as the times say."""
+    edited = part(8.32, {8: 8.5, 32: 8.0})
+    edited["auto_threshold"]["by_acceptance"]["3"]["auto_over_best_fixed"] = 1.0
+    edited["auto_threshold"]["problems"] = []
+    joined = joined_of(("a", edited), ("b", part(7.9, {64: 7.8, 96: 8.2})))
+    assert joined["auto_threshold"]["problems"] == [
+        "acceptance 3: a's auto is 1.040x its best fixed N (N=32; at most 1.03x)"
+    ]
 
 
 def test_a_sweep_with_an_n_no_part_ran_fails_and_a_parts_own_problems_carry_over() -> None:
-    short = combine.combine([("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", part(7.9, {64: 7.8}))], SWEEP)
+    short = joined_of(("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", part(7.9, {64: 7.8})))
     assert not short["passed"] and short["auto_threshold"]["problems"] == ["acceptance 3: N=96 ran in no part"]
     interrupted = part(7.9, {64: 7.8, 96: 8.2})
     interrupted["auto_threshold"]["problems"] = ["interrupted after 4 of 5 servers were measured"]
-    joined = combine.combine([("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", interrupted)], SWEEP)
+    joined = joined_of(("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", interrupted))
     assert joined["auto_threshold"]["problems"] == ["b: interrupted after 4 of 5 servers were measured"]
 
 
@@ -99,22 +119,101 @@ def test_a_sweep_with_an_n_no_part_ran_fails_and_a_parts_own_problems_carry_over
         ({"gpu": "NVIDIA H200"}, "b: gpu 'NVIDIA H200' differs from a's 'NVIDIA H100 80GB HBM3'"),
         ({"dynspec_revisions": {"speculative_dynspec_runtime": 31}}, "b: dynspec_revisions"),
         ({"sglang_version": "0.5.16"}, "b: sglang_version '0.5.16' differs"),
+        ({"dynspec_env": {"DYNSPEC_DRAFT_KV": "full"}}, "b: dynspec_env"),
+        (
+            {"command": "python -m patcher proof --freeze-gc --extra-args '--disable-piecewise-cuda-graph'"},
+            "server_flags",
+        ),
+        ({"command": "python -m patcher proof"}, "server_flags"),
     ],
 )
 def test_parts_of_other_runs_are_refused_by_name(change: dict, message: str) -> None:
     with pytest.raises(combine.CombineError, match=message):
-        combine.combine([("a", part(8.1, {8: 8.5})), ("b", part(7.9, {64: 7.8}, **change))], SWEEP)
+        joined_of(("a", part(8.1, {8: 8.5})), ("b", part(7.9, {64: 7.8}, **change)))
 
 
-def test_another_load_a_report_without_the_check_and_a_lone_part_are_refused() -> None:
+def test_another_load_the_same_run_twice_a_report_without_the_check_and_a_lone_part_are_refused() -> None:
     other = part(7.9, {64: 7.8})
     other["auto_threshold"]["repeats"] = 2
     with pytest.raises(combine.CombineError, match="b: auto_threshold repeats 2 differs from a's 3"):
-        combine.combine([("a", part(8.1, {8: 8.5})), ("b", other)], SWEEP)
+        joined_of(("a", part(8.1, {8: 8.5})), ("b", other))
+    at = "2026-12-07T10:22:00"
+    with pytest.raises(combine.CombineError, match=f"b: the same run as a \\(started {at}\\)"):
+        joined_of(("a", part(8.1, {8: 8.5}, started=at)), ("b", part(8.1, {8: 8.5}, started=at)))
     with pytest.raises(combine.CombineError, match="b: no auto_threshold entry"):
-        combine.combine([("a", part(8.1, {8: 8.5})), ("b", {"checks": ["mixed_load"]})], SWEEP)
+        joined_of(("a", part(8.1, {8: 8.5})), ("b", {"checks": ["mixed_load"]}))
     with pytest.raises(combine.CombineError, match="two or more parts"):
-        combine.combine([("a", part(8.1, {8: 8.5}))], SWEEP)
+        joined_of(("a", part(8.1, {8: 8.5})))
+
+
+def broken(edit: Any) -> dict:
+    report = part(7.9, {64: 7.8})
+    edit(report["auto_threshold"], report["auto_threshold"]["by_acceptance"]["3"])
+    return report
+
+
+@pytest.mark.parametrize(
+    ("edit", "message"),
+    [
+        (lambda e, r: r.update(auto_s="7.9"), "auto_s '7.9' is not a time"),
+        (lambda e, r: r.update(oracle_s=float("nan")), "oracle_s nan is not a time"),
+        (lambda e, r: r.update(base_s=True), "base_s True is not a time"),
+        (lambda e, r: r.pop("fixed_s"), "no fixed_s"),
+        (lambda e, r: r["fixed_s"].update({"x": 1.0}), "fixed_s 'x'"),
+        (lambda e, r: r["fixed_s"].update({"96": float("inf")}), "fixed_s '96'"),
+        (lambda e, r: r.update(auto_decisions="settled"), "auto_decisions 'settled'"),
+        (lambda e, r: e.update(problems=3), "problems are not a list"),
+    ],
+)
+def test_a_row_not_judge_autos_is_refused_by_name_not_with_a_traceback(edit: Any, message: str) -> None:
+    with pytest.raises(combine.CombineError, match=f"b: .*{message}"):
+        joined_of(("a", part(8.1, {8: 8.5})), ("b", broken(edit)))
+
+
+def relabelled(report: dict, label: str, **weights: Any) -> dict:
+    """``report`` with its one acceptance row under ``label`` and other weights (a real model's part)."""
+    entry = report["auto_threshold"]
+    (row,) = entry["by_acceptance"].values()
+    entry["by_acceptance"] = {label: row}
+    entry["shape"] = weights.pop("shape", entry["shape"])
+    return {**report, **weights}
+
+
+def test_a_real_models_part_joins_the_simulated_ones_under_its_own_label() -> None:
+    """The issue's one report holds acceptances 2 – 4 on dummy weights and ``real`` on the real model:
+    weights and the servers' extra flags must agree only within a label. The control: two parts of
+    one label on other heads."""
+    real = {
+        "model": "SmolLM2-135M-Instruct",
+        "model_sha256": {"gguf": "b179", "head": "8379"},
+        "shape": "real",
+        "command": "python -m patcher proof --freeze-gc --extra-args '--disable-piecewise-cuda-graph'",
+    }
+    parts = [
+        ("a", part(8.1, {8: 8.5, 32: 8.0})),
+        ("b", part(7.9, {64: 7.8, 96: 8.2})),
+        ("r1", relabelled(part(5.0, {8: 5.2, 32: 5.1}), "real", **real)),
+        ("r2", relabelled(part(5.0, {64: 5.3, 96: 5.4}), "real", **real)),
+    ]
+    joined = joined_of(*parts)
+    assert joined["passed"] and set(joined["auto_threshold"]["by_acceptance"]) == {"3", "real"}
+    weights = joined["auto_threshold"]["weights"]
+    assert weights["real"]["model"] == "SmolLM2-135M-Instruct"
+    assert weights["real"]["server_flags"] == {"extra_args": ["--disable-piecewise-cuda-graph"], "freeze_gc": True}
+    assert weights["3"] == {
+        "model": "dummy",
+        "model_sha256": None,
+        "shape": "8b",
+        "server_flags": {"extra_args": [], "freeze_gc": True},
+    }
+    assert "model" not in joined and "shape" not in joined["auto_threshold"]  # two kinds: no one name for both
+    alone = joined_of(*parts[:2])
+    assert alone["model"] == "dummy" and alone["auto_threshold"]["shape"] == "8b"
+    other = relabelled(
+        part(5.0, {64: 5.3, 96: 5.4}), "real", **{**real, "model_sha256": {"gguf": "b179", "head": "ff"}}
+    )
+    with pytest.raises(combine.CombineError, match="r2: acceptance real's model_sha256 .* differs from r1's"):
+        joined_of(*parts[:3], ("r2", other))
 
 
 def write(path: Path, report: dict) -> Path:
@@ -150,51 +249,14 @@ def test_bad_parts_exit_2_with_one_line_and_write_nothing(tmp_path: Path) -> Non
     assert result.exit_code == 2 and "--combine: " in result.output
 
 
-def test_a_row_without_its_numbers_is_refused_not_a_traceback() -> None:
-    """A hand-edited part: a time as text, a row without fixed_s, no max_ratio."""
-    texts = part(7.9, {64: 7.8})
-    texts["auto_threshold"]["by_acceptance"]["3"]["auto_s"] = "7.9"
-    bare = part(7.9, {64: 7.8})
-    del bare["auto_threshold"]["by_acceptance"]["3"]["fixed_s"]
-    unbounded = part(7.9, {64: 7.8})
-    del unbounded["auto_threshold"]["max_ratio"]
-    for broken, message in (
-        (texts, "row is not judge_auto's"),
-        (bare, "row is not judge_auto's"),
-        (unbounded, "no max_ratio"),
-    ):
-        with pytest.raises(combine.CombineError, match=f"b: .*{message}"):
-            combine.combine([("a", part(8.1, {8: 8.5})), ("b", broken)], SWEEP)
-
-
-def relabelled(report: dict, label: str, **weights: Any) -> dict:
-    """``report`` with its one acceptance row under ``label`` and other weights (a real model's part)."""
-    entry = report["auto_threshold"]
-    (row,) = entry["by_acceptance"].values()
-    entry["by_acceptance"] = {label: row}
-    entry["shape"] = weights.pop("shape", entry["shape"])
-    return {**report, **weights}
-
-
-def test_a_real_models_part_joins_the_simulated_ones_under_its_own_label() -> None:
-    """The issue's one report holds acceptances 2 – 4 on dummy weights and ``real`` on the real model:
-    weights must agree only within a label. The control: two parts of one label on other models."""
-    real = {"model": "SmolLM2-135M-Instruct", "model_sha256": {"gguf": "b179", "head": "8379"}, "shape": "real"}
-    parts = [
-        ("a", part(8.1, {8: 8.5, 32: 8.0})),
-        ("b", part(7.9, {64: 7.8, 96: 8.2})),
-        ("r1", relabelled(part(5.0, {8: 5.2, 32: 5.1}), "real", **real)),
-        ("r2", relabelled(part(5.0, {64: 5.3, 96: 5.4}), "real", **real)),
-    ]
-    joined = combine.combine(parts, SWEEP)
-    assert joined["passed"] and set(joined["auto_threshold"]["by_acceptance"]) == {"3", "real"}
-    assert joined["auto_threshold"]["weights"]["real"]["model"] == "SmolLM2-135M-Instruct"
-    assert joined["auto_threshold"]["weights"]["3"] == {"model": "dummy", "model_sha256": None, "shape": "8b"}
-    assert "model" not in joined and "shape" not in joined["auto_threshold"]  # two kinds: no one name for both
-    alone = combine.combine(parts[:2], SWEEP)
-    assert alone["model"] == "dummy" and alone["auto_threshold"]["shape"] == "8b"
-    other = relabelled(
-        part(5.0, {64: 5.3, 96: 5.4}), "real", **{**real, "model_sha256": {"gguf": "b179", "head": "ffff"}}
+def test_a_part_given_twice_or_an_out_over_a_part_is_refused_before_anything_is_written(tmp_path: Path) -> None:
+    a = write(tmp_path / "a" / "report.json", part(8.1, {8: 8.5, 32: 8.0}))
+    b = write(tmp_path / "b" / "report.json", part(7.9, {64: 7.8, 96: 8.2}))
+    before = a.read_text()
+    twice = CliRunner().invoke(
+        main, ["proof", "--combine", str(a), "--combine", str(tmp_path / "b" / ".." / "a" / "report.json")]
     )
-    with pytest.raises(combine.CombineError, match="r2: acceptance real's model_sha256 .* differs from r1's"):
-        combine.combine([*parts[:3], ("r2", other)], SWEEP)
+    assert twice.exit_code == 2 and "is given twice" in twice.output
+    over = CliRunner().invoke(main, ["proof", "--combine", str(a), "--combine", str(b), "--out", str(tmp_path / "a")])
+    assert over.exit_code == 2 and "would overwrite a part's own report.json" in over.output
+    assert a.read_text() == before

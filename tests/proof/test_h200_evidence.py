@@ -3920,7 +3920,7 @@ def test_session_45_auto_at_acceptance_4_is_within_3_percent_of_the_best_of_six_
     }
     assert all(r["auto_s"] < r["base_s"] and r["always_on_s"] < r["auto_s"] for r in rows.values())
     parts = [(f"{S45_17_AUTO['4', s].name}/report.json", report_of(S45_17_AUTO["4", s], {}, AUTO_R6)) for s in rows]
-    joined = combine.combine(parts, DEFAULTS.auto_sweep)
+    joined = combine.combine(parts, DEFAULTS.auto_sweep, DEFAULTS.max_auto_ratio)
     assert joined == json.loads((S45_17_AUTO_4 / "report.json").read_text())
     row = joined["auto_threshold"]["by_acceptance"]["4"]
     assert joined["passed"] and (row["best_fixed_n"], row["best_fixed_s"], row["auto_over_best_fixed"]) == (
