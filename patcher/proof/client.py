@@ -103,6 +103,11 @@ class Client:
         """Send one request; return (status, body). Raises OSError when there is no answer."""
         conn = http.client.HTTPConnection(self.host, self.port, timeout=timeout or self.timeout)
         try:
+            conn.connect()
+            if conn.sock is not None and conn.sock.getsockname() == conn.sock.getpeername():
+                # Nothing listens on a port of the ephemeral range, and the kernel joined the socket
+                # to itself (TCP simultaneous open): its "answer" would be the request read back.
+                raise ConnectionRefusedError(f"nothing listens on port {self.port} (the socket connected to itself)")
             headers = {"Connection": "close"}
             payload = None
             if body is not None:
@@ -111,6 +116,8 @@ class Client:
             conn.request(method, path, body=payload, headers=headers)
             response = conn.getresponse()
             return response.status, response.read()
+        except http.client.HTTPException as error:  # not HTTP that answered: no answer, as the docstring says
+            raise ConnectionError(f"no HTTP answer on port {self.port}: {error!r}") from error
         finally:
             conn.close()
 

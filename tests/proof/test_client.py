@@ -255,3 +255,46 @@ def test_a_batched_wave_is_admitted_together(fake_server):
     level = run_batches(Client("127.0.0.1", port), [Request(i, 3, rid=f"r{i}") for i in range(8)])
     assert level.failures == [] and state.max_inflight == 8
     assert level.outputs == {i: outputs(prompt(i), 3) for i in range(8)}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def test_a_socket_the_kernel_joined_to_itself_is_no_answer(monkeypatch, fake_server):
+    """Polling a port of the ephemeral range where nothing listens can connect a socket to itself
+    (TCP simultaneous open; a refusal server's wait_ready met it in session 45's make test): the
+    request comes back as the "answer", ``BadStatusLine: GET /health HTTP/1.1``. The client says there
+    is no answer, as a refused connection. Forced here by binding the client's socket to the port it
+    dials; the control: a real server's answer through the same bound-socket path is read as one."""
+    port = free_port()
+    bound = client_module.http.client.HTTPConnection
+
+    def to_itself(host, dialled, timeout):
+        return bound(host, dialled, timeout=timeout, source_address=(host, port))
+
+    monkeypatch.setattr(client_module.http.client, "HTTPConnection", to_itself)
+    with pytest.raises(ConnectionRefusedError, match=f"nothing listens on port {port}"):
+        Client("127.0.0.1", port, timeout=2).request("GET", "/health")
+    served, _ = fake_server()
+    port = free_port()  # a fresh source port, not the server's
+    assert Client("127.0.0.1", served, timeout=2).request("GET", "/health")[0] == 200
+
+
+def test_a_listener_that_does_not_speak_http_is_no_answer():
+    """An echo on the port (what a self-joined socket amounts to) reads as no answer, an OSError that
+    wait_ready takes for "not listening yet", not an http.client error that would end the proof."""
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+
+        def echo():
+            conn, _ = listener.accept()
+            with conn:
+                conn.sendall(conn.recv(4096))
+
+        threading.Thread(target=echo, daemon=True).start()
+        with pytest.raises(ConnectionError, match="no HTTP answer on port .*BadStatusLine"):
+            Client("127.0.0.1", listener.getsockname()[1], timeout=2).request("GET", "/health")
