@@ -20,6 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from patcher.proof.mixed import best_fixed, slower_than_both
 from patcher.proof.report import Report
 
 # What every part must share to be one sweep: the same release, path, card, runtime and server
@@ -71,7 +72,7 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int], max_ratio
     weights: dict[str, tuple[str, dict[str, Any]]] = {}  # by acceptance: the first part's name and weights
     for name, part in parts:
         ours = {key: part.get(key) for key in SAME_WEIGHTS}
-        ours.update(shape=part["auto_threshold"].get("shape"), server_flags=server_flags(part))
+        ours.update(shape=part["auto_threshold"].get("shape"), server_flags=server_flags(name, part))
         for label in part["auto_threshold"]["by_acceptance"]:
             seen, theirs = weights.setdefault(label, (name, ours))
             for key, value in ours.items():
@@ -91,13 +92,13 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int], max_ratio
     return out
 
 
-def server_flags(part: Report) -> dict[str, Any]:
+def server_flags(name: str, part: Report) -> dict[str, Any]:
     """What the part's command gave every server beyond the proof's own flags: --extra-args (split)
     and whether --freeze-gc froze their collectors."""
     try:
         words = shlex.split(str(part.get("command", "")))
     except ValueError as error:
-        raise CombineError(f"its command line does not parse ({error})") from error
+        raise CombineError(f"{name}: its command line does not parse ({error})") from error
     extra = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--extra-args"]
     return {"extra_args": shlex.split(extra[-1]) if extra else [], "freeze_gc": "--freeze-gc" in words}
 
@@ -129,10 +130,6 @@ def _check_part(name: str, part: Any) -> None:
             isinstance(said, Mapping) and isinstance(said.get("last_estimated"), (Mapping, type(None)))
         ):
             raise CombineError(f"{bad} (auto_decisions {said!r})")
-    try:
-        server_flags(part)
-    except CombineError as error:
-        raise CombineError(f"{name}: {error}") from error
 
 
 def combine_entries(
@@ -183,7 +180,7 @@ def _acceptance(
     for name, row in rows:
         fixed = {int(n): s for n, s in row["fixed_s"].items() if s is not None}
         auto, base, always_on = (row.get(k) for k in ("auto_s", "base_s", "always_on_s"))
-        best = min(fixed, key=lambda n: (fixed[n], n)) if fixed else None
+        best = best_fixed(fixed) if fixed else None
         part: dict[str, Any] = {"source": name, "sweep": sorted(int(n) for n in row["fixed_s"]), "fixed": fixed}
         if best is None or auto is None or base is None or always_on is None:
             problems.append(f"acceptance {label}: {name} has no complete comparison")
@@ -194,7 +191,7 @@ def _acceptance(
                     f"acceptance {label}: {name}'s auto is {ratio:.3f}x its best fixed N (N={best}; "
                     f"at most {max_ratio:g}x)"
                 )
-            if auto > base and auto > always_on:
+            if slower_than_both(auto, base, always_on):
                 problems.append(f"acceptance {label}: {name}'s auto is slower than base and always-on")
             part.update(best_fixed_n=best, best_fixed_s=fixed[best], auto_over_best_fixed=round(ratio, 4))
             part["faster_than_both"] = auto < min(base, always_on)
@@ -212,7 +209,7 @@ def _acceptance(
     entry: dict[str, Any] = dict.fromkeys((*ROW_TIMES, "best_fixed_n", "best_fixed_s", "auto_over_best_fixed"))
     entry.update(fixed_s={str(n): s for n, s in medians.items()}, compared_in=None)
     if medians:
-        best = min(medians, key=lambda n: (medians[n], n))
+        best = best_fixed(medians)
         judged = [p for p in parts if best in p["fixed"] and p.get("auto_s") is not None]
         if judged:
             row = max(judged, key=lambda p: p["auto_s"] / p["fixed"][best])

@@ -188,6 +188,16 @@ def judge(
     }
 
 
+def best_fixed(fixed: Mapping[int, float]) -> int:
+    """The fixed N with the least time (the smaller N on a tie): what auto is held against."""
+    return min(fixed, key=lambda n: (fixed[n], n))
+
+
+def slower_than_both(auto: float, base: float, always_on: float) -> bool:
+    """auto_threshold's other rule: auto may trail one static server, never both."""
+    return auto > base and auto > always_on
+
+
 def judge_auto(
     runs: Mapping[str, Sequence[Run]],
     schedule: Schedule,
@@ -233,7 +243,7 @@ def judge_auto(
             "fixed_s": {str(k): v for k, v in fixed.items()},
         }
         if measured:
-            best_n = min(measured, key=lambda size: (measured[size], size))
+            best_n = best_fixed(measured)
             entry.update(best_fixed_n=best_n, best_fixed_s=measured[best_n])
         if "base" in phase_s and f"always_on@{label}" in phase_s:
             oracle = round(sum(oracle_phases(phase_s["base"], phase_s[f"always_on@{label}"])), 3)
@@ -250,7 +260,7 @@ def judge_auto(
                     f"acceptance {label}: auto took {auto:.2f} s, {ratio:.3f}x the best fixed N's "
                     f"(N={entry['best_fixed_n']}, {entry['best_fixed_s']:.2f} s; at most {max_ratio:g}x)"
                 )
-            if auto > base and auto > always_on:
+            if slower_than_both(auto, base, always_on):
                 problems.append(
                     f"acceptance {label}: auto ({auto:.2f} s) is slower than base ({base:.2f}) and always-on ({always_on:.2f})"
                 )

@@ -3888,12 +3888,7 @@ def auto_part(acceptance: str, sweep: str) -> dict:
     """One kv-auto call on r30: what ran (0.5.17 v2 on an H100, the sweep asked, two passes a server, the
     collectors frozen, nothing cached), its row at ``acceptance``, its totals the medians of its passes."""
     report = report_of(S45_17_AUTO[acceptance, sweep], {}, AUTO_R6)
-    assert (report["gpu"], report["sglang_version"], report["path"], report["passed"]) == (
-        S31_GPU,
-        "0.5.17",
-        "v2",
-        True,
-    )
+    assert run_of(report) == (S31_GPU, "0.5.17", "v2", 32, True)
     entry = report["auto_threshold"]
     assert ",".join(map(str, entry["sweep"])) == sweep and entry["problems"] == [] and entry["repeats"] == 2
     no_long_collections(report)
