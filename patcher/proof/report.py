@@ -167,7 +167,8 @@ def summary(report: Report) -> str:
         f"dynspec proof: SGLang {report.get('sglang_version')}, path {report.get('path')}, GPU {report.get('gpu')}"
     )
     if applied:
-        lines.append(f"dynspec applied: yes ({report.get('dynspec_flags', '')})")
+        flags = report.get("dynspec_flags")
+        lines.append(f"dynspec applied: yes ({flags})" if flags else "dynspec applied: yes")
         revisions = report.get("dynspec_revisions") or {}
         if revisions:
             lines.append("dynspec revisions: " + ", ".join(f"{name} r{rev}" for name, rev in revisions.items()))

@@ -674,7 +674,8 @@ class Proof:
             "threshold": opts.threshold,
             "enable_threshold": opts.enable_threshold if opts.auto else opts.dynspec.on_at_most,
             "switch_min_steps": opts.switch_min_steps,
-            "dynspec_flags": " ".join(opts.dynspec.flags()),
+            # the flags of the one dynspec server the checks share; auto_threshold's each have their own
+            "dynspec_flags": " ".join(opts.dynspec.flags()) if set(checks) - {"auto_threshold"} else "",
             # the runtime's switches (DYNSPEC_ONE_TOKEN_ATTENTION, DYNSPEC_EARLY_FENCE), as the servers got them
             "dynspec_env": {k: v for k, v in sorted(self.env.items()) if k.startswith("DYNSPEC_")},
             "tp": opts.tp,

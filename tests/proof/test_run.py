@@ -530,6 +530,7 @@ def test_switch_lines_that_name_other_thresholds_than_the_configured_fail(site, 
     cr = result["crossings"]
     assert not cr["passed"] and cr["thresholds_logged"] == [[4, 4], [5, 4]]  # the ON lines tell the truth
     assert "switched with thresholds 5 / 4, not the configured 4 / 4" in cr["problems"]
+    assert "dynspec applied: yes (--speculative-disable-batch-size 4)" in reports.summary(result)  # the control
 
 
 def test_without_dynspec_only_off_and_always_on_are_compared(site, tmp_path):
@@ -1072,6 +1073,8 @@ def test_auto_thresholds_groups_get_pools_by_how_many_of_them_speculate(site, tm
         "base-auto": 40960, "always-on-acc3": 40960, "dynspec-auto-acc3": 40960,
         "dynspec-n2-acc3": 24576, "dynspec-n4-acc3": 24576, "dynspec-n6-acc3": 24576,
     }  # fmt: skip
+    # no one dynspec server for a flags line to describe: each names its own N in its argv
+    assert result["dynspec_flags"] == "" and "dynspec applied: yes\n" in reports.summary(result)
     assert "problems" not in result["auto_threshold"] or all(
         " is slower than " in p or "x the best fixed N" in p for p in result["auto_threshold"]["problems"]
     ), result["auto_threshold"]["problems"]
