@@ -4003,6 +4003,23 @@ def test_session_46_auto_at_acceptance_3_is_within_3_percent_of_the_best_of_six_
     assert row["auto_over_best_fixed"] <= 1.03 < row["fixed_s"]["32"] / row["best_fixed_s"]  # the control
 
 
+def gains_at_128(evidence: Path) -> list[float]:
+    """The speculative / fallback tokens/s that an auto server's decision lines give for the bucket of
+    113 - 128 requests, in their order."""
+    (log,) = members(evidence / "logs.tar.xz", "dynspec-auto-acc3.log").values()
+    return [float(g) for g in re.findall(r"dynspec auto: .*?by batch size .*?\b128: ([0-9.]+)", log)]
+
+
+def test_session_46_auto_timed_both_modes_at_128_where_session_45s_did_not() -> None:
+    """Why two starts of one configuration settled apart at acceptance 3 (94 in session 46, 127 in 45):
+    session 46's auto came to time both modes at 113 - 128 requests, where speculation gave 0.81 -
+    0.88 of the fallback's tokens/s, and put its switch between 64 and 128 from then on; session 45's
+    never had that bucket (the control), so its estimates said speculate up to the ceiling."""
+    at_128 = gains_at_128(R30_AUTO_PARTS["3", "48,64,96"])
+    assert len(at_128) == 38 and (min(at_128), max(at_128)) == (0.81, 0.88)
+    assert gains_at_128(R30_AUTO_PARTS["3", "8,16,32"]) == []
+
+
 def test_session_46_auto_at_acceptance_2_falls_back_from_64_and_beats_n_8_16_32_and_both_static_servers() -> None:
     """Half of acceptance 2's sweep on r30: auto 14.38 s, N = 32 14.37 (1.001x), N = 16 14.37, N = 8
     15.02; always-on 17.35, plain decode 16.28. Auto settled on falling back above 38 by its own
