@@ -268,7 +268,8 @@ def _combine_only(paths: tuple[Path, ...], sweep: tuple[int, ...], out: Path | N
     "--deterministic",
     choices=["auto", "on", "off"],
     default="auto",
-    help="SGLang's --enable-deterministic-inference on every server. auto: with --model real, where the release has it.",
+    help="SGLang's --enable-deterministic-inference on every server. auto: with --model real, where the release "
+    "has it, unless every check only times servers (throughput, mixed_load, auto_threshold).",
 )
 @click.option("--throughput", is_flag=True, help="Add the throughput check (3 more servers, simulated acceptance).")
 @click.option(

@@ -56,11 +56,14 @@ from patcher.proof.ramp import RampSchedule, run_ramp
 from patcher.proof.servers import Progress, Server, ServerSpec, free_port, stderr_progress
 
 AUTO_SINCE = "0.5.14"  # auto needs the zero-step mode (dynspec_auto, ZeroStepPolicy)
+REAL_ACCEPTANCE = "real"  # auto_threshold's key on real weights: the model's own acceptance, not a simulated one
 # With --threshold auto: checks that compare dynspec servers which must switch alike (exact_kv,
 # acceptance), or that sweep fixed thresholds themselves (auto_threshold); the features' phases need a
 # batch surely on and one surely off, and above auto's ceiling no batch fits the running-request limit
-REAL_ACCEPTANCE = "real"  # auto_threshold's key on real weights: the model's own acceptance, not a simulated one
 AUTO_REFUSES = ("exact_kv", "acceptance", "auto_threshold", "refusals", *features.CHECKS)
+# Checks that only time servers and compare no tokens across them: --deterministic auto leaves them
+# on the kernels users serve with
+TIMING_CHECKS = ("throughput", "mixed_load", "auto_threshold")
 
 
 def since(version: str, first: str) -> bool:
@@ -628,6 +631,7 @@ class Proof:
         self.aborted: str | None = None
         self.sglang: detect.SGLang | None = None
         self.gpu_memory_mib: int | None = None  # detect.gpu_memory_mib(), read as the run starts
+        self.checks: list[str] = []  # what plan() kept, set as the run starts
         self.server_info: dict[str, Any] = {}  # the report entry of the server served last
         self._queue: list[Plan] = []  # what ``starting`` was told will be served, not started yet
         self._started: dict[str, tuple[Server, dict[str, Any]]] = {}  # up or starting, not yet served
@@ -646,10 +650,14 @@ class Proof:
 
     @property
     def deterministic(self) -> bool:
-        """Whether every server gets ``--enable-deterministic-inference`` (plan() has checked "on")."""
+        """Whether every server gets ``--enable-deterministic-inference`` (plan() has checked "on").
+        ``auto``: on real weights, unless every check only times servers. Batch-invariant kernels
+        are slower than the ones users serve with, and move the switch point those checks look for."""
         assert self.sglang is not None
         wanted = self.opts.deterministic == "on" or (
-            self.opts.deterministic == "auto" and self.opts.model_dir is not None
+            self.opts.deterministic == "auto"
+            and self.opts.model_dir is not None
+            and not set(self.checks) <= set(TIMING_CHECKS)
         )
         return wanted and self.sglang.deterministic_supported
 
@@ -658,6 +666,7 @@ class Proof:
         self.sglang = sglang = detect.locate(opts.sglang, opts.python, self.env)
         self.gpu_memory_mib = detect.gpu_memory_mib()
         checks, skipped = plan(opts, sglang, self.gpu_memory_mib)
+        self.checks = checks
         opts.out.mkdir(parents=True, exist_ok=True)
         self.report = {
             "model": self.model_name,

@@ -34,6 +34,7 @@ def part(auto: float, fixed: dict[int, float], base: float = 10.0, always_on: fl
         "model": "dummy",
         "model_sha256": None,
         "attention_backend": "triton",
+        "deterministic": False,
         "command": "python -m patcher proof --checks auto_threshold --freeze-gc",
     }
     return {**fields, **run, "checks": ["auto_threshold"], "auto_threshold": entry, "passed": entry["passed"]}
@@ -120,6 +121,8 @@ def test_a_sweep_with_an_n_no_part_ran_fails_and_a_parts_own_problems_carry_over
         ({"dynspec_revisions": {"speculative_dynspec_runtime": 31}}, "b: dynspec_revisions"),
         ({"sglang_version": "0.5.16"}, "b: sglang_version '0.5.16' differs"),
         ({"dynspec_env": {"DYNSPEC_DRAFT_KV": "full"}}, "b: dynspec_env"),
+        # batch-invariant kernels (real weights before --deterministic auto left timing runs off)
+        ({"deterministic": True}, "b: deterministic True differs from a's False"),
         (
             {"command": "python -m patcher proof --freeze-gc --extra-args '--disable-piecewise-cuda-graph'"},
             "server_flags",

@@ -674,9 +674,27 @@ def test_on_real_weights_auto_threshold_runs_at_the_models_own_acceptance(site: 
     entry = result["auto_threshold"]
     assert set(entry["by_acceptance"]) == {"real"} and entry["by_acceptance"]["real"]["best_fixed_n"] in (2, 6)
     assert all(" is slower than base " in p for p in entry["problems"]), entry["problems"]
+    # timed on the kernels users serve with, as the simulated parts it joins (--combine wants them alike)
+    assert result["deterministic"] is False
+    assert not any("--enable-deterministic-inference" in s["argv"] for s in result["servers"])
     # the control: the same run on dummy weights simulates each acceptance asked for
     dummy = run_proof(dataclasses.replace(opts, model="dummy", model_dir=None, out=tmp_path / "out2"), lambda m: None)
     assert set(dummy["auto_threshold"]["by_acceptance"]) == {"2", "3"}
+
+
+def test_on_real_weights_deterministic_auto_stays_off_only_where_every_check_times(site: Any, tmp_path: Path) -> None:
+    """``--deterministic auto`` on real weights: batch-invariant kernels for checks that compare tokens
+    across servers, the kernels users serve with where every check only times servers. The control: a
+    check that compares tokens beside a timing one turns it on for every server."""
+    model = real_dir(tmp_path / "model")
+    timing = mixed_options(
+        site(version="0.5.17"), tmp_path / "out", checks=("mixed_load",), path="v2", model="real", model_dir=model
+    )
+    assert run_proof(timing, lambda m: None)["deterministic"] is False
+    both = dataclasses.replace(timing, checks=("mixed_load", "equivalence"), out=tmp_path / "out2")
+    result = run_proof(both, lambda m: None)
+    assert result["deterministic"] is True
+    assert all("--enable-deterministic-inference" in s["argv"] for s in result["servers"])
 
 
 @pytest.mark.parametrize(("version", "path"), [("0.5.13", "v2"), ("0.5.17", "v1")])
