@@ -37,9 +37,12 @@ SAME_RUN = (
     "attention_backend",
     "tp",
     "deterministic",
-    "enable_threshold",
     "switch_min_steps",
 )
+# The auto server's switch-on bound, as the part's command gave it (None: auto's floor). Not the
+# report's ``enable_threshold``: without the option that is --threshold's, which no server of the
+# sweep runs with (kv-auto passes 32, real-auto 8).
+ENABLE_OPTION = "--enable-threshold"
 SAME_LOAD = ("schedule", "repeats")
 SAME_WEIGHTS = ("model", "model_sha256")
 ROW_TIMES = ("auto_s", "base_s", "always_on_s", "oracle_s")
@@ -57,11 +60,17 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int], max_ratio
     for name, part in parts:
         _check_part(name, part)
     (first_name, first), *rest = parts
+    words = {name: command_words(name, part) for name, part in parts}
+    enable = option_value(words[first_name], ENABLE_OPTION)
+    if enable is not None and not enable.isdigit():
+        raise CombineError(f"{first_name}: {ENABLE_OPTION} {enable!r} is not a batch size")
     started: dict[Any, str] = {first.get("started"): first_name}
     for name, part in rest:
         for key in SAME_RUN:
             if part.get(key) != first.get(key):
                 raise CombineError(f"{name}: {key} {part.get(key)!r} differs from {first_name}'s {first.get(key)!r}")
+        if (bound := option_value(words[name], ENABLE_OPTION)) != enable:
+            raise CombineError(f"{name}: {ENABLE_OPTION} {bound!r} differs from {first_name}'s {enable!r}")
         for key in SAME_LOAD:
             ours, theirs = part["auto_threshold"].get(key), first["auto_threshold"].get(key)
             if ours != theirs:
@@ -72,7 +81,7 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int], max_ratio
     weights: dict[str, tuple[str, dict[str, Any]]] = {}  # by acceptance: the first part's name and weights
     for name, part in parts:
         ours = {key: part.get(key) for key in SAME_WEIGHTS}
-        ours.update(shape=part["auto_threshold"].get("shape"), server_flags=server_flags(name, part))
+        ours.update(shape=part["auto_threshold"].get("shape"), server_flags=server_flags(words[name]))
         for label in part["auto_threshold"]["by_acceptance"]:
             seen, theirs = weights.setdefault(label, (name, ours))
             for key, value in ours.items():
@@ -83,6 +92,7 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int], max_ratio
     entry = combine_entries([(name, part["auto_threshold"]) for name, part in parts], sweep, max_ratio)
     entry["weights"] = {label: w for label, (_, w) in weights.items()}
     out: Report = {key: first.get(key) for key in SAME_RUN}
+    out["enable_threshold"] = None if enable is None else int(enable)
     kinds = list(entry["weights"].values())
     if all(w == kinds[0] for w in kinds):  # one model throughout: named as a part names it
         out.update({key: first.get(key) for key in SAME_WEIGHTS})
@@ -92,15 +102,25 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int], max_ratio
     return out
 
 
-def server_flags(name: str, part: Report) -> dict[str, Any]:
-    """What the part's command gave every server beyond the proof's own flags: --extra-args (split)
-    and whether --freeze-gc froze their collectors."""
+def command_words(name: str, part: Report) -> list[str]:
+    """The part's ``dynspec proof`` command line, split as the shell would."""
     try:
-        words = shlex.split(str(part.get("command", "")))
+        return shlex.split(str(part.get("command", "")))
     except ValueError as error:
         raise CombineError(f"{name}: its command line does not parse ({error})") from error
-    extra = [words[i + 1] for i, w in enumerate(words[:-1]) if w == "--extra-args"]
-    return {"extra_args": shlex.split(extra[-1]) if extra else [], "freeze_gc": "--freeze-gc" in words}
+
+
+def option_value(words: Sequence[str], option: str) -> str | None:
+    """The value ``option`` was last given in ``words``; None where it was not."""
+    values = [words[i + 1] for i, w in enumerate(words[:-1]) if w == option]
+    return values[-1] if values else None
+
+
+def server_flags(words: Sequence[str]) -> dict[str, Any]:
+    """What a part's command gave every server beyond the proof's own flags: --extra-args (split)
+    and whether --freeze-gc froze their collectors."""
+    extra = option_value(words, "--extra-args")
+    return {"extra_args": shlex.split(extra) if extra else [], "freeze_gc": "--freeze-gc" in words}
 
 
 def _number(value: Any) -> bool:

@@ -135,6 +135,27 @@ def test_parts_of_other_runs_are_refused_by_name(change: dict, message: str) -> 
         joined_of(("a", part(8.1, {8: 8.5})), ("b", part(7.9, {64: 7.8}, **change)))
 
 
+def test_parts_run_at_other_thresholds_join_unless_auto_came_back_on_at_another_size() -> None:
+    """No server of the sweep runs with --threshold (kv-auto passes 32, real-auto 8), so the parts
+    join whatever it was, and whatever the ``enable_threshold`` it made a report say; auto's own
+    switch-on bound, --enable-threshold, must agree (the control), and must be a number."""
+    at_8 = {"command": "python -m patcher proof --threshold 8 --freeze-gc", "enable_threshold": 8}
+    joined = joined_of(
+        ("a", part(8.1, {8: 8.5, 32: 8.0}, enable_threshold=32)), ("b", part(7.9, {64: 7.8, 96: 8.2}, **at_8))
+    )
+    assert joined["passed"] and joined["enable_threshold"] is None
+    bound = {"command": "python -m patcher proof --enable-threshold 4 --freeze-gc"}
+    with pytest.raises(combine.CombineError, match="^b: --enable-threshold '4' differs from a's None$"):
+        joined_of(("a", part(8.1, {8: 8.5})), ("b", part(7.9, {64: 7.8}, **bound)))
+    both = joined_of(("a", part(8.1, {8: 8.5, 32: 8.0}, **bound)), ("b", part(7.9, {64: 7.8, 96: 8.2}, **bound)))
+    assert both["enable_threshold"] == 4
+    with pytest.raises(combine.CombineError, match="^a: --enable-threshold 'x' is not a batch size$"):
+        joined_of(
+            ("a", part(8.1, {8: 8.5}, command="python -m patcher proof --enable-threshold x")),
+            ("b", part(7.9, {64: 7.8})),
+        )
+
+
 def test_another_load_the_same_run_twice_a_report_without_the_check_and_a_lone_part_are_refused() -> None:
     other = part(7.9, {64: 7.8})
     other["auto_threshold"]["repeats"] = 2
