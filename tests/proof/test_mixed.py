@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from patcher.proof import mixed
+from patcher.proof import combine, mixed
 from patcher.proof import report as reports
 from patcher.proof.client import LevelResult, Reply, Request, prompt
 from patcher.proof.run import Proof, run_proof
@@ -695,6 +695,39 @@ def test_on_real_weights_deterministic_auto_stays_off_only_where_every_check_tim
     result = run_proof(both, lambda m: None)
     assert result["deterministic"] is True
     assert all("--enable-deterministic-inference" in s["argv"] for s in result["servers"])
+
+
+def test_the_real_models_sweep_joins_the_simulated_one_as_the_device_steps_run_them(site: Any, tmp_path: Path) -> None:
+    """kv-auto (dummy weights, --threshold 32) and real-auto (--model real, --threshold 8, without
+    piecewise prefill graphs) on one release: `dynspec proof --combine` joins their reports into the
+    issue's one, acceptance 3 beside ``real``. Before session 46 it refused them twice over: the real
+    run had deterministic inference on, and the report's enable_threshold followed --threshold. The
+    control: a real run asked for batch-invariant kernels is still refused, by name."""
+    root = site(version="0.5.17")
+    sweep: dict[str, Any] = {
+        "checks": ("auto_threshold",), "path": "v2", "auto_sweep": (2, 6), "max_auto_ratio": 100.0, "freeze_gc": True
+    }  # fmt: skip
+    dummy = mixed_options(
+        root, tmp_path / "dummy", threshold=32, auto_acceptances=(3.0,), **sweep,
+        command="python -m patcher proof --threshold 32 --checks auto_threshold --freeze-gc",
+    )  # fmt: skip
+    real_command = (
+        "python -m patcher proof --model real --threshold 8 --checks auto_threshold --freeze-gc "
+        "--extra-args --disable-piecewise-cuda-graph"
+    )
+    real = mixed_options(
+        root, tmp_path / "real", threshold=8, model="real", model_dir=real_dir(tmp_path / "model"), **sweep,
+        extra_args=("--disable-piecewise-cuda-graph",), command=real_command,
+    )  # fmt: skip
+    parts = [(name, run_proof(opts, lambda m: None)) for name, opts in (("dummy", dummy), ("real", real))]
+    joined = combine.combine(parts, (2, 6), 100.0)
+    assert set(joined["auto_threshold"]["by_acceptance"]) == {"3", "real"}, joined["auto_threshold"]["problems"]
+    assert joined["auto_threshold"]["weights"]["real"]["server_flags"]["extra_args"] == [
+        "--disable-piecewise-cuda-graph"
+    ]
+    on = run_proof(dataclasses.replace(real, deterministic="on", out=tmp_path / "on"), lambda m: None)
+    with pytest.raises(combine.CombineError, match="^on: deterministic True differs from dummy's False$"):
+        combine.combine([parts[0], ("on", on)], (2, 6), 100.0)
 
 
 @pytest.mark.parametrize(("version", "path"), [("0.5.13", "v2"), ("0.5.17", "v1")])
