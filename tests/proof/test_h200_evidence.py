@@ -3906,6 +3906,18 @@ def auto_part(acceptance: str, sweep: str) -> dict:
     return report
 
 
+def joined_row(acceptance: str, committed: Path) -> dict:
+    """``dynspec proof --combine`` of both r30 parts at ``acceptance`` (run in docs/proof), once it
+    passes and equals the committed report: its row."""
+    parts = [
+        (f"{R30_AUTO_PARTS[acceptance, s].name}/report.json", report_of(R30_AUTO_PARTS[acceptance, s], {}, AUTO_R6))
+        for s in ("8,16,32", "48,64,96")
+    ]
+    joined = combine.combine(parts, DEFAULTS.auto_sweep, DEFAULTS.max_auto_ratio)
+    assert joined == json.loads((committed / "report.json").read_text()) and joined["passed"]
+    return joined["auto_threshold"]["by_acceptance"][acceptance]
+
+
 def test_session_45_auto_at_acceptance_4_is_within_3_percent_of_the_best_of_six_fixed_n() -> None:
     """auto_threshold at simulated acceptance 4 on r30, in two calls with their own base, always-on
     and auto: N = 8, 16, 32 (auto 9.51 s, best N = 32 10.93, 0.870x) and N = 48, 64, 96 (auto 9.70,
@@ -3920,15 +3932,8 @@ def test_session_45_auto_at_acceptance_4_is_within_3_percent_of_the_best_of_six_
         "48,64,96": (9.7, 64, 1.0211),
     }
     assert all(r["auto_s"] < r["base_s"] and r["always_on_s"] < r["auto_s"] for r in rows.values())
-    parts = [(f"{S45_17_AUTO['4', s].name}/report.json", report_of(S45_17_AUTO["4", s], {}, AUTO_R6)) for s in rows]
-    joined = combine.combine(parts, DEFAULTS.auto_sweep, DEFAULTS.max_auto_ratio)
-    assert joined == json.loads((S45_17_AUTO_4 / "report.json").read_text())
-    row = joined["auto_threshold"]["by_acceptance"]["4"]
-    assert joined["passed"] and (row["best_fixed_n"], row["best_fixed_s"], row["auto_over_best_fixed"]) == (
-        64,
-        9.5,
-        1.0211,
-    )
+    row = joined_row("4", S45_17_AUTO_4)
+    assert (row["best_fixed_n"], row["best_fixed_s"], row["auto_over_best_fixed"]) == (64, 9.5, 1.0211)
     assert row["auto_over_best_fixed"] <= 1.03 < row["fixed_s"]["32"] / row["best_fixed_s"]  # the control
     # every phase at 128 (the fifth): always-on beats plain decode there at acceptance 4; auto, at its
     # ceiling, falls back as every fixed N does
@@ -3988,18 +3993,8 @@ def test_session_46_auto_at_acceptance_3_is_within_3_percent_of_the_best_of_six_
     assert (settled["disable_above"], settled["enable_at_or_below"]) == (94, 65)
     phases = row["phase_medians"]  # the 64 phase (fourth) speculating, the 128 phase (fifth) falling back
     assert phases["auto"][3] < phases["base"][3] and phases["auto"][4] < phases["always_on"][4]
-    parts = [
-        (f"{R30_AUTO_PARTS['3', s].name}/report.json", report_of(R30_AUTO_PARTS["3", s], {}, AUTO_R6))
-        for s in ("8,16,32", "48,64,96")
-    ]
-    joined = combine.combine(parts, DEFAULTS.auto_sweep, DEFAULTS.max_auto_ratio)
-    assert joined == json.loads((S46_17_AUTO_3 / "report.json").read_text())
-    row = joined["auto_threshold"]["by_acceptance"]["3"]
-    assert joined["passed"] and (row["best_fixed_n"], row["best_fixed_s"], row["auto_over_best_fixed"]) == (
-        96,
-        11.535,
-        1.0021,
-    )
+    row = joined_row("3", S46_17_AUTO_3)
+    assert (row["best_fixed_n"], row["best_fixed_s"], row["auto_over_best_fixed"]) == (96, 11.535, 1.0021)
     assert row["auto_over_best_fixed"] <= 1.03 < row["fixed_s"]["32"] / row["best_fixed_s"]  # the control
 
 
