@@ -62,7 +62,7 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int], max_ratio
     (first_name, first), *rest = parts
     words = {name: command_words(name, part) for name, part in parts}
     enable = option_value(words[first_name], ENABLE_OPTION)
-    if enable is not None and not enable.isdigit():
+    if enable is not None and not (enable.isascii() and enable.isdigit() and int(enable) >= 1):
         raise CombineError(f"{first_name}: {ENABLE_OPTION} {enable!r} is not a batch size")
     started: dict[Any, str] = {first.get("started"): first_name}
     for name, part in rest:
@@ -104,8 +104,10 @@ def combine(parts: Sequence[tuple[str, Report]], sweep: Sequence[int], max_ratio
 
 def command_words(name: str, part: Report) -> list[str]:
     """The part's ``dynspec proof`` command line, split as the shell would."""
+    if not isinstance(part.get("command"), str):  # what each part's servers were given is read from it
+        raise CombineError(f"{name}: no dynspec proof command line (a combined report is not a part)")
     try:
-        return shlex.split(str(part.get("command", "")))
+        return shlex.split(part["command"])
     except ValueError as error:
         raise CombineError(f"{name}: its command line does not parse ({error})") from error
 
@@ -129,6 +131,8 @@ def _number(value: Any) -> bool:
 
 def _check_part(name: str, part: Any) -> None:
     """Refuse what mixed.judge_auto did not write, by name: a traceback here would hide which file."""
+    if isinstance(part, Mapping) and "combined_from" in part:
+        raise CombineError(f"{name}: a combined report, not a part: give the parts it was made from")
     entry = part.get("auto_threshold") if isinstance(part, Mapping) else None
     if not isinstance(entry, Mapping) or not isinstance(entry.get("by_acceptance"), Mapping):
         raise CombineError(f"{name}: no auto_threshold entry (a report of --checks auto_threshold)")

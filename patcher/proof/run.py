@@ -631,7 +631,7 @@ class Proof:
         self.aborted: str | None = None
         self.sglang: detect.SGLang | None = None
         self.gpu_memory_mib: int | None = None  # detect.gpu_memory_mib(), read as the run starts
-        self.checks: list[str] = []  # what plan() kept, set as the run starts
+        self.checks: list[str] | None = None  # what plan() kept, set as the run starts
         self.server_info: dict[str, Any] = {}  # the report entry of the server served last
         self._queue: list[Plan] = []  # what ``starting`` was told will be served, not started yet
         self._started: dict[str, tuple[Server, dict[str, Any]]] = {}  # up or starting, not yet served
@@ -657,7 +657,7 @@ class Proof:
         wanted = self.opts.deterministic == "on" or (
             self.opts.deterministic == "auto"
             and self.opts.model_dir is not None
-            and not set(self.checks) <= set(TIMING_CHECKS)
+            and not (self.checks is not None and set(self.checks) <= set(TIMING_CHECKS))
         )
         return wanted and self.sglang.deterministic_supported
 
@@ -667,6 +667,7 @@ class Proof:
         self.gpu_memory_mib = detect.gpu_memory_mib()
         checks, skipped = plan(opts, sglang, self.gpu_memory_mib)
         self.checks = checks
+        shared = bool(set(checks) - {"auto_threshold"})  # a check that runs the one dynspec server of --threshold
         opts.out.mkdir(parents=True, exist_ok=True)
         self.report = {
             "model": self.model_name,
@@ -681,10 +682,11 @@ class Proof:
             "dynspec_applied": sglang.dynspec_applied,
             "dynspec_revisions": detect.applied_revisions(sglang.package),  # patch id -> revision in the tree
             "threshold": opts.threshold,
-            "enable_threshold": opts.enable_threshold if opts.auto else opts.dynspec.on_at_most,
+            # the one dynspec server the checks share; auto_threshold alone has none (its auto server
+            # gets --enable-threshold as given, each fixed N its own)
+            "enable_threshold": opts.enable_threshold if opts.auto or not shared else opts.dynspec.on_at_most,
             "switch_min_steps": opts.switch_min_steps,
-            # the flags of the one dynspec server the checks share; auto_threshold's each have their own
-            "dynspec_flags": " ".join(opts.dynspec.flags()) if set(checks) - {"auto_threshold"} else "",
+            "dynspec_flags": " ".join(opts.dynspec.flags()) if shared else "",
             # the runtime's switches (DYNSPEC_ONE_TOKEN_ATTENTION, DYNSPEC_EARLY_FENCE), as the servers got them
             "dynspec_env": {k: v for k, v in sorted(self.env.items()) if k.startswith("DYNSPEC_")},
             "tp": opts.tp,

@@ -149,11 +149,22 @@ def test_parts_run_at_other_thresholds_join_unless_auto_came_back_on_at_another_
         joined_of(("a", part(8.1, {8: 8.5})), ("b", part(7.9, {64: 7.8}, **bound)))
     both = joined_of(("a", part(8.1, {8: 8.5, 32: 8.0}, **bound)), ("b", part(7.9, {64: 7.8, 96: 8.2}, **bound)))
     assert both["enable_threshold"] == 4
-    with pytest.raises(combine.CombineError, match="^a: --enable-threshold 'x' is not a batch size$"):
-        joined_of(
-            ("a", part(8.1, {8: 8.5}, command="python -m patcher proof --enable-threshold x")),
-            ("b", part(7.9, {64: 7.8})),
-        )
+    for bad in ("x", "0", "\u00b2"):  # click writes IntRange(1)'s; a hand-edited command may not
+        with pytest.raises(combine.CombineError, match=f"^a: --enable-threshold '{bad}' is not a batch size$"):
+            command = f"python -m patcher proof --enable-threshold {bad}"
+            joined_of(("a", part(8.1, {8: 8.5}, command=command)), ("b", part(7.9, {64: 7.8})))
+
+
+def test_a_combined_report_or_one_without_its_command_is_not_a_part() -> None:
+    """A combined report names no command (its parts' servers were given theirs), so it would read as
+    run without --enable-threshold, --extra-args or --freeze-gc whatever its parts had: refused, as
+    is any report without a command line. The control: the same parts join."""
+    joined = joined_of(("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", part(7.9, {64: 7.8, 96: 8.2})))
+    with pytest.raises(combine.CombineError, match="^ab: a combined report, not a part: give the parts"):
+        joined_of(("ab", joined), ("c", part(7.9, {64: 7.8})))
+    with pytest.raises(combine.CombineError, match="^b: no dynspec proof command line"):
+        joined_of(("a", part(8.1, {8: 8.5})), ("b", part(7.9, {64: 7.8}, command=None)))
+    assert joined["passed"]
 
 
 def test_another_load_the_same_run_twice_a_report_without_the_check_and_a_lone_part_are_refused() -> None:

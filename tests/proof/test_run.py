@@ -531,6 +531,7 @@ def test_switch_lines_that_name_other_thresholds_than_the_configured_fail(site, 
     assert not cr["passed"] and cr["thresholds_logged"] == [[4, 4], [5, 4]]  # the ON lines tell the truth
     assert "switched with thresholds 5 / 4, not the configured 4 / 4" in cr["problems"]
     assert "dynspec applied: yes (--speculative-disable-batch-size 4)" in reports.summary(result)  # the control
+    assert result["enable_threshold"] == 4
 
 
 def test_without_dynspec_only_off_and_always_on_are_compared(site, tmp_path):
@@ -1075,6 +1076,7 @@ def test_auto_thresholds_groups_get_pools_by_how_many_of_them_speculate(site, tm
     }  # fmt: skip
     # no one dynspec server for a flags line to describe: each names its own N in its argv
     assert result["dynspec_flags"] == "" and "dynspec applied: yes\n" in reports.summary(result)
+    assert result["enable_threshold"] is None  # auto's own bound as given (its floor), not --threshold's
     assert "problems" not in result["auto_threshold"] or all(
         " is slower than " in p or "x the best fixed N" in p for p in result["auto_threshold"]["problems"]
     ), result["auto_threshold"]["problems"]
