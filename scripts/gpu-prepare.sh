@@ -7,10 +7,9 @@
 #   call 2, carry .gpu/kit-V-b.tar.xz and .gpu/patched-V:
 #     tar -xJf .gpu/kit-V-b.tar.xz -C /tmp/site && cp -r .gpu/patched-V/sglang/. /tmp/site/sglang/ &&
 #     PYTHONPATH=/tmp/site:$PWD python3 -m patcher proof --sglang auto --path v2 --out $OUT/proof
+# Part b is repacked once without what a server never loads (UNLOADED below), at xz -9e (~2 min).
 # Also .gpu/kit-V.tar.xz, the kit in one part, where it fits one call with .gpu/patched-V and the
-# working tree: both parts less what a server never loads (xgrammar's static library, the diffusion
-# runtime, the native gRPC server, 0.5.17's opt-in Rust extensions, PyCryptodome), at xz -9e
-# (~2 min). A call that carries it and .gpu/patched-V needs no earlier kit-a, so a machine that
+# working tree: both parts less the same, at xz -9e (~2 min). A call that carries it and .gpu/patched-V needs no earlier kit-a, so a machine that
 # went back costs its start and nothing else (scripts/h200-runs.sh's steps take either).
 set -euo pipefail
 V=${1:?usage: scripts/gpu-prepare.sh VERSION}
@@ -33,6 +32,26 @@ for target in json.loads((source / ".dynspec" / "state.json").read_text())["file
     shutil.copy2(source / target, dest / target)
     print(f"  {dest / target}")
 PY
+# What a server never loads, left out of part b and of the one-part kit below: xgrammar's static
+# library, the diffusion runtime, the native gRPC server, sgl_kernel's InfLLM-V2 attention (29 MB
+# from 0.5.16, loaded only when that attention runs: sgl_kernel/infllm_v2/_loader.py, inside its
+# kernels' calls), 0.5.17's two Rust extensions, each imported only behind an opt-in switch (the
+# embedded server, SGLANG_RUST_SERVER, managers/rust_server.py; Inkling's image processor,
+# SGLANG_INKLING_RS_MM_PREPROCESS), and PyCryptodome, which only blobfile's signing for a GCS
+# service account imports (blobfile/_gcp.py).
+UNLOADED=(--exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen --exclude='./sglang/srt/grpc/_core*.so'
+  --exclude='./sgl_kernel/infllm_ops*.so' --exclude='./sglang/srt/server/_core*.so'
+  --exclude='./sglang/srt/multimodal/_core*.so' --exclude=./Cryptodome)
+# Part b without them, at xz -9e (~2 min, once): 0.5.17's from 48.5 to 36.1 MB, so that the call that
+# carries it, the patched files and the tree (16.3 MB in session 46) keeps room to spare.
+lean=".gpu/kit-$V-b.lean"  # stamp: part b is repacked
+if ! [ "$lean" -nt ".gpu/kit-$V-b.tar.xz" ]; then
+  site=$(mktemp -d)
+  tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
+  (cd "$site" && tar -cf - "${UNLOADED[@]}" . | xz -T0 -9e) > ".gpu/kit-$V-b.tar.xz.tmp" \
+    && mv ".gpu/kit-$V-b.tar.xz.tmp" ".gpu/kit-$V-b.tar.xz" && touch "$lean"
+  rm -rf "$site" ".gpu/kit-$V-b.tar.xz.tmp"
+fi
 du -sh ".gpu/kit-$V-a.tar.xz" ".gpu/kit-$V-b.tar.xz" ".gpu/patched-$V"
 # Part c, only where the release's EAGLE worker needs it: 0.5.15's imports the DSA attention backend
 # while it captures the draft's CUDA graphs, and that package imports the CuTe DSL (nvidia-cutlass-dsl,
@@ -77,16 +96,7 @@ one=".gpu/kit-$V.tar.xz"
 if ! [ "$one" -nt ".gpu/kit-$V-a.tar.xz" ] || ! [ "$one" -nt ".gpu/kit-$V-b.tar.xz" ]; then  # missing or older than a part
   site=$(mktemp -d)
   tar -xJf ".gpu/kit-$V-a.tar.xz" -C "$site" && tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
-  # Also sgl_kernel's InfLLM-V2 attention (29 MB from 0.5.16), loaded only when that attention runs
-  # (sgl_kernel/infllm_v2/_loader.py, inside its kernels' calls). And 0.5.17's two Rust extensions,
-  # each imported only behind an opt-in switch: the embedded server (SGLANG_RUST_SERVER,
-  # managers/rust_server.py) and Inkling's image processor (SGLANG_INKLING_RS_MM_PREPROCESS). And
-  # PyCryptodome, which only blobfile's signing for a GCS service account imports (blobfile/_gcp.py).
-  (cd "$site" && tar -cf - --exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen \
-    --exclude='./sglang/srt/grpc/_core*.so' --exclude='./sgl_kernel/infllm_ops*.so' \
-    --exclude='./sglang/srt/server/_core*.so' --exclude='./sglang/srt/multimodal/_core*.so' \
-    --exclude=./Cryptodome . \
-    | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
+  (cd "$site" && tar -cf - "${UNLOADED[@]}" . | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
   rm -rf "$site" "$one.tmp"
 fi
 # A packing that failed or was stopped leaves no one-part kit: the two parts still serve.
