@@ -9,8 +9,9 @@
 #     PYTHONPATH=/tmp/site:$PWD python3 -m patcher proof --sglang auto --path v2 --out $OUT/proof
 # Part b is repacked once without what a server never loads (UNLOADED below), at xz -9e (~2 min).
 # Also .gpu/kit-V.tar.xz, the kit in one part, where it fits one call with .gpu/patched-V and the
-# working tree: both parts less the same, at xz -9e (~2 min). A call that carries it and .gpu/patched-V needs no earlier kit-a, so a machine that
-# went back costs its start and nothing else (scripts/h200-runs.sh's steps take either).
+# working tree: both parts less the same, at xz -9e (~2 min). A call that carries it and
+# .gpu/patched-V needs no earlier kit-a, so a machine that went back costs its start and nothing
+# else (scripts/h200-runs.sh's steps take either).
 set -euo pipefail
 V=${1:?usage: scripts/gpu-prepare.sh VERSION}
 cd "$(dirname "$0")/.."
