@@ -4055,3 +4055,105 @@ def test_session_46_auto_crosses_and_keeps_outputs_on_r30() -> None:
     assert [1, 1] in crossings["thresholds_logged"] and len(crossings["thresholds_logged"]) == 5
     dyn = next(s for s in report["servers"] if s["name"] == "dynspec")
     assert dyn["argv"][dyn["argv"].index("--speculative-disable-batch-size") + 1] == "auto"
+
+
+# -- session 47 (the same revisions and patched files; runs at b0f666d, an H100): issue 16 on real
+# weights, SmolLM2-135M with a head trained in the same session: the sweep in two calls, the first
+# interrupted at the call's limit after N = 48; joined, auto fails ------------------------------------
+
+S47_HEAD = PROOF / "real-s47-head-train"
+S47_REAL_AUTO = {
+    "a": PROOF / "real-0.5.17-v2-s47-r30-auto-a",  # base, always-on, auto, N = 8, 16, 32, 48 (64 and 96 cut off)
+    "b": PROOF / "real-0.5.17-v2-s47-r30-auto-b",  # base, always-on, auto, N = 48, 64, 96
+}
+S47_REAL_AUTO_JOINED = PROOF / "real-0.5.17-v2-s47-r30-auto-combined"
+
+
+def real_auto_row(call: str) -> dict:
+    """One real-auto call on r30: what ran (0.5.17 v2 on an H100, the real model with session 47's head,
+    production kernels, two passes a server, the collectors frozen), its row, its totals the medians
+    of its passes. The held-out prompts repeat within a pass, alike on every server."""
+    report = report_of(S47_REAL_AUTO[call], {}, AUTO_R6)
+    assert report["gpu"] == S31_GPU and report["sglang_version"] == "0.5.17" and report["deterministic"] is False
+    head = (S47_HEAD / "model.safetensors.sha256").read_text().split()[0]
+    assert report["model_sha256"]["head"] == head
+    no_long_collections(report)
+    cached = [s["mixed_cached_prompt_tokens"] for s in report["servers"] if s.get("mixed_cached_prompt_tokens")]
+    assert max(cached) / min(cached) < 1.01
+    row = report["auto_threshold"]["by_acceptance"]["real"]
+    for name, samples in row["samples"].items():
+        total = row["auto_s"] if name == "auto" else row["fixed_s"].get(name, row.get(f"{name}_s"))
+        assert abs(total - statistics.median(samples)) <= 0.001, name
+    return row
+
+
+def test_session_47_head_accepts_1_74_held_out() -> None:
+    """The head real-train made on the H100 (the session-16 recipe, 185 s with the conversion): 1.737
+    accepted + 1 per verify on the 115 held-out prompts the mixed load sends, 2.734 on its training
+    prompts; session 16's run of the recipe gave 1.708."""
+    said = json.loads((S47_HEAD / "report.json").read_text())["acceptance"]
+    assert (said["accept_length"], said["train_accept_length"], said["prompts"]) == (1.737, 2.734, 115)
+
+
+def test_session_47_auto_fails_on_real_weights_and_plain_decode_beats_every_speculative_server() -> None:
+    """Issue 16's real-weights item on r30: FAIL. In the first call auto took 10.52 s against N = 32's
+    8.03 (1.311x; the bar is 1.03x); in the second 9.56 against N = 48's 10.46 (0.913x). Joined by
+    `dynspec proof --combine`, the best of the six N is N = 32 and auto fails. Above all, plain
+    decode (5.71 / 5.61 s) beat every server that can speculate, by 1.4x or more: on this host-bound
+    135M model speculation loses even at one request (phase 1: 0.57 s always-on against 0.41), and
+    the fallback step costs more than a plain decode step (at 128: N = 8's 1.83 s against 1.15).
+    The controls: the second call alone passes, and the joined report fails only by the first call's
+    auto (and its interruption)."""
+    a, b = real_auto_row("a"), real_auto_row("b")
+    assert (a["auto_s"], a["best_fixed_n"], a["best_fixed_s"], a["base_s"]) == (10.522, 32, 8.025, 5.712)
+    assert (b["auto_s"], b["best_fixed_n"], b["best_fixed_s"], b["auto_over_best_fixed"]) == (9.556, 48, 10.462, 0.9134)
+    for row in (a, b):
+        speculative = [row["auto_s"], row["always_on_s"], *(s for s in row["fixed_s"].values() if s is not None)]
+        assert min(speculative) / row["base_s"] > 1.4
+        assert row["always_on_s"] > row["auto_s"]  # auto is never slower than both static servers
+    phases = a["phase_medians"]
+    assert phases["base"][0] < phases["always_on"][0] and phases["base"][4] < phases["8"][4]
+    joined = combine.combine(
+        [(f"{S47_REAL_AUTO[c].name}/report.json", report_of(S47_REAL_AUTO[c], {}, AUTO_R6)) for c in "ab"],
+        DEFAULTS.auto_sweep,
+        DEFAULTS.max_auto_ratio,
+    )
+    assert joined == json.loads((S47_REAL_AUTO_JOINED / "report.json").read_text()) and not joined["passed"]
+    row = joined["auto_threshold"]["by_acceptance"]["real"]
+    assert (row["best_fixed_n"], row["auto_over_best_fixed"]) == (32, 1.3112)
+    first = S47_REAL_AUTO["a"].name
+    assert [p.split(": ", 1)[0] for p in joined["auto_threshold"]["problems"]] == [
+        f"{first}/report.json",
+        f"{first}/report.json",
+        "acceptance real",
+    ]
+    assert report_of(S47_REAL_AUTO["b"], {}, AUTO_R6)["passed"]  # the control
+
+
+def settled_lines(call: str) -> list[tuple[int, float, list[tuple[int, float]]]]:
+    """An auto server's estimated decisions, in order: the switch-off bound, the acceptance, the gains."""
+    (log,) = members(S47_REAL_AUTO[call] / "logs.tar.xz", "dynspec-auto-real.log").values()
+    out = []
+    for off, acc, gains in re.findall(
+        r"dynspec auto: off above (\d+), on at or below \d+ \(estimated; acceptance ([0-9.]+); "
+        r"speculative / fallback tokens/s by batch size ([^)]*)\)",
+        log,
+    ):
+        pairs = [(int(b), float(g)) for b, g in (p.split(": ") for p in gains.split(", "))]
+        out.append((int(off), float(acc), pairs))
+    return out
+
+
+def test_session_47_auto_swung_between_its_floor_and_its_ceiling_on_real_weights() -> None:
+    """Why auto lost on real weights: its settled switch point swung between always off above 1 and
+    never off (127), 6 times in the first call and 3 in the second, in 81 and 61 estimates. Real text's
+    acceptance per verify varies (the logged EMA ran 1.34 - 2.88 and 1.20 - 3.06; the simulated runs'
+    stay put), and the host-bound model's timings gave gains that rise with the batch size (below 1 at
+    a smaller size, above 1 at a larger), where the linear crossing jumps from the floor to the ceiling."""
+    for call, (estimates, flips, low, high) in {"a": (81, 6, 1.34, 2.88), "b": (61, 3, 1.2, 3.06)}.items():
+        lines = settled_lines(call)
+        extremes = [1 if off <= 1 else 127 for off, _, _ in lines if off <= 1 or off >= 127]
+        assert len(lines) == estimates and sum(x != y for x, y in zip(extremes, extremes[1:])) == flips
+        assert (min(a for _, a, _ in lines), max(a for _, a, _ in lines)) == (low, high)
+        rising = [g for _, _, g in lines if any(x < 1 < y for i, (_, x) in enumerate(g) for _, y in g[i + 1 :])]
+        assert rising, call
