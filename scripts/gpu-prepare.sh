@@ -20,7 +20,10 @@ mkdir -p .gpu/kit && cp -r ../shared/gpu/* .gpu/kit/
 [ -f ".gpu/kit-$V-a.tar.xz" ] && [ -f ".gpu/kit-$V-b.tar.xz" ] || .gpu/kit/build-kit.sh "$V" .gpu
 pristine=$(mktemp -d)
 trap 'rm -rf "$pristine"' EXIT
-tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" sglang
+# a part b repacked below (its stamp newer) names its members ./sglang/..., build-kit.sh's sglang/...
+lean=".gpu/kit-$V-b.lean"
+member=sglang; [ "$lean" -nt ".gpu/kit-$V-b.tar.xz" ] && member=./sglang
+tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" "$member"
 .venv/bin/dynspec apply --sglang "$pristine/sglang"
 rm -rf ".gpu/patched-$V"
 .venv/bin/python - "$pristine/sglang" ".gpu/patched-$V/sglang" <<'PY'
@@ -45,7 +48,7 @@ UNLOADED=(--exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen --exclude='
   --exclude='./sglang/srt/multimodal/_core*.so' --exclude=./Cryptodome)
 # Part b without them, at xz -9e (~2 min, once): 0.5.17's from 48.5 to 36.1 MB, so that the call that
 # carries it, the patched files and the tree (16.3 MB in session 46) keeps room to spare.
-lean=".gpu/kit-$V-b.lean"  # stamp: part b is repacked
+# $lean, the stamp: part b is repacked
 if ! [ "$lean" -nt ".gpu/kit-$V-b.tar.xz" ]; then
   site=$(mktemp -d)
   tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
