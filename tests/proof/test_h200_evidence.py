@@ -9,7 +9,6 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import math
 import re
 import statistics
 import tarfile
@@ -21,6 +20,7 @@ import pytest
 from patcher.proof import acceptance, combine, exactkv, features, logscan, metrics, steps
 from patcher.proof.acceptance import proposals_apart
 from patcher.proof.command import DEFAULTS
+from patcher.proof.mixed import swings
 from patcher.proof.pools import (
     EIGHT_B_PLAIN_MIB,
     EIGHT_B_SLOT_KIB,
@@ -4186,11 +4186,6 @@ def test_session_47_a_135m_models_fallback_step_costs_half_again_a_plain_step() 
     assert all(0.97 < eight_b[f"dynspec-n{n}-acc2"]["64"]["median"] < 0.99 for n in (8, 16, 32))
 
 
-def doublings(bounds: list[int]) -> int:
-    """How often a sequence of switch-off bounds moved by more than a factor of two from one to the next."""
-    return sum(abs(math.log(b / a)) > math.log(2) for a, b in zip(bounds, bounds[1:]))
-
-
 def test_session_47_a_steady_acceptance_halves_autos_jumps_on_the_recorded_estimates() -> None:
     """A replay of each real auto server's logged estimates through auto's own rule (``_from_gains``):
     with each bucket's logged speculative / fallback ratio times one steady acceptance (the median the
@@ -4209,4 +4204,4 @@ def test_session_47_a_steady_acceptance_halves_autos_jumps_on_the_recorded_estim
         # logged as 1.00 sat on the other side of 1, once a call
         apart = [(off, rule._from_gains(gains).disable_above) for off, _, gains in lines]
         assert sum(abs(ours - theirs) > 2 for ours, theirs in apart) == 1
-        assert (doublings([off for off, _, _ in lines]), doublings(replayed)) == (logged_jumps, steady_jumps)
+        assert (swings([off for off, _, _ in lines]), swings(replayed)) == (logged_jumps, steady_jumps)

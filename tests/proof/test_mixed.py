@@ -618,12 +618,13 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
     # where auto put N, from its own server's log: the fake's switch point at its first switch off
     for label, said in ((a, e["auto_decisions"]) for a, e in entry["by_acceptance"].items()):
         settled = {"disable_above": 48, "enable_at_or_below": 40, "reason": "estimated", "acceptance": float(label)}
-        assert said == {"count": 1, "estimated": 1, "last": settled, "last_estimated": settled}
-    assert "auto at acceptance 3: 1 threshold changes; settled off above 48, on at or below 40" in reports.summary(
-        result
+        assert said == {"count": 1, "estimated": 1, "swings": 0, "last": settled, "last_estimated": settled}
+    assert (
+        "auto at acceptance 3: 1 threshold changes, its estimates moved N more than 2x 0 times; settled off above 48, on at or below 40"
+        in reports.summary(result)
     )
     # the control: a fixed N's server logs no decision, and one that never decided says so
-    assert mixed.decided([]) == {"count": 0, "estimated": 0, "last": None, "last_estimated": None}
+    assert mixed.decided([]) == {"count": 0, "estimated": 0, "swings": 0, "last": None, "last_estimated": None}
     assert not any("dynspec auto:" in Path(s["log"]).read_text() for s in result["servers"] if "-n" in s["name"])
 
 
@@ -737,3 +738,10 @@ def test_auto_threshold_needs_v2_on_0_5_14_or_later(site: Any, tmp_path: Path, v
     opts = mixed_options(site(version=version), tmp_path / "out", checks=("auto_threshold",), path=path)
     with pytest.raises(ProofUsageError, match=r"auto_threshold needs --path v2 on SGLang 0.5.14 or later"):
         run_proof(opts, lambda m: None)
+
+
+def test_swings_count_the_moves_of_the_switch_point_by_more_than_twice() -> None:
+    """1 -> 127 and back are swings, 26 -> 50 and 50 -> 26 are not (at most 2 x), 26 -> 53 is; the
+    control: a bound that stays put has none."""
+    assert mixed.swings([1, 127, 127, 1, 26, 50, 26, 53]) == 4
+    assert mixed.swings([88] * 20) == 0 and mixed.swings([]) == 0
