@@ -35,35 +35,15 @@ COSTS = {
 }
 
 
-def cost_ms(speculative: bool, size: int) -> float:
-    table = COSTS[speculative]
-    sizes = sorted(table)
-    if size <= sizes[0] or size >= sizes[-1]:
-        return table[sizes[0] if size <= sizes[0] else sizes[-1]]
-    lo = max(b for b in sizes if b <= size)
-    hi = min(b for b in sizes if b >= size)
-    return table[lo] if lo == hi else table[lo] + (table[hi] - table[lo]) * (size - lo) / (hi - lo)
-
-
 class Drifting(sim.Simulated):
+    """The simulator's server on session 47's costs, its host's speed an AR(1) factor."""
+
     drift = 0.0
 
-    def phase(self, concurrency: int, requests: int, tokens: int = 128) -> float:
-        start, pending, running = self.now, requests, []
-        while pending or running:
-            while pending and len(running) < concurrency:
-                running.append(tokens)
-                pending -= 1
-            step = self.driver.step(len(running))
-            speculative = step == runtime.SPECULATE
-            self.drift = RHO * self.drift + math.sqrt(1 - RHO**2) * self.rng.gauss(0, 1)
-            ms = cost_ms(speculative, len(running)) * (1.15 if step == runtime.RESUME else 1.0)
-            self.now += ms / 1000 * math.exp(SIGMA * self.drift)
-            drafts = sim.real_text_drafts(self.rng, len(running)) if speculative else [0] * len(running)
-            if speculative and self.threshold is not None:
-                self.threshold.verified(drafts)
-            running = [left - 1 - d for left, d in zip(running, drafts) if left > 1 + d]
-        return self.now - start
+    def step_seconds(self, step: str, size: int) -> float:
+        self.drift = RHO * self.drift + math.sqrt(1 - RHO**2) * self.rng.gauss(0, 1)
+        ms = sim.interpolated(COSTS[step == runtime.SPECULATE], size) * (1.15 if step == runtime.RESUME else 1.0)
+        return ms / 1000 * math.exp(SIGMA * self.drift)
 
 
 def seconds(n: int | str, seed: int, rule: type[AutoThreshold] = AutoThreshold, **options: float) -> float:

@@ -77,8 +77,11 @@ def recorded_ms(gpu: str = "h200") -> dict[bool, dict[int, float]]:
 
 
 def cost_ms(speculative: bool, size: int, gpu: str = "h200") -> float:
+    return interpolated(recorded_ms(gpu)[speculative], size)
+
+
+def interpolated(table: dict[int, float], size: int) -> float:
     """Linear between the recorded sizes, flat beyond them."""
-    table = recorded_ms(gpu)[speculative]
     sizes = sorted(table)
     if size <= sizes[0] or size >= sizes[-1]:
         return table[sizes[0] if size <= sizes[0] else sizes[-1]]
@@ -124,8 +127,7 @@ class Simulated:
                 pending -= 1
             step = self.driver.step(len(running))
             speculative = step == runtime.SPECULATE
-            ms = cost_ms(speculative, len(running), self.gpu) * (1.15 if step == runtime.RESUME else 1.0)
-            self.now += ms / 1000 * (1 + self.rng.gauss(0, self.noise))
+            self.now += self.step_seconds(step, len(running))
             drafts = [0] * len(running)
             if speculative:
                 size = len(running)
@@ -134,6 +136,11 @@ class Simulated:
                     self.threshold.verified(drafts)
             running = [left - 1 - d for left, d in zip(running, drafts) if left > 1 + d]
         return self.now - start
+
+    def step_seconds(self, step: str, size: int) -> float:
+        """One iteration's time: the recorded cost (a resume's full draft extend 15 % more), with noise."""
+        ms = cost_ms(step == runtime.SPECULATE, size, self.gpu) * (1.15 if step == runtime.RESUME else 1.0)
+        return ms / 1000 * (1 + self.rng.gauss(0, self.noise))
 
     def mixed(self) -> float:
         return sum(self.phase(c, 2 * c) for c in MIXED)
