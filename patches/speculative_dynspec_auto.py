@@ -10,7 +10,7 @@ from patcher.patch import NewFilePatch
 
 
 class SpeculativeDynspecAuto(NewFilePatch):
-    REVISION = 7
+    REVISION = 6
     TARGET = "srt/speculative/dynspec_auto.py"
     SGLANG = ">=0.4.10.post2"
     SUMMARY = "dynspec auto module: the switch point a server finds itself (0.5.14+)"

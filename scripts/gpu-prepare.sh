@@ -20,10 +20,9 @@ mkdir -p .gpu/kit && cp -r ../shared/gpu/* .gpu/kit/
 [ -f ".gpu/kit-$V-a.tar.xz" ] && [ -f ".gpu/kit-$V-b.tar.xz" ] || .gpu/kit/build-kit.sh "$V" .gpu
 pristine=$(mktemp -d)
 trap 'rm -rf "$pristine"' EXIT
-# a part b repacked below (its stamp newer) names its members ./sglang/..., build-kit.sh's sglang/...
-lean=".gpu/kit-$V-b.lean"
-member=sglang; [ "$lean" -nt ".gpu/kit-$V-b.tar.xz" ] && member=./sglang
-tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" "$member"
+# build-kit.sh names part b's members sglang/..., the repack below ./sglang/...: the archive says which
+b_prefix() { [ "$(tar -tJf ".gpu/kit-$V-b.tar.xz" 2>/dev/null | head -1)" = "./" ] && echo ./ || true; }
+tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" "$(b_prefix)sglang"
 .venv/bin/dynspec apply --sglang "$pristine/sglang"
 rm -rf ".gpu/patched-$V"
 .venv/bin/python - "$pristine/sglang" ".gpu/patched-$V/sglang" <<'PY'
@@ -48,7 +47,7 @@ UNLOADED=(--exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen --exclude='
   --exclude='./sglang/srt/multimodal/_core*.so' --exclude=./Cryptodome)
 # Part b without them, at xz -9e (~2 min, once): 0.5.17's from 48.5 to 36.1 MB, so that the call that
 # carries it, the patched files and the tree (16.3 MB in session 46) keeps room to spare.
-# $lean, the stamp: part b is repacked
+lean=".gpu/kit-$V-b.lean"  # stamp: part b is repacked
 if ! [ "$lean" -nt ".gpu/kit-$V-b.tar.xz" ]; then
   site=$(mktemp -d)
   tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
@@ -85,7 +84,7 @@ print("yes" if path.is_file() and eager(ast.parse(path.read_text()).body) else "
 PY
 )
 if [ "$eager" = yes ] && ! [ -f ".gpu/kit-$V-c.tar.xz" ]; then
-  tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" "sglang-$V.dist-info/METADATA"
+  tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" "$(b_prefix)sglang-$V.dist-info/METADATA"
   pin=$(grep -i '^Requires-Dist: nvidia-cutlass-dsl' "$pristine/sglang-$V.dist-info/METADATA" | head -1 | sed 's/^Requires-Dist: //; s/\[[^]]*\]//; s/;.*//; s/ //g')
   cutlass=$(mktemp -d)
   python3 -m pip --disable-pip-version-check -q install --target "$cutlass" --no-deps --only-binary=:all: \

@@ -350,7 +350,7 @@ def summary(report: Report) -> str:
                     if settled
                     else "never from its estimates"
                 )
-                swung = f", its estimates moved N more than 2x {said['swings']} times" if "swings" in said else ""
+                swung = f", its estimates moved N by more than 2x {said['swings']} times" if "swings" in said else ""
                 lines.append(f"    auto at acceptance {a}: {said['count']} threshold changes{swung}; settled {where}")
             phases = e.get("phase_medians", {})
             best = str(e.get("best_fixed_n"))

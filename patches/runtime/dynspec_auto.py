@@ -19,9 +19,8 @@ The estimates. Per batch-size bucket and mode, the median of the last ``window``
 (from one iteration's start to the next's, when the last three iterations ran the same size and
 mode: under the overlap scheduler that period is the GPU time of the iteration before it). Only buckets where both modes have run are compared: between two, the
 switch point is where the straight line through their gains crosses the level; no cost is guessed
-for a size neither mode has run at. The acceptance is accepted drafts + 1 averaged over verified
-requests, each request one sample: a running mean over the first ``1 / acceptance_weight`` of them,
-an EMA of that weight per request after, kept while speculation is off. Where the batch has run lately with no sample of the other mode,
+for a size neither mode has run at. The acceptance is an EMA of accepted drafts + 1 per verify,
+kept while speculation is off. Where the batch has run lately with no sample of the other mode,
 or only one older than ``stale_after`` iterations, the next period is a probe: the thresholds
 move just past that size for ``probe_iterations`` iterations, so that the controller runs the
 other mode there and measures it. Until then it speculates wherever it may.
@@ -115,7 +114,7 @@ class AutoThreshold:
         margin: float = 0.1,
         every: int = 32,
         window: int = 16,
-        acceptance_weight: float = 0.01,
+        acceptance_weight: float = 0.1,
         stale_after: int = 4096,
         probe_iterations: int = 16,
     ) -> None:
@@ -123,8 +122,6 @@ class AutoThreshold:
             raise ValueError(f"auto needs 1 <= floor ({floor}) <= ceiling ({ceiling})")
         if not 0 <= margin < 1:
             raise ValueError(f"auto's margin must be in [0, 1), not {margin}")
-        if not 0 < acceptance_weight <= 1:
-            raise ValueError(f"auto's acceptance weight must be in (0, 1], not {acceptance_weight}")
         self.floor = floor
         self.ceiling = ceiling
         self.margin = margin
@@ -137,7 +134,6 @@ class AutoThreshold:
         # probes, not a guess, place the switch.
         self.thresholds = Thresholds(ceiling, ceiling)
         self.acceptance: Optional[float] = None
-        self._verified_requests = 0  # requests verified so far: the running mean's count
         self.iterations = 0
         self._seconds: Dict[Tuple[bool, int], Deque[float]] = {}
         self._sampled_at: Dict[Tuple[bool, int], int] = {}  # the iteration of each bucket's latest sample
@@ -179,20 +175,14 @@ class AutoThreshold:
         self._previous.clear()
 
     def verified(self, accepted_drafts: Sequence[int]) -> None:
-        """A speculative verify's accepted drafts per request (the bonus token not counted).
-
-        Each verified request is one sample, so a verify of n requests moves the estimate by
-        ``1 - (1 - acceptance_weight) ** n`` of the way to its mean (the running mean's n / count
-        while that is larger). Per verify, a request or two of real text (0 - 3 drafts each) swung
-        the estimate between 1.2 and 3.1 around a head's 1.74 (session 47); a verify of a large
-        batch is a steady mean and may move it most of the way."""
-        n = len(accepted_drafts)
-        if n == 0:
+        """A speculative verify's accepted drafts per request (the bonus token not counted)."""
+        if not accepted_drafts:
             return
-        mean = 1.0 + sum(accepted_drafts) / n
-        self._verified_requests += n
-        step = max(1.0 - (1.0 - self.acceptance_weight) ** n, n / self._verified_requests)
-        self.acceptance = mean if self.acceptance is None else self.acceptance + step * (mean - self.acceptance)
+        per_verify = 1.0 + sum(accepted_drafts) / len(accepted_drafts)
+        if self.acceptance is None:
+            self.acceptance = per_verify
+        else:
+            self.acceptance += self.acceptance_weight * (per_verify - self.acceptance)
 
     # -- what it answers -------------------------------------------------------------------------
 

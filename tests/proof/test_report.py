@@ -365,17 +365,18 @@ def test_the_summary_says_where_auto_settled_or_that_it_never_estimated() -> Non
     entry = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, said)
     text = report.summary(sample(auto_threshold=entry))
     assert (
-        "    auto at acceptance 3: 2 threshold changes, its estimates moved N more than 2x 0 times; settled off above"
+        "    auto at acceptance 3: 2 threshold changes, its estimates moved N by more than 2x 0 times; settled off above"
         " 63, on at or below 56 (acceptance 2.98)" in text
     )
     swung = {"3": [AutoDecision(1, 1, "estimated", 1.34), AutoDecision(127, 127, "estimated", 2.88), *said["3"]]}
     text = report.summary(sample(auto_threshold=mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, swung)))
-    assert "auto at acceptance 3: 4 threshold changes, its estimates moved N more than 2x 2 times; settled" in text
+    assert "auto at acceptance 3: 4 threshold changes, its estimates moved N by more than 2x 2 times; settled" in text
     # the controls: a server that logged only probes never settled; a run without logs read says nothing;
     # a report from before the swings were counted does not print them
     never = report.summary(sample(auto_threshold=mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, {"3": [probe]})))
     assert (
-        "auto at acceptance 3: 1 threshold changes, its estimates moved N more than 2x 0 times; settled never" in never
+        "auto at acceptance 3: 1 threshold changes, its estimates moved N by more than 2x 0 times; settled never"
+        in never
     )
     del entry["by_acceptance"]["3"]["auto_decisions"]["swings"]
     assert "auto at acceptance 3: 2 threshold changes; settled off above 63" in report.summary(
