@@ -13,8 +13,7 @@ set -euo pipefail
 V=${1:?usage: scripts/gpu-fa3.sh VERSION}
 cd "$(dirname "$0")/.."
 [ -f ".gpu/kit-$V-b.tar.xz" ] || { echo "no .gpu/kit-$V-b.tar.xz: run scripts/gpu-prepare.sh $V first" >&2; exit 2; }
-# gpu-prepare's repacked part b names its members ./...: --no-anchored reads either
-meta=$(tar -xJOf ".gpu/kit-$V-b.tar.xz" --wildcards --no-anchored "sglang-$V.dist-info/METADATA")
+meta=$(tar -xJOf ".gpu/kit-$V-b.tar.xz" --wildcards "sglang-$V.dist-info/METADATA")
 pin=$(grep -iE '^Requires-Dist: (sgl-kernel|sglang-kernel)==' <<<"$meta" | head -1 | sed 's/^Requires-Dist: //; s/;.*//; s/ //g')
 [ -n "$pin" ] || { echo "sglang $V's METADATA pins no sgl-kernel / sglang-kernel" >&2; exit 2; }
 work=$(mktemp -d)

@@ -18,11 +18,34 @@ cd "$(dirname "$0")/.."
 grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo /.gpu/ >> .git/info/exclude
 mkdir -p .gpu/kit && cp -r ../shared/gpu/* .gpu/kit/
 [ -f ".gpu/kit-$V-a.tar.xz" ] && [ -f ".gpu/kit-$V-b.tar.xz" ] || .gpu/kit/build-kit.sh "$V" .gpu
+# What a server never loads, left out of part b and of the one-part kit below: xgrammar's static
+# library, the diffusion runtime, the native gRPC server, sgl_kernel's InfLLM-V2 attention (29 MB
+# from 0.5.16, loaded only when that attention runs: sgl_kernel/infllm_v2/_loader.py, inside its
+# kernels' calls), 0.5.17's two Rust extensions, each imported only behind an opt-in switch (the
+# embedded server, SGLANG_RUST_SERVER, managers/rust_server.py; Inkling's image processor,
+# SGLANG_INKLING_RS_MM_PREPROCESS), and PyCryptodome, which only blobfile's signing for a GCS
+# service account imports (blobfile/_gcp.py).
+UNLOADED=(--anchored --exclude=xgrammar/lib --exclude=sglang/multimodal_gen --exclude='sglang/srt/grpc/_core*.so'
+  --exclude='sgl_kernel/infllm_ops*.so' --exclude='sglang/srt/server/_core*.so'
+  --exclude='sglang/srt/multimodal/_core*.so' --exclude=Cryptodome)
+# lean_xz DIR: DIR's contents less UNLOADED, at xz -9e (~2 min), members named as build-kit.sh names
+# them (sglang/..., not ./sglang/...), so that every reader of one member below and in gpu-fa3.sh
+# works on a part however it was packed
+lean_xz() { (cd "$1" && tar -cf - "${UNLOADED[@]}" -- $(ls -A) | xz -T0 -9e); }
+# Part b without them, once, before anything reads it: 0.5.17's from 48.5 to 34.6 MB, so that the call
+# that carries it, the patched files and the tree (16.3 MB in session 46) keeps room to spare.
+# (Session 46's stamp, .lean, marked a packing that named its members ./...: this stamp is new, so
+# those are packed again.)
+lean=".gpu/kit-$V-b.unloaded"  # stamp: part b is repacked
+if ! [ "$lean" -nt ".gpu/kit-$V-b.tar.xz" ]; then
+  site=$(mktemp -d)
+  tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
+  lean_xz "$site" > ".gpu/kit-$V-b.tar.xz.tmp" && mv ".gpu/kit-$V-b.tar.xz.tmp" ".gpu/kit-$V-b.tar.xz" && touch "$lean"
+  rm -rf "$site" ".gpu/kit-$V-b.tar.xz.tmp"
+fi
 pristine=$(mktemp -d)
 trap 'rm -rf "$pristine"' EXIT
-# build-kit.sh names part b's members sglang/..., the repack below ./sglang/...: the archive says which
-b_prefix() { [ "$(tar -tJf ".gpu/kit-$V-b.tar.xz" 2>/dev/null | head -1)" = "./" ] && echo ./ || true; }
-tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" "$(b_prefix)sglang"
+tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" sglang
 .venv/bin/dynspec apply --sglang "$pristine/sglang"
 rm -rf ".gpu/patched-$V"
 .venv/bin/python - "$pristine/sglang" ".gpu/patched-$V/sglang" <<'PY'
@@ -35,26 +58,6 @@ for target in json.loads((source / ".dynspec" / "state.json").read_text())["file
     shutil.copy2(source / target, dest / target)
     print(f"  {dest / target}")
 PY
-# What a server never loads, left out of part b and of the one-part kit below: xgrammar's static
-# library, the diffusion runtime, the native gRPC server, sgl_kernel's InfLLM-V2 attention (29 MB
-# from 0.5.16, loaded only when that attention runs: sgl_kernel/infllm_v2/_loader.py, inside its
-# kernels' calls), 0.5.17's two Rust extensions, each imported only behind an opt-in switch (the
-# embedded server, SGLANG_RUST_SERVER, managers/rust_server.py; Inkling's image processor,
-# SGLANG_INKLING_RS_MM_PREPROCESS), and PyCryptodome, which only blobfile's signing for a GCS
-# service account imports (blobfile/_gcp.py).
-UNLOADED=(--exclude=./xgrammar/lib --exclude=./sglang/multimodal_gen --exclude='./sglang/srt/grpc/_core*.so'
-  --exclude='./sgl_kernel/infllm_ops*.so' --exclude='./sglang/srt/server/_core*.so'
-  --exclude='./sglang/srt/multimodal/_core*.so' --exclude=./Cryptodome)
-# Part b without them, at xz -9e (~2 min, once): 0.5.17's from 48.5 to 36.1 MB, so that the call that
-# carries it, the patched files and the tree (16.3 MB in session 46) keeps room to spare.
-lean=".gpu/kit-$V-b.lean"  # stamp: part b is repacked
-if ! [ "$lean" -nt ".gpu/kit-$V-b.tar.xz" ]; then
-  site=$(mktemp -d)
-  tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
-  (cd "$site" && tar -cf - "${UNLOADED[@]}" . | xz -T0 -9e) > ".gpu/kit-$V-b.tar.xz.tmp" \
-    && mv ".gpu/kit-$V-b.tar.xz.tmp" ".gpu/kit-$V-b.tar.xz" && touch "$lean"
-  rm -rf "$site" ".gpu/kit-$V-b.tar.xz.tmp"
-fi
 du -sh ".gpu/kit-$V-a.tar.xz" ".gpu/kit-$V-b.tar.xz" ".gpu/patched-$V"
 # Part c, only where the release's EAGLE worker needs it: 0.5.15's imports the DSA attention backend
 # while it captures the draft's CUDA graphs, and that package imports the CuTe DSL (nvidia-cutlass-dsl,
@@ -84,7 +87,7 @@ print("yes" if path.is_file() and eager(ast.parse(path.read_text()).body) else "
 PY
 )
 if [ "$eager" = yes ] && ! [ -f ".gpu/kit-$V-c.tar.xz" ]; then
-  tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" "$(b_prefix)sglang-$V.dist-info/METADATA"
+  tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$pristine" "sglang-$V.dist-info/METADATA"
   pin=$(grep -i '^Requires-Dist: nvidia-cutlass-dsl' "$pristine/sglang-$V.dist-info/METADATA" | head -1 | sed 's/^Requires-Dist: //; s/\[[^]]*\]//; s/;.*//; s/ //g')
   cutlass=$(mktemp -d)
   python3 -m pip --disable-pip-version-check -q install --target "$cutlass" --no-deps --only-binary=:all: \
@@ -99,7 +102,7 @@ one=".gpu/kit-$V.tar.xz"
 if ! [ "$one" -nt ".gpu/kit-$V-a.tar.xz" ] || ! [ "$one" -nt ".gpu/kit-$V-b.tar.xz" ]; then  # missing or older than a part
   site=$(mktemp -d)
   tar -xJf ".gpu/kit-$V-a.tar.xz" -C "$site" && tar -xJf ".gpu/kit-$V-b.tar.xz" -C "$site"
-  (cd "$site" && tar -cf - "${UNLOADED[@]}" . | xz -T0 -9e) > "$one.tmp" && mv "$one.tmp" "$one"
+  lean_xz "$site" > "$one.tmp" && mv "$one.tmp" "$one"
   rm -rf "$site" "$one.tmp"
 fi
 # A packing that failed or was stopped leaves no one-part kit: the two parts still serve.
