@@ -20,7 +20,7 @@ import statistics
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from patcher.proof.mixed import best_fixed, slower_than_both
+from patcher.proof.mixed import best_fixed, slower_than_both, unmeasured
 from patcher.proof.report import Report
 
 # What every part must share to be one sweep: the same release, path, card, runtime and server
@@ -160,9 +160,11 @@ def combine_entries(
     entries: Sequence[tuple[str, Mapping[str, Any]]], sweep: Sequence[int], max_ratio: float
 ) -> dict[str, Any]:
     """The combined ``auto_threshold`` entry of ``entries`` (each a part's name and entry, as
-    mixed.judge_auto made it); every N of ``sweep`` must have run in some part."""
+    mixed.judge_auto made it); every N of ``sweep`` must have run in some part. A part's problems
+    carry over, except those that only say it left servers unmeasured: what the join needs of them
+    is checked here (an interrupted call's N that another part ran counts, session 48)."""
     first = entries[0][1]
-    problems = [f"{name}: {p}" for name, entry in entries for p in entry.get("problems", [])]
+    problems = [f"{name}: {p}" for name, entry in entries for p in entry.get("problems", []) if not unmeasured(p)]
     labels = list(dict.fromkeys(label for _, entry in entries for label in entry["by_acceptance"]))
     by_acceptance = {}
     for label in labels:

@@ -26,6 +26,11 @@ from patcher.proof.client import Client, LevelResult, Request, run_requests, tak
 from patcher.proof.logscan import AutoDecision
 
 FIRST_PROMPT = 300_000
+# An auto sweep's lines for servers it did not measure: a call stopped before them, or none of a
+# server's passes complete. ``--combine`` leaves them out of a part (``unmeasured``), since it checks
+# itself that every N ran in some part and that each part compared auto with base and always-on.
+INTERRUPTED = "interrupted after {} of {} servers were measured"
+NO_COMPLETE_PASS = "no complete pass on "
 DEFAULT_PHASES = (1, 4, 16, 64, 128, 64, 16, 4, 1)
 
 
@@ -251,7 +256,7 @@ def judge_auto(
                 oracle_s=oracle, auto_over_oracle=round(auto / oracle, 4) if auto is not None and oracle else None
             )
         if missing:
-            problems.append(f"acceptance {label}: no complete pass on {', '.join(missing)}")
+            problems.append(f"acceptance {label}: {NO_COMPLETE_PASS}{', '.join(missing)}")
         elif auto is not None and base is not None and always_on is not None:
             ratio = round(auto / entry["best_fixed_s"], 4)
             entry.update(auto_over_best_fixed=ratio, faster_than_both=auto < min(base, always_on))
@@ -285,6 +290,12 @@ def judge_auto(
         )
         or "incomplete",
     }
+
+
+def unmeasured(problem: str) -> bool:
+    """Whether an auto sweep's problem line only says that servers went unmeasured."""
+    said = problem.partition(": ")[2] if problem.startswith("acceptance ") else problem
+    return said.startswith(NO_COMPLETE_PASS) or said.startswith(INTERRUPTED.split("{", 1)[0])
 
 
 def decided(decisions: Sequence[AutoDecision]) -> dict[str, Any]:

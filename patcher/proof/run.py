@@ -1882,7 +1882,7 @@ class Proof:
             # SystemExit) or Ctrl-C, it is judged on the servers it measured, which run() saves.
             entry = mixed.judge_auto(runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions)
             if problems is None:
-                problems = [f"interrupted after {len(runs)} of {len(plans)} servers were measured"]
+                problems = [mixed.INTERRUPTED.format(len(runs), len(plans))]
             entry["problems"] = problems + entry["problems"]
             entry["passed"] = not entry["problems"]
             entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats)

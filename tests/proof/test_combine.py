@@ -108,10 +108,50 @@ def test_a_parts_own_ratio_is_recomputed_not_trusted() -> None:
 def test_a_sweep_with_an_n_no_part_ran_fails_and_a_parts_own_problems_carry_over() -> None:
     short = joined_of(("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", part(7.9, {64: 7.8})))
     assert not short["passed"] and short["auto_threshold"]["problems"] == ["acceptance 3: N=96 ran in no part"]
-    interrupted = part(7.9, {64: 7.8, 96: 8.2})
-    interrupted["auto_threshold"]["problems"] = ["interrupted after 4 of 5 servers were measured"]
-    joined = joined_of(("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", interrupted))
-    assert joined["auto_threshold"]["problems"] == ["b: interrupted after 4 of 5 servers were measured"]
+    failed = part(7.9, {64: 7.8, 96: 8.2})
+    failed["auto_threshold"]["problems"] = ["dynspec-n96-sim: request 3 failed: HTTP 500"]
+    joined = joined_of(("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", failed))
+    assert joined["auto_threshold"]["problems"] == ["b: dynspec-n96-sim: request 3 failed: HTTP 500"]
+
+
+def interrupted_before(n: int, fixed: dict[int, float]) -> dict[str, Any]:
+    """A part whose call stopped before its N = ``n`` server: judge_auto's entry for a sweep that
+    names ``n`` with no passes of it, and run.py's line for the stop in front."""
+    stopped = part(7.9, fixed)
+    entry = mixed.judge_auto(auto_runs(7.9, fixed), SCHEDULE, ["3"], sorted([*fixed, n]), BOUND)
+    entry["problems"] = [mixed.INTERRUPTED.format(5, 6), *entry["problems"]]
+    entry.update(shape="8b", repeats=3, passed=False)
+    stopped.update(auto_threshold=entry, passed=False)
+    return stopped
+
+
+def test_an_interrupted_part_counts_for_what_it_measured_where_another_part_ran_the_rest() -> None:
+    """Session 48: a call stopped before its N = 96; a second call ran N = 96 alone."""
+    parts = (("a", part(8.1, {8: 8.5, 32: 8.0})), ("b", interrupted_before(96, {64: 7.8})))
+    assert parts[1][1]["auto_threshold"]["problems"] == [
+        "interrupted after 5 of 6 servers were measured",
+        "acceptance 3: no complete pass on N=96",
+    ]
+    joined = joined_of(*parts, ("c", part(7.95, {96: 8.2})))
+    assert joined["passed"] and joined["auto_threshold"]["problems"] == []
+    # the control: without the part that ran it, the missing N fails the join, in the join's own words
+    alone = joined_of(*parts)
+    assert not alone["passed"] and alone["auto_threshold"]["problems"] == ["acceptance 3: N=96 ran in no part"]
+
+
+@pytest.mark.parametrize(
+    ("problem", "only_unmeasured"),
+    [
+        (mixed.INTERRUPTED.format(4, 5), True),
+        ("acceptance 2: no complete pass on N=96", True),
+        ("acceptance real: no complete pass on auto, N=8", True),
+        ("acceptance 3: auto took 8.40 s, 1.050x the best fixed N's (N=32, 8.00 s; at most 1.03x)", False),
+        ("the dynspec-n96-sim server did not start", False),
+        ("dynspec-n96-sim: request 3 failed: no complete pass on the stream", False),
+    ],
+)
+def test_only_lines_about_unmeasured_servers_are_left_to_the_join(problem: str, only_unmeasured: bool) -> None:
+    assert mixed.unmeasured(problem) is only_unmeasured
 
 
 @pytest.mark.parametrize(
