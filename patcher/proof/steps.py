@@ -26,6 +26,13 @@ admitted, then decode), and a run's speed is the median of its steady intervals.
 small model's fallback runs bimodal that way (0.75 or 0.965 of base's, set at admission), which one
 median over all runs hides.
 
+``admissions`` reads every interval, steady or not, with the ``Prefill batch`` lines logged since
+the line before: how many prefills a server ran per thousand tokens it generated, and its speed in
+the intervals with a prefill against those without. Session 48 found that on real weights a
+speculating server admits a closed loop's requests one by one (their accepted drafts differ, so
+they finish apart) where a plain or fallback one admits them in waves: about six times the prefills
+per token, each an eager prefill of a host-bound model.
+
 ``outside_steady`` sets each timed run's end-to-end time against the time its tokens would have
 taken at that run's steady speed: what the run spent on admission, its first and last iterations
 and the client, which no steady interval shows. Session 21 found R(C) under 0.97 at 64 and 128 on
@@ -96,6 +103,59 @@ def steady_by_run(text: str, speculating: bool = False) -> Iterator[tuple[int, S
             if steady:
                 yield run, step
         previous = step
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One ``Decode batch`` line, steady or not, with the prefills logged since the line before."""
+
+    running: int
+    tok_s: float
+    accept: float  # the line's acceptance length; 1 where it logs none
+    prefills: int
+
+    @property
+    def speculating(self) -> bool:
+        """Whether the interval verified drafts (a zero-step server's lines say ``accept len: 1.00``)."""
+        return self.accept > 1
+
+
+def intervals(text: str) -> list[Interval]:
+    """Every decode interval of one server log."""
+    out = []
+    prefills = 0
+    for line in text.splitlines():
+        if PREFILL_LINE in line:
+            prefills += 1
+            continue
+        m = DECODE_LINE.search(line)
+        if not m:
+            continue
+        accept = ACCEPT_LEN.search(line)
+        out.append(Interval(int(m.group(1)), float(m.group(3)), float(accept.group(1)) if accept else 1.0, prefills))
+        prefills = 0
+    return out
+
+
+def admissions(text: str, low: int, high: int, speculating: bool) -> dict[str, Any] | None:
+    """The intervals of one mode with ``low`` to ``high`` running requests: how many, the prefills
+    per 1000 generated tokens, and the median speed of those with a prefill and of those without
+    (None where there are none). None where the mode has no interval there."""
+    chosen = [i for i in intervals(text) if low <= i.running <= high and i.speculating == speculating]
+    if not chosen:
+        return None
+    interval = log_interval(text)
+    tokens = sum(interval * i.running * i.accept for i in chosen)
+
+    def median_tok_s(group: list[Interval]) -> float | None:
+        return round(statistics.median(i.tok_s for i in group)) if group else None
+
+    return {
+        "intervals": len(chosen),
+        "prefills_per_1000_tokens": round(1000 * sum(i.prefills for i in chosen) / tokens, 3),
+        "tok_s_with_prefills": median_tok_s([i for i in chosen if i.prefills]),
+        "tok_s_without": median_tok_s([i for i in chosen if not i.prefills]),
+    }
 
 
 def paired_ratios(steps: Iterable[Step], base: Sequence[Step], running: int, interval: int) -> list[float]:

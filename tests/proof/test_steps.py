@@ -43,6 +43,40 @@ def test_only_intervals_of_one_token_per_request_and_no_admission_are_steady() -
     assert steps.steady_steps(log) == [steps.Step(4, 140, 400.0), steps.Step(6, 320, 600.0), steps.Step(6, 580, 610.0)]
 
 
+def test_admissions_count_prefills_per_thousand_tokens_in_each_mode() -> None:
+    """Every interval counts, steady or not, with the prefills logged since the line before it; a
+    speculating interval generated its acceptance times one token a request an iteration."""
+    log = "\n".join(
+        [
+            "server_args=ServerArgs(decode_log_interval=10)",
+            "Prefill batch, #new-seq: 64, #new-token: 128",  # a wave, before the first line
+            decode(64, 1000, 30000.0),
+            decode(64, 1640, 32000.0),
+            decode(64, 2000, 9000.0, "accept len: 1.50, "),
+            "Prefill batch, #new-seq: 1, #new-token: 2",
+            "Prefill batch, #new-seq: 1, #new-token: 2",
+            decode(64, 2900, 8000.0, "accept len: 1.70, "),
+            decode(64, 3900, 20000.0, "accept len: 1.60, "),
+            decode(64, 4000, 30000.0, "accept len: 1.00, "),  # a zero-step server's line: not speculating
+            decode(8, 4100, 9000.0),  # outside the sizes asked
+        ]
+    )
+    assert steps.admissions(log, 56, 64, speculating=False) == {
+        "intervals": 3,
+        "prefills_per_1000_tokens": round(1000 / (3 * 640), 3),
+        "tok_s_with_prefills": 30000,
+        "tok_s_without": 31000,
+    }
+    assert steps.admissions(log, 56, 64, speculating=True) == {
+        "intervals": 3,
+        "prefills_per_1000_tokens": round(1000 * 2 / (640 * (1.5 + 1.7 + 1.6)), 3),
+        "tok_s_with_prefills": 8000,
+        "tok_s_without": 14500,
+    }
+    # the control: no interval of that mode at those sizes
+    assert steps.admissions(log, 100, 128, speculating=True) is None
+
+
 def test_each_step_is_paired_with_the_base_step_nearest_in_kv_size_within_half_an_interval() -> None:
     base = [steps.Step(64, 5000, 1000.0), steps.Step(64, 7560, 900.0), steps.Step(32, 5000, 700.0)]
     fallback = [
