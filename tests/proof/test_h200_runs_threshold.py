@@ -77,31 +77,37 @@ def test_every_timed_step_asks_for_it() -> None:
     assert "$(freeze_gc)" not in by_step["kv-proof"]
 
 
-def test_real_auto_starts_its_nine_servers_without_piecewise_prefill_graphs() -> None:
+@pytest.mark.parametrize(
+    ("graphs", "flags"),
+    [(None, ["--disable-piecewise-cuda-graph"]), ("4 8 256", ["--cuda-graph-bs-prefill", "4", "8", "256"])],
+    ids=["unset", "PREFILL_GRAPHS"],
+)
+def test_real_auto_starts_without_piecewise_prefill_graphs_unless_given_their_sizes(
+    graphs: str | None, flags: list[str]
+) -> None:
     """0.5.14+ capture piecewise prefill graphs at start-up, 168 s of a SmolLM2 server's 225 s in session
-    44: nine servers, three at a time, fit one call only without them. real-auto asks for it, keeping
-    SERVER_ARGS; kv-auto (the 8B shape, whose parts the sessions before ran with them) does not."""
+    44 (58 token counts): nine servers, three at a time, fit one call only without them. real-auto asks
+    for that, keeping SERVER_ARGS; kv-auto (the 8B shape, whose parts the sessions before ran with them)
+    does not. PREFILL_GRAPHS keeps them for the token counts it names (session 48: a speculating server
+    admits the loop's requests one prefill at a time, each eager without them)."""
     arms = re.split(r"^  ([\w|-]+)\) ", SCRIPT.read_text(), flags=re.M)
     by_step = dict(zip(arms[1::2], arms[2::2]))
-    assert 'SERVER_ARGS="--disable-piecewise-cuda-graph ${SERVER_ARGS:-}" proof' in by_step["real-auto"]
+    assert 'SERVER_ARGS="$prefill ${SERVER_ARGS:-}" proof' in by_step["real-auto"]
     assert "piecewise" not in by_step["kv-auto"]
-    # what the proof function then passes: the flag and the caller's own, as one --extra-args
-    (line,) = [line for line in SCRIPT.read_text().splitlines() if 'set -- "$@" --extra-args' in line]
+    lines = [line.strip() for line in SCRIPT.read_text().splitlines()]
+    (choose,) = [line for line in lines if line.startswith('prefill="--disable-piecewise-cuda-graph"')]
+    (extra,) = [line for line in lines if 'set -- "$@" --extra-args' in line]
+    env = {k: v for k, v in os.environ.items() if k != "PREFILL_GRAPHS"}
+    env["SERVER_ARGS"] = "--decode-log-interval 1"
+    if graphs is not None:
+        env["PREFILL_GRAPHS"] = graphs
+    # what the proof function then passes: the choice and the caller's own flags, as one --extra-args
     done = subprocess.run(
-        [
-            "bash",
-            "-c",
-            f'f() {{ {line.strip()}; echo "$@"; }}; SERVER_ARGS="--disable-piecewise-cuda-graph ${{SERVER_ARGS:-}}" f x',
-        ],
-        env={**os.environ, "SERVER_ARGS": "--decode-log-interval 1"},
+        ["bash", "-c", f'{choose}; f() {{ {extra}; echo "$@"; }}; SERVER_ARGS="$prefill ${{SERVER_ARGS:-}}" f x'],
+        env=env,
         capture_output=True,
         text=True,
         timeout=30,
     )
-    assert done.stdout.split() == [
-        "x",
-        "--extra-args",
-        "--disable-piecewise-cuda-graph",
-        "--decode-log-interval",
-        "1",
-    ]
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["x", "--extra-args", *flags, "--decode-log-interval", "1"]
