@@ -73,6 +73,20 @@ def log_interval(text: str) -> int:
     return int(m.group(1)) if m else DEFAULT_LOG_INTERVAL
 
 
+def decode_lines(text: str) -> Iterator[tuple[int, str, re.Match[str]]]:
+    """Each ``Decode batch`` line of a log with its match, after the number of ``Prefill batch``
+    lines since the decode line before it."""
+    prefills = 0
+    for line in text.splitlines():
+        if PREFILL_LINE in line:
+            prefills += 1
+            continue
+        m = DECODE_LINE.search(line)
+        if m:
+            yield prefills, line, m
+            prefills = 0
+
+
 def steady_steps(text: str, speculating: bool = False) -> list[Step]:
     """The steady intervals of one server log (see the module docstring)."""
     return [step for _, step in steady_by_run(text, speculating)]
@@ -84,13 +98,8 @@ def steady_by_run(text: str, speculating: bool = False) -> Iterator[tuple[int, S
     interval = log_interval(text)
     run = 0
     previous: Step | None = None
-    for line in text.splitlines():
-        if PREFILL_LINE in line:
-            run += 1
-            continue
-        m = DECODE_LINE.search(line)
-        if not m:
-            continue
+    for prefills, line, m in decode_lines(text):
+        run += prefills
         accept = ACCEPT_LEN.search(line) if speculating else None
         step = Step(int(m.group(1)), int(m.group(2)), float(m.group(3)), float(accept.group(1)) if accept else 1.0)
         if previous is not None and previous.running == step.running:
@@ -123,17 +132,9 @@ class Interval:
 def intervals(text: str) -> list[Interval]:
     """Every decode interval of one server log."""
     out = []
-    prefills = 0
-    for line in text.splitlines():
-        if PREFILL_LINE in line:
-            prefills += 1
-            continue
-        m = DECODE_LINE.search(line)
-        if not m:
-            continue
+    for prefills, line, m in decode_lines(text):
         accept = ACCEPT_LEN.search(line)
         out.append(Interval(int(m.group(1)), float(m.group(3)), float(accept.group(1)) if accept else 1.0, prefills))
-        prefills = 0
     return out
 
 
