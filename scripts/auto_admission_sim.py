@@ -36,6 +36,7 @@ class Admitting(sim.Simulated):
     """The simulator's server on those steps, every prefill costing ``prefill_ms``."""
 
     prefill_ms = 0.0
+    prefills = 0  # how many it ran
 
     def step_seconds(self, step: str, size: int) -> float:
         ms = sim.interpolated(STEPS_MS[step == runtime.SPECULATE], size) * (1.15 if step == runtime.RESUME else 1.0)
@@ -44,8 +45,6 @@ class Admitting(sim.Simulated):
     def prefill_seconds(self, requests: int) -> float:
         self.prefills += 1
         return self.prefill_ms / 1000
-
-    prefills = 0
 
 
 def server(n: int | str, seed: int, prefill_ms: float) -> Admitting:

@@ -141,7 +141,9 @@ def intervals(text: str) -> list[Interval]:
 def admissions(text: str, low: int, high: int, speculating: bool) -> dict[str, Any] | None:
     """The intervals of one mode with ``low`` to ``high`` running requests: how many, the prefills
     per 1000 generated tokens, and the median speed of those with a prefill and of those without
-    (None where there are none). None where the mode has no interval there."""
+    (None where there are none). None where the mode has no interval there. An interval with a
+    prefill may also hold the idle gap between two of the client's passes (a pass starts with one),
+    so its speed says most where prefills are many, as while speculating on real weights."""
     chosen = [i for i in intervals(text) if low <= i.running <= high and i.speculating == speculating]
     if not chosen:
         return None
