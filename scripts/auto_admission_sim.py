@@ -5,13 +5,16 @@ The simulator of tests/patches/test_dynspec_auto.py with real text's drafts, on 
 that join before one iteration). A speculating server's requests finish apart, so a closed loop's
 places are refilled a prefill at a time; auto times decode steps only. Prints, for each prefill cost,
 the prefills per 1000 tokens at 64 requests (always-on against N = 8, which falls back there), each
-fixed N's time and auto's (medians over seeds), and how often auto came within 3 % of the best N.
+fixed N's time and auto's (medians over seeds), and how often auto came within 3 % of the best N;
+then the same with output lengths that differ by request (32 - 224 tokens, drawn alike for every
+server), where requests finish apart in either mode and every server refills a prefill at a time.
 
     .venv/bin/python scripts/auto_admission_sim.py [PREFILL_MS ...]   (default: 0 5 27)
 """
 
 from __future__ import annotations
 
+import random
 import statistics
 import sys
 from pathlib import Path
@@ -37,6 +40,7 @@ class Admitting(sim.Simulated):
 
     prefill_ms = 0.0
     prefills = 0  # how many it ran
+    lengths: random.Random | None = None  # output lengths by request, else the phase's for all
 
     def step_seconds(self, step: str, size: int) -> float:
         ms = sim.interpolated(STEPS_MS[step == runtime.SPECULATE], size) * (1.15 if step == runtime.RESUME else 1.0)
@@ -46,15 +50,20 @@ class Admitting(sim.Simulated):
         self.prefills += 1
         return self.prefill_ms / 1000
 
+    def request_tokens(self, tokens: int) -> int:
+        return tokens if self.lengths is None else self.lengths.randint(32, 224)
 
-def server(n: int | str, seed: int, prefill_ms: float) -> Admitting:
+
+def server(n: int | str, seed: int, prefill_ms: float, staggered: bool = False) -> Admitting:
     made = Admitting(n, 0, seed=seed, real_text=True)
     made.prefill_ms = prefill_ms
+    if staggered:  # the same lengths, request by request, on every server of a seed
+        made.lengths = random.Random(1000 + seed)
     return made
 
 
-def seconds(n: int | str, seed: int, prefill_ms: float) -> float:
-    one = server(n, seed, prefill_ms)
+def seconds(n: int | str, seed: int, prefill_ms: float, staggered: bool = False) -> float:
+    one = server(n, seed, prefill_ms, staggered)
     one.mixed()  # the warm-up pass
     return statistics.median(one.mixed() for _ in range(2))
 
@@ -67,20 +76,22 @@ def prefills_per_1000_tokens(n: int | str, prefill_ms: float) -> float:
 
 
 if __name__ == "__main__":
-    for prefill_ms in [float(a) for a in sys.argv[1:]] or [0.0, 5.0, 27.0]:
-        rates = {n: prefills_per_1000_tokens(n, prefill_ms) for n in (128, 8)}
-        ratios, fixed_all, auto_all = [], [], []
-        for seed in range(SEEDS):
-            fixed = {n: seconds(n, seed, prefill_ms) for n in sim.SWEEP}
-            auto = seconds(AUTO, seed, prefill_ms)
-            ratios.append(auto / min(fixed.values()))
-            fixed_all.append(fixed)
-            auto_all.append(auto)
-        medians = {n: statistics.median(f[n] for f in fixed_all) for n in sim.SWEEP}
-        print(
-            f"prefill {prefill_ms:g} ms: prefills per 1000 tokens at 64, always-on {rates[128]:.2f}, N=8 {rates[8]:.2f};"
-            f" fixed N "
-            + ", ".join(f"{n} {s:.2f}" for n, s in medians.items())
-            + f"; auto {statistics.median(auto_all):.2f} s, {statistics.median(ratios):.3f}x the best N"
-            f" (within 3 % in {sum(r <= 1.03 for r in ratios)} of {SEEDS})"
-        )
+    for staggered in (False, True):
+        print("output lengths " + ("32 - 224 tokens by request" if staggered else "128 tokens, every request"))
+        for prefill_ms in [float(a) for a in sys.argv[1:]] or [0.0, 5.0, 27.0]:
+            rates = {n: prefills_per_1000_tokens(n, prefill_ms) for n in (128, 8)}
+            ratios, fixed_all, auto_all = [], [], []
+            for seed in range(SEEDS):
+                fixed = {n: seconds(n, seed, prefill_ms, staggered) for n in sim.SWEEP}
+                auto = seconds(AUTO, seed, prefill_ms, staggered)
+                ratios.append(auto / min(fixed.values()))
+                fixed_all.append(fixed)
+                auto_all.append(auto)
+            medians = {n: statistics.median(f[n] for f in fixed_all) for n in sim.SWEEP}
+            print(
+                f"  prefill {prefill_ms:g} ms: prefills per 1000 tokens at 64 (waves), always-on {rates[128]:.2f},"
+                f" N=8 {rates[8]:.2f}; fixed N "
+                + ", ".join(f"{n} {s:.2f}" for n, s in medians.items())
+                + f"; auto {statistics.median(auto_all):.2f} s, {statistics.median(ratios):.3f}x the best N"
+                f" (within 3 % in {sum(r <= 1.03 for r in ratios)} of {SEEDS})"
+            )
