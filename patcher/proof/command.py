@@ -394,6 +394,13 @@ def _combine_only(paths: tuple[Path, ...], sweep: tuple[int, ...], out: Path | N
 )
 @click.option("--mixed-new-tokens", type=click.IntRange(1), default=DEFAULTS.mixed_new_tokens, show_default=True)
 @click.option(
+    "--mixed-new-tokens-max",
+    type=click.IntRange(1),
+    default=None,
+    help="mixed_load, auto_threshold: draw each request's output length from --mixed-new-tokens to this, by its "
+    "prompt, alike on every server (outputs that end apart, as real traffic's; unset: all --mixed-new-tokens).",
+)
+@click.option(
     "--mixed-repeats",
     type=click.IntRange(1),
     default=DEFAULTS.mixed_repeats,
@@ -536,6 +543,7 @@ def proof(
     exact_kv_bits_on: str,
     mixed_phases: tuple[int, ...],
     mixed_new_tokens: int,
+    mixed_new_tokens_max: int | None,
     mixed_repeats: int,
     mixed_variants: tuple[tuple[str, tuple[tuple[str, str], ...]], ...],
     auto_acceptances: tuple[int, ...],
@@ -645,6 +653,7 @@ def proof(
         exact_kv_bits_on=exact_kv_bits_on,
         mixed_phases=mixed_phases,
         mixed_new_tokens=mixed_new_tokens,
+        mixed_new_tokens_max=mixed_new_tokens_max,
         mixed_repeats=mixed_repeats,
         mixed_variants=mixed_variants,
         auto_acceptances=tuple(float(a) for a in auto_acceptances),

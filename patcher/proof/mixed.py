@@ -17,6 +17,7 @@ switch made per phase would take. The check passes when dynspec's total time is 
 from __future__ import annotations
 
 import itertools
+import random
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
@@ -39,6 +40,15 @@ class Schedule:
     phases: tuple[int, ...]
     per_phase: int  # requests per phase = per_phase * C
     new_tokens: int
+    # With it, each request's output length is drawn from new_tokens .. this by its prompt, alike on
+    # every server: outputs that end apart, as real traffic's do, where equal ones end a wave together.
+    new_tokens_max: int | None = None
+
+    def tokens_of(self, index: int) -> int:
+        """The output length of the request with prompt ``index``."""
+        if self.new_tokens_max is None:
+            return self.new_tokens
+        return random.Random(index).randint(self.new_tokens, self.new_tokens_max)
 
     @property
     def prompts_per_pass(self) -> int:
@@ -48,12 +58,12 @@ class Schedule:
         """Pass ``pass_index``'s requests, phase by phase (prompts no other pass of the schedule sends)."""
         out, index = [], FIRST_PROMPT + pass_index * self.prompts_per_pass
         for c in self.phases:
-            out.append([Request(index + k, self.new_tokens) for k in range(self.per_phase * c)])
+            out.append([Request(index + k, self.tokens_of(index + k)) for k in range(self.per_phase * c)])
             index += self.per_phase * c
         return out
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described = {
             "phases": list(self.phases),
             "requests_per_phase": [self.per_phase * c for c in self.phases],
             "new_tokens": self.new_tokens,
@@ -61,6 +71,9 @@ class Schedule:
             "prompts_per_pass": self.prompts_per_pass,  # warm-up 0, timed pass j: first_prompt + j * this on
             "closed_loop": True,
         }
+        if self.new_tokens_max is not None:
+            described["new_tokens_max"] = self.new_tokens_max
+        return described
 
 
 @dataclass

@@ -146,6 +146,7 @@ class ProofOptions:
     mixed_phases: tuple[int, ...] = mixed.DEFAULT_PHASES
     mixed_per_phase: int = 2  # requests per phase = this x its concurrency
     mixed_new_tokens: int = 128
+    mixed_new_tokens_max: int | None = None  # outputs of mixed_new_tokens .. this, by prompt (mixed.Schedule)
     mixed_repeats: int = 3  # timed passes per server; the median counts
     max_mixed_ratio: float = 1.03  # dynspec's total / the per-phase oracle's, at most
     # more dynspec servers on the mixed load, each (name, its own env): an A/B in the same call
@@ -241,7 +242,7 @@ class ProofOptions:
 
     @property
     def mixed_schedule(self) -> mixed.Schedule:
-        return mixed.Schedule(self.mixed_phases, self.mixed_per_phase, self.mixed_new_tokens)
+        return mixed.Schedule(self.mixed_phases, self.mixed_per_phase, self.mixed_new_tokens, self.mixed_new_tokens_max)
 
 
 def plan(
@@ -286,6 +287,11 @@ def plan(
         )
     if opts.simulate_acc_len is None and opts.model_dir is None:
         raise ProofUsageError("--simulate-acc-len off needs --model real: dummy weights' drafts are all rejected")
+    if opts.mixed_new_tokens_max is not None and opts.mixed_new_tokens_max < opts.mixed_new_tokens:
+        raise ProofUsageError(
+            f"--mixed-new-tokens-max ({opts.mixed_new_tokens_max}) is below --mixed-new-tokens "
+            f"({opts.mixed_new_tokens}): give the shortest output, then the longest"
+        )
     if opts.deterministic not in ("auto", "on", "off"):
         raise ProofUsageError(f"--deterministic {opts.deterministic!r}: choose auto, on or off")
     if opts.deterministic == "on" and not sglang.deterministic_supported:
@@ -514,7 +520,7 @@ def eight_b_slots_needed(opts: ProofOptions) -> int:
     """The most KV slots one server's 8B loads hold at once, each request with the longest prompt, its
     new tokens and its draft's slots: the largest load among the checks asked (metrics rides on the
     crossings' ramp; refusals never start an 8B server; a check this does not know: the largest of all)."""
-    mixed = (max(opts.mixed_phases), opts.mixed_new_tokens)
+    mixed = (max(opts.mixed_phases), opts.mixed_new_tokens_max or opts.mixed_new_tokens)
     loads = {
         "throughput": (max(opts.throughput_levels), opts.throughput_new_tokens),
         "mixed_load": mixed,

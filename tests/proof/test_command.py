@@ -86,6 +86,7 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
         (["--threshold", "auto"], "--threshold auto with exact_kv"),  # in the default checks
         (["--threshold", "auto", "--checks", "equivalence"], "--threshold auto needs --path v2 on SGLang 0.5.14"),
         (["--checks", "mixed_load", "--mixed-variant", "x:A=1", "--mixed-variant", "x:B=2"], "names must differ"),
+        (["--checks", "mixed_load", "--mixed-new-tokens-max", "64"], "--mixed-new-tokens-max (64) is below"),
     ]
     for args, message in cases:
         result = runner.invoke(proof, [*args, "--out", str(tmp_path / "o")], env=env_for(root))
@@ -117,6 +118,8 @@ def test_the_exact_kv_and_mixed_load_options_reach_the_proof(tmp_path, monkeypat
     load = seen.pop().exact_kv_load
     assert (load.long_tokens, load.short_tokens) == (384, 256)
     assert opts.mixed_schedule == mixed.Schedule((1, 64, 1), opts.mixed_per_phase, 16) and opts.mixed_repeats == 2
+    assert CliRunner().invoke(proof, [*args, "--mixed-new-tokens-max", "48"]).exit_code == 0
+    assert seen.pop().mixed_schedule == mixed.Schedule((1, 64, 1), opts.mixed_per_phase, 16, 48)
     assert opts.mixed_variants == ()
     args += ["--mixed-variant", "prefill-kv:DYNSPEC_PREFILL_KV=1+DYNSPEC_DRAFT_KV=kv-direct", "--mixed-variant", "b:X="]
     assert CliRunner().invoke(proof, args).exit_code == 0

@@ -66,6 +66,29 @@ def test_the_schedule_numbers_prompts_in_order_and_sizes_phases_by_concurrency()
     assert not set(second) & set(indices) and SCHEDULE.requests(0) == phases  # control: pass 0 is the same
 
 
+def test_output_lengths_that_differ_by_request_are_drawn_by_prompt_alike_everywhere() -> None:
+    """--mixed-new-tokens-max: each request's length from new_tokens to the maximum, by its prompt, so
+    every server and every call sends the same length for a prompt, and passes differ as their prompts
+    do. The control: without it every request asks for new_tokens."""
+    varied = mixed.Schedule((1, 8, 1), per_phase=2, new_tokens=32, new_tokens_max=224)
+    lengths = [r.new_tokens for p in varied.requests(1) for r in p]
+    assert all(32 <= n <= 224 for n in lengths) and len(set(lengths)) > 10
+    assert lengths == [r.new_tokens for p in varied.requests(1) for r in p]  # drawn again: the same
+    assert lengths != [r.new_tokens for p in varied.requests(2) for r in p]  # another pass's prompts
+    assert varied.describe()["new_tokens_max"] == 224 and "new_tokens_max" not in SCHEDULE.describe()
+    assert {r.new_tokens for p in SCHEDULE.requests(1) for r in p} == {8}
+
+
+def test_a_mixed_load_with_varied_lengths_completes_every_request_at_its_own_length(site: Any, tmp_path: Path) -> None:
+    """The fake servers answer each request with the tokens it asked for (ignore_eos); a shorter or
+    longer answer would fail the pass."""
+    opts = mixed_options(site(), tmp_path / "out", mixed_new_tokens=2, mixed_new_tokens_max=9)
+    ml = run_proof(opts, lambda m: None)["mixed_load"]
+    assert all(len(samples) == 2 for samples in ml["samples"].values())
+    assert not [p for p in ml["problems"] if not p.startswith("dynspec is not faster than")]
+    assert (ml["schedule"]["new_tokens"], ml["schedule"]["new_tokens_max"]) == (2, 9)
+
+
 @pytest.mark.parametrize("parallel", [1, 3], ids=["one-after-another", "taking-turns"])
 def test_each_server_reports_the_prompts_its_mixed_passes_found_cached(
     site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: int
