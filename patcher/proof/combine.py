@@ -222,7 +222,10 @@ def _acceptance(
             part.update(best_fixed_n=best, best_fixed_s=fixed[best], auto_over_best_fixed=round(ratio, 4))
             part["faster_than_both"] = auto < min(base, always_on)
         part.update({k: row.get(k) for k in ROW_TIMES})
-        part["settled"] = (row.get("auto_decisions") or {}).get("last_estimated")
+        decisions = row.get("auto_decisions") or {}
+        part["settled"] = decisions.get("last_estimated")
+        if "swings" in decisions:  # parts from session 47 on: how often auto's estimates moved N by > 2x
+            part["swings"] = decisions["swings"]
         parts.append(part)
     ran: dict[int, list[float]] = {}
     for part in parts:

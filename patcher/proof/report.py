@@ -340,6 +340,7 @@ def summary(report: Report) -> str:
                     f"    acceptance {a}, part {part['source']}: N in {part['sweep']}, auto {_fmt(part.get('auto_s'), 2)} s, "
                     f"best N={part.get('best_fixed_n', '-')} {_fmt(part.get('best_fixed_s'), 2)} s "
                     f"({_fmt(part.get('auto_over_best_fixed'), 3)}x)"
+                    + (f"; auto's estimates moved N by more than 2x {part['swings']} times" if "swings" in part else "")
                 )
             said = e.get("auto_decisions")
             if said is not None:

@@ -335,3 +335,22 @@ def test_a_part_given_twice_or_an_out_over_a_part_is_refused_before_anything_is_
     over = CliRunner().invoke(main, ["proof", "--combine", str(a), "--combine", str(b), "--out", str(tmp_path / "a")])
     assert over.exit_code == 2 and "would overwrite a part's own report.json" in over.output
     assert a.read_text() == before
+
+
+def test_each_part_carries_how_often_its_auto_swung_where_its_report_counted_it() -> None:
+    """Parts since session 47 count auto's moves of N by more than 2x (``auto_decisions.swings``); the
+    join keeps each part's count and the summary prints it; a part from before has no count, and the
+    join adds none (the control)."""
+    counted = part(8.1, {8: 8.5, 32: 8.0})
+    counted["auto_threshold"]["by_acceptance"]["3"]["auto_decisions"] = {
+        "count": 9,
+        "estimated": 7,
+        "swings": 4,
+        "last": None,
+        "last_estimated": None,
+    }
+    joined = joined_of(("a", counted), ("b", part(7.9, {64: 7.8, 96: 8.2})))
+    a, b = joined["auto_threshold"]["by_acceptance"]["3"]["parts"]
+    assert a["swings"] == 4 and "swings" not in b
+    lines = [line for line in reports.summary(joined).splitlines() if ", part " in line]
+    assert lines[0].endswith("; auto's estimates moved N by more than 2x 4 times") and "2x" not in lines[1]
