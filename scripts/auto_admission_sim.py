@@ -23,7 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "patches"
 
 import test_dynspec_auto as sim  # noqa: E402
 
-from patches.runtime import dynspec_runtime as runtime  # noqa: E402
 from patches.runtime.dynspec_settings import AUTO  # noqa: E402
 
 # ms per decode step by batch size, from session 48's and 47's intervals without a prefill (SmolLM2-135M,
@@ -42,9 +41,8 @@ class Admitting(sim.Simulated):
     prefills = 0  # how many it ran
     lengths: random.Random | None = None  # output lengths by request, else the phase's for all
 
-    def step_seconds(self, step: str, size: int) -> float:
-        ms = sim.interpolated(STEPS_MS[step == runtime.SPECULATE], size) * (1.15 if step == runtime.RESUME else 1.0)
-        return ms / 1000 * (1 + self.rng.gauss(0, self.noise))
+    def step_ms(self, speculative: bool, size: int) -> float:
+        return sim.interpolated(STEPS_MS[speculative], size)
 
     def prefill_seconds(self, requests: int) -> float:
         self.prefills += 1

@@ -22,7 +22,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "patches"
 
 import test_dynspec_auto as sim  # noqa: E402
 
-from patches.runtime import dynspec_runtime as runtime  # noqa: E402
 from patches.runtime.dynspec_settings import AUTO  # noqa: E402
 
 RHO = 0.995
@@ -40,10 +39,12 @@ class Drifting(sim.Simulated):
     drift = 0.0
     sigma = 0.35
 
-    def step_seconds(self, step: str, size: int) -> float:
+    def step_ms(self, speculative: bool, size: int) -> float:
+        return sim.interpolated(COSTS[speculative], size)
+
+    def speed(self) -> float:
         self.drift = RHO * self.drift + math.sqrt(1 - RHO**2) * self.rng.gauss(0, 1)
-        ms = sim.interpolated(COSTS[step == runtime.SPECULATE], size) * (1.15 if step == runtime.RESUME else 1.0)
-        return ms / 1000 * math.exp(self.sigma * self.drift)
+        return math.exp(self.sigma * self.drift)
 
 
 def seconds(n: int | str, seed: int, sigma: float, **options: float) -> float:

@@ -141,9 +141,17 @@ class Simulated:
         return self.now - start
 
     def step_seconds(self, step: str, size: int) -> float:
-        """One iteration's time: the recorded cost (a resume's full draft extend 15 % more), with noise."""
-        ms = cost_ms(step == runtime.SPECULATE, size, self.gpu) * (1.15 if step == runtime.RESUME else 1.0)
-        return ms / 1000 * (1 + self.rng.gauss(0, self.noise))
+        """One iteration's time: its step's cost (a resume's full draft extend 15 % more) at this step's speed."""
+        ms = self.step_ms(step == runtime.SPECULATE, size) * (1.15 if step == runtime.RESUME else 1.0)
+        return ms / 1000 * self.speed()
+
+    def step_ms(self, speculative: bool, size: int) -> float:
+        """A step's cost in ms: the recorded one."""
+        return cost_ms(speculative, size, self.gpu)
+
+    def speed(self) -> float:
+        """The factor on this step's cost: seeded noise."""
+        return 1 + self.rng.gauss(0, self.noise)
 
     def prefill_seconds(self, requests: int) -> float:
         """One prefill's time: none here (the recorded step costs are the steps' alone)."""
