@@ -4079,8 +4079,8 @@ REAL_AUTO = {**S47_REAL_AUTO, "s48": PROOF / "real-0.5.17-v2-s48-r30-auto-a"}
 
 def real_auto_row(call: str) -> dict:
     """One real-auto call on r30: what ran (0.5.17 v2 on an H100, the real model with session 47's head,
-    production kernels, two passes a server, the collectors frozen), its row, its totals the medians
-    of its passes. The held-out prompts repeat within a pass, alike on every server."""
+    production kernels, the collectors frozen), its row, its totals the medians of its passes (two a
+    server in session 47, three in 48). The held-out prompts repeat within a pass, alike on every server."""
     report = report_of(REAL_AUTO[call], {}, AUTO_R6)
     assert report["gpu"] == S31_GPU and report["sglang_version"] == "0.5.17" and report["deterministic"] is False
     head = (S47_HEAD / "model.safetensors.sha256").read_text().split()[0]
@@ -4285,18 +4285,16 @@ def test_session_48_a_speculating_server_admits_a_closed_loops_requests_one_by_o
         "b": (("always-on-real", "dynspec-n64-real", "dynspec-n96-real"), ("dynspec-n48-real",)),
         "s48": (("always-on-real",), ("dynspec-n8-real", "dynspec-n16-real", "dynspec-n32-real")),
     }
+    speculated = {}  # by call and server: the speculating intervals' reading
     for call, (speculating, falling_back) in servers.items():
         logs = logs_of(REAL_AUTO[call])
-        spec = [steps.admissions(logs[name], 56, 64, speculating=True) for name in speculating]
+        spec = {name: steps.admissions(logs[name], 56, 64, speculating=True) for name in speculating}
         off = [steps.admissions(logs[name], 56, 64, speculating=False) for name in (*falling_back, "base-auto")]
-        rates = [r["prefills_per_1000_tokens"] for r in spec], [r["prefills_per_1000_tokens"] for r in off]
+        rates = [r["prefills_per_1000_tokens"] for r in spec.values()], [r["prefills_per_1000_tokens"] for r in off]
         assert all(2.4 < x < 2.7 for x in rates[0]) and all(0.3 < x < 0.45 for x in rates[1]), call
         assert min(rates[0]) / max(rates[1]) > 5, call
-    without = [
-        steps.admissions(logs_of(REAL_AUTO["b"])[n], 56, 64, True)["tok_s_without"]
-        for n in ("dynspec-n64-real", "dynspec-n96-real")
-    ]
-    assert without == [23353, 20092]
+        speculated[call] = spec
+    assert [speculated["b"][n]["tok_s_without"] for n in ("dynspec-n64-real", "dynspec-n96-real")] == [23353, 20092]
     control = logs_of(R30_AUTO_PARTS["2", "8,16,32"])
     always_on = steps.admissions(control["always-on-acc2"], 56, 64, speculating=True)
     base = steps.admissions(control["base-auto"], 56, 64, speculating=False)
