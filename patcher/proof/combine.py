@@ -226,6 +226,8 @@ def _acceptance(
         part["settled"] = decisions.get("last_estimated")
         if "swings" in decisions:  # parts from session 47 on: how often auto's estimates moved N by > 2x
             part["swings"] = decisions["swings"]
+        if "prefills_per_1000_tokens" in row:  # parts from session 49 on
+            part["prefills_per_1000_tokens"] = row["prefills_per_1000_tokens"]
         parts.append(part)
     ran: dict[int, list[float]] = {}
     for part in parts:

@@ -223,6 +223,7 @@ def judge_auto(
     sweep: Sequence[int],
     max_ratio: float,
     decisions: Mapping[str, Sequence[AutoDecision]] | None = None,
+    refills: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The ``auto_threshold`` report entry. ``runs`` is keyed ``base`` (one server: it does not
     speculate, so acceptance does not touch it) and, per acceptance label ``a`` (a simulated
@@ -232,7 +233,10 @@ def judge_auto(
     per-phase oracle of base and always-on (``oracle_s``, ``auto_over_oracle``: mixed_load's), and
     where auto put N (``auto_decisions``, from its server's log, by acceptance label), which says why,
     and each server's complete passes (``samples``) and phase medians (``phase_medians``), which say
-    where auto gained or lost against the others."""
+    where auto gained or lost against the others; with ``refills`` (``steps.refills`` of each server's
+    log, keyed as ``runs``), each server's prefills per 1000 tokens by mode in the large phases
+    (``prefills_per_1000_tokens``), which say whether speculation refilled the loop a prefill at a
+    time (session 48, real weights)."""
     n = len(schedule.phases)
     problems: list[str] = []
     phase_s: dict[str, list[float]] = {}
@@ -288,6 +292,8 @@ def judge_auto(
         names.update({f"{size}@{label}": str(size) for size in sweep})
         entry["samples"] = {name: pass_s[key] for key, name in names.items() if key in pass_s}
         entry["phase_medians"] = {name: phase_s[key] for key, name in names.items() if key in phase_s}
+        if refills is not None:
+            entry["prefills_per_1000_tokens"] = {name: refills[key] for key, name in names.items() if key in refills}
         by_acceptance[label] = entry
     return {
         "passed": not problems,

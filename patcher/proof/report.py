@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -143,6 +143,23 @@ def load(path: Path) -> Report:
     if not isinstance(data, dict):
         raise ValueError(f"{path} is not a dynspec proof report")
     return data
+
+
+def _refill_lines(by_server: Mapping[str, Mapping[str, Mapping[str, float]]] | None, indent: str) -> list[str]:
+    """An auto sweep's prefills per 1000 tokens (``steps.refills`` by server), a line per band of
+    running requests: the servers that speculated there, then those that did not."""
+    by_server = by_server or {}
+    lines = []
+    for band in sorted({b for bands in by_server.values() for b in bands}, key=lambda b: int(b.split("-")[1])):
+        said = []
+        for mode in ("speculating", "not_speculating"):
+            rates = [
+                f"{name} {bands[band][mode]:.2f}" for name, bands in by_server.items() if mode in bands.get(band, {})
+            ]
+            if rates:
+                said.append(f"{mode.replace('_', ' ')} {', '.join(rates)}")
+        lines.append(f"{indent}prefills per 1000 tokens at {band} running: {'; '.join(said)}")
+    return lines
 
 
 def _fmt(x: float | None, digits: int = 1) -> str:
@@ -342,6 +359,7 @@ def summary(report: Report) -> str:
                     f"({_fmt(part.get('auto_over_best_fixed'), 3)}x)"
                     + (f"; auto's estimates moved N by more than 2x {part['swings']} times" if "swings" in part else "")
                 )
+                lines += _refill_lines(part.get("prefills_per_1000_tokens"), "      ")
             said = e.get("auto_decisions")
             if said is not None:
                 settled = said["last_estimated"]
@@ -358,6 +376,7 @@ def summary(report: Report) -> str:
             if "auto" in phases and best in phases:
                 apart = " ".join(f"{x - y:+.2f}" for x, y in zip(phases["auto"], phases[best]))
                 lines.append(f"    auto - N={best} by phase, s, in the schedule's order: {apart}")
+            lines += _refill_lines(e.get("prefills_per_1000_tokens"), "    ")
 
     cached = {s["name"]: s[MIXED_CACHED] for s in report.get("servers", []) if MIXED_CACHED in s}
     if any(cached.values()):

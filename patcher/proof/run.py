@@ -1872,10 +1872,14 @@ class Proof:
                 plans.append((f"{n}@{label}", Plan("dynspec", shape, a, f"dynspec-n{n}-{suffix}", dynspec=fixed)))
         runs: dict[str, list[mixed.Run]] = {}
         decisions: dict[str, list[logscan.AutoDecision]] = {}
+        refills: dict[str, dict[str, dict[str, float]]] = {}
         keys = {plan.name: key for key, plan in plans}
 
         def measure(plan: Plan, server: Server) -> None:
+            start = logscan.size(server.spec.log)
             runs[keys[plan.name]] = self.mixed_load(server, plan.name, warmup=True)
+            passes = logscan.read_window(server.spec.log, start)[0]
+            refills[keys[plan.name]] = steps.refills(passes, opts.mixed_schedule.phases)
             mode, _, label = keys[plan.name].partition("@")
             if mode == "auto":
                 decisions[label] = logscan.auto_decisions(logscan.read_window(server.spec.log)[0])
@@ -1886,7 +1890,9 @@ class Proof:
         finally:
             # A sweep is most of a device call: stopped by the call's time limit (SIGTERM, as
             # SystemExit) or Ctrl-C, it is judged on the servers it measured, which run() saves.
-            entry = mixed.judge_auto(runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions)
+            entry = mixed.judge_auto(
+                runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions, refills
+            )
             if problems is None:
                 problems = [mixed.INTERRUPTED.format(len(runs), len(plans))]
             entry["problems"] = problems + entry["problems"]

@@ -31,7 +31,8 @@ the line before: how many prefills a server ran per thousand tokens it generated
 the intervals with a prefill against those without. Session 48 found that on real weights a
 speculating server admits a closed loop's requests one by one (their accepted drafts differ, so
 they finish apart) where a plain or fallback one admits them in waves: about six times the prefills
-per token, each an eager prefill of a host-bound model.
+per token, each an eager prefill of a host-bound model. ``refills`` gives that count in each large
+phase's band by mode, for every server of an auto sweep's report.
 
 ``outside_steady`` sets each timed run's end-to-end time against the time its tokens would have
 taken at that run's steady speed: what the run spent on admission, its first and last iterations
@@ -159,6 +160,25 @@ def admissions(text: str, low: int, high: int, speculating: bool) -> dict[str, A
         "tok_s_with_prefills": median_tok_s([i for i in chosen if i.prefills]),
         "tok_s_without": median_tok_s([i for i in chosen if not i.prefills]),
     }
+
+
+def refills(text: str, phases: Sequence[int]) -> dict[str, dict[str, float]]:
+    """``admissions``' prefills per 1000 generated tokens, by mode (``speculating``, ``not_speculating``),
+    in the band of running requests each large phase of a closed loop fills: for each distinct
+    concurrency C of ``phases`` from 16 up, C / 2 + 1 to C ("33-64"). Below 16 every fixed N of an
+    auto sweep speculates, so no mode is set against another there. A band or mode the log has no
+    interval of is left out."""
+    out: dict[str, dict[str, float]] = {}
+    for c in sorted({p for p in phases if p >= 16}):
+        low = c // 2 + 1
+        band = {}
+        for mode, speculating in (("speculating", True), ("not_speculating", False)):
+            reading = admissions(text, low, c, speculating)
+            if reading is not None:
+                band[mode] = reading["prefills_per_1000_tokens"]
+        if band:
+            out[f"{low}-{c}"] = band
+    return out
 
 
 def paired_ratios(steps: Iterable[Step], base: Sequence[Step], running: int, interval: int) -> list[float]:

@@ -354,3 +354,21 @@ def test_each_part_carries_how_often_its_auto_swung_where_its_report_counted_it(
     assert a["swings"] == 4 and "swings" not in b
     lines = [line for line in reports.summary(joined).splitlines() if ", part " in line]
     assert lines[0].endswith("; auto's estimates moved N by more than 2x 4 times") and "2x" not in lines[1]
+
+
+def test_each_part_carries_its_servers_refills_where_its_report_read_them() -> None:
+    """Parts since session 49 read each server's prefills per 1000 tokens; the join keeps each part's
+    and the summary prints them under the part's line; a part from before has none (the control)."""
+    read = part(8.1, {8: 8.5, 32: 8.0})
+    rates = {"always_on": {"33-64": {"speculating": 2.3}}, "8": {"33-64": {"not_speculating": 0.4}}}
+    read["auto_threshold"]["by_acceptance"]["3"]["prefills_per_1000_tokens"] = rates
+    joined = joined_of(("a", read), ("b", part(7.9, {64: 7.8, 96: 8.2})))
+    a, b = joined["auto_threshold"]["by_acceptance"]["3"]["parts"]
+    assert a["prefills_per_1000_tokens"] == rates and "prefills_per_1000_tokens" not in b
+    lines = reports.summary(joined).splitlines()
+    at = next(i for i, line in enumerate(lines) if ", part a:" in line)
+    assert (
+        lines[at + 1]
+        == "      prefills per 1000 tokens at 33-64 running: speculating always_on 2.30; not speculating 8 0.40"
+    )
+    assert sum("prefills per 1000" in line for line in lines) == 1

@@ -600,6 +600,24 @@ def test_auto_beyond_the_ratio_or_slower_than_both_static_servers_fails() -> Non
     assert between["passed"] and not between["by_acceptance"]["3"]["faster_than_both"]  # reported, not judged
 
 
+def test_auto_threshold_reports_each_servers_refills_under_its_own_name() -> None:
+    """``refills`` keyed as the runs, reported by server name beside the times; a run that read none
+    (the control) reports no such key, as reports from before session 49 have none."""
+    rates = {"33-64": {"speculating": 2.3}}
+    refills = {"base": {"33-64": {"not_speculating": 0.4}}, "always_on@3": rates, "auto@3": {}, "32@3": rates}
+    row = mixed.judge_auto(auto_runs(8.0, {32: 8.0}), SCHEDULE, ["3"], [32], 1.03, None, refills)["by_acceptance"]["3"]
+    assert row["prefills_per_1000_tokens"] == {
+        "base": {"33-64": {"not_speculating": 0.4}},
+        "always_on": rates,
+        "auto": {},
+        "32": rates,
+    }
+    assert (
+        "prefills_per_1000_tokens"
+        not in mixed.judge_auto(auto_runs(8.0, {32: 8.0}), SCHEDULE, ["3"], [32], 1.03)["by_acceptance"]["3"]
+    )
+
+
 def test_a_server_without_a_complete_pass_fails_auto_threshold() -> None:
     runs = auto_runs(8.0, {32: 8.0})
     runs["32@3"] = passes([1.0, 1.0, 1.0], failed_phase=1)
@@ -638,6 +656,11 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
     assert set(entry["by_acceptance"]) == {"2", "3"} and entry["by_acceptance"]["2"]["best_fixed_n"] in (2, 6)
     assert all(isinstance(e["auto_over_best_fixed"], float) for e in entry["by_acceptance"].values())
     assert "auto threshold: mixed-load total s, median of 2" in reports.summary(result)
+    # each server's refills, read from its log over its passes: the fake's passes log no decode line
+    assert all(
+        e["prefills_per_1000_tokens"] == {"base": {}, "always_on": {}, "auto": {}, "2": {}, "6": {}}
+        for e in entry["by_acceptance"].values()
+    )
     # where auto put N, from its own server's log: the fake's switch point at its first switch off
     for label, said in ((a, e["auto_decisions"]) for a, e in entry["by_acceptance"].items()):
         settled = {"disable_above": 48, "enable_at_or_below": 40, "reason": "estimated", "acceptance": float(label)}

@@ -387,6 +387,28 @@ def test_the_summary_says_where_auto_settled_or_that_it_never_estimated() -> Non
     )
 
 
+def test_the_summary_prints_each_bands_refills_speculating_then_not() -> None:
+    """A line per band, in order of size, servers that speculated there first; a report without
+    refills (the control) prints none."""
+    n = len(mixed.DEFAULT_PHASES)
+    runs = {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)}
+    refills = {
+        "base": {"65-128": {"not_speculating": 0.33}, "33-64": {"not_speculating": 0.444}},
+        "always_on@3": {"65-128": {"speculating": 1.745}, "33-64": {"speculating": 2.285}},
+        "auto@3": {"33-64": {"speculating": 2.142, "not_speculating": 0.651}},
+    }
+    schedule = mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128)
+    entry = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, None, refills)
+    lines = [line for line in report.summary(sample(auto_threshold=entry)).splitlines() if "prefills per 1000" in line]
+    assert lines == [
+        "    prefills per 1000 tokens at 33-64 running: speculating always_on 2.29, auto 2.14; "
+        "not speculating base 0.44, auto 0.65",
+        "    prefills per 1000 tokens at 65-128 running: speculating always_on 1.75; not speculating base 0.33",
+    ]
+    unread = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03)
+    assert "prefills per 1000" not in report.summary(sample(auto_threshold=unread))
+
+
 def test_the_summary_sets_auto_against_the_best_fixed_n_phase_by_phase() -> None:
     """Where auto gains or loses against the best fixed N, from the phase medians; an older report
     without them (the control) prints no such line. Kept to 110 columns."""

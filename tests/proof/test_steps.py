@@ -77,6 +77,52 @@ def test_admissions_count_prefills_per_thousand_tokens_in_each_mode() -> None:
     assert steps.admissions(log, 100, 128, speculating=True) is None
 
 
+def test_refills_read_admissions_in_each_large_phases_band_by_mode() -> None:
+    """``refills``: for each concurrency of 16 or more, the band C / 2 + 1 to C and each mode the log
+    has there; phases below 16, and bands or modes with no interval, give nothing."""
+    log = "\n".join(
+        [
+            "server_args=ServerArgs(decode_log_interval=10)",
+            decode(12, 100, 5000.0),  # 9-16, one token a request
+            "Prefill batch, #new-seq: 1, #new-token: 2",
+            decode(12, 280, 5000.0, "accept len: 1.50, "),  # 9-16, speculating
+            "Prefill batch, #new-seq: 1, #new-token: 2",
+            decode(64, 1000, 30000.0),  # 33-64
+            decode(64, 1640, 32000.0),
+            decode(20, 1840, 9000.0),  # between the bands: nobody's
+        ]
+    )
+    assert steps.refills(log, (1, 4, 16, 64, 128, 64, 16, 4, 1)) == {
+        "9-16": {"speculating": round(1000 / (12 * 10 * 1.5), 3), "not_speculating": 0.0},
+        "33-64": {"not_speculating": round(1000 / (2 * 640), 3)},
+    }
+    # the controls: no phase of 16 or more, and a log with no interval in any band
+    assert steps.refills(log, (1, 4, 8)) == {}
+    assert steps.refills("\n".join(log.splitlines()[-1:]), (16, 64)) == {}
+
+
+@pytest.mark.skipif(not (PROOF / "real-0.5.17-v2-s48-r30-auto-a" / "logs.tar.xz").exists(), reason="no logs here")
+def test_on_real_weights_speculation_refills_each_large_phase_four_to_five_times_as_often() -> None:
+    """Session 48's real-weights sweep, read as the auto_threshold report now reads each server: in
+    every large phase always-on ran 3.9 - 5.3 x the prefills per token that plain decode (base) did, and
+    N = 8, which speculates only below 9, ran about base's once it fell back. The control: N = 8's
+    fallback against base's plain decode, 0.79 - 0.86 x in each band."""
+    phases = (1, 4, 16, 64, 128, 64, 16, 4, 1)
+    with tarfile.open(PROOF / "real-0.5.17-v2-s48-r30-auto-a" / "logs.tar.xz") as tar:
+        read = {
+            name: steps.refills(tar.extractfile(f"{name}.log").read().decode(), phases)  # type: ignore[union-attr]
+            for name in ("always-on-real", "base-auto", "dynspec-n8-real")
+        }
+    bands = ("9-16", "33-64", "65-128")
+    assert all(set(read[name]) == set(bands) for name in read)
+    for band in bands:
+        spec = read["always-on-real"][band]["speculating"]
+        plain = read["base-auto"][band]["not_speculating"]
+        fallback = read["dynspec-n8-real"][band]["not_speculating"]
+        assert 3.5 < spec / plain < 6, (band, spec, plain)
+        assert 0.75 < fallback / plain < 0.9, (band, fallback, plain)
+
+
 def test_each_step_is_paired_with_the_base_step_nearest_in_kv_size_within_half_an_interval() -> None:
     base = [steps.Step(64, 5000, 1000.0), steps.Step(64, 7560, 900.0), steps.Step(32, 5000, 700.0)]
     fallback = [
