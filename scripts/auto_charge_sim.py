@@ -32,7 +32,9 @@ from auto_admission_sim import sim  # noqa: E402
 from patches.runtime.dynspec_auto import BUCKETS, AutoDriver, AutoThreshold, bucket_of  # noqa: E402
 from patches.runtime.dynspec_settings import AUTO  # noqa: E402
 
-# Session 50's steps in intervals without a prefill (always-on; N = 8's fallback), ms by batch size
+# Session 50's steps, ms by batch size. Speculative: always-on's steady steps at 1 - 16, at 64 its one
+# interval without a prefill, at 128 a guess (it had none). The fallback: N = 8's steady steps at 16 - 128,
+# below that guessed alike.
 S50_STEPS_MS = {
     True: {1: 2.95, 4: 2.9, 16: 3.15, 64: 4.0, 128: 5.5},
     False: {1: 2.1, 4: 2.06, 16: 2.06, 64: 2.4, 128: 2.9},

@@ -50,7 +50,7 @@
 #   real-auto V    (as real-features, 0.5.14+) auto_threshold on real weights: base, always-on, auto and one dynspec
 #                  server per fixed N of AUTO_SWEEP (default 8,16,32,48,64,96: more than a call holds, so
 #                  8,16,32 then 48,64,96) on the mixed load, at the model's own acceptance (by_acceptance.real;
-#                  issue 16); every server --disable-piecewise-cuda-graph (below) unless PREFILL_GRAPHS="4 8 ..."
+#                  issue 16); every server --disable-piecewise-cuda-graph (below) unless PREFILL_GRAPHS="1 2 4 ..."
 #                  (prefill CUDA graphs of those token counts only, as --cuda-graph-bs-prefill)
 #   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
 #                  auto (3 servers; exact_kv needs a fixed N): levels 1,4,16,48,128 and a 1 <-> 128 ramp,
@@ -394,8 +394,10 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     # Without 0.5.14+'s piecewise prefill graphs (their capture took 168 s of a SmolLM2 server's 225 s start,
     # session 44); every server goes without them alike. Nine servers still ran past a call (session 47: seven
     # in 570 s), so run it as two, AUTO_SWEEP=8,16,32 then 48,64,96, and join them with --combine.
-    # PREFILL_GRAPHS="4 8 16 32 64 128 256" keeps the prefill graphs, for those token counts only: a
+    # PREFILL_GRAPHS="1 2 4 8 16 32 64 128 256" keeps the prefill graphs, for those token counts only: a
     # speculating server admits requests one by one here, each an eager prefill without them (session 48).
+    # 0.5.17 replays one only where padding at most doubles the tokens: without 1, plain decode's
+    # one-token refills ran eagerly (session 50).
     prefill="--disable-piecewise-cuda-graph"; [ -n "${PREFILL_GRAPHS:-}" ] && prefill="--cuda-graph-bs-prefill $PREFILL_GRAPHS"
     SERVER_ARGS="$prefill ${SERVER_ARGS:-}" proof "real-$1-v2-auto" --path v2 --model real --model-dir $REAL_HOME/model --checks auto_threshold \
       --threshold 8 --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" \

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import gzip
 import io
+import itertools
 import json
 import re
 import statistics
@@ -4312,26 +4313,41 @@ def test_session_48_a_speculating_server_admits_a_closed_loops_requests_one_by_o
 # drawn from 32 - 224 tokens by prompt.
 
 
-def prefill_ms(log: str, low: int, high: int) -> float:
+def prefill_ms(log: str, low: int, high: int, robust: bool = False) -> float:
     """What one more prefill adds to a speculating interval with ``low`` to ``high`` running requests:
-    the slope of the intervals' times (their tokens over their speed) on the prefills logged in them.
-    The prompts are in the prefix cache, so a prefill is one request's two new tokens: its cost is the
-    launch, not the compute."""
+    the least-squares slope of the intervals' times (their tokens over their speed) on the prefills
+    logged in them, or with ``robust`` the median of the slopes between every two of them. A rough
+    model (the least-squares slope's standard error is a third to a half of it): an interval with any
+    prefill also carries a fixed cost."""
     chosen = [i for i in steps.intervals(log) if low <= i.running <= high and i.speculating and i.tok_s > 0]
     n = steps.log_interval(log)
-    times = [1000 * n * i.running * i.accept / i.tok_s for i in chosen]
-    return statistics.linear_regression([i.prefills for i in chosen], times).slope
+    points = [(i.prefills, 1000 * n * i.running * i.accept / i.tok_s) for i in chosen]
+    if robust:
+        pairs = itertools.combinations(points, 2)
+        return statistics.median((y2 - y1) / (x2 - x1) for (x1, y1), (x2, y2) in pairs if x2 != x1)
+    return statistics.linear_regression([x for x, _ in points], [y for _, y in points]).slope
 
 
-def test_session_50_prefill_graphs_halve_a_prefill_and_auto_still_fails_on_real_weights() -> None:
-    """With prefill CUDA graphs on every server (session 48's ran without them, to start faster), a
-    one-request prefill in always-on's intervals costs 7.7 - 9.6 ms where it cost 13 - 16 eager, and
-    always-on went from 9.93 s to 7.47, plain decode from 4.58 to 4.06. Auto: 7.29 s against N = 16's
-    6.38 (**1.142x**; the bar is 1.03x), the third failure on real weights. Session 49's simulator put
-    auto at 1.012x the best N at 5 ms a prefill and about 1.03x at 8: the loss is four times that.
-    Auto settled speculating up to 127 (acceptance 2.24), where N = 16 fell back; its losses are the
-    phases of 128 and 64 requests on the way down. The controls: session 48's servers ran without the
-    graphs, and their prefills cost more than 13 ms."""
+def graphed_prefills(log: str) -> tuple[int, int]:
+    """A server's ``Prefill batch`` lines run from a CUDA graph, and those run eagerly."""
+    lines = [line for line in log.splitlines() if steps.PREFILL_LINE in line]
+    graphed = sum("cuda graph: True" in line for line in lines)
+    return graphed, len(lines) - graphed
+
+
+def fallback_step_ms(log: str, running: int) -> float:
+    """The median steady step of a server at ``running`` requests without speculation, in ms."""
+    return statistics.median(1000 * running / s.tok_s for s in steps.steady_steps(log) if s.running == running)
+
+
+def test_session_50_with_prefill_graphs_auto_still_fails_on_real_weights_falling_back_like_n_8() -> None:
+    """With prefill CUDA graphs on every server (session 48's ran without them), always-on's refills
+    ran from graphs (710 of 720 prefill lines; none in session 48, the control), a one-request
+    prefill cost 7.7 - 9.6 ms by the least-squares slope where it cost 13.3 - 16.4 eager, always-on
+    went from 9.93 s to 7.47 and plain decode from 4.58 to 4.06. Auto: 7.29 s against N = 16's 6.38
+    (**1.142x**; the bar is 1.03x), the third failure on real weights. But auto fell back in nearly
+    every interval above 32 requests, as N = 8 and N = 16 do there (1 of 25 speculating at 65 - 128, 5
+    of 52 at 33 - 64): its last estimate (never off, acceptance 2.24) came at the end, on a spike."""
     row = real_auto_row("s50")
     assert (row["auto_s"], row["best_fixed_n"], row["best_fixed_s"], row["auto_over_best_fixed"]) == (
         7.287,
@@ -4340,50 +4356,76 @@ def test_session_50_prefill_graphs_halve_a_prefill_and_auto_still_fails_on_real_
         1.1416,
     )
     assert (row["base_s"], row["always_on_s"], row["fixed_s"]) == (4.061, 7.47, {"8": 6.402, "16": 6.383, "32": 8.72})
-    assert row["auto_decisions"]["last_estimated"] == {
-        "disable_above": 127,
-        "enable_at_or_below": 3,
-        "reason": "estimated",
-        "acceptance": 2.24,
-    }
-    over = [a - b for a, b in zip(row["phase_medians"]["auto"], row["phase_medians"]["16"])]
-    assert sorted(range(9), key=lambda i: -over[i])[:2] == [5, 4]  # 64 on the way down, then 128
     speculative = [row["auto_s"], row["always_on_s"], *row["fixed_s"].values()]
     assert min(speculative) / row["base_s"] > 1.5  # plain decode still beats every speculative server
-    for call, graphs in (("s50", True), ("s48", False)):
-        report = report_of(REAL_AUTO[call], {}, AUTO_R6)
-        argv = [" ".join(s["argv"]) for s in report["servers"]]
-        assert all(("--cuda-graph-bs-prefill 4 8 16 32 64 128 256" in a) == graphs for a in argv), call
-        assert all(("--disable-piecewise-cuda-graph" in a) != graphs for a in argv), call
-    graphed = [
-        prefill_ms(logs_of(REAL_AUTO["s50"])["always-on-real"], lo, hi) for lo, hi in ((9, 16), (33, 64), (65, 128))
-    ]
-    eager = [
-        prefill_ms(logs_of(REAL_AUTO["s48"])["always-on-real"], lo, hi) for lo, hi in ((9, 16), (33, 64), (65, 128))
-    ]
-    assert [round(ms, 1) for ms in graphed] == [9.6, 7.7, 7.7]
-    assert [round(ms, 1) for ms in eager] == [14.8, 16.4, 13.3]  # the control: session 49's reading
+    auto = logs_of(REAL_AUTO["s50"])["dynspec-auto-real"]
+    modes = {
+        band: [i.speculating for i in steps.intervals(auto) if lo <= i.running <= hi]
+        for band, (lo, hi) in {"33-64": (33, 64), "65-128": (65, 128)}.items()
+    }
+    assert {band: (sum(m), len(m)) for band, m in modes.items()} == {"33-64": (5, 52), "65-128": (1, 25)}
+    always_on = logs_of(REAL_AUTO["s50"])["always-on-real"]
+    assert all(i.speculating for i in steps.intervals(always_on) if i.running > 32)  # the control
+    for call, graphed in (("s50", (710, 10)), ("s48", (0, 698))):
+        assert graphed_prefills(logs_of(REAL_AUTO[call])["always-on-real"]) == graphed, call
+    bands = ((9, 16), (33, 64), (65, 128))
+    graphs = [prefill_ms(always_on, lo, hi) for lo, hi in bands]
+    eager = [prefill_ms(logs_of(REAL_AUTO["s48"])["always-on-real"], lo, hi) for lo, hi in bands]
+    assert [round(ms, 1) for ms in graphs] == [9.6, 7.7, 7.7]
+    assert [round(ms, 1) for ms in eager] == [14.8, 16.4, 13.3]  # session 49's reading
+    assert all(g < e for g, e in zip(graphs, eager))
+    robust = {
+        call: [
+            round(prefill_ms(logs_of(REAL_AUTO[call])["always-on-real"], lo, hi, robust=True), 1) for lo, hi in bands
+        ]
+        for call in ("s50", "s48")
+    }
+    assert robust == {"s50": [11.5, 10.9, 12.2], "s48": [22.7, 22.2, 22.4]}
 
 
-def test_session_50_speculations_steps_tie_the_fallbacks_at_64_and_its_prefills_decide() -> None:
-    """At 49 - 64 running requests, in intervals without a prefill, always-on speculated 27.5 k tok/s
-    and the fixed N falling back there ran 20.6 - 26.8 k: per token the steps tie (auto, which times
-    steps, read gains of 1.0 - 1.7 there). Between them always-on ran 2.7 prefills per 1000 tokens
-    against 0.38 - 0.51: at about 8 ms each that is about 18 ms more per 1000 tokens, on steps of 36 ms
-    against the fallback's 37 - 49, so speculation loses there by what auto does not time. Plain decode's
-    steps ran 45 k, 1.7x the fallback's: on this model "off" is not plain decode (session 47)."""
+def test_session_50_one_fallback_step_runs_up_to_30_percent_apart_between_servers_on_a_135m_model() -> None:
+    """Why one server process per configuration cannot judge 3 % on this model: the fallback step,
+    the same code in every dynspec server at 64 and 128 requests, ran at median speeds up to 30 %
+    apart between the servers of one call (session 50: N = 8 2.38 ms at 64, N = 32 3.10; sessions
+    47 - 48: 11 - 21 %), and auto's own server was the fastest of them in one call (session 47's
+    second), the slowest in another (48) and in between in two. The control: on the 8B shape (session
+    46, acceptance 2) the same servers' steps lie within 1.3 %."""
+    spreads, auto_ranks = {}, {}
+    for call in ("a", "b", "s48", "s50"):
+        logs = logs_of(REAL_AUTO[call])
+        servers = [n for n in logs if n.startswith("dynspec-")]
+        at_64 = {
+            n: fallback_step_ms(logs[n], 64)
+            for n in servers
+            if any(s.running == 64 for s in steps.steady_steps(logs[n]))
+        }
+        spreads[call] = round(max(at_64.values()) / min(at_64.values()), 2)
+        auto_ranks[call] = (sorted(at_64.values()).index(at_64["dynspec-auto-real"]), len(at_64))
+    assert spreads == {"a": 1.2, "b": 1.19, "s48": 1.11, "s50": 1.3}
+    assert auto_ranks == {"a": (2, 5), "b": (0, 2), "s48": (3, 4), "s50": (2, 4)}
+    s50 = logs_of(REAL_AUTO["s50"])
+    assert [round(fallback_step_ms(s50[f"dynspec-n{n}-real"], 128), 2) for n in (8, 16, 32)] == [2.88, 2.94, 3.73]
+    eight_b = logs_of(R30_AUTO_PARTS["2", "8,16,32"])
+    for running in (64, 128):
+        ms = [fallback_step_ms(eight_b[n], running) for n in eight_b if n.startswith("dynspec-")]
+        assert max(ms) / min(ms) < 1.015, running
+
+
+def test_session_50_a_speculating_server_still_refills_a_closed_loop_six_times_as_often() -> None:
+    """At 49 - 64 running requests always-on ran 2.7 prefills per 1000 generated tokens, the fixed N
+    falling back there 0.38 - 0.51, plain decode 0.475, as in session 48 with eager prefills. Plain
+    decode's steps, in intervals without a prefill, ran 45 k tok/s against the fallback's 20.6 - 26.8 k:
+    on this model "off" is not plain decode (session 47). The control: below the switch, where every
+    one of them speculates, their refill rates are alike."""
     logs = logs_of(REAL_AUTO["s50"])
     spec = steps.admissions(logs["always-on-real"], 49, 64, speculating=True)
-    off = {n: steps.admissions(logs[f"dynspec-n{n}-real"], 49, 64, speculating=False) for n in (8, 16, 32)}
+    off = [steps.admissions(logs[f"dynspec-n{n}-real"], 49, 64, speculating=False) for n in (8, 16, 32)]
     base = steps.admissions(logs["base-auto"], 49, 64, speculating=False)
-    assert spec is not None and base is not None and all(off.values())
-    assert (spec["tok_s_without"], spec["prefills_per_1000_tokens"]) == (27527, 2.712)
-    assert sorted(r["tok_s_without"] for r in off.values()) == [20585, 25509, 26835]  # type: ignore[index]
-    assert all(0.38 <= r["prefills_per_1000_tokens"] <= 0.51 for r in off.values())  # type: ignore[index]
-    assert (
-        base["tok_s_without"] == 45139 and base["tok_s_without"] / max(r["tok_s_without"] for r in off.values()) > 1.68
-    )  # type: ignore[index]
-    # the control: below the switch, where every one of them speculates, their refill rates are alike
+    assert spec is not None and base is not None and all(r is not None for r in off)
+    assert spec["prefills_per_1000_tokens"] == 2.712
+    assert all(0.38 <= r["prefills_per_1000_tokens"] <= 0.51 for r in off)  # type: ignore[index]
+    assert sorted(r["tok_s_without"] for r in off) == [20585, 25509, 26835]  # type: ignore[index]
+    assert base["tok_s_without"] == 45139 and base["prefills_per_1000_tokens"] == 0.475
     below = [
         steps.admissions(logs[n], 9, 16, speculating=True)
         for n in ("always-on-real", "dynspec-n16-real", "dynspec-n32-real")
@@ -4393,13 +4435,14 @@ def test_session_50_speculations_steps_tie_the_fallbacks_at_64_and_its_prefills_
 
 def test_session_50_with_output_lengths_that_differ_auto_passes_on_real_weights() -> None:
     """The same servers and prompts with each output 32 - 224 tokens (drawn by prompt, alike for every
-    server; the tails of a closed loop's phases now stretch every server): auto **PASS**, 12.47 s
-    against N = 32's 12.93 (0.965x), within 1 % of plain decode (12.40) and of the per-phase oracle,
-    where every fixed N lost to plain decode by 4 - 25 %. Every server now refills the loop a prefill
-    at a time (2.9 - 3.0 per 1000 tokens at 65 - 128 falling back, always-on 2.4 speculating, as the
-    simulator's control said),
-    so the waves of the fixed-length load were the difference. The control: the same call with every
-    output 128 tokens fails (above)."""
+    server): auto **PASS**, 12.47 s against N = 32's 12.93 (0.965x), plain decode 12.40, the per-phase
+    oracle 12.41; every fixed N trailed plain decode by 4 - 25 %. Every server now refills the loop a
+    prefill at a time: plain decode at 65 - 128 ran 2.90 prefills per 1000 tokens where it ran 0.41 with
+    every output 128 tokens (the waves gone), and its one-token refills ran eagerly (705 of 1000 prefill
+    lines; 0.5.17 replays a prefill graph only where padding at most doubles the tokens, and the
+    smallest size captured was 4) where the speculating servers' ran from graphs. It is one
+    process a configuration, as above, so it passes inside the spread that failed the other call. The
+    control: the same servers with every output 128 tokens fail."""
     row = real_auto_row("s50-lengths")
     report = report_of(REAL_AUTO["s50-lengths"], {}, AUTO_R6)
     assert report["passed"] and report["auto_threshold"]["schedule"]["new_tokens"] == 32
@@ -4412,6 +4455,9 @@ def test_session_50_with_output_lengths_that_differ_auto_passes_on_real_weights(
     )
     assert (row["base_s"], row["always_on_s"], row["oracle_s"]) == (12.402, 14.936, 12.408)
     assert row["auto_s"] / row["base_s"] < 1.01 and all(s / row["base_s"] > 1.04 for s in row["fixed_s"].values())
-    falling_back = [row["prefills_per_1000_tokens"][n]["65-128"]["not_speculating"] for n in ("base", "8", "16", "32")]
-    assert all(2.8 < r < 3.1 for r in falling_back)
+    fixed_lengths = real_auto_row("s50")["prefills_per_1000_tokens"]["base"]["65-128"]["not_speculating"]
+    assert (fixed_lengths, row["prefills_per_1000_tokens"]["base"]["65-128"]["not_speculating"]) == (0.413, 2.896)
+    logs = logs_of(REAL_AUTO["s50-lengths"])
+    assert graphed_prefills(logs["base-auto"]) == (295, 705)
+    assert graphed_prefills(logs["always-on-real"]) == (866, 6)
     assert not report_of(REAL_AUTO["s50"], {}, AUTO_R6)["passed"]  # the control
