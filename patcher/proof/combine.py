@@ -226,8 +226,9 @@ def _acceptance(
         part["settled"] = decisions.get("last_estimated")
         if "swings" in decisions:  # parts from session 47 on: how often auto's estimates moved N by > 2x
             part["swings"] = decisions["swings"]
-        if "prefills_per_1000_tokens" in row:  # parts from session 49 on
-            part["prefills_per_1000_tokens"] = row["prefills_per_1000_tokens"]
+        for reading in ("prefills_per_1000_tokens", "fallback_step_ms", "fallback_step_spread"):
+            if reading in row:  # parts from session 49 (the refills) and 50 on (the steps)
+                part[reading] = row[reading]
         parts.append(part)
     ran: dict[int, list[float]] = {}
     for part in parts:

@@ -216,6 +216,18 @@ def slower_than_both(auto: float, base: float, always_on: float) -> bool:
     return auto > base and auto > always_on
 
 
+def spread(step_ms: Mapping[str, Mapping[str, float]]) -> dict[str, float]:
+    """By concurrency, max / min of the dynspec servers' steps (auto's and each fixed N's; base and
+    always-on run other code), where two or more have one."""
+    dynspec = [levels for name, levels in step_ms.items() if name not in ("base", "always_on")]
+    out = {}
+    for level in sorted({lv for levels in dynspec for lv in levels}, key=int):
+        ms = [levels[level] for levels in dynspec if level in levels]
+        if len(ms) >= 2:
+            out[level] = round(max(ms) / min(ms), 3)
+    return out
+
+
 def judge_auto(
     runs: Mapping[str, Sequence[Run]],
     schedule: Schedule,
@@ -224,6 +236,7 @@ def judge_auto(
     max_ratio: float,
     decisions: Mapping[str, Sequence[AutoDecision]] | None = None,
     refills: Mapping[str, Mapping[str, Any]] | None = None,
+    fallback_steps: Mapping[str, Mapping[str, float]] | None = None,
 ) -> dict[str, Any]:
     """The ``auto_threshold`` report entry. ``runs`` is keyed ``base`` (one server: it does not
     speculate, so acceptance does not touch it) and, per acceptance label ``a`` (a simulated
@@ -236,7 +249,11 @@ def judge_auto(
     where auto gained or lost against the others; with ``refills`` (``steps.refills`` of each server's
     log, keyed as ``runs``), each server's prefills per 1000 tokens by mode in the large phases
     (``prefills_per_1000_tokens``), which say whether speculation refilled the loop a prefill at a
-    time (session 48, real weights)."""
+    time (session 48, real weights); with ``fallback_steps`` (``steps.fallback_steps``, keyed alike),
+    each server's steady step without speculation by concurrency (``fallback_step_ms``) and, where two
+    or more dynspec servers have one, how far apart theirs lie (``fallback_step_spread``, max / min):
+    the same code, so the spread is the servers' hosts, the floor under any comparison of their
+    totals (session 50: 1.30 on real weights)."""
     n = len(schedule.phases)
     problems: list[str] = []
     phase_s: dict[str, list[float]] = {}
@@ -294,6 +311,11 @@ def judge_auto(
         entry["phase_medians"] = {name: phase_s[key] for key, name in names.items() if key in phase_s}
         if refills is not None:
             entry["prefills_per_1000_tokens"] = {name: refills[key] for key, name in names.items() if key in refills}
+        if fallback_steps is not None:
+            entry["fallback_step_ms"] = {
+                name: dict(fallback_steps[key]) for key, name in names.items() if key in fallback_steps
+            }
+            entry["fallback_step_spread"] = spread(entry["fallback_step_ms"])
         by_acceptance[label] = entry
     return {
         "passed": not problems,

@@ -162,6 +162,24 @@ def _refill_lines(by_server: Mapping[str, Mapping[str, Mapping[str, float]]] | N
     return lines
 
 
+def _fallback_lines(e: Mapping[str, Any], indent: str) -> list[str]:
+    """An auto sweep's steady steps without speculation (``steps.fallback_steps`` by server), a line
+    per concurrency: the dynspec servers' (the same code) with how far apart they lie, then plain
+    decode's."""
+    by_server: Mapping[str, Mapping[str, float]] = e.get("fallback_step_ms") or {}
+    spreads: Mapping[str, float] = e.get("fallback_step_spread") or {}
+    lines = []
+    for level in sorted({lv for levels in by_server.values() for lv in levels}, key=int):
+        said = [
+            f"{name} {levels[level]:.2f}" for name, levels in by_server.items() if name != "base" and level in levels
+        ]
+        apart = f" (the same code, up to {spreads[level]:.2f}x apart)" if level in spreads else ""
+        plain = by_server.get("base", {}).get(level)
+        tail = f"; plain decode {plain:.2f}" if plain is not None else ""
+        lines.append(f"{indent}steady step without speculation at {level} running, ms: {', '.join(said)}{apart}{tail}")
+    return lines
+
+
 def _fmt(x: float | None, digits: int = 1) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -360,6 +378,7 @@ def summary(report: Report) -> str:
                     + (f"; auto's estimates moved N by more than 2x {part['swings']} times" if "swings" in part else "")
                 )
                 lines += _refill_lines(part.get("prefills_per_1000_tokens"), "      ")
+                lines += _fallback_lines(part, "      ")
             said = e.get("auto_decisions")
             if said is not None:
                 settled = said["last_estimated"]
@@ -367,16 +386,19 @@ def summary(report: Report) -> str:
                     f"off above {settled['disable_above']}, on at or below {settled['enable_at_or_below']} "
                     f"(acceptance {_fmt(settled['acceptance'], 2)})"
                     if settled
-                    else "never from its estimates"
+                    else "none"
                 )
                 swung = f", its estimates moved N by more than 2x {said['swings']} times" if "swings" in said else ""
-                lines.append(f"    auto at acceptance {a}: {said['count']} threshold changes{swung}; settled {where}")
+                lines.append(
+                    f"    auto at acceptance {a}: {said['count']} threshold changes{swung}; its last estimate: {where}"
+                )
             phases = e.get("phase_medians", {})
             best = str(e.get("best_fixed_n"))
             if "auto" in phases and best in phases:
                 apart = " ".join(f"{x - y:+.2f}" for x, y in zip(phases["auto"], phases[best]))
                 lines.append(f"    auto - N={best} by phase, s, in the schedule's order: {apart}")
             lines += _refill_lines(e.get("prefills_per_1000_tokens"), "    ")
+            lines += _fallback_lines(e, "    ")
 
     cached = {s["name"]: s[MIXED_CACHED] for s in report.get("servers", []) if MIXED_CACHED in s}
     if any(cached.values()):

@@ -1873,6 +1873,7 @@ class Proof:
         runs: dict[str, list[mixed.Run]] = {}
         decisions: dict[str, list[logscan.AutoDecision]] = {}
         refills: dict[str, dict[str, dict[str, float]]] = {}
+        fallback: dict[str, dict[str, float]] = {}
         keys = {plan.name: key for key, plan in plans}
 
         def measure(plan: Plan, server: Server) -> None:
@@ -1880,6 +1881,7 @@ class Proof:
             runs[keys[plan.name]] = self.mixed_load(server, plan.name, warmup=True)
             passes = logscan.read_window(server.spec.log, start)[0]
             refills[keys[plan.name]] = steps.refills(passes, opts.mixed_schedule.phases)
+            fallback[keys[plan.name]] = steps.fallback_steps(passes, opts.mixed_schedule.phases)
             mode, _, label = keys[plan.name].partition("@")
             if mode == "auto":
                 decisions[label] = logscan.auto_decisions(logscan.read_window(server.spec.log)[0])
@@ -1891,7 +1893,7 @@ class Proof:
             # A sweep is most of a device call: stopped by the call's time limit (SIGTERM, as
             # SystemExit) or Ctrl-C, it is judged on the servers it measured, which run() saves.
             entry = mixed.judge_auto(
-                runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions, refills
+                runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions, refills, fallback
             )
             if problems is None:
                 problems = [mixed.INTERRUPTED.format(len(runs), len(plans))]

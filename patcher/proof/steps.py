@@ -32,7 +32,8 @@ the intervals with a prefill against those without. Session 48 found that on rea
 speculating server admits a closed loop's requests one by one (their accepted drafts differ, so
 they finish apart) where a plain or fallback one admits them in waves: about six times the prefills
 per token, each an eager prefill of a host-bound model. ``refills`` gives that count in each large
-phase's band by mode, for every server of an auto sweep's report.
+phase's band by mode, for every server of an auto sweep's report, and ``fallback_steps`` each
+server's steady step without speculation at each large phase's concurrency.
 
 ``outside_steady`` sets each timed run's end-to-end time against the time its tokens would have
 taken at that run's steady speed: what the run spent on admission, its first and last iterations
@@ -178,6 +179,20 @@ def refills(text: str, phases: Sequence[int]) -> dict[str, dict[str, float]]:
                 band[mode] = reading["prefills_per_1000_tokens"]
         if band:
             out[f"{low}-{c}"] = band
+    return out
+
+
+def fallback_steps(text: str, phases: Sequence[int]) -> dict[str, float]:
+    """The median steady step without speculation, in ms, at each distinct concurrency C of
+    ``phases`` from 16 up, where a closed loop's phase holds its batch at C ("64"); a level with
+    fewer than three steady steps is left out. In an auto sweep every dynspec server runs the same
+    fallback code there, so how far apart their steps lie is how far apart the servers' hosts ran:
+    up to 30 % on a host-bound 135M target, within 1.3 % on the 8B shape (session 50)."""
+    out: dict[str, float] = {}
+    for c in sorted({p for p in phases if p >= 16}):
+        ms = [1000 * c / step.tok_s for step in steady_steps(text) if step.running == c and step.tok_s > 0]
+        if len(ms) >= 3:
+            out[str(c)] = round(statistics.median(ms), 3)
     return out
 
 

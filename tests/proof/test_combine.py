@@ -372,3 +372,22 @@ def test_each_part_carries_its_servers_refills_where_its_report_read_them() -> N
         == "      prefills per 1000 tokens at 33-64 running: speculating always_on 2.30; not speculating 8 0.40"
     )
     assert sum("prefills per 1000" in line for line in lines) == 1
+
+
+def test_each_part_carries_its_servers_steps_without_speculation_where_its_report_read_them() -> None:
+    """Parts since session 50 read each server's steady steps without speculation and their spread;
+    the join keeps each part's and the summary prints them under the part's line; a part from before
+    has neither (the control)."""
+    read = part(8.1, {8: 8.5, 32: 8.0})
+    row = read["auto_threshold"]["by_acceptance"]["3"]
+    row["fallback_step_ms"] = {"auto": {"64": 2.7}, "8": {"64": 2.4}, "base": {"64": 1.4}}
+    row["fallback_step_spread"] = {"64": 1.125}
+    joined = joined_of(("a", read), ("b", part(7.9, {64: 7.8, 96: 8.2})))
+    a, b = joined["auto_threshold"]["by_acceptance"]["3"]["parts"]
+    assert a["fallback_step_ms"] == row["fallback_step_ms"] and a["fallback_step_spread"] == {"64": 1.125}
+    assert "fallback_step_ms" not in b and "fallback_step_spread" not in b
+    lines = [line for line in reports.summary(joined).splitlines() if "without speculation" in line]
+    assert lines == [
+        "      steady step without speculation at 64 running, ms: auto 2.70, 8 2.40 (the same code, up to 1.12x apart);"
+        " plain decode 1.40"
+    ]

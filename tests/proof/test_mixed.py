@@ -618,6 +618,31 @@ def test_auto_threshold_reports_each_servers_refills_under_its_own_name() -> Non
     )
 
 
+def test_auto_threshold_reports_each_servers_steps_without_speculation_and_the_dynspec_servers_spread() -> None:
+    """``fallback_steps`` keyed as the runs, reported by server name, and by concurrency how far apart
+    the dynspec servers' (auto's and the fixed N's) lie; base and always-on run other code and stay out
+    of the spread, a level only one server has gives none, and a sweep that read none (the control)
+    reports neither key."""
+    read = {
+        "base": {"64": 1.4, "128": 1.6},
+        "always_on@3": {"64": 9.0},
+        "auto@3": {"64": 2.7, "128": 3.4},
+        "32@3": {"64": 3.1},
+    }
+    row = mixed.judge_auto(auto_runs(8.0, {32: 8.0}), SCHEDULE, ["3"], [32], 1.03, None, None, read)["by_acceptance"][
+        "3"
+    ]
+    assert row["fallback_step_ms"] == {
+        "base": {"64": 1.4, "128": 1.6},
+        "always_on": {"64": 9.0},
+        "auto": {"64": 2.7, "128": 3.4},
+        "32": {"64": 3.1},
+    }
+    assert row["fallback_step_spread"] == {"64": round(3.1 / 2.7, 3)}
+    unread = mixed.judge_auto(auto_runs(8.0, {32: 8.0}), SCHEDULE, ["3"], [32], 1.03)["by_acceptance"]["3"]
+    assert "fallback_step_ms" not in unread and "fallback_step_spread" not in unread
+
+
 def test_a_server_without_a_complete_pass_fails_auto_threshold() -> None:
     runs = auto_runs(8.0, {32: 8.0})
     runs["32@3"] = passes([1.0, 1.0, 1.0], failed_phase=1)
@@ -661,12 +686,18 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
         e["prefills_per_1000_tokens"] == {"base": {}, "always_on": {}, "auto": {}, "2": {}, "6": {}}
         for e in entry["by_acceptance"].values()
     )
+    # and each server's steady steps without speculation: none in the fake's passes either
+    assert all(
+        e["fallback_step_ms"] == {"base": {}, "always_on": {}, "auto": {}, "2": {}, "6": {}}
+        and e["fallback_step_spread"] == {}
+        for e in entry["by_acceptance"].values()
+    )
     # where auto put N, from its own server's log: the fake's switch point at its first switch off
     for label, said in ((a, e["auto_decisions"]) for a, e in entry["by_acceptance"].items()):
         settled = {"disable_above": 48, "enable_at_or_below": 40, "reason": "estimated", "acceptance": float(label)}
         assert said == {"count": 1, "estimated": 1, "swings": 0, "last": settled, "last_estimated": settled}
     assert (
-        "auto at acceptance 3: 1 threshold changes, its estimates moved N by more than 2x 0 times; settled off above 48, on at or below 40"
+        "auto at acceptance 3: 1 threshold changes, its estimates moved N by more than 2x 0 times; its last estimate: off above 48, on at or below 40"
         in reports.summary(result)
     )
     # the control: a fixed N's server logs no decision, and one that never decided says so

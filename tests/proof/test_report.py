@@ -365,21 +365,24 @@ def test_the_summary_says_where_auto_settled_or_that_it_never_estimated() -> Non
     entry = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, said)
     text = report.summary(sample(auto_threshold=entry))
     assert (
-        "    auto at acceptance 3: 2 threshold changes, its estimates moved N by more than 2x 0 times; settled off above"
+        "    auto at acceptance 3: 2 threshold changes, its estimates moved N by more than 2x 0 times; its last estimate: off above"
         " 63, on at or below 56 (acceptance 2.98)" in text
     )
     swung = {"3": [AutoDecision(1, 1, "estimated", 1.34), AutoDecision(127, 127, "estimated", 2.88), *said["3"]]}
     text = report.summary(sample(auto_threshold=mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, swung)))
-    assert "auto at acceptance 3: 4 threshold changes, its estimates moved N by more than 2x 2 times; settled" in text
+    assert (
+        "auto at acceptance 3: 4 threshold changes, its estimates moved N by more than 2x 2 times; its last estimate:"
+        in text
+    )
     # the controls: a server that logged only probes never settled; a run without logs read says nothing;
     # a report from before the swings were counted does not print them
     never = report.summary(sample(auto_threshold=mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, {"3": [probe]})))
     assert (
-        "auto at acceptance 3: 1 threshold changes, its estimates moved N by more than 2x 0 times; settled never"
+        "auto at acceptance 3: 1 threshold changes, its estimates moved N by more than 2x 0 times; its last estimate: none"
         in never
     )
     del entry["by_acceptance"]["3"]["auto_decisions"]["swings"]
-    assert "auto at acceptance 3: 2 threshold changes; settled off above 63" in report.summary(
+    assert "auto at acceptance 3: 2 threshold changes; its last estimate: off above 63" in report.summary(
         sample(auto_threshold=entry)
     )
     assert "auto at acceptance" not in report.summary(
@@ -407,6 +410,26 @@ def test_the_summary_prints_each_bands_refills_speculating_then_not() -> None:
     ]
     unread = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03)
     assert "prefills per 1000" not in report.summary(sample(auto_threshold=unread))
+
+
+def test_the_summary_prints_each_concurrencys_steps_without_speculation_and_their_spread() -> None:
+    """A line per concurrency, in order of size: the dynspec servers' steps, how far apart they lie,
+    then plain decode's; a report without them (the control) prints none."""
+    n = len(mixed.DEFAULT_PHASES)
+    runs = {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)}
+    read = {"base": {"128": 1.614, "64": 1.412}, "auto@3": {"64": 2.687, "128": 3.418}, "32@3": {"64": 3.099}}
+    schedule = mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128)
+    entry = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, None, None, read)
+    lines = [
+        line for line in report.summary(sample(auto_threshold=entry)).splitlines() if "without speculation" in line
+    ]
+    assert lines == [
+        "    steady step without speculation at 64 running, ms: auto 2.69, 32 3.10 (the same code, up to 1.15x apart);"
+        " plain decode 1.41",
+        "    steady step without speculation at 128 running, ms: auto 3.42; plain decode 1.61",
+    ]
+    unread = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03)
+    assert "without speculation" not in report.summary(sample(auto_threshold=unread))
 
 
 def test_the_summary_sets_auto_against_the_best_fixed_n_phase_by_phase() -> None:

@@ -101,6 +101,61 @@ def test_refills_read_admissions_in_each_large_phases_band_by_mode() -> None:
     assert steps.refills("\n".join(log.splitlines()[-1:]), (16, 64)) == {}
 
 
+def test_fallback_steps_are_the_median_steady_step_at_each_large_phases_concurrency() -> None:
+    """``fallback_steps``: at each concurrency of 16 or more, the median of at least three steady
+    steps without speculation there, in ms; a speculating interval is not one, and a level with two
+    steady steps, or below 16, gives nothing (the controls)."""
+    log = "\n".join(
+        [
+            "server_args=ServerArgs(decode_log_interval=10)",
+            decode(64, 1000, 30000.0),
+            decode(64, 1640, 32000.0),  # steady: 2.0 ms
+            decode(64, 2280, 25600.0),  # steady: 2.5 ms
+            decode(64, 2920, 16000.0),  # steady: 4.0 ms
+            decode(64, 4840, 64000.0, "accept len: 3.00, "),  # speculating: not a step without it
+            decode(16, 5000, 8000.0),
+            decode(16, 5160, 8000.0),  # steady, but only two at 16
+            decode(16, 5320, 8000.0),
+            decode(8, 5400, 4000.0),
+            decode(8, 5480, 4000.0),
+            decode(8, 5560, 4000.0),
+            decode(8, 5640, 4000.0),  # below 16: no phase of the comparison
+        ]
+    )
+    assert steps.fallback_steps(log, (1, 4, 8, 16, 64, 16, 8)) == {"64": 2.5}
+    assert steps.fallback_steps(log, (1, 4, 8)) == {}
+
+
+@pytest.mark.skipif(
+    not (PROOF / "real-0.5.17-v2-s50-r30-auto-prefill-graphs" / "logs.tar.xz").exists(), reason="no logs"
+)
+def test_on_a_135m_model_one_fallback_step_runs_up_to_30_percent_apart_between_servers() -> None:
+    """Session 50's real-weights sweep, read as the auto_threshold report now reads each server: at 64
+    and 128 running requests every dynspec server falls back, the same code, and their steps lie 1.30x
+    apart; plain decode's are 1.41 and 1.61 ms. The control: session 46's 8B sweep, within 1.02x."""
+    phases = (1, 4, 16, 64, 128, 64, 16, 4, 1)
+
+    def read(folder: str, names: tuple[str, ...]) -> dict[str, dict[str, float]]:
+        with tarfile.open(PROOF / folder / "logs.tar.xz") as tar:
+            return {n: steps.fallback_steps(tar.extractfile(f"{n}.log").read().decode(), phases) for n in names}  # type: ignore[union-attr]
+
+    real = read(
+        "real-0.5.17-v2-s50-r30-auto-prefill-graphs",
+        ("base-auto", "dynspec-auto-real", "dynspec-n8-real", "dynspec-n32-real"),
+    )
+    assert {n: (r["64"], r["128"]) for n, r in real.items()} == {
+        "base-auto": (1.412, 1.614),
+        "dynspec-auto-real": (2.689, 3.419),
+        "dynspec-n8-real": (2.38, 2.88),
+        "dynspec-n32-real": (3.096, 3.727),
+    }
+    eight_b = read("0.5.17-v2-s46-r30-auto-acc2-n8-16-32", ("dynspec-auto-acc2", "dynspec-n8-acc2", "dynspec-n32-acc2"))
+    for level in ("64", "128"):
+        ms = [r[level] for r in eight_b.values()]
+        assert max(ms) / min(ms) < 1.02, level
+    assert real["dynspec-n32-real"]["64"] / real["dynspec-n8-real"]["64"] > 1.29
+
+
 @pytest.mark.skipif(not (PROOF / "real-0.5.17-v2-s48-r30-auto-a" / "logs.tar.xz").exists(), reason="no logs here")
 def test_on_real_weights_speculation_refills_each_large_phase_four_to_five_times_as_often() -> None:
     """Session 48's real-weights sweep, read as the auto_threshold report now reads each server: in
