@@ -390,17 +390,22 @@ def test_the_summary_says_where_auto_settled_or_that_it_never_estimated() -> Non
     )
 
 
+def small_sweep() -> tuple[dict[str, Any], mixed.Schedule]:
+    """One acceptance, one fixed N, every phase alike: the runs and schedule the readings' summary tests share."""
+    n = len(mixed.DEFAULT_PHASES)
+    runs = {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)}
+    return runs, mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128)
+
+
 def test_the_summary_prints_each_bands_refills_speculating_then_not() -> None:
     """A line per band, in order of size, servers that speculated there first; a report without
     refills (the control) prints none."""
-    n = len(mixed.DEFAULT_PHASES)
-    runs = {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)}
+    runs, schedule = small_sweep()
     refills = {
         "base": {"65-128": {"not_speculating": 0.33}, "33-64": {"not_speculating": 0.444}},
         "always_on@3": {"65-128": {"speculating": 1.745}, "33-64": {"speculating": 2.285}},
         "auto@3": {"33-64": {"speculating": 2.142, "not_speculating": 0.651}},
     }
-    schedule = mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128)
     entry = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, None, refills)
     lines = [line for line in report.summary(sample(auto_threshold=entry)).splitlines() if "prefills per 1000" in line]
     assert lines == [
@@ -415,10 +420,8 @@ def test_the_summary_prints_each_bands_refills_speculating_then_not() -> None:
 def test_the_summary_prints_each_concurrencys_steps_without_speculation_and_their_spread() -> None:
     """A line per concurrency, in order of size: the dynspec servers' steps, how far apart they lie,
     then plain decode's; a report without them (the control) prints none."""
-    n = len(mixed.DEFAULT_PHASES)
-    runs = {"base": run([2.0] * n), "always_on@3": run([1.5] * n), "auto@3": run([1.0] * n), "32@3": run([1.0] * n)}
+    runs, schedule = small_sweep()
     read = {"base": {"128": 1.614, "64": 1.412}, "auto@3": {"64": 2.687, "128": 3.418}, "32@3": {"64": 3.099}}
-    schedule = mixed.Schedule(mixed.DEFAULT_PHASES, 2, 128)
     entry = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, None, None, read)
     lines = [
         line for line in report.summary(sample(auto_threshold=entry)).splitlines() if "without speculation" in line
