@@ -170,13 +170,14 @@ def _fallback_lines(e: Mapping[str, Any], indent: str) -> list[str]:
     spreads: Mapping[str, float] = e.get("fallback_step_spread") or {}
     lines = []
     for level in sorted({lv for levels in by_server.values() for lv in levels}, key=int):
-        said = [
-            f"{name} {levels[level]:.2f}" for name, levels in by_server.items() if name != "base" and level in levels
-        ]
-        apart = f" (the same code, up to {spreads[level]:.2f}x apart)" if level in spreads else ""
+        dynspec = [f"{name} {ms[level]:.2f}" for name, ms in by_server.items() if name != "base" and level in ms]
+        said = [", ".join(dynspec)] if dynspec else []
+        if level in spreads:
+            said[-1] += f" (the same code, up to {spreads[level]:.2f}x apart)"
         plain = by_server.get("base", {}).get(level)
-        tail = f"; plain decode {plain:.2f}" if plain is not None else ""
-        lines.append(f"{indent}steady step without speculation at {level} running, ms: {', '.join(said)}{apart}{tail}")
+        if plain is not None:
+            said.append(f"plain decode {plain:.2f}")
+        lines.append(f"{indent}steady step without speculation at {level} running, ms: {'; '.join(said)}")
     return lines
 
 
@@ -381,11 +382,11 @@ def summary(report: Report) -> str:
                 lines += _fallback_lines(part, "      ")
             said = e.get("auto_decisions")
             if said is not None:
-                settled = said["last_estimated"]
+                last = said["last_estimated"]
                 where = (
-                    f"off above {settled['disable_above']}, on at or below {settled['enable_at_or_below']} "
-                    f"(acceptance {_fmt(settled['acceptance'], 2)})"
-                    if settled
+                    f"off above {last['disable_above']}, on at or below {last['enable_at_or_below']} "
+                    f"(acceptance {_fmt(last['acceptance'], 2)})"
+                    if last
                     else "none"
                 )
                 swung = f", its estimates moved N by more than 2x {said['swings']} times" if "swings" in said else ""

@@ -421,12 +421,17 @@ def test_the_summary_prints_each_concurrencys_steps_without_speculation_and_thei
     """A line per concurrency, in order of size: the dynspec servers' steps, how far apart they lie,
     then plain decode's; a report without them (the control) prints none."""
     runs, schedule = small_sweep()
-    read = {"base": {"128": 1.614, "64": 1.412}, "auto@3": {"64": 2.687, "128": 3.418}, "32@3": {"64": 3.099}}
+    read = {
+        "base": {"128": 1.614, "64": 1.412, "16": 1.2},
+        "auto@3": {"64": 2.687, "128": 3.418},
+        "32@3": {"64": 3.099},
+    }
     entry = mixed.judge_auto(runs, schedule, ["3"], [32], 1.03, None, None, read)
     lines = [
         line for line in report.summary(sample(auto_threshold=entry)).splitlines() if "without speculation" in line
     ]
     assert lines == [
+        "    steady step without speculation at 16 running, ms: plain decode 1.20",  # only base there
         "    steady step without speculation at 64 running, ms: auto 2.69, 32 3.10 (the same code, up to 1.15x apart);"
         " plain decode 1.41",
         "    steady step without speculation at 128 running, ms: auto 3.42; plain decode 1.61",
