@@ -4366,6 +4366,15 @@ def test_session_50_with_prefill_graphs_auto_still_fails_on_real_weights_falling
     }
     counted = {band: (sum(m), len(m)) for band, m in modes.items()}
     assert counted == {"9-16": (14, 46), "33-64": (5, 52), "65-128": (1, 25)}
+    # at 2 - 4 requests auto fell back in 11 of 38 intervals, N = 16 in none (its estimates at times said off above 1)
+    small = {
+        n: [i.speculating for i in steps.intervals(logs_of(REAL_AUTO["s50"])[n]) if 2 <= i.running <= 4]
+        for n in ("dynspec-auto-real", "dynspec-n16-real")
+    }
+    assert {n: (sum(m), len(m)) for n, m in small.items()} == {
+        "dynspec-auto-real": (27, 38),
+        "dynspec-n16-real": (35, 35),
+    }
     always_on = logs_of(REAL_AUTO["s50"])["always-on-real"]
     assert all(i.speculating for i in steps.intervals(always_on) if i.running > 32)  # the control
     for call, graphed in (("s50", (710, 10)), ("s48", (0, 698))):
