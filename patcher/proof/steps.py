@@ -163,14 +163,19 @@ def admissions(text: str, low: int, high: int, speculating: bool) -> dict[str, A
     }
 
 
+def large_phases(phases: Sequence[int]) -> list[int]:
+    """The distinct concurrencies of a closed loop's ``phases`` that an auto sweep's readings compare:
+    16 and up, since below 16 every fixed N of the sweep speculates."""
+    return sorted({p for p in phases if p >= 16})
+
+
 def refills(text: str, phases: Sequence[int]) -> dict[str, dict[str, float]]:
     """``admissions``' prefills per 1000 generated tokens, by mode (``speculating``, ``not_speculating``),
     in the band of running requests each large phase of a closed loop fills: for each distinct
-    concurrency C of ``phases`` from 16 up, C / 2 + 1 to C ("33-64"). Below 16 every fixed N of an
-    auto sweep speculates, so no mode is set against another there. A band or mode the log has no
+    concurrency C of ``large_phases``, C / 2 + 1 to C ("33-64"). A band or mode the log has no
     interval of is left out."""
     out: dict[str, dict[str, float]] = {}
-    for c in sorted({p for p in phases if p >= 16}):
+    for c in large_phases(phases):
         low = c // 2 + 1
         band = {}
         for mode, speculating in (("speculating", True), ("not_speculating", False)):
@@ -183,14 +188,15 @@ def refills(text: str, phases: Sequence[int]) -> dict[str, dict[str, float]]:
 
 
 def fallback_steps(text: str, phases: Sequence[int]) -> dict[str, float]:
-    """The median steady step without speculation, in ms, at each distinct concurrency C of
-    ``phases`` from 16 up, where a closed loop's phase holds its batch at C ("64"); a level with
-    fewer than three steady steps is left out. In an auto sweep every dynspec server runs the same
-    fallback code there, so how far apart their steps lie is how far apart the servers' hosts ran:
-    up to 30 % on a host-bound 135M target, within 1.3 % on the 8B shape (session 50)."""
+    """The median steady step without speculation, in ms, at each concurrency C of ``large_phases``,
+    where a closed loop's phase holds its batch at C ("64"); a level with fewer than three steady
+    steps is left out. In an auto sweep every dynspec server runs the same fallback code there, so
+    how far apart their steps lie is how far apart the servers' hosts ran: up to 30 % on a
+    host-bound 135M target, within 1.3 % on the 8B shape (session 50)."""
+    steady = steady_steps(text)
     out: dict[str, float] = {}
-    for c in sorted({p for p in phases if p >= 16}):
-        ms = [1000 * c / step.tok_s for step in steady_steps(text) if step.running == c and step.tok_s > 0]
+    for c in large_phases(phases):
+        ms = [1000 * c / step.tok_s for step in steady if step.running == c and step.tok_s > 0]
         if len(ms) >= 3:
             out[str(c)] = round(statistics.median(ms), 3)
     return out

@@ -4336,8 +4336,9 @@ def graphed_prefills(log: str) -> tuple[int, int]:
 
 
 def fallback_step_ms(log: str, running: int) -> float:
-    """The median steady step of a server at ``running`` requests without speculation, in ms."""
-    return statistics.median(1000 * running / s.tok_s for s in steps.steady_steps(log) if s.running == running)
+    """The median steady step of a server at ``running`` requests without speculation, in ms, as
+    the auto_threshold report reads it (``steps.fallback_steps``)."""
+    return steps.fallback_steps(log, (running,))[str(running)]
 
 
 def test_session_50_with_prefill_graphs_auto_still_fails_on_real_weights_falling_back_like_n_8() -> None:
@@ -4405,11 +4406,8 @@ def test_session_50_one_fallback_step_runs_up_to_30_percent_apart_between_server
     for call in ("a", "b", "s48", "s50"):
         logs = logs_of(REAL_AUTO[call])
         servers = [n for n in logs if n.startswith("dynspec-")]
-        at_64 = {
-            n: fallback_step_ms(logs[n], 64)
-            for n in servers
-            if any(s.running == 64 for s in steps.steady_steps(logs[n]))
-        }
+        read = {n: steps.fallback_steps(logs[n], (64,)) for n in servers}
+        at_64 = {n: r["64"] for n, r in read.items() if "64" in r}
         spreads[call] = round(max(at_64.values()) / min(at_64.values()), 2)
         auto_ranks[call] = (sorted(at_64.values()).index(at_64["dynspec-auto-real"]), len(at_64))
     assert spreads == {"a": 1.2, "b": 1.19, "s48": 1.11, "s50": 1.3}
