@@ -48,10 +48,11 @@
 #                  model's tokenizer) (dummy weights' flat logits
 #                  leave the first two's controls blind: session 28); FEATURE_CHECKS picks fewer
 #   real-auto V    (as real-features, 0.5.14+) auto_threshold on real weights: base, always-on, auto and one dynspec
-#                  server per fixed N of AUTO_SWEEP (default 8,16,32,48,64,96: more than a call holds, so
-#                  8,16,32 then 48,64,96) on the mixed load, at the model's own acceptance (by_acceptance.real;
-#                  issue 16); every server --disable-piecewise-cuda-graph (below) unless PREFILL_GRAPHS="1 2 4 ..."
-#                  (prefill CUDA graphs of those token counts only, as --cuda-graph-bs-prefill)
+#                  server per fixed N of AUTO_SWEEP (default 8,16,32,48,64,96) on the mixed load, at the
+#                  model's own acceptance (by_acceptance.real; issue 16), AUTO_PARALLEL (default 9: all of
+#                  them) started at once and taking turns at every pass; every server
+#                  --disable-piecewise-cuda-graph (below) unless PREFILL_GRAPHS="1 2 4 ..." (prefill CUDA
+#                  graphs of those token counts only, as --cuda-graph-bs-prefill)
 #   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
 #                  auto (3 servers; exact_kv needs a fixed N): levels 1,4,16,48,128 and a 1 <-> 128 ramp,
 #                  past auto's ceiling (127), each switch judged against the thresholds its line names
@@ -392,15 +393,17 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
   real-auto) kit_for "$1"; [ -f $REAL_HOME/model/model.json ] || { echo "redo real-a, real-b"; exit 3; }
     # issue 16 on real weights: auto against the fixed N on the mixed load at the model's own acceptance.
     # Without 0.5.14+'s piecewise prefill graphs (their capture took 168 s of a SmolLM2 server's 225 s start,
-    # session 44); every server goes without them alike. Nine servers still ran past a call (session 47: seven
-    # in 570 s), so run it as two, AUTO_SWEEP=8,16,32 then 48,64,96, and join them with --combine.
+    # session 44); every server goes without them alike. One after another, nine servers ran past a call
+    # (session 47: seven in 570 s) and the later ones ran slower (session 50), so all start at once
+    # (SmolLM2's servers hold 4.8 GiB each) and take turns; a sweep too long for a call (passes of 13 s:
+    # varied lengths) runs as two, AUTO_SWEEP=8,16,32 then 48,64,96, joined with --combine.
     # PREFILL_GRAPHS="1 2 4 8 16 32 64 128 256" keeps the prefill graphs, for those token counts only: a
     # speculating server admits requests one by one here, each an eager prefill without them (session 48).
     # 0.5.17 replays one only where padding at most doubles the tokens: without 1, plain decode's
     # one-token refills ran eagerly (session 50).
     prefill="--disable-piecewise-cuda-graph"; [ -n "${PREFILL_GRAPHS:-}" ] && prefill="--cuda-graph-bs-prefill $PREFILL_GRAPHS"
     SERVER_ARGS="$prefill ${SERVER_ARGS:-}" proof "real-$1-v2-auto" --path v2 --model real --model-dir $REAL_HOME/model --checks auto_threshold \
-      --threshold 8 --parallel-starts 3 --mixed-repeats "${AUTO_REPEATS:-2}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" \
+      --threshold 8 --parallel-starts "${AUTO_PARALLEL:-9}" --mixed-repeats "${AUTO_REPEATS:-2}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" \
       $(freeze_gc) ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;

@@ -435,24 +435,26 @@ def _combine_only(paths: tuple[Path, ...], sweep: tuple[int, ...], out: Path | N
 )
 @click.option(
     "--parallel-starts",
-    type=click.IntRange(1, 8),
+    type=click.IntRange(1, 16),
     default=DEFAULTS.parallel_starts,
     show_default=True,
-    help="Start up to N servers at once (a check's next ones), wait for all, then measure each alone while "
-    "the others idle: fewer minutes of GPU time for server starts. With N > 1 every server gets "
+    help="Start up to N servers at once (a check's next ones), wait for all, then measure them (see "
+    "--interleave) while the others idle: fewer minutes of GPU time for server starts. With N > 1 every server gets "
     "--mem-fraction-static 0.85, --max-total-tokens 131072, an --nccl-port of its own and --sleep-on-idle "
     "so that they share the GPU (the 8B shape's pools smaller, with a fraction of 0.95, where the GPU's memory asks: "
     "an H100 80GB on Triton, 40960 slots for base and two speculating servers, 24576 for three speculating; "
     "a group that would leave pools too small for the loads starts fewer at once); with "
     "throughput, mixed_load or auto_threshold at most 3, as many as hold "
-    "their loads; --tp 1 only.",
+    "their loads, or on a real model as many as the GPU's memory holds (SmolLM2-135M on an H100: 15); "
+    "--tp 1 only.",
 )
 @click.option(
     "--interleave/--one-after-another",
     default=DEFAULTS.interleave,
     show_default=True,
     help="throughput and mixed_load, where --parallel-starts starts all their servers at once (or, with "
-    "--no-overlap-base, the three a verdict compares; the fourth follows alone): the servers take turns at "
+    "--no-overlap-base, the three a verdict compares; the fourth follows alone), and auto_threshold, by "
+    "the groups --parallel-starts starts (auto and the fixed N first): the servers take turns at "
     "every level and pass, the order rotated each run, so that the machine's drift over the call spreads "
     "over all of them; --one-after-another measures each server's levels and passes in one go.",
 )

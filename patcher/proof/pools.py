@@ -1,8 +1,11 @@
-"""What a GPU's memory gives dummy 8B-shape servers started side by side (``--parallel-starts``):
-how many fit, and each one's fixed KV pool (launch.py says why the pool is fixed), from what such
-servers were seen to hold besides it."""
+"""What a GPU's memory gives servers started side by side (``--parallel-starts``): for dummy 8B-shape
+ones, how many fit and each one's fixed KV pool (launch.py says why the pool is fixed), and for a real
+model's, how many fit; both from what such servers were seen to hold besides it."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 from patcher.proof import launch
 
@@ -55,3 +58,37 @@ def shared_gpu_8b_servers(gpu_memory_mib: int | None, slots_needed: int, attenti
         ):
             return servers
     return 1
+
+
+# A real model's server beside others: what it holds besides its weights and its KV pool (CUDA context,
+# CUDA graphs with the prefill ones, workspaces). Session 50, H100: three SmolLM2-135M servers with
+# EAGLE-3 heads, 131072-slot pools and prefill graphs took 14.3 GiB together, 4.8 each, of which
+# 0.3 weights and 2.9 pools (target and draft): 1.6 besides, rounded up.
+REAL_SERVER_OTHER_MIB = 2 * 1024
+KV_BYTES = 2  # bf16, as the servers run
+WEIGHT_SUFFIXES = (".safetensors", ".bin")
+
+
+def real_servers_side_by_side(gpu_memory_mib: int | None, target: Path, draft: Path) -> int:
+    """How many servers of a real model (``target`` and its EAGLE-3 head ``draft``, HF dirs) fit the
+    GPU side by side, each speculating with a launch.SHARED_GPU_MAX_TOTAL_TOKENS pool: what the memory
+    holds of each one's weights, pool and REAL_SERVER_OTHER_MIB (SmolLM2-135M on an H100: 15), and
+    SHARED_GPU_8B_SERVERS where the memory is unknown or a config cannot be read."""
+    if gpu_memory_mib is None:
+        return SHARED_GPU_8B_SERVERS
+    try:
+        slot = kv_bytes_per_token(target) + kv_bytes_per_token(draft)
+        weights = sum(f.stat().st_size for d in (target, draft) for f in d.iterdir() if f.suffix in WEIGHT_SUFFIXES)
+    except (OSError, ValueError, KeyError, TypeError):
+        return SHARED_GPU_8B_SERVERS
+    each = (weights + slot * launch.SHARED_GPU_MAX_TOTAL_TOKENS) // 2**20 + REAL_SERVER_OTHER_MIB
+    return max(1, (gpu_memory_mib - SHARED_GPU_RESERVE_MIB) // each)
+
+
+def kv_bytes_per_token(model: Path) -> int:
+    """One token's K and V over the layers of the HF model in ``model`` (its config.json), in bf16."""
+    config = json.loads((model / "config.json").read_text())
+    heads = int(config["num_attention_heads"])
+    head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+    kv_heads = int(config.get("num_key_value_heads") or heads)
+    return 2 * KV_BYTES * int(config["num_hidden_layers"]) * kv_heads * head_dim

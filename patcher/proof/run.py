@@ -51,7 +51,7 @@ from patcher.proof.equivalence import (
 )
 from patcher.proof.errors import ProofUsageError, ServerStartError
 from patcher.proof.logscan import LogFollower, Transition
-from patcher.proof.pools import eight_b_pool_tokens, shared_gpu_8b_servers
+from patcher.proof.pools import eight_b_pool_tokens, real_servers_side_by_side, shared_gpu_8b_servers
 from patcher.proof.ramp import RampSchedule, run_ramp
 from patcher.proof.servers import Progress, Server, ServerSpec, free_port, stderr_progress
 
@@ -156,8 +156,9 @@ class ProofOptions:
     auto_sweep: tuple[int, ...] = (8, 16, 32, 48, 64, 96)
     max_auto_ratio: float = 1.03  # auto's mixed-load total / the best fixed N's, at most
     parallel_starts: int = 1  # servers started at once (each measured alone); > 1 shares the GPU
-    # throughput and mixed_load, where all their servers start at once: the servers take turns at
-    # every level and pass (rotating the order), rather than one server's levels after another's
+    # throughput and mixed_load, where all their servers start at once, and auto_threshold's groups of
+    # servers started at once: the servers take turns at every level and pass (rotating the order),
+    # rather than one server's levels after another's
     interleave: bool = True
     # After each server's warm-up request, POST /freeze_gc: the objects alive then (the start-up's) leave
     # the garbage collector's reach, so a full collection over them cannot stall a timed run
@@ -386,21 +387,25 @@ def plan(
                 "--parallel-starts needs --tp 1: SGLang checks that its GPUs' free memory is balanced"
             )
         # The GPU's memory limits the dummy 8B shape's servers, whichever checks run them (their pools
-        # are sized from it: eight_b_pool_tokens); throughput's three, of any model, at most 3.
+        # are sized from it: eight_b_pool_tokens), and a real model's timed ones (real_servers_side_by_side);
+        # the timed servers of another model, at most 3.
         eight_b = any(opts.dummy_8b(opts.shape_for(c)) for c in checks)
-        memory = gpu_memory_mib if eight_b else None
+        memory = gpu_memory_mib if eight_b or opts.model_dir is not None else None
         need = eight_b_slots_needed(opts)
-        fit = shared_gpu_8b_servers(memory, need, opts.attention_backend)
-        if (eight_b or {"throughput", "mixed_load", "auto_threshold"} & set(checks)) and opts.parallel_starts > fit:
+        if opts.model_dir is not None and not eight_b:
+            fit = real_servers_side_by_side(memory, *launch.real_dirs(opts.model_dir))
+            held = "" if memory is None else f" in this GPU's {memory / 1024:.0f} GiB"
+        else:
+            fit = shared_gpu_8b_servers(memory, need, opts.attention_backend)
             held = (
                 ""
                 if memory is None
                 else f" in this GPU's {memory / 1024:.0f} GiB, with pools of the {need} KV slots the loads need"
             )
+        if (eight_b or {"throughput", "mixed_load", "auto_threshold"} & set(checks)) and opts.parallel_starts > fit:
+            whose = "the 8B shape's servers" if eight_b else "throughput's, mixed_load's and auto_threshold's servers"
             raise ProofUsageError(
-                f"--parallel-starts {opts.parallel_starts}: at most {fit} of "
-                + ("the 8B shape's servers" if eight_b else "throughput's, mixed_load's and auto_threshold's servers")
-                + f" start side by side{held}"
+                f"--parallel-starts {opts.parallel_starts}: at most {fit} of {whose} start side by side{held}"
                 + ("; with fewer, they run one after another" if fit > 1 else "")
             )
     names = [name for name, _ in opts.mixed_variants]
@@ -482,6 +487,8 @@ def judge_backends(report: Mapping[str, Any], backend: str) -> dict[str, Any]:
 ORDER_TOGETHER = "interleaved: the servers took turns at each level and pass, the order rotated each run"
 ORDER_ALONE = "one server after another"
 ORDER_FIRST_TOGETHER = "interleaved: {} took turns at each level and pass, the order rotated each run; then {} alone"
+# auto_threshold's, by group of servers up at once
+ORDER_GROUPS = "interleaved: the servers of a group took turns at each pass, the order rotated each pass; groups: "
 NCCL_PORT_OFFSET = 500  # --parallel-starts: torch.distributed ports from --port + this on
 PROMPT_TOKENS_MAX = 47  # client.prompt's longest
 DRAFT_SLOTS_PER_REQUEST = 8  # slots a speculative request holds beyond its tokens (its draft tree, with room)
@@ -504,6 +511,14 @@ def informational_modes(opts: ProofOptions, throughput: bool, mixed_load: bool) 
     if opts.path == "v1" and throughput:
         return () if mixed_load else ("base",)
     return (launch.BASE_NO_OVERLAP,)
+
+
+def groups_order(groups: Sequence[Sequence[str]]) -> str:
+    """How auto_threshold's servers were measured: each of ``groups`` (server names) up at once,
+    taking turns, one group after another."""
+    if all(len(g) == 1 for g in groups):
+        return ORDER_ALONE
+    return ORDER_GROUPS + "; ".join(", ".join(g) for g in groups)
 
 
 def measuring_order(names: Sequence[str], together: int) -> str:
@@ -757,7 +772,8 @@ class Proof:
     def starting(self, plans: Sequence[Plan]) -> Iterator[None]:
         """The servers the caller will ``serve``, in that order: with ``--parallel-starts N`` the
         first ``serve`` of a group starts N of them at once and waits for all; each is then measured
-        alone, while the others idle. On leaving, any still up are stopped."""
+        alone, or the group together (``serve_in_groups``), while the others idle. On leaving, any still
+        up are stopped."""
         self._queue = list(plans)
         try:
             yield
@@ -1745,23 +1761,48 @@ class Proof:
 
     def serve_in_turn(self, plans: Sequence[Plan], measure: Callable[[Plan, Server], None]) -> list[str]:
         """Serve ``plans`` one after another (started as ``--parallel-starts`` allows) and ``measure``
-        each. Returns the problems: a server that did not start (those after it are not served), and
-        each served one's error lines."""
+        each alone. Returns the problems: a server that did not start (those after it are not served),
+        and each served one's error lines."""
+        return self.serve_in_groups(plans, lambda group: measure(*group[0]), together=False)
+
+    def serve_in_groups(
+        self, plans: Sequence[Plan], measure: Callable[[list[tuple[Plan, Server]]], None], *, together: bool
+    ) -> list[str]:
+        """Serve ``plans`` in their order and ``measure`` them a group at a time: with ``together``, the
+        servers ``--parallel-starts`` started at once (``_group``), all up while measured; else each
+        alone. Returns the problems, as ``serve_in_turn``'s (a group with a server that did not start
+        is not measured)."""
         problems: list[str] = []
         with self.starting(plans):
-            for plan in plans:
+            rest = list(plans)
+            while rest:
+                group: list[tuple[Plan, Server]] = []
+                infos: dict[str, dict[str, Any]] = {}
                 try:
-                    with self.serve(plan) as server:
-                        measure(plan, server)
+                    with contextlib.ExitStack() as stack:
+                        for plan in rest:
+                            if group and not (together and self._started_with(plan)):
+                                break
+                            try:
+                                group.append((plan, stack.enter_context(self.serve(plan))))
+                            finally:
+                                infos[plan.name] = self.server_info
+                        measure(group)
                 except ServerStartError as error:
                     problems.append(str(error).splitlines()[0])
                     self.progress(f"ERROR: {error}")
-                    break
+                    rest = []
                 finally:
-                    note = error_note(plan.name, self.server_info)
-                    if note:
-                        problems.append(note)
+                    for name, info in infos.items():
+                        note = error_note(name, info)
+                        if note:
+                            problems.append(note)
+                rest = rest[len(infos) :]
         return problems
+
+    def _started_with(self, plan: Plan) -> bool:
+        """Whether ``plan`` was started with the group being served (launched, or failed to)."""
+        return plan.name in self._started or plan.name in self._start_errors
 
     def features(self, checks: Sequence[str]) -> None:
         """Sampling, logprobs, penalties and grammar (``features``) on base, always-on and dynspec,
@@ -1855,40 +1896,53 @@ class Proof:
     def auto_threshold(self) -> None:
         """``auto`` against fixed thresholds on the mixed load, at each simulated acceptance (on real
         weights, at the model's own, labelled ``real``): per acceptance always-on, dynspec with
-        ``auto`` and one dynspec server per fixed N; base once. Each server is measured alone (a
-        warm-up pass, then ``mixed_repeats``)."""
+        ``auto`` and one dynspec server per fixed N; base once. A warm-up pass, then ``mixed_repeats``
+        on each server; the servers ``--parallel-starts`` starts at once take turns at every pass
+        (``--one-after-another``: each measured alone). Auto and the fixed N come first, so that they
+        share a group: one after another, the later servers of a call ran slower (session 50: N = 32's
+        passes 7.35, 8.72, 11.61 s after N = 8's and 16's)."""
         opts = self.opts
         shape = opts.shape_for("mixed_load")
         acceptances: list[float | None] = [None] if opts.model_dir is not None else list(opts.auto_acceptances)
         labels = [REAL_ACCEPTANCE if a is None else f"{a:g}" for a in acceptances]
-        plans: list[tuple[str, Plan]] = [("base", Plan("base", shape, acceptances[0], "base-auto"))]
+        plans: list[tuple[str, Plan]] = []
         for a, label in zip(acceptances, labels):
             suffix = label if a is None else f"acc{label}"
-            plans.append((f"always_on@{label}", Plan("always_on", shape, a, f"always-on-{suffix}")))
             auto = launch.Dynspec(launch.AUTO, opts.enable_threshold, opts.switch_min_steps)
             plans.append((f"auto@{label}", Plan("dynspec", shape, a, f"dynspec-auto-{suffix}", dynspec=auto)))
             for n in opts.auto_sweep:
                 fixed = launch.Dynspec(n, None, opts.switch_min_steps)
                 plans.append((f"{n}@{label}", Plan("dynspec", shape, a, f"dynspec-n{n}-{suffix}", dynspec=fixed)))
+            plans.append((f"always_on@{label}", Plan("always_on", shape, a, f"always-on-{suffix}")))
+        plans.append(("base", Plan("base", shape, acceptances[0], "base-auto")))
         runs: dict[str, list[mixed.Run]] = {}
         decisions: dict[str, list[logscan.AutoDecision]] = {}
         refills: dict[str, dict[str, dict[str, float]]] = {}
         fallback: dict[str, dict[str, float]] = {}
         keys = {plan.name: key for key, plan in plans}
+        groups: list[list[str]] = []
 
-        def measure(plan: Plan, server: Server) -> None:
-            start = logscan.size(server.spec.log)
-            runs[keys[plan.name]] = self.mixed_load(server, plan.name, warmup=True)
-            passes = logscan.read_window(server.spec.log, start)[0]
-            refills[keys[plan.name]] = steps.refills(passes, opts.mixed_schedule.phases)
-            fallback[keys[plan.name]] = steps.fallback_steps(passes, opts.mixed_schedule.phases)
-            mode, _, label = keys[plan.name].partition("@")
-            if mode == "auto":
-                decisions[label] = logscan.auto_decisions(logscan.read_window(server.spec.log)[0])
+        def measure(group: list[tuple[Plan, Server]]) -> None:
+            starts = {plan.name: logscan.size(server.spec.log) for plan, server in group}
+            clients = {plan.name: self.client(server) for plan, server in group}
+            groups.append(list(clients))
+            passes = mixed.measure_together(clients, opts.mixed_schedule, opts.mixed_repeats, warmup=True)
+            for plan, server in group:
+                key = keys[plan.name]
+                runs[key] = passes[plan.name]
+                self.tell_mixed(plan.name, runs[key])
+                self._serving[plan.name][reports.MIXED_CACHED] = cached_since(server.spec.log, starts[plan.name])
+                window = logscan.read_window(server.spec.log, starts[plan.name])[0]
+                refills[key] = steps.refills(window, opts.mixed_schedule.phases)
+                fallback[key] = steps.fallback_steps(window, opts.mixed_schedule.phases)
+                mode, _, label = key.partition("@")
+                if mode == "auto":
+                    decisions[label] = logscan.auto_decisions(logscan.read_window(server.spec.log)[0])
 
         problems: list[str] | None = None
+        together = opts.interleave and opts.parallel_starts > 1
         try:
-            problems = self.serve_in_turn([plan for _, plan in plans], measure)
+            problems = self.serve_in_groups([plan for _, plan in plans], measure, together=together)
         finally:
             # A sweep is most of a device call: stopped by the call's time limit (SIGTERM, as
             # SystemExit) or Ctrl-C, it is judged on the servers it measured, which run() saves.
@@ -1899,7 +1953,7 @@ class Proof:
                 problems = [mixed.INTERRUPTED.format(len(runs), len(plans))]
             entry["problems"] = problems + entry["problems"]
             entry["passed"] = not entry["problems"]
-            entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats)
+            entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats, order=groups_order(groups))
             self.report["auto_threshold"] = entry
 
     def mixed_load(self, server: Server, name: str, *, warmup: bool) -> list[mixed.Run]:

@@ -654,6 +654,8 @@ def test_a_server_without_a_complete_pass_fails_auto_threshold() -> None:
 
 
 def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any, tmp_path: Path) -> None:
+    from patcher.proof.run import ORDER_ALONE
+
     # 7 requests at most: the fake's auto starts at its ceiling, 6, which the phase of 8 crosses
     opts = mixed_options(
         site(version="0.5.17"), tmp_path / "out", checks=("auto_threshold",), path="v2",
@@ -663,10 +665,11 @@ def test_auto_threshold_runs_base_once_and_its_servers_per_acceptance(site: Any,
     result = run_proof(opts, lambda m: None)
     names = [s["name"] for s in result["servers"]]
     assert names == [
+        "dynspec-auto-acc2", "dynspec-n2-acc2", "dynspec-n6-acc2", "always-on-acc2",
+        "dynspec-auto-acc3", "dynspec-n2-acc3", "dynspec-n6-acc3", "always-on-acc3",
         "base-auto",
-        "always-on-acc2", "dynspec-auto-acc2", "dynspec-n2-acc2", "dynspec-n6-acc2",
-        "always-on-acc3", "dynspec-auto-acc3", "dynspec-n2-acc3", "dynspec-n6-acc3",
     ]  # fmt: skip
+    assert result["auto_threshold"]["order"] == ORDER_ALONE  # one server started at a time
     servers = {s["name"]: s for s in result["servers"]}
     assert (
         servers["dynspec-auto-acc2"]["argv"][
@@ -709,17 +712,17 @@ def test_an_auto_sweep_stopped_by_the_calls_time_limit_keeps_what_it_measured(
     site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A device call's limit stops the proof with SIGTERM (SystemExit) in the middle of a sweep: the
-    report on disk still judges the servers measured before it (base, always-on, auto, N = 2) and says
-    it was interrupted; N = 6, never measured, has no time. Uninterrupted runs (the test above, the
+    report on disk still judges the servers measured before it (auto, N = 2 and 6, always-on) and says
+    it was interrupted; base, never measured, has no time. Uninterrupted runs (the test above, the
     control) name no interruption."""
-    measured = Proof.mixed_load
+    measured = mixed.measure_together
 
-    def limit_reached(self: Proof, server: Any, name: str, *, warmup: bool) -> list[mixed.Run]:
-        if name == "dynspec-n6-acc3":
+    def limit_reached(clients: Any, schedule: mixed.Schedule, repeats: int, warmup: bool) -> Any:
+        if "base-auto" in clients:
             raise SystemExit(143)
-        return measured(self, server, name, warmup=warmup)
+        return measured(clients, schedule, repeats, warmup)
 
-    monkeypatch.setattr(Proof, "mixed_load", limit_reached)
+    monkeypatch.setattr(mixed, "measure_together", limit_reached)
     out = tmp_path / "out"
     opts = mixed_options(
         site(version="0.5.17"), out, checks=("auto_threshold",), path="v2",
@@ -732,8 +735,8 @@ def test_an_auto_sweep_stopped_by_the_calls_time_limit_keeps_what_it_measured(
     entry = saved["auto_threshold"]
     assert entry["problems"][0] == "interrupted after 4 of 5 servers were measured" and not entry["passed"]
     row = entry["by_acceptance"]["3"]
-    assert all(isinstance(row[k], float) for k in ("auto_s", "base_s", "always_on_s"))
-    assert isinstance(row["fixed_s"]["2"], float) and row["fixed_s"]["6"] is None
+    assert all(isinstance(row[k], float) for k in ("auto_s", "always_on_s")) and row["base_s"] is None
+    assert all(isinstance(row["fixed_s"][n], float) for n in ("2", "6"))
     assert not saved["passed"] and not saved["complete"]
     assert all(s["stopped_by"] for s in saved["servers"])  # every server it started was stopped
 
@@ -747,7 +750,7 @@ def test_on_real_weights_auto_threshold_runs_at_the_models_own_acceptance(site: 
     )  # fmt: skip
     result = run_proof(opts, lambda m: None)
     names = [s["name"] for s in result["servers"]]
-    assert names == ["base-auto", "always-on-real", "dynspec-auto-real", "dynspec-n2-real", "dynspec-n6-real"]
+    assert names == ["dynspec-auto-real", "dynspec-n2-real", "dynspec-n6-real", "always-on-real", "base-auto"]
     assert not any("SGLANG_SIMULATE_ACC_LEN" in s["env"] for s in result["servers"])  # the model's own acceptance
     entry = result["auto_threshold"]
     assert set(entry["by_acceptance"]) == {"real"} and entry["by_acceptance"]["real"]["best_fixed_n"] in (2, 6)
@@ -758,6 +761,50 @@ def test_on_real_weights_auto_threshold_runs_at_the_models_own_acceptance(site: 
     # the control: the same run on dummy weights simulates each acceptance asked for
     dummy = run_proof(dataclasses.replace(opts, model="dummy", model_dir=None, out=tmp_path / "out2"), lambda m: None)
     assert set(dummy["auto_threshold"]["by_acceptance"]) == {"2", "3"}
+
+
+@pytest.mark.parametrize(("parallel", "interleave"), [(3, True), (1, True), (3, False)])
+def test_auto_thresholds_servers_started_together_take_turns_at_each_pass(
+    site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, parallel: int, interleave: bool
+) -> None:
+    """Session 50: one after another, a call's later servers ran slower (N = 32's passes 7.35, 8.72,
+    11.61 s after N = 8's and 16's), more than the 3 % auto is judged by. With --parallel-starts 3, auto
+    and the first two fixed N start together and take turns at every pass, the order rotated, then
+    always-on and base; the controls (one start at a time, or --one-after-another) measure each
+    server's passes in one go."""
+    from patcher.proof.run import ORDER_ALONE, ORDER_GROUPS
+
+    ran: list[str] = []  # the server of each pass, in the order they ran
+    once, client_of = mixed.run_once, Proof.client
+
+    def named_client(self: Proof, server: Any) -> Any:
+        client = client_of(self, server)
+        client.server = server.spec.name.removesuffix("-real")  # ports are reused from group to group
+        return client
+
+    def recorded(client: Any, schedule: mixed.Schedule, pass_index: int = 0) -> mixed.Run:
+        ran.append(client.server)
+        return once(client, schedule, pass_index)
+
+    monkeypatch.setattr(Proof, "client", named_client)
+    monkeypatch.setattr(mixed, "run_once", recorded)
+    opts = mixed_options(
+        site(version="0.5.17"), tmp_path / "out", checks=("auto_threshold",), path="v2",
+        auto_acceptances=(3.0,), auto_sweep=(2, 6), max_auto_ratio=100.0,
+        model="real", model_dir=real_dir(tmp_path / "model"), parallel_starts=parallel, interleave=interleave,
+    )  # fmt: skip
+    result = run_proof(opts, lambda m: None)
+    a, n2, n6, on, base = "dynspec-auto", "dynspec-n2", "dynspec-n6", "always-on", "base-auto"
+    if parallel > 1 and interleave:
+        # a warm-up pass each, then two timed passes, the second in rotated order
+        assert ran == [a, n2, n6, a, n2, n6, n2, n6, a, on, base, on, base, base, on]
+        groups = "dynspec-auto-real, dynspec-n2-real, dynspec-n6-real; always-on-real, base-auto"
+        assert result["auto_threshold"]["order"] == ORDER_GROUPS + groups
+    else:
+        assert ran == [name for name in (a, n2, n6, on, base) for _ in range(3)]
+        assert result["auto_threshold"]["order"] == ORDER_ALONE
+    row = result["auto_threshold"]["by_acceptance"]["real"]
+    assert all(len(row["samples"][k]) == 2 for k in ("auto", "2", "6", "always_on", "base")), row["samples"]
 
 
 def test_on_real_weights_deterministic_auto_stays_off_only_where_every_check_times(site: Any, tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from patcher.proof import detect, features, metrics, pools, run
+from patcher.proof import detect, features, launch, metrics, pools, run
 from patcher.proof import report as reports
 from patcher.proof.errors import ProofUsageError
 from patcher.proof.run import ProofOptions, run_proof
@@ -1059,8 +1059,9 @@ def test_flashinfer_takes_more_of_the_gpu_than_triton(site, tmp_path):
 
 def test_auto_thresholds_groups_get_pools_by_how_many_of_them_speculate(site, tmp_path, monkeypatch):
     """Sessions 34 - 35 on an H100: auto_threshold's second group, three speculating servers, ran out of
-    memory with 44032- and then 32768-slot pools. A group's pools count its members: base, always-on
-    and auto 40960, the fixed N's 24576; the small loads of this run fit both."""
+    memory with 44032- and then 32768-slot pools. A group's pools count its members: auto and the first
+    two fixed N (three speculating) 24576, the last N, always-on and base 40960; the small loads of this
+    run fit both. Each group took turns at its passes (``order``)."""
     fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
     opts = options(
         site(version="0.5.17"), tmp_path / "out", checks=("auto_threshold",), path="v2", shape="8b",
@@ -1071,9 +1072,12 @@ def test_auto_thresholds_groups_get_pools_by_how_many_of_them_speculate(site, tm
     result = run_proof(opts, lambda m: None)
     pools = {s["name"]: s.get("kv_pool_tokens") for s in result["servers"]}
     assert pools == {
-        "base-auto": 40960, "always-on-acc3": 40960, "dynspec-auto-acc3": 40960,
-        "dynspec-n2-acc3": 24576, "dynspec-n4-acc3": 24576, "dynspec-n6-acc3": 24576,
+        "dynspec-auto-acc3": 24576, "dynspec-n2-acc3": 24576, "dynspec-n4-acc3": 24576,
+        "dynspec-n6-acc3": 40960, "always-on-acc3": 40960, "base-auto": 40960,
     }  # fmt: skip
+    assert result["auto_threshold"]["order"] == run.ORDER_GROUPS + (
+        "dynspec-auto-acc3, dynspec-n2-acc3, dynspec-n4-acc3; dynspec-n6-acc3, always-on-acc3, base-auto"
+    )
     # no one dynspec server for a flags line to describe: each names its own N in its argv
     assert result["dynspec_flags"] == "" and "dynspec applied: yes\n" in reports.summary(result)
     assert result["enable_threshold"] is None  # auto's own bound as given (its floor), not --threshold's
@@ -1194,16 +1198,43 @@ def test_any_check_on_the_8b_shape_is_held_to_what_the_gpu_holds(site, tmp_path,
     assert run.plan(replace(opts, parallel_starts=3), sglang, 81559)[0] == ["equivalence"]
 
 
-def test_real_weights_keep_three_side_by_side_on_an_h100(site, tmp_path, monkeypatch):
-    """The control of the memory refusal: a real model (135M) is not the 8B shape, so an H100's
-    memory does not lower its cap (real-auto starts 3 at a time); the old cap of 3 still holds."""
+def write_real_model(root: Path, target: dict[str, int], weights_bytes: int) -> Path:
+    """A ``real prepare`` dir whose target has ``target``'s config and a (sparse) weights file of
+    ``weights_bytes``, and SmolLM2's one-layer EAGLE-3 head."""
+    model = real_dir(root)
+    (model / launch.REAL_TARGET / "config.json").write_text(json.dumps(target))
+    head = {"num_hidden_layers": 1, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+    (model / launch.REAL_DRAFT / "config.json").write_text(json.dumps(head))
+    with open(model / launch.REAL_TARGET / "model.safetensors", "wb") as weights:
+        weights.truncate(weights_bytes)
+    return model
+
+
+SMOLLM2_135M = {"num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "hidden_size": 576}
+LLAMA_8B = {"num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "hidden_size": 4096}
+
+
+@pytest.mark.parametrize(
+    ("config", "weights", "fit"),
+    [(SMOLLM2_135M, 270_000_000, 15), (LLAMA_8B, 16_000_000_000, 2), ({}, 270_000_000, 3)],
+    ids=["smollm2-135m", "llama-8b", "no-config"],
+)
+def test_a_real_models_servers_side_by_side_are_as_many_as_the_memory_holds(
+    site, tmp_path, monkeypatch, config, weights, fit
+):
+    """A real model is not the 8B shape: the GPU's memory holds as many of its servers as their weights,
+    131072-slot pools and 2 GiB besides allow (session 50: 4.8 GiB each of SmolLM2-135M on an H100), so
+    auto_threshold's whole sweep (9) can take turns. An 8B real model fits 2; a config that cannot be
+    read keeps the old cap of 3 (the control), as does a GPU whose memory is unknown."""
     fake_nvidia_smi(tmp_path, monkeypatch, "81559\\n")
-    opts = options(
-        site(), tmp_path / "out", checks=("throughput",), parallel_starts=3, model="real", model_dir=tmp_path / "model"
-    )
-    assert run.plan(opts, detect.locate(str(site()), sys.executable, dict(os.environ)), 81559)[0] == ["throughput"]
+    model = write_real_model(tmp_path / "model", config, weights)
+    opts = options(site(), tmp_path / "out", checks=("throughput",), parallel_starts=fit, model="real", model_dir=model)
+    sglang = detect.locate(str(site()), sys.executable, dict(os.environ))
+    assert run.plan(opts, sglang, 81559)[0] == ["throughput"]
     with pytest.raises(
         ProofUsageError,
-        match=r"^--parallel-starts 4: at most 3 of throughput's, mixed_load's and auto_threshold's servers start side by side; with fewer",
+        match=rf"^--parallel-starts {fit + 1}: at most {fit} of throughput's, mixed_load's and auto_threshold's servers "
+        "start side by side in this GPU's 80 GiB; with fewer",
     ):
-        run.plan(replace(opts, parallel_starts=4), detect.locate(str(site()), sys.executable, dict(os.environ)), 81559)
+        run.plan(replace(opts, parallel_starts=fit + 1), sglang, 81559)
+    assert pools.real_servers_side_by_side(None, *launch.real_dirs(model)) == 3
