@@ -1788,6 +1788,8 @@ class Proof:
                             finally:
                                 infos[plan.name] = self.server_info
                         measure(group)
+                        for _, server in group:
+                            server.begin_stop()  # all of them now; the stack then waits for each
                 except ServerStartError as error:
                     problems.append(str(error).splitlines()[0])
                     self.progress(f"ERROR: {error}")
@@ -1922,6 +1924,15 @@ class Proof:
         keys = {plan.name: key for key, plan in plans}
         groups: list[list[str]] = []
 
+        def judged(problems: list[str]) -> dict[str, Any]:
+            entry = mixed.judge_auto(
+                runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions, refills, fallback
+            )
+            entry["problems"] = problems + entry["problems"]
+            entry["passed"] = not entry["problems"]
+            entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats, order=groups_order(groups))
+            return entry
+
         def measure(group: list[tuple[Plan, Server]]) -> None:
             starts = {plan.name: logscan.size(server.spec.log) for plan, server in group}
             clients = {plan.name: self.client(server) for plan, server in group}
@@ -1938,6 +1949,10 @@ class Proof:
                 mode, _, label = key.partition("@")
                 if mode == "auto":
                     decisions[label] = logscan.auto_decisions(logscan.read_window(server.spec.log)[0])
+            # on disk before the group stops: a call's limit that kills the run (not SIGTERM) while
+            # nine servers stop keeps what they measured (session 51 lost a report so)
+            self.report["auto_threshold"] = judged([mixed.INTERRUPTED.format(len(runs), len(plans))])
+            self._save()
 
         problems: list[str] | None = None
         together = opts.interleave and opts.parallel_starts > 1
@@ -1946,15 +1961,9 @@ class Proof:
         finally:
             # A sweep is most of a device call: stopped by the call's time limit (SIGTERM, as
             # SystemExit) or Ctrl-C, it is judged on the servers it measured, which run() saves.
-            entry = mixed.judge_auto(
-                runs, opts.mixed_schedule, labels, opts.auto_sweep, opts.max_auto_ratio, decisions, refills, fallback
-            )
             if problems is None:
                 problems = [mixed.INTERRUPTED.format(len(runs), len(plans))]
-            entry["problems"] = problems + entry["problems"]
-            entry["passed"] = not entry["problems"]
-            entry.update(shape=opts.shape_named("mixed_load"), repeats=opts.mixed_repeats, order=groups_order(groups))
-            self.report["auto_threshold"] = entry
+            self.report["auto_threshold"] = judged(problems)
 
     def mixed_load(self, server: Server, name: str, *, warmup: bool) -> list[mixed.Run]:
         opts = self.opts

@@ -140,6 +140,7 @@ class Server:
         self.start_seconds = 0.0
         self.started_at: float | None = None  # time.monotonic() at start()
         self.stopped_by = ""  # "exited", "SIGTERM" or "SIGKILL"
+        self._terminated = False  # SIGTERM sent (by begin_stop or stop)
 
     @property
     def client(self) -> Client:
@@ -218,18 +219,34 @@ class Server:
                 )
             time.sleep(poll_interval)
 
+    def begin_stop(self) -> None:
+        """Send the process group SIGTERM and return at once; ``stop`` then waits for it. Servers
+        asked together wind down side by side (session 51: nine SmolLM2 servers, one after another,
+        took about 11 s each)."""
+        if self.popen is None or self.stopped_by or self._terminated:
+            return
+        self.stop_offset = logscan.size(self.spec.log)
+        if self.popen.poll() is not None and not group_members(self.pgid):
+            return  # gone already: stop says "exited"
+        self._terminated = True
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.pgid, signal.SIGTERM)
+
     def stop(self) -> str:
-        """Stop the process group: SIGTERM, wait, SIGKILL. Idempotent. Returns what it took."""
+        """Stop the process group: SIGTERM (unless ``begin_stop`` sent it), wait, SIGKILL.
+        Idempotent. Returns what it took."""
         if self.popen is None or self.stopped_by:
             return self.stopped_by
-        self.stop_offset = logscan.size(self.spec.log)
         pgid = self.pgid
-        if self.popen.poll() is not None and not group_members(pgid):
-            self.stopped_by = "exited"
-            return self.stopped_by
+        if not self._terminated:
+            self.stop_offset = logscan.size(self.spec.log)
+            if self.popen.poll() is not None and not group_members(pgid):
+                self.stopped_by = "exited"
+                return self.stopped_by
+            self._terminated = True
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, signal.SIGTERM)
         self.stopped_by = "SIGTERM"
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(pgid, signal.SIGTERM)
         if not self._wait_group(pgid, self.stop_timeout):
             self.stopped_by = "SIGKILL"
             with contextlib.suppress(ProcessLookupError):

@@ -142,10 +142,12 @@ def intervals(text: str) -> list[Interval]:
 
 def admissions(text: str, low: int, high: int, speculating: bool) -> dict[str, Any] | None:
     """The intervals of one mode with ``low`` to ``high`` running requests: how many, the prefills
-    per 1000 generated tokens, and the median speed of those with a prefill and of those without
-    (None where there are none). None where the mode has no interval there. An interval with a
-    prefill may also hold the idle gap between two of the client's passes (a pass starts with one),
-    so its speed says most where prefills are many, as while speculating on real weights."""
+    per 1000 generated tokens, the median speed of those with a prefill and of those without
+    (None where there are none), and the speed over them all, their tokens over their time
+    (``tok_s``: what the mode made there, refills included). None where the mode has no interval
+    there. An interval with a prefill may also hold the idle gap between two of the client's passes
+    (a pass starts with one), so its speed says most where prefills are many, as while speculating
+    on real weights."""
     chosen = [i for i in intervals(text) if low <= i.running <= high and i.speculating == speculating]
     if not chosen:
         return None
@@ -155,9 +157,11 @@ def admissions(text: str, low: int, high: int, speculating: bool) -> dict[str, A
     def median_tok_s(group: list[Interval]) -> float | None:
         return round(statistics.median(i.tok_s for i in group)) if group else None
 
+    seconds = sum(interval * i.running * i.accept / i.tok_s for i in chosen if i.tok_s > 0)
     return {
         "intervals": len(chosen),
         "prefills_per_1000_tokens": round(1000 * sum(i.prefills for i in chosen) / tokens, 3),
+        "tok_s": round(tokens / seconds) if seconds else None,
         "tok_s_with_prefills": median_tok_s([i for i in chosen if i.prefills]),
         "tok_s_without": median_tok_s([i for i in chosen if not i.prefills]),
     }

@@ -75,7 +75,7 @@ def test_usage_errors_exit_2_before_starting_anything(site, tmp_path):
             "--parallel-starts 4: at most 3 of the 8B shape's servers start side by side",
         ),
         (["--parallel-starts", "2", "--tp", "2"], "--parallel-starts needs --tp 1"),
-        (["--parallel-starts", "9"], "9 is not in the range 1<=x<=8"),
+        (["--parallel-starts", "17"], "17 is not in the range 1<=x<=16"),
         (["--mixed-variant", "prefill-kv"], "start with a name"),
         (["--mixed-variant", "Up:A=1"], "start with a name"),
         (["--mixed-variant", "x:lower=1"], "'lower=1' is not ENV=VALUE"),

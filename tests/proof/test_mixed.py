@@ -14,6 +14,7 @@ from patcher.proof import combine, mixed
 from patcher.proof import report as reports
 from patcher.proof.client import LevelResult, Reply, Request, prompt
 from patcher.proof.run import Proof, run_proof
+from patcher.proof.servers import Server
 
 from .conftest import real_dir
 from .test_run import options
@@ -739,6 +740,40 @@ def test_an_auto_sweep_stopped_by_the_calls_time_limit_keeps_what_it_measured(
     assert all(isinstance(row["fixed_s"][n], float) for n in ("2", "6"))
     assert not saved["passed"] and not saved["complete"]
     assert all(s["stopped_by"] for s in saved["servers"])  # every server it started was stopped
+
+
+def test_an_auto_sweep_is_on_disk_before_each_group_of_servers_stops(
+    site: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Session 51: a call's limit killed a sweep while its nine servers stopped, before the report was
+    written. Each group's numbers are now on disk before its servers are asked to stop: at each stop
+    the report there holds every server measured so far, said to be interrupted; the finished run's
+    (the control) says no such thing."""
+    out = tmp_path / "out"
+    seen: list[tuple[str, list[str], bool]] = []  # at each stop: the server, the problems on disk, auto measured
+    stop = Server.stop
+
+    def looking(self: Server) -> str:
+        on_disk = reports.load(out / "report.json").get("auto_threshold")
+        if on_disk is not None and not self.stopped_by:
+            seen.append((self.spec.name, on_disk["problems"][:1], on_disk["by_acceptance"]["3"]["auto_s"] is not None))
+        return stop(self)
+
+    monkeypatch.setattr(Server, "stop", looking)
+    opts = mixed_options(
+        site(version="0.5.17"), out, checks=("auto_threshold",), path="v2",
+        auto_acceptances=(3.0,), auto_sweep=(2, 6), max_auto_ratio=100.0,
+        extra_args=("--max-running-requests", "7"),
+    )  # fmt: skip
+    result = run_proof(opts, lambda m: None)
+    assert [name for name, _, _ in seen] == [
+        "dynspec-auto-acc3", "dynspec-n2-acc3", "dynspec-n6-acc3", "always-on-acc3", "base-auto",
+    ]  # fmt: skip
+    assert [problems for _, problems, _ in seen] == [
+        [f"interrupted after {k} of 5 servers were measured"] for k in range(1, 6)
+    ]
+    assert all(measured for _, _, measured in seen)
+    assert not any("interrupted" in p for p in result["auto_threshold"]["problems"])
 
 
 def test_on_real_weights_auto_threshold_runs_at_the_models_own_acceptance(site: Any, tmp_path: Path) -> None:

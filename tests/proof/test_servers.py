@@ -57,6 +57,39 @@ def test_children_that_ignore_sigterm_are_killed_after_the_grace_period(tmp_path
     assert server.stop() == "SIGKILL"  # idempotent
 
 
+def test_servers_asked_to_stop_together_all_get_sigterm_before_any_is_waited_for(tmp_path):
+    """A group measured together is stopped together: ``begin_stop`` sends each its SIGTERM at once
+    (every leader gone before the first ``stop`` waits), and ``stop`` then waits and says what it
+    took. A server not asked (the control) keeps running until its own ``stop``."""
+    servers = {}
+    for name, mode in (("a", "polite"), ("b", "stubborn"), ("c", "polite")):
+        servers[name] = Server(
+            spec(tmp_path, [sys.executable, FAKE_PROCS, str(tmp_path / name), mode], name=name), stop_timeout=1
+        )
+        servers[name].start()
+    pids = {name: wait_for_pids(tmp_path / name, 3) for name in servers}
+    servers["a"].begin_stop()
+    servers["b"].begin_stop()
+    servers["b"].begin_stop()  # once is enough: no second signal, no error
+    deadline = time.monotonic() + 10
+    while (alive(pids["a"][0]) or alive(pids["b"][0])) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(pids["a"][0]) and not alive(pids["b"][0])  # both leaders took SIGTERM, no stop() yet
+    assert all(alive(p) for p in pids["c"]) and all(
+        alive(p) for p in pids["b"][1:]
+    )  # c unasked; b's children ignore it
+    assert [servers[n].stop() for n in "abc"] == ["SIGTERM", "SIGKILL", "SIGTERM"]
+    assert not any(alive(p) for group in pids.values() for p in group)
+
+
+def test_a_server_gone_before_begin_stop_is_said_to_have_exited(tmp_path):
+    server = Server(spec(tmp_path, [sys.executable, "-c", "pass"]))
+    server.start()
+    assert server.popen is not None and server.popen.wait(timeout=10) == 0
+    server.begin_stop()
+    assert server.stop() == "exited"
+
+
 def test_leaving_the_block_by_an_exception_stops_the_group(tmp_path):
     pidfile = tmp_path / "pids"
     server = Server(spec(tmp_path, [sys.executable, FAKE_PROCS, str(pidfile), "polite"]), stop_timeout=5)

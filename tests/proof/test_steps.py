@@ -64,12 +64,16 @@ def test_admissions_count_prefills_per_thousand_tokens_in_each_mode() -> None:
     assert steps.admissions(log, 56, 64, speculating=False) == {
         "intervals": 3,
         "prefills_per_1000_tokens": round(1000 / (3 * 640), 3),
+        "tok_s": round(3 * 640 / (640 / 30000 + 640 / 32000 + 640 / 30000)),  # 30638: tokens over time
         "tok_s_with_prefills": 30000,
         "tok_s_without": 31000,
     }
+    made = [640 * a for a in (1.5, 1.7, 1.6)]  # each speculating interval's tokens
     assert steps.admissions(log, 56, 64, speculating=True) == {
         "intervals": 3,
-        "prefills_per_1000_tokens": round(1000 * 2 / (640 * (1.5 + 1.7 + 1.6)), 3),
+        "prefills_per_1000_tokens": round(1000 * 2 / sum(made), 3),
+        # over all three (10454), not their median (9000): each interval counts by its time
+        "tok_s": round(sum(made) / (made[0] / 9000 + made[1] / 8000 + made[2] / 20000)),
         "tok_s_with_prefills": 8000,
         "tok_s_without": 14500,
     }
