@@ -49,8 +49,8 @@
 #                  leave the first two's controls blind: session 28); FEATURE_CHECKS picks fewer
 #   real-auto V    (as real-features, 0.5.14+) auto_threshold on real weights: base, always-on, auto and one dynspec
 #                  server per fixed N of AUTO_SWEEP (default 8,16,32,48,64,96) on the mixed load, at the
-#                  model's own acceptance (by_acceptance.real; issue 16), AUTO_PARALLEL (default 9: all of
-#                  them) started at once and taking turns at every pass; every server
+#                  model's own acceptance (by_acceptance.real; issue 16), AUTO_PARALLEL (default 4: auto and
+#                  three N) started at once and taking turns at every pass; every server
 #                  --disable-piecewise-cuda-graph (below) unless PREFILL_GRAPHS="1 2 4 ..." (prefill CUDA
 #                  graphs of those token counts only, as --cuda-graph-bs-prefill)
 #   auto-proof V   (as kv-proof, 0.5.14+) equivalence and crossings with --speculative-disable-batch-size
@@ -169,6 +169,9 @@ expect_ready() {
   done
 }
 proof() { local out=$OUT/$1; shift; mkdir -p "$out"
+  # a call killed at its limit leaves its servers up, each in a session of its own (session 51's second
+  # call started beside two of the first's): stop any before this one starts its own
+  pkill -TERM -f "sglang.launch_server" && { sleep 10; pkill -KILL -f "sglang.launch_server"; echo "stopped servers left by an earlier call"; }
   [ -n "${SERVER_ARGS:-}" ] && set -- "$@" --extra-args "$SERVER_ARGS"
   set -- "$@" ${PROOF_FLAGS:-}  # word-split on purpose: flags and values without spaces
   timeout 570 python3 -m patcher proof --sglang auto --out "$out" "$@" > "$out.txt" 2>&1 & local pid=$!
@@ -394,16 +397,17 @@ r = run_level(Client('127.0.0.1', 30000), range(64), 256); print(r.seconds, r.di
     # issue 16 on real weights: auto against the fixed N on the mixed load at the model's own acceptance.
     # Without 0.5.14+'s piecewise prefill graphs (their capture took 168 s of a SmolLM2 server's 225 s start,
     # session 44); every server goes without them alike. One after another, nine servers ran past a call
-    # (session 47: seven in 570 s) and the later ones ran slower (session 50), so all start at once
-    # (SmolLM2's servers hold 4.8 GiB each) and take turns; a sweep too long for a call (passes of 13 s:
-    # varied lengths) runs as two, AUTO_SWEEP=8,16,32 then 48,64,96, joined with --combine.
+    # (session 47: seven in 570 s) and the later ones ran slower (session 50), so a group starts at once
+    # (SmolLM2's servers hold 4.8 GiB each) and takes turns. Nine at once with three passes took about
+    # 550 s before their stops (session 51), past a call: run the sweep as two, AUTO_SWEEP=8,16,32 then
+    # 48,64,96 (auto and its three N together, then always-on and base), joined with --combine.
     # PREFILL_GRAPHS="1 2 4 8 16 32 64 128 256" keeps the prefill graphs, for those token counts only: a
     # speculating server admits requests one by one here, each an eager prefill without them (session 48).
     # 0.5.17 replays one only where padding at most doubles the tokens: without 1, plain decode's
     # one-token refills ran eagerly (session 50).
     prefill="--disable-piecewise-cuda-graph"; [ -n "${PREFILL_GRAPHS:-}" ] && prefill="--cuda-graph-bs-prefill $PREFILL_GRAPHS"
     SERVER_ARGS="$prefill ${SERVER_ARGS:-}" proof "real-$1-v2-auto" --path v2 --model real --model-dir $REAL_HOME/model --checks auto_threshold \
-      --threshold 8 --parallel-starts "${AUTO_PARALLEL:-9}" --mixed-repeats "${AUTO_REPEATS:-2}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" \
+      --threshold 8 --parallel-starts "${AUTO_PARALLEL:-4}" --mixed-repeats "${AUTO_REPEATS:-2}" --auto-sweep "${AUTO_SWEEP:-8,16,32,48,64,96}" \
       $(freeze_gc) ;;
   auto-proof) kit_for "$1"
     proof "proof-$1-v2-auto" --path v2 --threshold auto --ramp-timeout 200 --checks equivalence,crossings ;;

@@ -221,8 +221,8 @@ class Server:
 
     def begin_stop(self) -> None:
         """Send the process group SIGTERM and return at once; ``stop`` then waits for it. Servers
-        asked together wind down side by side (session 51: nine SmolLM2 servers, one after another,
-        took about 11 s each)."""
+        asked together wind down side by side (session 51: SmolLM2 servers one after another took
+        about 6 s each)."""
         if self.popen is None or self.stopped_by or self._terminated:
             return
         self.stop_offset = logscan.size(self.spec.log)

@@ -144,7 +144,9 @@ def admissions(text: str, low: int, high: int, speculating: bool) -> dict[str, A
     """The intervals of one mode with ``low`` to ``high`` running requests: how many, the prefills
     per 1000 generated tokens, the median speed of those with a prefill and of those without
     (None where there are none), and the speed over them all, their tokens over their time
-    (``tok_s``: what the mode made there, refills included). None where the mode has no interval
+    (``tok_s``: what the mode made there, refills included; an interval's tokens are counted as its
+    line's running requests times the log interval times its acceptance, exact where the batch kept its
+    size, an estimate where it changed between two lines). None where the mode has no interval
     there. An interval with a prefill may also hold the idle gap between two of the client's passes
     (a pass starts with one), so its speed says most where prefills are many, as while speculating
     on real weights."""

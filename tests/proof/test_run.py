@@ -1092,12 +1092,41 @@ def stub_servers(proof: run.Proof) -> list[tuple[str, int]]:
 
     def launch(plan: run.Plan, pool: int) -> tuple[Any, dict[str, Any]]:
         launched.append((plan.name, pool))
-        return SimpleNamespace(popen=SimpleNamespace(poll=lambda: None)), {"name": plan.name, "mode": plan.mode}
+        stand_in = SimpleNamespace(popen=SimpleNamespace(poll=lambda: None), begin_stop=lambda: None)
+        return stand_in, {"name": plan.name, "mode": plan.mode}
 
     proof._launch = launch  # type: ignore[method-assign]
     proof._wait = lambda server, info: None  # type: ignore[method-assign]
     proof._finish = lambda server, info: None  # type: ignore[method-assign]
     return launched
+
+
+@pytest.mark.parametrize("broken", [None, "b"])
+def test_a_group_is_measured_without_the_member_that_did_not_start_and_no_later_group_is_served(tmp_path, broken):
+    """``serve_in_groups`` with three started at once: a member that does not come up is named among
+    the problems, the others of its group are still measured together and stopped together, and the
+    groups after it are not served. The control: with every member up, both groups are measured."""
+    from patcher.proof.errors import ServerStartError
+
+    proof = run.Proof(ProofOptions(out=tmp_path / "out", parallel_starts=3), lambda m: None)
+    proof.report = {"servers": []}
+    stub_servers(proof)
+    stopping: list[str] = []
+
+    def wait(server: Any, info: dict[str, Any]) -> None:
+        server.begin_stop = lambda: stopping.append(info["name"])
+        if info["name"] == broken:
+            raise ServerStartError(f"{broken} server exited with code 1 before answering")
+
+    proof._wait = wait  # type: ignore[method-assign]
+    plans = [run.Plan("dynspec", "small", None, name) for name in "abcd"]
+    measured: list[list[str]] = []
+    problems = proof.serve_in_groups(plans, lambda group: measured.append([p.name for p, _ in group]), together=True)
+    if broken:
+        assert measured == [["a", "c"]] and stopping == ["a", "c"]
+        assert problems == ["b server exited with code 1 before answering"]
+    else:
+        assert measured == [["a", "b", "c"], ["d"]] and stopping == ["a", "b", "c", "d"] and problems == []
 
 
 def test_a_group_starts_as_many_as_leave_pools_that_hold_the_loads(tmp_path):
