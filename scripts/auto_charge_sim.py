@@ -22,6 +22,7 @@ from __future__ import annotations
 import statistics
 import sys
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -100,11 +101,11 @@ def timed(server: sim.Simulated) -> float:
     return statistics.median(server.mixed() for _ in range(2))
 
 
-def line(label: str, r6: list[float], ours: list[float]) -> str:
+def line(label: str, r6: list[float], ours: list[float], name: str = "charged") -> str:
     def say(ratios: list[float]) -> str:
         return f"{statistics.median(ratios):.3f}x ({sum(r <= 1.03 for r in ratios)} of {len(ratios)} within 3 %)"
 
-    return f"  {label}: r6 {say(r6)}, charged {say(ours)}"
+    return f"  {label}: r6 {say(r6)}, {name} {say(ours)}"
 
 
 class Prefilling(sim.Simulated):
@@ -116,28 +117,50 @@ class Prefilling(sim.Simulated):
         return self.prefill_ms / 1000
 
 
-def real_text(steps: str, prefill_ms: float, staggered: bool) -> str:
+def real_text(
+    steps: str,
+    prefill_ms: float,
+    staggered: bool,
+    *,
+    own: bool = True,
+    seeds: int = admission.SEEDS,
+    swap: Callable[[sim.Simulated], sim.Simulated] = charged,
+    name: str = "charged",
+) -> str:
+    """Auto r6 and auto with ``swap``'s threshold against the best fixed N on real text, each request
+    with its own chance (``own``) or one drawn at every verify."""
     r6, ours = [], []
-    for seed in range(admission.SEEDS):
-        best = min(timed(admission.server(n, seed, prefill_ms, staggered, True)) for n in sim.SWEEP)
-        r6.append(timed(admission.server(AUTO, seed, prefill_ms, staggered, True)) / best)
-        ours.append(timed(charged(admission.server(AUTO, seed, prefill_ms, staggered, True))) / best)
+    for seed in range(seeds):
+        best = min(timed(admission.server(n, seed, prefill_ms, staggered, own)) for n in sim.SWEEP)
+        r6.append(timed(admission.server(AUTO, seed, prefill_ms, staggered, own)) / best)
+        ours.append(timed(swap(admission.server(AUTO, seed, prefill_ms, staggered, own))) / best)
     lengths = "32 - 224 tokens" if staggered else "128 tokens"
-    return line(f"{steps} steps, {lengths}, prefill {prefill_ms:g} ms", r6, ours)
+    chance = "" if own else ", a chance per verify"
+    return line(f"{steps} steps, {lengths}{chance}, prefill {prefill_ms:g} ms", r6, ours, name)
 
 
-def eight_b(gpu: str, acceptance: int, prefill_ms: float) -> str:
+def eight_b(
+    gpu: str,
+    acceptance: int,
+    prefill_ms: float,
+    *,
+    seeds: int = 5,
+    swap: Callable[[sim.Simulated], sim.Simulated] = charged,
+    name: str = "charged",
+) -> str:
+    """The same on the 8B shape at a simulated acceptance, with a cost per prefill."""
+
     def made(n: int | str, seed: int) -> Prefilling:
         server = Prefilling(n, acceptance, seed=seed, gpu=gpu)
         server.prefill_ms = prefill_ms
         return server
 
     r6, ours = [], []
-    for seed in range(5):
+    for seed in range(seeds):
         best = min(timed(made(n, seed)) for n in sim.SWEEP)
         r6.append(timed(made(AUTO, seed)) / best)
-        ours.append(timed(charged(made(AUTO, seed))) / best)
-    return line(f"8B, {gpu}, acceptance {acceptance}, prefill {prefill_ms:g} ms", r6, ours)
+        ours.append(timed(swap(made(AUTO, seed))) / best)
+    return line(f"8B, {gpu}, acceptance {acceptance}, prefill {prefill_ms:g} ms", r6, ours, name)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,6 @@ import auto_charge_sim as charge  # noqa: E402
 from auto_admission_sim import sim  # noqa: E402
 
 from patches.runtime.dynspec_auto import AutoDriver, AutoThreshold, bucket_of  # noqa: E402
-from patches.runtime.dynspec_settings import AUTO  # noqa: E402
 
 GAP = 20.0  # a period this many times its bucket's median: idle, or a burst of admissions
 WINDOW = 64  # periods kept per mode and bucket (a refill comes every few while speculating)
@@ -71,46 +70,20 @@ def rated(server: sim.Simulated) -> sim.Simulated:
     return server
 
 
-def say(ratios: list[float]) -> str:
-    return f"{statistics.median(ratios):.3f}x ({sum(r <= 1.03 for r in ratios)} of {len(ratios)} within 3 %)"
-
-
-def real_text(prefill_ms: float, staggered: bool, own: bool) -> str:
-    r6, ours = [], []
-    for seed in range(SEEDS):
-        best = min(charge.timed(admission.server(n, seed, prefill_ms, staggered, own)) for n in sim.SWEEP)
-        r6.append(charge.timed(admission.server(AUTO, seed, prefill_ms, staggered, own)) / best)
-        ours.append(charge.timed(rated(admission.server(AUTO, seed, prefill_ms, staggered, own))) / best)
-    lengths = "32 - 224 tokens" if staggered else "128 tokens"
-    chance = "a chance per request" if own else "a chance per verify"
-    return f"  {lengths}, {chance}, prefill {prefill_ms:g} ms: r6 {say(r6)}, rate {say(ours)}"
-
-
-def eight_b(gpu: str, acceptance: int, prefill_ms: float) -> str:
-    def made(n: int | str, seed: int) -> charge.Prefilling:
-        server = charge.Prefilling(n, acceptance, seed=seed, gpu=gpu)
-        server.prefill_ms = prefill_ms
-        return server
-
-    r6, ours = [], []
-    for seed in range(3):
-        best = min(charge.timed(made(n, seed)) for n in sim.SWEEP)
-        r6.append(charge.timed(made(AUTO, seed)) / best)
-        ours.append(charge.timed(rated(made(AUTO, seed))) / best)
-    return f"  8B, {gpu}, acceptance {acceptance}, prefill {prefill_ms:g} ms: r6 {say(r6)}, rate {say(ours)}"
-
-
 if __name__ == "__main__":
     if sys.argv[1:] == ["8b"]:
         for gpu in ("h100", "h200"):
             for acceptance in (2, 3, 4):
                 for prefill_ms in (0.0, 30.0):
-                    print(eight_b(gpu, acceptance, prefill_ms), flush=True)
+                    print(charge.eight_b(gpu, acceptance, prefill_ms, seeds=3, swap=rated, name="rate"), flush=True)
     else:
+        print(f"real text ({SEEDS} seeds)")
         for steps, table in (("session 48's", dict(admission.STEPS_MS)), ("session 50's", charge.S50_STEPS_MS)):
             admission.STEPS_MS.update(table)
-            print(f"real text on {steps} steps ({SEEDS} seeds)")
             for own in (False, True):
                 for prefill_ms in (8.0, 15.0, 27.0):
-                    print(real_text(prefill_ms, False, own), flush=True)
-            print(real_text(15.0, True, True), flush=True)
+                    print(
+                        charge.real_text(steps, prefill_ms, False, own=own, seeds=SEEDS, swap=rated, name="rate"),
+                        flush=True,
+                    )
+            print(charge.real_text(steps, 15.0, True, seeds=SEEDS, swap=rated, name="rate"), flush=True)

@@ -1772,8 +1772,8 @@ class Proof:
     ) -> list[str]:
         """Serve ``plans`` in their order and ``measure`` them a group at a time: with ``together``, the
         servers ``--parallel-starts`` started at once (``_group``), all up while measured; else each
-        alone. Returns the problems, as ``serve_in_turn``'s (a group with a server that did not start
-        is not measured)."""
+        alone. Returns the problems, as ``serve_in_turn``'s: a server that did not start is named, the
+        rest of its group is still measured, and no later group is served."""
         problems: list[str] = []
         with self.starting(plans):
             rest = list(plans)

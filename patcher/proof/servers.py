@@ -237,15 +237,11 @@ class Server:
         Idempotent. Returns what it took."""
         if self.popen is None or self.stopped_by:
             return self.stopped_by
+        self.begin_stop()
+        if not self._terminated:  # gone before it was asked
+            self.stopped_by = "exited"
+            return self.stopped_by
         pgid = self.pgid
-        if not self._terminated:
-            self.stop_offset = logscan.size(self.spec.log)
-            if self.popen.poll() is not None and not group_members(pgid):
-                self.stopped_by = "exited"
-                return self.stopped_by
-            self._terminated = True
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(pgid, signal.SIGTERM)
         self.stopped_by = "SIGTERM"
         if not self._wait_group(pgid, self.stop_timeout):
             self.stopped_by = "SIGKILL"

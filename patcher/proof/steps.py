@@ -154,12 +154,13 @@ def admissions(text: str, low: int, high: int, speculating: bool) -> dict[str, A
     if not chosen:
         return None
     interval = log_interval(text)
-    tokens = sum(interval * i.running * i.accept for i in chosen)
+    made = [interval * i.running * i.accept for i in chosen]  # each interval's tokens
+    tokens = sum(made)
 
     def median_tok_s(group: list[Interval]) -> float | None:
         return round(statistics.median(i.tok_s for i in group)) if group else None
 
-    seconds = sum(interval * i.running * i.accept / i.tok_s for i in chosen if i.tok_s > 0)
+    seconds = sum(m / i.tok_s for m, i in zip(made, chosen) if i.tok_s > 0)
     return {
         "intervals": len(chosen),
         "prefills_per_1000_tokens": round(1000 * sum(i.prefills for i in chosen) / tokens, 3),

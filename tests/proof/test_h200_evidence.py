@@ -15,6 +15,7 @@ import statistics
 import tarfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import pytest
 
@@ -4005,11 +4006,41 @@ def test_session_46_auto_at_acceptance_3_is_within_3_percent_of_the_best_of_six_
     assert row["auto_over_best_fixed"] <= 1.03 < row["fixed_s"]["32"] / row["best_fixed_s"]  # the control
 
 
+class AutoLine(NamedTuple):
+    """One ``dynspec auto:`` line of an auto server's log."""
+
+    time: str  # HH:MM:SS
+    disable_above: int
+    reason: str  # "estimated", "probe: ...", or why it cannot decide yet
+    acceptance: float | None
+    gains: dict[int, float]  # speculative / fallback tokens/s by bucket, in the line's order
+
+
+AUTO_LINE = re.compile(
+    r"\[\S+ (\S+)\] dynspec auto: off above (\d+), on at or below \d+ \(([^;]*); acceptance ([0-9.]+|unknown); "
+    r"speculative / fallback tokens/s by batch size ([^)]*)\)"
+)
+
+
+def auto_lines(log: str) -> list[AutoLine]:
+    """Every ``dynspec auto:`` line of ``log``, in order."""
+    return [
+        AutoLine(
+            time,
+            int(off),
+            reason,
+            None if acc == "unknown" else float(acc),
+            {int(b): float(g) for b, g in (p.split(": ") for p in gains.split(", ") if ": " in p)},
+        )
+        for time, off, reason, acc, gains in AUTO_LINE.findall(log)
+    ]
+
+
 def gains_at_128(evidence: Path) -> list[float]:
     """The speculative / fallback tokens/s that an auto server's decision lines give for the bucket of
     113 - 128 requests, in their order."""
     (log,) = members(evidence / "logs.tar.xz", "dynspec-auto-acc3.log").values()
-    return [float(g) for g in re.findall(r"dynspec auto: .*?by batch size .*?\b128: ([0-9.]+)", log)]
+    return [line.gains[128] for line in auto_lines(log) if 128 in line.gains]
 
 
 def test_session_46_auto_timed_both_modes_at_128_where_session_45s_did_not() -> None:
@@ -4149,15 +4180,11 @@ def test_session_47_auto_fails_on_real_weights_and_plain_decode_beats_every_spec
 def settled_lines(call: str) -> list[tuple[int, float, list[tuple[int, float]]]]:
     """An auto server's estimated decisions, in order: the switch-off bound, the acceptance, the gains."""
     (log,) = members(REAL_AUTO[call] / "logs.tar.xz", "dynspec-auto-real.log").values()
-    out = []
-    for off, acc, gains in re.findall(
-        r"dynspec auto: off above (\d+), on at or below \d+ \(estimated; acceptance ([0-9.]+); "
-        r"speculative / fallback tokens/s by batch size ([^)]*)\)",
-        log,
-    ):
-        pairs = [(int(b), float(g)) for b, g in (p.split(": ") for p in gains.split(", "))]
-        out.append((int(off), float(acc), pairs))
-    return out
+    return [
+        (line.disable_above, line.acceptance, list(line.gains.items()))
+        for line in auto_lines(log)
+        if line.reason == "estimated" and line.acceptance is not None
+    ]
 
 
 def test_session_47_auto_swung_between_its_floor_and_its_ceiling_on_real_weights() -> None:
@@ -4481,13 +4508,19 @@ def test_session_50_with_output_lengths_that_differ_auto_passes_on_real_weights(
 # session 50's): the fixed-length sweep with the servers taking turns at every pass -----------------
 
 
-def stream_passes(evidence: Path) -> dict[str, list[float]]:
-    """Each server's timed passes, from the proof's stream (call-output.txt): its mixed-load lines
-    after the warm-up, which the stream does not print."""
-    passes: dict[str, list[float]] = {}
-    for m in re.finditer(r"\[proof\]   (\S+) mixed load: ([\d.]+) s", (evidence / "call-output.txt").read_text()):
-        passes.setdefault(m.group(1), []).append(float(m.group(2)))
+def stream_passes(evidence: Path) -> dict[str, list[tuple[float, list[float]]]]:
+    """Each server's timed passes, from the proof's stream (call-output.txt): the total and the phases
+    of each of its mixed-load lines (the stream does not print the warm-up's)."""
+    passes: dict[str, list[tuple[float, list[float]]]] = {}
+    text = (evidence / "call-output.txt").read_text()
+    for name, total, phases in re.findall(r"\[proof\]   (\S+) mixed load: ([\d.]+) s \(phases ([\d. ]+)\)", text):
+        passes.setdefault(name, []).append((float(total), [float(x) for x in phases.split()]))
     return passes
+
+
+def stream_totals(evidence: Path) -> dict[str, list[float]]:
+    """``stream_passes``' totals alone."""
+    return {name: [total for total, _ in passes] for name, passes in stream_passes(evidence).items()}
 
 
 def test_session_51_with_the_servers_taking_turns_auto_still_fails_on_real_weights() -> None:
@@ -4512,7 +4545,7 @@ def test_session_51_with_the_servers_taking_turns_auto_still_fails_on_real_weigh
         "dynspec-auto-real, dynspec-n8-real, dynspec-n16-real, dynspec-n32-real; always-on-real, base-auto"
     )
     assert "--parallel-starts 4" in report["command"] and not report["passed"]
-    nine = stream_passes(S51_NINE_AT_ONCE)
+    nine = stream_totals(S51_NINE_AT_ONCE)
     assert len(nine) == 9 and all(len(p) == 3 for p in nine.values())
     medians = {name.removesuffix("-real"): statistics.median(p) for name, p in nine.items()}
     best = min(v for k, v in medians.items() if k.startswith("dynspec-n"))
@@ -4524,7 +4557,7 @@ def test_session_51_with_the_servers_taking_turns_auto_still_fails_on_real_weigh
     assert together == [1.24, 1.21, 1.12]
     assert "auto_threshold" not in json.loads((S51_NINE_AT_ONCE / "report.json").read_text())  # killed first
     # the control: in the call that wrote its report, the stream's passes are the report's samples
-    streamed = stream_passes(REAL_AUTO["s51"])
+    streamed = stream_totals(REAL_AUTO["s51"])
     names = {"dynspec-auto-real": "auto", "always-on-real": "always_on", "base-auto": "base"}
     names.update({f"dynspec-n{n}-real": str(n) for n in (8, 16, 32)})
     assert {names[n]: p for n, p in streamed.items()} == {
@@ -4534,12 +4567,7 @@ def test_session_51_with_the_servers_taking_turns_auto_still_fails_on_real_weigh
 
 def auto_gains(log: str, bucket: int) -> list[tuple[str, float]]:
     """(time, gain) of each ``dynspec auto:`` line that gives a gain at ``bucket``."""
-    out = []
-    for m in re.finditer(r"\[\S+ (\S+)\] dynspec auto: .*?by batch size ([^)]*)\)", log):
-        gains = dict(g.split(": ") for g in m.group(2).split(", ") if ": " in g)
-        if str(bucket) in gains:
-            out.append((m.group(1), float(gains[str(bucket)])))
-    return out
+    return [(line.time, line.gains[bucket]) for line in auto_lines(log) if bucket in line.gains]
 
 
 def test_session_51_auto_speculated_where_its_own_log_shows_speculation_losing() -> None:
@@ -4558,11 +4586,8 @@ def test_session_51_auto_speculated_where_its_own_log_shows_speculation_losing()
     phases = row["phase_medians"]
     gaps = [round(a - n, 2) for a, n in zip(phases["auto"], phases["8"])]
     assert gaps[5] == 0.94 and gaps[4] == -0.46 and round(sum(gaps), 2) == 1.39
-    first = re.findall(
-        r"(\S+) mixed load: [\d.]+ s \(phases ([\d. ]+)\)", (REAL_AUTO["s51"] / "call-output.txt").read_text()
-    )
-    by_server = {name: [float(x) for x in phases_s.split()] for name, phases_s in reversed(first)}  # each's first pass
-    pass_1 = [round(a - n, 2) for a, n in zip(by_server["dynspec-auto-real"], by_server["dynspec-n8-real"])]
+    firsts = {name: passes[0][1] for name, passes in stream_passes(REAL_AUTO["s51"]).items()}  # each's first pass
+    pass_1 = [round(a - n, 2) for a, n in zip(firsts["dynspec-auto-real"], firsts["dynspec-n8-real"])]
     assert round(sum(pass_1), 2) == 1.92 and (pass_1[2], pass_1[3]) == (0.67, 0.37)
     logs = logs_of(REAL_AUTO["s51"])
     auto = logs["dynspec-auto-real"]
